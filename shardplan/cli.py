@@ -158,16 +158,22 @@ def estimate(
     weight_dtype: Annotated[Optional[str], typer.Option(help="bf16, fp16, fp8, int8, int4.", rich_help_panel=SERVE)] = None,
     quantization: Annotated[Optional[Quantization], typer.Option(help="Weight quantization of the linear layers.", rich_help_panel=SERVE)] = None,
     enforce_eager: Annotated[bool, typer.Option(help="No CUDA graphs.", rich_help_panel=SERVE)] = False,
+    input_len: Annotated[int, typer.Option(min=1, help="Prompt tokens per request (time to first token, throughput).", rich_help_panel=SERVE)] = 1024,
+    output_len: Annotated[int, typer.Option(min=1, help="Generated tokens per request.", rich_help_panel=SERVE)] = 128,
+    batch_size: Annotated[Optional[int], typer.Option(min=1, help="Concurrent sequences for the time figures (default: as many as the KV cache holds, up to --max-num-seqs).", rich_help_panel=SERVE)] = None,
     seq_len: Annotated[int, typer.Option(min=1, help="Training sequence length.", rich_help_panel=TRAIN)] = 4096,
     global_batch_size: Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.", rich_help_panel=TRAIN)] = 512,
     optimizer: Annotated[Optimizer, typer.Option(help="Optimizer (states in fp32).", rich_help_panel=TRAIN)] = Optimizer.ADAMW,
     framework: Annotated[Framework, typer.Option(help="Model-state bookkeeping: ZeRO paper, DeepSpeed, or Megatron (fp32 grads).", rich_help_panel=TRAIN)] = Framework.ZERO,
     flash_attention: Annotated[bool, typer.Option(help="Flash attention (no s^2 scores kept).", rich_help_panel=TRAIN)] = True,
     dropout: Annotated[bool, typer.Option(help="Dropout masks kept for backward.", rich_help_panel=TRAIN)] = False,
+    overlap_grad_reduce: Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)] = True,
     json_out: JsonOpt = False,
 ) -> None:
-    """Per-GPU memory of one layout: weights, KV cache, activations, gradients, optimizer
-    states, overhead, for every pipeline stage; whether it fits and what binds.
+    """Per-GPU memory and time of one layout: weights, KV cache, activations, gradients,
+    optimizer states, overhead, for every pipeline stage; whether it fits and what binds;
+    serving: time to first token, time per output token, throughput and the best batch;
+    training: step time, tokens/s per GPU, MFU/HFU, and where the time goes.
 
     Exit 0 when it fits, 3 when it does not (the report is still printed), 2 for a layout
     that cannot exist."""
@@ -183,13 +189,14 @@ def estimate(
         wl = options.training_workload(
             seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer.value,
             framework=framework.value, flash_attention=flash_attention, dropout=dropout,
+            overlap_grad_reduce=overlap_grad_reduce,
         )
     else:
         wl = options.inference_workload(
             max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
             weight_dtype=weight_dtype, quantization=quantization.value if quantization else None,
-            enforce_eager=enforce_eager, input_len=1024, output_len=128, batch_size=None,
+            enforce_eager=enforce_eager, input_len=input_len, output_len=output_len, batch_size=batch_size,
         )
     report = run_estimate(loaded.spec, hw, layout, wl).as_dict()
     if json_out:

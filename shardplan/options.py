@@ -157,6 +157,7 @@ def training_workload(
     framework: str,
     flash_attention: bool,
     dropout: bool,
+    overlap_grad_reduce: bool = True,
 ) -> TrainingWorkload:
     return TrainingWorkload(
         seq_len=seq_len,
@@ -165,4 +166,5 @@ def training_workload(
         framework=Framework(framework),
         flash_attention=flash_attention,
         dropout=dropout,
+        overlap_grad_reduce=overlap_grad_reduce,
     )

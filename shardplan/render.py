@@ -190,7 +190,69 @@ def estimate_report(r: dict[str, Any]) -> None:
             console.print(f"host RAM for offloaded states: {fmt_gib(mem['host_offload_bytes_per_node'])} per node")
         if mem.get("nvme_offload_bytes_per_node"):
             console.print(f"NVMe for offloaded states: {fmt_gib(mem['nvme_offload_bytes_per_node'])} per node")
+    if "time" in r:
+        _time_report(r)
     if r["fits"]:
         console.print("[green]fits[/green]")
     else:
         console.print(f"[red]does not fit[/red]: {r['reason']}")
+
+
+def fmt_seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:,.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:,.2f} ms"
+    return f"{s * 1e6:,.1f} us"
+
+
+def _breakdown_table(title: str, columns: dict[str, dict[str, float]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    t.add_column("")
+    for name in columns:
+        t.add_column(name, justify="right")
+        t.add_column("share", justify="right")
+    keys = [k for k in next(iter(columns.values())) if k != "total"]
+    for k in keys:
+        if not any(col[k] for col in columns.values()):
+            continue
+        cells: list[str] = []
+        for col in columns.values():
+            cells += [fmt_seconds(col[k]), f"{100 * col[k] / col['total']:.1f}%" if col["total"] else "-"]
+        t.add_row(k.replace("_", " "), *cells)
+    total_cells: list[str] = []
+    for col in columns.values():
+        total_cells += [f"[bold]{fmt_seconds(col['total'])}[/bold]", "100%"]
+    t.add_row("[bold]total[/bold]", *total_cells)
+    return t
+
+
+def _time_report(r: dict[str, Any]) -> None:
+    tm = r["time"]
+    if "step_seconds" in tm:
+        console.print(_breakdown_table("Time per training step", {"step": tm["breakdown"]}))
+        console.print(
+            f"step {fmt_seconds(tm['step_seconds'])}; {tm['tokens_per_second_per_gpu']:,.0f} tokens/s per GPU "
+            f"({tm['tokens_per_second']:,.0f} in all); MFU {100 * tm['mfu']:.1f}%, HFU {100 * tm['hfu']:.1f}%"
+        )
+        return
+    console.print(
+        _breakdown_table(
+            f"Serving time at batch {tm['batch_size']} ({tm['input_len']} prompt + {tm['output_len']} output tokens)",
+            {"prefill (TTFT)": tm["breakdown"]["prefill"], "decode step (TPOT)": tm["breakdown"]["decode_step"]},
+        )
+    )
+    console.print(
+        f"TTFT {fmt_seconds(tm['ttft_seconds'])}, TPOT {fmt_seconds(tm['tpot_seconds'])}, "
+        f"{tm['throughput_tokens_per_second']:,.0f} output tokens/s ({tm['throughput_tokens_per_second_per_gpu']:,.0f} per GPU)"
+    )
+    if tm["best_batch_size"]:
+        console.print(
+            f"best throughput within the KV cache: batch {tm['best_batch_size']} at "
+            f"{tm['best_throughput_tokens_per_second']:,.0f} output tokens/s"
+        )
+    if not tm["batch_fits_kv_cache"]:
+        console.print(
+            f"[yellow]batch {tm['batch_size']} needs more KV cache than the {tm['max_batch_in_kv_cache']} "
+            f"sequences of {tm['input_len'] + tm['output_len']} tokens it holds[/yellow]"
+        )

@@ -12,6 +12,8 @@ from shardplan.errors import LayoutError
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.memory_training import training_memory
 from shardplan.cost.params import count_params
+from shardplan.cost.time_serving import SERVING_OVERLAP, best_batch, serving_time
+from shardplan.cost.time_training import OVERLAP, training_time
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -115,6 +117,7 @@ def estimate(
             nvme_offload_bytes_per_node=tm.nvme_bytes_per_node,
             num_microbatches=tm.num_microbatches,
         )
+        data["time"] = _training_time_dict(spec, hw, layout, workload, tm.num_microbatches)  # type: ignore[arg-type]
     else:
         sm = serving_memory(spec, hw, layout, workload)  # type: ignore[arg-type]
         ranks = sm.ranks
@@ -134,7 +137,54 @@ def estimate(
             "bytes_per_sequence": sm.kv_bytes_per_sequence,
             "max_concurrency": sm.max_concurrency,
         }
+        data["time"] = _serving_time_dict(spec, hw, layout, workload, sm)  # type: ignore[arg-type]
     return CostReport(data)
+
+
+def _training_time_dict(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, num_micro: int) -> dict[str, Any]:
+    t = training_time(spec, hw, layout, wl, num_micro)
+    return {
+        "step_seconds": t.step_seconds,
+        "tokens_per_second_per_gpu": t.tokens_per_second_per_gpu,
+        "tokens_per_second": t.tokens_per_second_per_gpu * layout.world_size,
+        "mfu": t.mfu,
+        "hfu": t.hfu,
+        "flop_convention": (
+            "MFU: model FLOPs = 3 x the forward's FLOPs (every GEMM: 2 x active weights per token; attention "
+            "scores and weighted sum as the kernel computes them, causal half with flash attention) per step, "
+            "over the dense bf16/fp16 peak; HFU adds recomputation"
+        ),
+        "model_flops_per_step": t.model_flops_per_step,
+        "hardware_flops_per_step": t.hardware_flops_per_step,
+        "breakdown": t.breakdown.as_dict(),
+        "overlap_assumptions": OVERLAP,
+    }
+
+
+def _serving_time_dict(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: Any) -> dict[str, Any]:
+    # The batch: as asked, else the most sequences of input_len + output_len the KV cache holds.
+    ctx = wl.input_len + wl.output_len
+    fit_batch = int(sm.kv_capacity_tokens // ctx)
+    limit = max(0, min(fit_batch, wl.max_num_seqs))
+    batch = wl.batch_size if wl.batch_size is not None else max(1, limit)
+    t = serving_time(spec, hw, layout, wl, batch)
+    best = best_batch(spec, hw, layout, wl, limit)
+    return {
+        "batch_size": batch,
+        "input_len": wl.input_len,
+        "output_len": wl.output_len,
+        "batch_fits_kv_cache": batch <= fit_batch,
+        "max_batch_in_kv_cache": fit_batch,
+        "ttft_seconds": t.ttft_seconds,
+        "tpot_seconds": t.tpot_seconds,
+        "e2e_latency_seconds": t.e2e_latency_seconds,
+        "throughput_tokens_per_second": t.throughput_tokens_per_second,
+        "throughput_tokens_per_second_per_gpu": t.throughput_tokens_per_second_per_gpu,
+        "best_batch_size": best.batch_size if best else None,
+        "best_throughput_tokens_per_second": best.throughput_tokens_per_second if best else None,
+        "breakdown": {"prefill": t.prefill.as_dict(), "decode_step": t.decode.as_dict()},
+        "overlap_assumptions": SERVING_OVERLAP,
+    }
 
 
 def _check_batch(layout: Layout, wl: TrainingWorkload) -> None:

@@ -37,6 +37,9 @@ class InferenceWorkload:
     input_len: int = 1024
     output_len: int = 128
     batch_size: int | None = None  # None: the largest that fits, up to max_num_seqs
+    # Decode attention loads K/V once per query head (TensorRT-LLM <= 0.6 masked MHA, before
+    # its XQA kernel); False for vLLM, SGLang and TensorRT-LLM >= 0.7, which share K/V over a GQA group.
+    kv_read_per_query_head: bool = False
 
 
 class Optimizer(str, Enum):
@@ -73,3 +76,6 @@ class TrainingWorkload:
     flash_attention: bool = True  # no s^2 score tensor is stored (Dao et al. 2022)
     dropout: bool = False  # Korthikanti's 1-byte dropout masks (GPT-3 era models trained with dropout)
     loss_fp32_logits: bool = True  # the cross-entropy works on fp32 logits of the last stage
+    # The data-parallel gradient reduction overlaps the backward (PyTorch DDP, FSDP, DeepSpeed
+    # overlap_comm, Megatron-Core --overlap-grad-reduce); False: it runs after the backward.
+    overlap_grad_reduce: bool = True

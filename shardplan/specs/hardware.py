@@ -74,10 +74,40 @@ class NodeFile(StrictModel):
 
 
 class EfficiencyFile(StrictModel):
-    """Attainable fraction of each peak (0 < x <= 1). Calibration may replace them."""
+    """Attainable fraction of each peak (0 < x <= 1), and the few shape constants of the time
+    model. `shardplan calibrate` (or a hand edit) may replace them; the cost model has no
+    other tuning constants."""
 
-    matmul: float = Field(..., gt=0, le=1)
+    matmul: float = Field(..., gt=0, le=1, description="large 16-bit GEMMs: achieved / dense peak")
+    matmul_fp8: float | None = Field(
+        None, gt=0, le=1, description="large fp8/int8 GEMMs: achieved / that dtype's peak; None: same as matmul"
+    )
+    matmul_half_dim: float = Field(
+        64.0,
+        gt=0,
+        description="GEMM dimension (rows, columns or depth) at which the attainable share falls to half "
+        "(tile and wave quantisation): share = matmul x prod(d / (d + half_dim))",
+    )
+    attention: float | None = Field(
+        None, gt=0, le=1, description="fused (flash) attention kernels: achieved / dense peak; None: same as matmul"
+    )
     memory_bandwidth: float = Field(..., gt=0, le=1)
+    kernel_overhead_us: float = Field(
+        4.0, ge=0, description="GPU-side fixed cost per kernel on top of its roofline time (ramp-up, tail), microseconds"
+    )
+    kernel_launch_us: float = Field(
+        8.0,
+        ge=0,
+        description="host time to launch one kernel without CUDA graphs, microseconds; it shows only when the "
+        "kernels are shorter than their launches",
+    )
+    overlap_compute_share: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="share of compute throughput left while a collective runs alongside it (NCCL kernels "
+        "take SMs and HBM bandwidth)",
+    )
     intra_node_link: float = Field(..., gt=0, le=1)
     inter_node_link: float = Field(..., gt=0, le=1)
     host_link: float = Field(..., gt=0, le=1)
@@ -132,6 +162,12 @@ class HardwareProfile:
     matmul_efficiency: float
     memory_bandwidth_efficiency: float
     nvme_efficiency: float
+    matmul_fp8_efficiency: float
+    matmul_half_dim: float
+    attention_efficiency: float
+    kernel_overhead_seconds: float
+    kernel_launch_seconds: float
+    overlap_compute_share: float
     price_per_gpu_hour_usd: float | None
     cuda_context_bytes: int
     non_torch_bytes: int
@@ -189,6 +225,12 @@ def profile_from_file(f: HardwareProfileFile) -> HardwareProfile:
         matmul_efficiency=eff.matmul,
         memory_bandwidth_efficiency=eff.memory_bandwidth,
         nvme_efficiency=eff.nvme,
+        matmul_fp8_efficiency=eff.matmul_fp8 or eff.matmul,
+        matmul_half_dim=eff.matmul_half_dim,
+        attention_efficiency=eff.attention or eff.matmul,
+        kernel_overhead_seconds=units.us_to_seconds(eff.kernel_overhead_us),
+        kernel_launch_seconds=units.us_to_seconds(eff.kernel_launch_us),
+        overlap_compute_share=eff.overlap_compute_share,
         price_per_gpu_hour_usd=f.gpu.price_per_gpu_hour_usd,
         cuda_context_bytes=units.gib_to_bytes(f.runtime.cuda_context_gib),
         non_torch_bytes=units.gib_to_bytes(f.runtime.non_torch_gib),

@@ -1,0 +1,309 @@
+"""Compute time of one forward pass of one transformer layer on one GPU: a roofline per op.
+
+Every op takes the larger of its compute time and its memory time (Williams et al. 2009):
+
+    compute = FLOPs / (dense peak at the compute dtype x attainable share)
+    memory  = bytes moved / (HBM bandwidth x memory efficiency)
+
+plus a fixed GPU-side `kernel_overhead` per kernel (ramp-up and tail), and the host's
+launch time where it is not hidden: kernels are queued asynchronously, so a layer takes
+max(GPU time, kernels x launch time) -- launches show only when the kernels are shorter
+than they are (small prefills, decode without CUDA graphs). This is what makes a tiny
+step cost more than its bytes.
+
+GEMMs (Y[M,N] = X[M,K] W[K,N]) do 2MNK FLOPs and move the weight once plus their input and
+output. Their attainable share of the peak falls for thin shapes (tile and wave
+quantisation): share = e x prod_d d / (d + d_half), d in (M, N, K), with `e` the profile's
+`matmul` (or `matmul_fp8`) and `d_half` its `matmul_half_dim`. Decode GEMMs (M = batch)
+therefore read all local weights and are memory-bound; prefill GEMMs are compute-bound.
+
+Attention (scores and the weighted sum) does 2 q kv (d_qk + d_v) FLOPs per head and
+sequence (Kaplan et al. 2020, Table 1, per token: 2 n_ctx d_attn for each of QK and AV).
+With flash attention (Dao et al. 2022) a causal kernel skips the masked half and moves
+only Q, K, V and O; without it the full score matrix is computed, written, read by the
+softmax, written again and read by AV. Decode reads every cached K/V of the sequence
+(sliding-window layers: only the window). MLA decode runs on the latent (DeepSeek-V2
+weight absorption, as vLLM's MLA backend does): d_qk = kv_lora_rank + rope dim, d_v =
+kv_lora_rank.
+
+Memory-bound elementwise work per token: each norm reads and writes h, each residual add
+reads 2h and writes h, rotary reads and writes q and k, the activation function reads 2f
+and writes f (gated; plain: reads f, writes f), dropout reads, writes and keeps a 1-byte
+mask. Outside the tensor-parallel region (norms, residuals, dropout) every TP rank repeats
+the work unless sequence parallelism splits it (Korthikanti et al. 2022, Sec. 4.2.2).
+
+Mixture-of-experts: with balanced routing an EP rank's local experts see
+k x T x (distinct token sets in the EP group) / E tokens each; a decode step reads only
+the experts its tokens touch, E_local (1 - (1 - k/E)^(tokens)) of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from shardplan.cost.layout import Layout
+from shardplan.cost.params import Split, WeightKind, block_weights
+from shardplan.cost.weights import bytes_per_weight_element, is_quantized_tensor, numel_per_rank
+from shardplan.cost.workload import Quantization
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import ModelSpec, PositionEmbedding
+from shardplan.units import DType, bytes_per_element
+
+LOW_PRECISION = (DType.FP8, DType.INT8)
+DROPOUT_MASK_BYTES = 1.0
+
+
+@dataclass(frozen=True)
+class PassTime:
+    """Seconds of one pass on one GPU by kind of work; `flops` are the FLOPs executed."""
+
+    matmul_seconds: float = 0.0
+    attention_seconds: float = 0.0
+    memory_seconds: float = 0.0  # memory-bound elementwise ops, embedding gathers
+    kernel_seconds: float = 0.0  # fixed per-kernel overhead
+    flops: float = 0.0
+    model_flops: float = 0.0  # the same, without recomputation (MFU's numerator)
+    attention_flops: float = 0.0  # the attention core's share of `flops`
+
+    @property
+    def seconds(self) -> float:
+        return self.matmul_seconds + self.attention_seconds + self.memory_seconds + self.kernel_seconds
+
+    def __add__(self, other: "PassTime") -> "PassTime":
+        return PassTime(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def scaled(self, factor: float) -> "PassTime":
+        return PassTime(**{f.name: getattr(self, f.name) * factor for f in fields(self)})
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one forward pass of a layer processes on one GPU.
+
+    tokens:   rows of the GEMMs on this rank (the tensor-parallel group's tokens)
+    num_seqs: sequences among them; q_len tokens of each are new, kv_len are attended
+    decode:   K/V come from the cache in memory (a generation step)
+    """
+
+    tokens: float
+    num_seqs: float
+    q_len: float
+    kv_len: float
+    decode: bool
+    causal: bool = True
+    flash_attention: bool = True
+    dropout: bool = False
+    act_dtype: DType = DType.BF16
+    kv_dtype: DType = DType.BF16
+    quantization: Quantization = Quantization.NONE
+    cp: int = 1  # context parallelism: q_len is this rank's share of a kv_len sequence
+    # Decode attention that loads K/V once per query head instead of once per KV head
+    # (TensorRT-LLM <= 0.6's masked-MHA kernel before XQA): GQA saves memory, not traffic.
+    kv_read_per_query_head: bool = False
+    cuda_graphs: bool = False  # launches replayed from a graph: no host launch cost
+
+
+def _share(d: float, half: float) -> float:
+    return d / (d + half) if d > 0 else 0.0
+
+
+def gemm_time(
+    hw: HardwareProfile, m: float, n: float, k: float, *, count: float, weight_bytes: float, act_bytes: float, dtype: DType
+) -> tuple[float, float]:
+    """(seconds, FLOPs) of `count` GEMMs [m,k] x [k,n] whose weight has `weight_bytes` per element."""
+    if m <= 0 or count <= 0:
+        return 0.0, 0.0
+    flops = 2.0 * m * n * k * count
+    base = hw.matmul_fp8_efficiency if dtype in LOW_PRECISION and dtype in hw.peak_flops else hw.matmul_efficiency
+    share = base * _share(m, hw.matmul_half_dim) * _share(n, hw.matmul_half_dim) * _share(k, hw.matmul_half_dim)
+    t_compute = flops / (hw.peak_flops_for(dtype) * share)
+    nbytes = count * (n * k * weight_bytes + m * k * act_bytes + m * n * act_bytes)
+    return roofline(t_compute, memory_seconds(hw, nbytes)), flops
+
+
+def roofline(compute_seconds: float, memory_seconds_: float) -> float:
+    """One kernel's time from its compute and memory times: a smooth maximum (L2 norm), equal
+    to the larger at either extreme and sqrt(2) x it when they balance, since a kernel's loads
+    and math overlap imperfectly near the ridge point."""
+    return (compute_seconds**2 + memory_seconds_**2) ** 0.5
+
+
+def memory_seconds(hw: HardwareProfile, nbytes: float) -> float:
+    return nbytes / (hw.memory_bandwidth_bytes_per_second * hw.memory_bandwidth_efficiency)
+
+
+def compute_dtype(quantization: Quantization, act_dtype: DType) -> DType:
+    """The dtype a quantized GEMM computes in: fp8 and W8A8 int8 use the 8-bit tensor cores;
+    weight-only int4 (GPTQ/AWQ) dequantises to 16 bits."""
+    if quantization is Quantization.FP8:
+        return DType.FP8
+    if quantization is Quantization.INT8:
+        return DType.INT8
+    return act_dtype
+
+
+def expert_token_sets(layout: Layout) -> float:
+    """Distinct token sets in an expert-parallel group: its ep x etp ranks are laid out
+    tensor-parallel ranks first, and ranks of one TP group share their tokens."""
+    return max(1.0, layout.ep * layout.expert_tp / layout.tp)
+
+
+def _linear_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, w: WeightKind, work: Work) -> tuple[float, float]:
+    out_f, in_f = w.shape
+    a = bytes_per_element(work.act_dtype)
+    wb = bytes_per_weight_element(w, work.quantization, work.act_dtype)
+    dt = compute_dtype(work.quantization, work.act_dtype) if is_quantized_tensor(w) else work.act_dtype
+    elems = numel_per_rank(w, spec, layout)
+    if w.routed_expert:
+        moe = spec.moe
+        if moe is None:  # routed experts exist only in MoE specs
+            return 0.0, 0.0
+        local_experts = w.copies / layout.ep
+        routed_tokens = work.tokens * moe.num_experts_per_token * expert_token_sets(layout) / layout.ep
+        touched = local_experts * (1.0 - (1.0 - moe.num_experts_per_token / moe.num_experts) ** (work.tokens * expert_token_sets(layout)))
+        touched = max(touched, 1e-9)
+        per_copy = elems / local_experts
+        n = per_copy / in_f
+        return gemm_time(hw, routed_tokens / touched, n, in_f, count=touched, weight_bytes=wb, act_bytes=a, dtype=dt)
+    # Shard along the dimension the split divides: output columns or input rows.
+    n, k = (out_f, elems / out_f) if w.split is Split.ROW else (elems / in_f, in_f)
+    return gemm_time(hw, work.tokens, n, k, count=1, weight_bytes=wb, act_bytes=a, dtype=dt)
+
+
+def attention_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, layer_index: int) -> tuple[float, float, int]:
+    """(seconds, FLOPs, kernels) of the attention core of one layer on one rank."""
+    heads = spec.num_attention_heads / layout.tp
+    a = bytes_per_element(work.act_dtype)
+    kv_len = work.kv_len
+    if spec.is_sliding_layer(layer_index) and spec.sliding_window is not None:
+        kv_len = min(kv_len, spec.sliding_window)
+    if work.decode or not work.causal or not work.flash_attention:
+        kv_eff = kv_len  # a generation step attends to all; unfused kernels compute the masked half too
+    elif work.cp > 1:
+        kv_eff = (kv_len + 1) / 2  # load-balanced causal chunks: every rank does its share of the triangle
+    else:
+        kv_eff = max(1.0, kv_len - (work.q_len - 1) / 2)  # causal: the masked triangle is skipped
+    if spec.mla is not None:
+        m = spec.mla
+        d_qk, d_v = (m.kv_lora_rank + m.qk_rope_head_dim, m.kv_lora_rank) if work.decode else (m.qk_head_dim, m.v_head_dim)
+        kv_per_token = (m.kv_lora_rank + m.qk_rope_head_dim) * bytes_per_element(work.kv_dtype)
+    else:
+        d_qk = d_v = spec.attention_head_dim
+        kv_per_token = 2 * max(1.0, spec.kv_heads / layout.tp) * spec.attention_head_dim * bytes_per_element(work.kv_dtype)
+    flops = 2.0 * work.num_seqs * heads * work.q_len * kv_eff * (d_qk + d_v)
+    q_o_bytes = 2 * work.tokens * heads * max(d_qk, d_v) * a
+    if work.decode:
+        if work.kv_read_per_query_head and spec.mla is None:
+            kv_per_token *= heads / max(1.0, spec.kv_heads / layout.tp)
+        nbytes = q_o_bytes + work.num_seqs * kv_len * kv_per_token
+        share = hw.attention_efficiency * _share(work.q_len * heads, hw.matmul_half_dim)
+        t = roofline(flops / (hw.peak_flops_for(work.act_dtype) * share), memory_seconds(hw, nbytes))
+        return t, flops, 1
+    nbytes = q_o_bytes + work.num_seqs * kv_len * kv_per_token
+    if work.flash_attention:
+        share = hw.attention_efficiency * _share(work.q_len, hw.matmul_half_dim) * _share(kv_eff, hw.matmul_half_dim)
+        t = roofline(flops / (hw.peak_flops_for(work.act_dtype) * share), memory_seconds(hw, nbytes))
+        return t, flops, 1
+    # Unfused: QK^T and AV as batched GEMMs, softmax (and dropout) over the score matrix.
+    scores = work.num_seqs * heads * work.q_len * kv_len
+    score_bytes = scores * a * 4  # written by QK^T, read and written by softmax, read by AV
+    if work.dropout:
+        score_bytes += scores * (2 * a + DROPOUT_MASK_BYTES)
+    share = hw.matmul_efficiency * _share(work.q_len, hw.matmul_half_dim) * _share(kv_len, hw.matmul_half_dim)
+    share *= _share(d_qk, hw.matmul_half_dim)
+    t_gemm = roofline(flops / (hw.peak_flops_for(work.act_dtype) * share), memory_seconds(hw, nbytes))
+    return t_gemm + memory_seconds(hw, score_bytes), flops, 3 + int(work.dropout)
+
+
+def elementwise_bytes(spec: ModelSpec, layout: Layout, work: Work, moe_layer: bool) -> tuple[float, int]:
+    """(bytes, kernels) of the memory-bound elementwise ops of one layer's forward on one rank."""
+    a = bytes_per_element(work.act_dtype)
+    h = spec.hidden_size
+    t = layout.tp
+    outside = work.tokens / t if layout.sequence_parallel else work.tokens  # tokens outside the TP region
+    kernels = spec.num_norms_per_layer + 2
+    nbytes = spec.num_norms_per_layer * 2 * h * outside * a
+    residual_adds = 1 if spec.parallel_residual else 2
+    nbytes += residual_adds * 3 * h * outside * a
+    if work.dropout:
+        nbytes += residual_adds * (2 * a + DROPOUT_MASK_BYTES) * h * outside
+        kernels += residual_adds
+    if spec.position_embedding is PositionEmbedding.ROPE:
+        if spec.mla is not None:
+            rot = spec.mla.qk_rope_head_dim * (spec.num_attention_heads / t + 1)
+        else:
+            rot = spec.rotary_dim * (spec.num_attention_heads / t + max(1.0, spec.kv_heads / t))
+        nbytes += 2 * rot * work.tokens * a
+        kernels += 1
+    per_width = 3 if spec.mlp_gated else 2
+    if moe_layer and spec.moe is not None:
+        moe = spec.moe
+        routed = work.tokens * moe.num_experts_per_token * expert_token_sets(layout) / layout.ep
+        nbytes += per_width * moe.expert_intermediate_size / layout.expert_tp * routed * a
+        nbytes += 4 * routed * h * a  # permute (dispatch) and unpermute (combine): read and write
+        nbytes += work.tokens * moe.num_experts * 4 * 2  # fp32 router logits: softmax/top-k read and write
+        kernels += 4
+        if moe.num_shared_experts:
+            nbytes += per_width * moe.shared_intermediate_size * moe.num_shared_experts / t * work.tokens * a
+            kernels += 1
+    else:
+        nbytes += per_width * spec.intermediate_size / t * work.tokens * a
+        kernels += 1
+    return nbytes, kernels
+
+
+def kernel_overhead_seconds(hw: HardwareProfile, kernels: int, gpu_seconds: float, cuda_graphs: bool) -> float:
+    """GPU-side per-kernel cost, plus the part of the host's launches the GPU work does not hide."""
+    launch = 0.0 if cuda_graphs else kernels * hw.kernel_launch_seconds
+    return kernels * hw.kernel_overhead_seconds + max(0.0, launch - gpu_seconds)
+
+
+def layer_forward(
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, layer_index: int
+) -> PassTime:
+    """One forward pass of layer `layer_index` on one rank."""
+    moe_layer = spec.is_moe_layer(layer_index)
+    mm_t = mm_f = 0.0
+    kernels = 0
+    for w in block_weights(spec, moe_layer):
+        if len(w.shape) != 2:
+            continue
+        t, f = _linear_time(spec, hw, layout, w, work)
+        mm_t += t
+        mm_f += f
+        kernels += 1
+    at_t, at_f, at_k = attention_time(spec, hw, layout, work, layer_index)
+    ew_bytes, ew_k = elementwise_bytes(spec, layout, work, moe_layer)
+    kernels += at_k + ew_k
+    flops = mm_f + at_f
+    ew_t = memory_seconds(hw, ew_bytes)
+    return PassTime(
+        matmul_seconds=mm_t,
+        attention_seconds=at_t,
+        memory_seconds=ew_t,
+        kernel_seconds=kernel_overhead_seconds(hw, kernels, mm_t + at_t + ew_t, work.cuda_graphs),
+        flops=flops,
+        model_flops=flops,
+        attention_flops=at_f,
+    )
+
+
+def head_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, logit_tokens: float) -> PassTime:
+    """Final norm and the vocabulary-parallel lm_head over `logit_tokens` rows (training: every
+    token; serving: the last position of each sequence)."""
+    a = bytes_per_element(work.act_dtype)
+    h = spec.hidden_size
+    t, f = gemm_time(
+        hw, logit_tokens, spec.vocab_size / layout.tp, h, count=1, weight_bytes=a, act_bytes=a, dtype=work.act_dtype
+    )
+    norm = memory_seconds(hw, 2 * h * logit_tokens * a)
+    return PassTime(matmul_seconds=t, memory_seconds=norm, kernel_seconds=2 * hw.kernel_overhead_seconds, flops=f, model_flops=f)
+
+
+def embedding_forward(spec: ModelSpec, hw: HardwareProfile, work: Work) -> PassTime:
+    """Token-embedding gather: read and write one row per token."""
+    a = bytes_per_element(work.act_dtype)
+    return PassTime(
+        memory_seconds=memory_seconds(hw, 2 * spec.hidden_size * work.tokens * a),
+        kernel_seconds=hw.kernel_overhead_seconds,
+    )

@@ -1,0 +1,183 @@
+"""Serving time: time to first token, time per output token, throughput, and the batch that
+maximises throughput within the KV cache.
+
+A batch of B sequences of `input_len` prompt tokens is prefilled in one forward (compute-
+bound GEMMs over B x input_len rows), then decoded one token per step (each step reads every
+local weight and each sequence's K/V once: memory-bound until the batch is large). Per step
+and per pass, on every pipeline stage: the layers' roofline time (compute.py), two
+tensor-parallel all-reduces per layer (one with a parallel residual) on the critical path,
+expert all-to-alls, and the final norm + lm_head over the positions that are sampled.
+
+Pipeline parallel serving keeps pp micro-batches of B/pp sequences in flight (vLLM's
+virtual engines): one round gives every sequence a token and takes pp x the slowest
+stage's time for B/pp; a lone request (prefill of B = 1) crosses the stages one after the
+other (fill and drain).
+
+    TTFT  = prefill of the batch (+ p2p hops between stages)
+    TPOT  = decode round at the mean context input_len + output_len / 2
+    end-to-end = TTFT + (output_len - 1) x TPOT   (static batching, as gptSessionBenchmark)
+    throughput = B x output_len / end-to-end, and per GPU / (tp x pp)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardplan.cost.comm import Collective, collective_seconds, group
+from shardplan.cost.compute import PassTime, Work, embedding_forward, head_forward, layer_forward
+from shardplan.cost.layout import Layout, stage_layer_ranges
+from shardplan.cost.workload import InferenceWorkload
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import ModelSpec
+from shardplan.units import bytes_per_element
+
+SERVING_OVERLAP = {
+    "tensor_parallel": "none: all-reduces sit between the layers' GEMMs",
+    "expert_all_to_all": "none",
+    "pipeline_p2p": "one hop per stage boundary per pass, not overlapped",
+}
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Seconds of one pass (a prefill or one decode round) by cause; sums to `total`."""
+
+    matmul: float = 0.0
+    attention: float = 0.0
+    memory: float = 0.0  # elementwise and embedding traffic
+    kernel_overhead: float = 0.0
+    tensor_parallel: float = 0.0
+    expert_parallel: float = 0.0
+    pipeline_p2p: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(self.__dict__.values())
+
+    def as_dict(self) -> dict[str, float]:
+        d = dict(self.__dict__)
+        d["total"] = self.total
+        return d
+
+
+def _stage_pass(
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, stage: int, logit_tokens: float
+) -> tuple[PassTime, float, float]:
+    """(compute, tensor-parallel seconds, expert-parallel seconds) of one pass on one stage."""
+    chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[stage]
+    layers = [i for r in chunks for i in r]
+    total = PassTime()
+    cache: dict[tuple[bool, bool], PassTime] = {}
+    for i in layers:
+        key = (spec.is_moe_layer(i), spec.is_sliding_layer(i))
+        if key not in cache:
+            cache[key] = layer_forward(spec, hw, layout, work, i)
+        total = total + cache[key]
+    if stage == 0:
+        total = total + embedding_forward(spec, hw, work)
+    if stage == layout.pp - 1:
+        total = total + head_forward(spec, hw, layout, work, logit_tokens)
+    a = bytes_per_element(work.act_dtype)
+    tp_group = group(layout.tp, 1, hw.gpus_per_node)
+    per_layer = 1 if spec.parallel_residual else 2
+    tp = per_layer * len(layers) * collective_seconds(Collective.ALL_REDUCE, work.tokens * spec.hidden_size * a, tp_group, hw)
+    ep = 0.0
+    num_moe = sum(spec.is_moe_layer(i) for i in layers)
+    if num_moe and spec.moe is not None and layout.ep > 1:
+        ep_group = group(layout.ep, layout.expert_tp, hw.gpus_per_node)
+        sent = work.tokens * spec.moe.num_experts_per_token * spec.hidden_size * a / layout.ep
+        ep = 2 * num_moe * collective_seconds(Collective.ALL_TO_ALL, sent * layout.ep, ep_group, hw)
+    return total, tp, ep
+
+
+def pass_time(
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, *, batch: float, q_len: float, kv_len: float, decode: bool
+) -> StepBreakdown:
+    """One prefill (decode=False) or one decode round (decode=True) of `batch` sequences."""
+    pp = layout.pp
+    in_flight = batch / pp if pp > 1 and batch >= pp else batch  # sequences per micro-batch
+    rounds = pp if pp > 1 and batch >= pp else 1
+    work = Work(
+        tokens=in_flight * q_len,
+        num_seqs=in_flight,
+        q_len=q_len,
+        kv_len=kv_len,
+        decode=decode,
+        causal=True,
+        flash_attention=True,
+        act_dtype=wl.activation_dtype,
+        kv_dtype=wl.kv_cache_dtype or wl.activation_dtype,
+        quantization=wl.quantization,
+        kv_read_per_query_head=wl.kv_read_per_query_head,
+        cuda_graphs=decode and not wl.enforce_eager,  # engines capture decode steps, not prefills
+    )
+    per_stage = [_stage_pass(spec, hw, layout, work, s, in_flight) for s in range(pp)]
+    a = bytes_per_element(wl.activation_dtype)
+    p2p = 0.0
+    if pp > 1:
+        pp_group = group(pp, layout.tp * layout.dp, hw.gpus_per_node)
+        p2p = collective_seconds(Collective.P2P, work.tokens * spec.hidden_size * a, pp_group, hw)
+    if rounds > 1:
+        # pp micro-batches in flight: a round is pp x the slowest stage.
+        slow = max(per_stage, key=lambda x: x[0].seconds + x[1] + x[2])
+        c, tp, ep = slow
+        return StepBreakdown(
+            matmul=rounds * c.matmul_seconds,
+            attention=rounds * c.attention_seconds,
+            memory=rounds * c.memory_seconds,
+            kernel_overhead=rounds * c.kernel_seconds,
+            tensor_parallel=rounds * tp,
+            expert_parallel=rounds * ep,
+            pipeline_p2p=rounds * p2p,
+        )
+    # One micro-batch crosses the stages one after the other.
+    return StepBreakdown(
+        matmul=sum(c.matmul_seconds for c, _, _ in per_stage),
+        attention=sum(c.attention_seconds for c, _, _ in per_stage),
+        memory=sum(c.memory_seconds for c, _, _ in per_stage),
+        kernel_overhead=sum(c.kernel_seconds for c, _, _ in per_stage),
+        tensor_parallel=sum(tp for _, tp, _ in per_stage),
+        expert_parallel=sum(ep for _, _, ep in per_stage),
+        pipeline_p2p=(pp - 1) * p2p,
+    )
+
+
+@dataclass(frozen=True)
+class ServingTime:
+    batch_size: int
+    ttft_seconds: float
+    tpot_seconds: float
+    e2e_latency_seconds: float
+    throughput_tokens_per_second: float  # output tokens per second, one replica
+    throughput_tokens_per_second_per_gpu: float
+    prefill: StepBreakdown
+    decode: StepBreakdown
+
+
+def serving_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, batch: int) -> ServingTime:
+    prefill = pass_time(spec, hw, layout, wl, batch=batch, q_len=wl.input_len, kv_len=wl.input_len, decode=False)
+    mean_ctx = wl.input_len + wl.output_len / 2
+    decode = pass_time(spec, hw, layout, wl, batch=batch, q_len=1, kv_len=mean_ctx, decode=True)
+    e2e = prefill.total + max(0, wl.output_len - 1) * decode.total
+    tput = batch * wl.output_len / e2e
+    return ServingTime(
+        batch_size=batch,
+        ttft_seconds=prefill.total,
+        tpot_seconds=decode.total,
+        e2e_latency_seconds=e2e,
+        throughput_tokens_per_second=tput,
+        throughput_tokens_per_second_per_gpu=tput / (layout.tp * layout.pp),
+        prefill=prefill,
+        decode=decode,
+    )
+
+
+def best_batch(
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, max_batch: int
+) -> ServingTime | None:
+    """The batch (powers of two up to, and including, `max_batch`) with the highest throughput."""
+    if max_batch < 1:
+        return None
+    candidates = sorted({min(max_batch, 2**k) for k in range(0, max_batch.bit_length() + 1)})
+    results = [serving_time(spec, hw, layout, wl, b) for b in candidates]
+    return max(results, key=lambda r: (r.throughput_tokens_per_second, -r.batch_size))

@@ -1,0 +1,294 @@
+"""Training step time: compute per pipeline stage, exposed communication, pipeline bubble and
+offload traffic, as a breakdown that sums to the step.
+
+Per micro-batch on a stage: forward F (compute.py) and backward B = 2x the forward GEMMs and
+elementwise work, 2.5x the flash-attention core (FlashAttention-2 backward runs five GEMMs
+to the forward's two; Dao 2023, Sec. 3.1.2), or 2x unfused; plus one more forward of the
+layers under full recomputation, or of the attention core under selective recomputation
+(Korthikanti et al. 2022, Sec. 5).
+
+    step = m (F + B + TP/EP/CP comm) + bubble + p2p + data-parallel sync + optimizer + offload
+    bubble = (pp - 1) / v x (F + B + comm) of the slowest stage   (Narayanan et al. 2021, Sec. 2.2)
+
+What overlaps with compute is an explicit assumption, per collective (`OVERLAP` below):
+tensor-parallel all-reduces (or reduce-scatter/all-gather with sequence parallelism) and
+expert all-to-alls sit on the critical path (Megatron-LM without TP-comm overlap);
+context-parallel ring exchanges hide behind the attention they feed (Liu et al. 2023, ring
+attention); pipeline sends are blocking; the data-parallel gradient reduction overlaps the
+last micro-batch's backward, all but its final bucket (PyTorch DDP, DeepSpeed
+`overlap_comm`, Megatron-Core `--overlap-grad-reduce`) when the workload says so; ZeRO-3/FSDP
+all-gathers are prefetched one unit ahead, so a phase costs max(compute, comm) plus the first
+unit's gather; offloaded optimizer steps run on the CPU after the backward (ZeRO-Offload,
+Ren et al. 2021) with gradients and updated weights crossing PCIe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardplan.cost.comm import Collective, Groups, collective_seconds, layout_groups, overlapped
+from shardplan.cost.compute import PassTime, Work, embedding_forward, head_forward, layer_forward
+from shardplan.cost.layout import Layout, Offload, Recompute, stage_layer_ranges
+from shardplan.cost.memory_training import state_bytes, zero_shard_degrees
+from shardplan.cost.weights import stage_weights
+from shardplan.cost.workload import Quantization, TrainingWorkload
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import ModelSpec
+from shardplan.units import bytes_per_element
+
+FLASH_BACKWARD_FACTOR = 2.5  # FlashAttention-2: 5 GEMMs in backward vs 2 in forward
+UNFUSED_BACKWARD_FACTOR = 2.0
+# Adam on the host: bytes of fp32 state read and written per parameter (master, m, v, grad).
+CPU_ADAM_BYTES_PER_PARAM = 4 * 4 * 2
+CPU_ADAM_BYTES_PER_SECOND = 100e9  # host DRAM streaming rate of an optimised CPU Adam (DeepSpeed CPUAdam)
+
+OVERLAP = {
+    "tensor_parallel": "none: on the critical path (Megatron-LM default, no TP-comm overlap)",
+    "expert_all_to_all": "none: dispatch and combine sit between router and experts",
+    "context_parallel": "hidden behind the attention core it feeds (ring attention); the excess is exposed",
+    "pipeline_p2p": "none: blocking sends between stages",
+    "data_parallel": "overlaps the last micro-batch's backward except its final layer (when overlap_grad_reduce)",
+    "zero3_gather": "prefetched one unit ahead: max(compute, comm) per pass plus the first unit",
+    "offload": "optimizer step on the host after backward; gradients and weights cross PCIe, not overlapped",
+}
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    """Seconds of one step by cause; `total` is their sum, always."""
+
+    compute: float = 0.0  # GEMMs, attention, elementwise, kernel overheads of all micro-batches
+    tensor_parallel: float = 0.0
+    expert_parallel: float = 0.0
+    context_parallel: float = 0.0
+    pipeline_p2p: float = 0.0
+    pipeline_bubble: float = 0.0
+    data_parallel: float = 0.0
+    zero3: float = 0.0
+    optimizer: float = 0.0
+    offload: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(self.as_parts().values())
+
+    def as_parts(self) -> dict[str, float]:
+        return {k: v for k, v in self.__dict__.items()}
+
+    def as_dict(self) -> dict[str, float]:
+        d = self.as_parts()
+        d["total"] = self.total
+        return d
+
+
+@dataclass(frozen=True)
+class StageTime:
+    stage: int
+    forward: PassTime
+    backward: PassTime
+    tp_seconds: float  # per micro-batch, forward + backward (+ recompute)
+    ep_seconds: float
+    cp_seconds: float
+    num_layers: int
+
+    @property
+    def per_microbatch_seconds(self) -> float:
+        return self.forward.seconds + self.backward.seconds + self.tp_seconds + self.ep_seconds + self.cp_seconds
+
+
+@dataclass(frozen=True)
+class TrainingTime:
+    step_seconds: float
+    breakdown: TimeBreakdown
+    tokens_per_second_per_gpu: float
+    model_flops_per_step: float  # whole cluster, no recomputation
+    hardware_flops_per_step: float  # whole cluster, recomputation included
+    mfu: float
+    hfu: float
+    stages: list[StageTime]
+
+
+def _backward(fwd: PassTime, flash: bool) -> PassTime:
+    attn_factor = FLASH_BACKWARD_FACTOR if flash else UNFUSED_BACKWARD_FACTOR
+    return PassTime(
+        matmul_seconds=2 * fwd.matmul_seconds,
+        attention_seconds=attn_factor * fwd.attention_seconds,
+        memory_seconds=2 * fwd.memory_seconds,
+        kernel_seconds=2 * fwd.kernel_seconds,
+        flops=2 * fwd.flops,
+        model_flops=2 * fwd.model_flops,
+        attention_flops=2 * fwd.attention_flops,
+    )
+
+
+def _stage_time(
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, groups: Groups, stage: int
+) -> StageTime:
+    chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[stage]
+    layers = [i for r in chunks for i in r]
+    s_local = wl.seq_len / layout.cp
+    b = layout.micro_batch_size
+    work = Work(
+        tokens=b * s_local,
+        num_seqs=b,
+        q_len=s_local,
+        kv_len=wl.seq_len,
+        decode=False,
+        causal=True,
+        flash_attention=wl.flash_attention,
+        dropout=wl.dropout,
+        act_dtype=wl.activation_dtype,
+        kv_dtype=wl.activation_dtype,
+        cp=layout.cp,
+    )
+    layer_fwd = PassTime()
+    attn_fwd = PassTime()
+    cache: dict[tuple[bool, bool], PassTime] = {}
+    for i in layers:
+        key = (spec.is_moe_layer(i), spec.is_sliding_layer(i))
+        if key not in cache:
+            cache[key] = layer_forward(spec, hw, layout, work, i)
+        layer_fwd = layer_fwd + cache[key]
+        attn_fwd = attn_fwd + PassTime(attention_seconds=cache[key].attention_seconds, attention_flops=cache[key].attention_flops)
+    fwd = layer_fwd
+    if stage == 0:
+        fwd = fwd + embedding_forward(spec, hw, work)
+    if stage == layout.pp - 1:
+        fwd = fwd + head_forward(spec, hw, layout, work, work.tokens)
+    bwd = _backward(fwd, wl.flash_attention)
+    n_layers = len(layers)
+    if layout.recompute is Recompute.FULL:
+        bwd = bwd + PassTime(**{**layer_fwd.__dict__, "model_flops": 0.0})
+    elif layout.recompute is Recompute.SELECTIVE:
+        bwd = bwd + PassTime(attention_seconds=attn_fwd.attention_seconds, flops=attn_fwd.attention_flops)
+
+    a = bytes_per_element(wl.activation_dtype)
+    h = spec.hidden_size
+    # Tensor parallelism: two all-reduces of the layer's activations per pass (one with a
+    # parallel residual), in forward, in backward, and again in a recomputed forward.
+    tp_per_pass = (1 if spec.parallel_residual else 2) * n_layers * collective_seconds(
+        Collective.ALL_REDUCE, work.tokens * h * a, groups.tp, hw
+    )
+    passes = 3 if layout.recompute is Recompute.FULL else 2
+    tp_seconds = passes * tp_per_pass
+    # Expert parallelism: dispatch and combine all-to-alls per MoE layer, forward and backward.
+    ep_seconds = 0.0
+    num_moe = sum(spec.is_moe_layer(i) for i in layers)
+    if num_moe and spec.moe is not None and layout.ep > 1:
+        tokens_out = work.tokens / layout.tp if layout.sequence_parallel else work.tokens
+        sent = tokens_out * spec.moe.num_experts_per_token * h * a
+        ep_seconds = passes * 2 * num_moe * collective_seconds(Collective.ALL_TO_ALL, sent, groups.ep, hw)
+    # Context parallelism: the ring passes every K/V chunk round once in forward, K/V and
+    # their gradients in backward, behind the attention core.
+    cp_seconds = 0.0
+    if layout.cp > 1:
+        kv_chunk = b * s_local * 2 * max(1.0, spec.kv_heads / layout.tp) * spec.attention_head_dim * a
+        ring = (layout.cp - 1) * collective_seconds(Collective.P2P, kv_chunk, groups.cp, hw) * n_layers
+        cp_seconds = max(0.0, ring - attn_fwd.attention_seconds) + max(0.0, 2 * ring - FLASH_BACKWARD_FACTOR * attn_fwd.attention_seconds)
+    return StageTime(stage, fwd, bwd, tp_seconds, ep_seconds, cp_seconds, n_layers)
+
+
+def training_time(
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, num_microbatches: int
+) -> TrainingTime:
+    sb = state_bytes(wl, layout.zero_stage)
+    dense_n, expert_n = zero_shard_degrees(layout, hw.gpus_per_node)
+    groups = layout_groups(
+        layout.tp, layout.cp, layout.dp, layout.pp, layout.ep, layout.expert_tp, dense_n, expert_n, hw.gpus_per_node
+    )
+    m = num_microbatches
+    v = layout.virtual_stages
+    stages = [_stage_time(spec, hw, layout, wl, groups, s) for s in range(layout.pp)]
+    slowest = max(stages, key=lambda st: st.per_microbatch_seconds)
+    a = bytes_per_element(wl.activation_dtype)
+
+    compute = m * (slowest.forward.seconds + slowest.backward.seconds)
+    bubble = (layout.pp - 1) / v * slowest.per_microbatch_seconds
+    p2p = 0.0
+    if layout.pp > 1:
+        act = layout.micro_batch_size * wl.seq_len / layout.cp * spec.hidden_size * a / layout.tp
+        p2p = 2 * m * v * collective_seconds(Collective.P2P, act, groups.pp, hw)
+
+    # Data-parallel gradient synchronisation and ZeRO traffic, on the slowest stage.
+    w = stage_weights(spec, layout, slowest.stage, quantization=Quantization.NONE, dense_dtype=wl.param_dtype)
+    wbytes = bytes_per_element(wl.param_dtype)
+    grad_bytes = sb.gradients if sb.gradients else wbytes
+    dp_sync = zero3 = 0.0
+    sync_pairs = ((w.dense_numel, groups.zero), (w.expert_numel, groups.expert_dp))
+    if layout.zero_stage == 3:
+        # Every micro-batch gathers the weights for forward and again for backward (and once
+        # more for a recomputed forward, which runs in backward after forward released them),
+        # and reduce-scatters the gradients.
+        gathers_in_backward = 2 if layout.recompute is Recompute.FULL else 1
+        gather = scatter = 0.0
+        for numel, g in sync_pairs:
+            gather += collective_seconds(Collective.ALL_GATHER, numel * wbytes, g, hw)
+            scatter += collective_seconds(Collective.REDUCE_SCATTER, numel * grad_bytes, g, hw)
+        units = max(1, slowest.num_layers)
+        fwd_c, bwd_c = slowest.forward.seconds, slowest.backward.seconds
+        bwd_comm = gathers_in_backward * gather + scatter
+        per_mb = overlapped(fwd_c, gather, hw) - fwd_c + overlapped(bwd_c, bwd_comm, hw) - bwd_c
+        zero3 = m * (per_mb + (gather + bwd_comm) / units)  # the first unit of each pass waits
+    else:
+        for numel, g in sync_pairs:
+            if layout.zero_stage == 0:
+                t = collective_seconds(Collective.ALL_REDUCE, numel * grad_bytes, g, hw)
+            else:  # reduce-scatter the gradients, all-gather the updated weights
+                t = collective_seconds(Collective.REDUCE_SCATTER, numel * grad_bytes, g, hw) + collective_seconds(
+                    Collective.ALL_GATHER, numel * wbytes, g, hw
+                )
+            dp_sync += t
+        if wl.overlap_grad_reduce:
+            units = max(1, slowest.num_layers)
+            window = slowest.backward.seconds * (units - 1) / units  # all but the final bucket
+            dp_sync = overlapped(window, dp_sync * (units - 1) / units, hw) - window + dp_sync / units
+
+    # Optimizer step: fp32 master weights and Adam moments streamed once (read + write).
+    shard = dense_n if layout.zero_stage >= 1 else 1
+    opt_params = w.dense_numel / shard + w.expert_numel / (expert_n if layout.zero_stage >= 1 else 1)
+    offload = 0.0
+    if layout.offload_optimizer is Offload.NONE:
+        optimizer = opt_params * (sb.optimizer + grad_bytes + wbytes) * 2 / (
+            hw.memory_bandwidth_bytes_per_second * hw.memory_bandwidth_efficiency
+        )
+    else:
+        optimizer = opt_params * CPU_ADAM_BYTES_PER_PARAM / CPU_ADAM_BYTES_PER_SECOND
+        host = hw.host_link.bandwidth_bytes_per_second * hw.host_link.efficiency
+        offload = opt_params * (grad_bytes + wbytes) / host  # gradients down, updated weights up
+        if layout.offload_optimizer is Offload.NVME:
+            nvme = hw.nvme_bandwidth_bytes_per_second_per_node * hw.nvme_efficiency / max(1, min(hw.gpus_per_node, layout.world_size))
+            offload += 2 * opt_params * sb.optimizer / nvme  # states read and written back
+    if layout.offload_params is not Offload.NONE:
+        host = hw.host_link.bandwidth_bytes_per_second * hw.host_link.efficiency
+        # Every micro-batch fetches the rank's parameters for forward and again for backward.
+        offload += m * 2 * (w.numel / max(1, dense_n)) * wbytes / host
+
+    breakdown = TimeBreakdown(
+        compute=compute,
+        tensor_parallel=m * slowest.tp_seconds,
+        expert_parallel=m * slowest.ep_seconds,
+        context_parallel=m * slowest.cp_seconds,
+        pipeline_p2p=p2p,
+        pipeline_bubble=bubble,
+        data_parallel=dp_sync,
+        zero3=zero3,
+        optimizer=optimizer,
+        offload=offload,
+    )
+    step = breakdown.total
+    tokens = wl.global_batch_size * wl.seq_len
+    replicas = layout.dp * layout.cp * layout.tp  # ranks per stage
+    model_flops = m * sum(st.forward.model_flops + st.backward.model_flops for st in stages) * replicas
+    hw_flops = m * sum(st.forward.flops + st.backward.flops for st in stages) * replicas
+    peak = hw.peak_flops_for(wl.activation_dtype) * layout.world_size
+    return TrainingTime(
+        step_seconds=step,
+        breakdown=breakdown,
+        tokens_per_second_per_gpu=tokens / step / layout.world_size,
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=hw_flops,
+        mfu=model_flops / step / peak,
+        hfu=hw_flops / step / peak,
+        stages=stages,
+    )
+
