@@ -168,3 +168,18 @@ def test_cli_time_json(cli):
         assert k in tt
     assert tt["tokens_per_second_per_gpu"] == pytest.approx(64 * 4096 / tt["step_seconds"] / 8, rel=1e-9)
     assert 0.2 < tt["mfu"] < 0.8
+
+
+def test_offload_costs_host_traffic_and_nvme_costs_more():
+    spec = load_model("llama-3.1-8b").spec
+    hw = _h100(8)
+    wl = TrainingWorkload(seq_len=4096, global_batch_size=64)
+    base = training_time(spec, hw, Layout(dp=8, zero_stage=2), wl, 8)
+    cpu = training_time(spec, hw, Layout(dp=8, zero_stage=2, offload_optimizer="cpu"), wl, 8)
+    nvme = training_time(spec, hw, Layout(dp=8, zero_stage=2, offload_optimizer="nvme"), wl, 8)
+    assert base.breakdown.offload == 0.0
+    host = hw.host_link.bandwidth_bytes_per_second * hw.host_link.efficiency
+    # At least the updated 16-bit weights of this rank's 1/8 shard come back over PCIe.
+    assert cpu.breakdown.offload >= 8.03e9 / 8 * 2 / host * 0.99
+    assert nvme.breakdown.offload > cpu.breakdown.offload
+    assert cpu.step_seconds > base.step_seconds

@@ -19,7 +19,9 @@ last micro-batch's backward, all but its final bucket (PyTorch DDP, DeepSpeed
 `overlap_comm`, Megatron-Core `--overlap-grad-reduce`) when the workload says so; ZeRO-3/FSDP
 all-gathers are prefetched one unit ahead, so a phase costs max(compute, comm) plus the first
 unit's gather; offloaded optimizer steps run on the CPU after the backward (ZeRO-Offload,
-Ren et al. 2021) with gradients and updated weights crossing PCIe.
+Ren et al. 2021) with gradients streamed down behind the backward and the updated weights
+sent back before the next step; offloaded parameters (ZeRO-Infinity) are prefetched over
+PCIe (or from NVMe) behind the compute.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ OVERLAP = {
     "pipeline_p2p": "none: blocking sends between stages",
     "data_parallel": "overlaps the last micro-batch's backward except its final layer (when overlap_grad_reduce)",
     "zero3_gather": "prefetched one unit ahead: max(compute, comm) per pass plus the first unit",
-    "offload": "optimizer step on the host after backward; gradients and weights cross PCIe, not overlapped",
+    "offload": "gradients stream to the host behind the backward; the CPU optimizer step and the weights' return are exposed; offloaded parameters are prefetched behind compute",
 }
 
 
@@ -247,21 +249,30 @@ def training_time(
     shard = dense_n if layout.zero_stage >= 1 else 1
     opt_params = w.dense_numel / shard + w.expert_numel / (expert_n if layout.zero_stage >= 1 else 1)
     offload = 0.0
+    host = hw.host_link.bandwidth_bytes_per_second * hw.host_link.efficiency
+    mb_compute = slowest.forward.seconds + slowest.backward.seconds
     if layout.offload_optimizer is Offload.NONE:
         optimizer = opt_params * (sb.optimizer + grad_bytes + wbytes) * 2 / (
             hw.memory_bandwidth_bytes_per_second * hw.memory_bandwidth_efficiency
         )
     else:
+        # ZeRO-Offload (Ren et al. 2021, Sec. 4.2): gradients stream to the host during the
+        # last backward, the CPU runs Adam, updated 16-bit weights come back before the next step.
         optimizer = opt_params * CPU_ADAM_BYTES_PER_PARAM / CPU_ADAM_BYTES_PER_SECOND
-        host = hw.host_link.bandwidth_bytes_per_second * hw.host_link.efficiency
-        offload = opt_params * (grad_bytes + wbytes) / host  # gradients down, updated weights up
+        grads_down = opt_params * grad_bytes / host
+        offload = overlapped(slowest.backward.seconds, grads_down, hw) - slowest.backward.seconds
+        offload += opt_params * wbytes / host
         if layout.offload_optimizer is Offload.NVME:
             nvme = hw.nvme_bandwidth_bytes_per_second_per_node * hw.nvme_efficiency / max(1, min(hw.gpus_per_node, layout.world_size))
             offload += 2 * opt_params * sb.optimizer / nvme  # states read and written back
     if layout.offload_params is not Offload.NONE:
-        host = hw.host_link.bandwidth_bytes_per_second * hw.host_link.efficiency
-        # Every micro-batch fetches the rank's parameters for forward and again for backward.
-        offload += m * 2 * (w.numel / max(1, dense_n)) * wbytes / host
+        # ZeRO-Infinity: every micro-batch fetches the rank's parameters for forward and again
+        # for backward, prefetched behind the compute of the unit before.
+        fetch = 2 * (w.numel / max(1, dense_n)) * wbytes / host
+        if layout.offload_params is Offload.NVME:
+            nvme = hw.nvme_bandwidth_bytes_per_second_per_node * hw.nvme_efficiency / max(1, min(hw.gpus_per_node, layout.world_size))
+            fetch = max(fetch, 2 * (w.numel / max(1, dense_n)) * wbytes / nvme)
+        offload += m * (overlapped(mb_compute, fetch, hw) - mb_compute)
 
     breakdown = TimeBreakdown(
         compute=compute,
