@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass(frozen=True)
@@ -46,3 +46,20 @@ class RankMemory:
     detail: dict[str, float] = field(default_factory=dict)  # named sub-items, bytes
     host_bytes: float = 0.0  # offloaded to CPU RAM by this rank
     nvme_bytes: float = 0.0  # offloaded to NVMe by this rank
+
+
+@dataclass(frozen=True)
+class SecondsBreakdown:
+    """Base of the time breakdowns: every field is seconds, and `total` is their sum."""
+
+    def as_parts(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def total(self) -> float:
+        return sum(self.as_parts().values())
+
+    def as_dict(self) -> dict[str, float]:
+        d = self.as_parts()
+        d["total"] = self.total
+        return d

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import ModelSpec
 
 RANK_ORDER = ("tp", "cp", "dp", "pp")  # fastest-varying first
 
@@ -134,3 +135,21 @@ def layout_groups(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, zero_de
         expert_dp=group(expert_dp, ep * etp, gpus_per_node),
         pp=group(pp, tp * cp * dp, gpus_per_node),
     )
+
+
+def layer_collectives_seconds(
+    spec: ModelSpec, hw: HardwareProfile, layers: list[int], *, tokens: float, act_bytes: float, tp: Group, ep: Group
+) -> tuple[float, float]:
+    """(tensor-parallel, expert-parallel) seconds of one pass over `layers`: two all-reduces of
+    the layer's activations per layer (one with a parallel residual; Megatron-LM, Shoeybi et al.
+    2019, Sec. 3), and a dispatch and a combine all-to-all per MoE layer, each rank sending its
+    `tokens` x top-k rows of the hidden size."""
+    h = spec.hidden_size
+    per_layer = 1 if spec.parallel_residual else 2
+    tp_s = per_layer * len(layers) * collective_seconds(Collective.ALL_REDUCE, tokens * h * act_bytes, tp, hw)
+    ep_s = 0.0
+    num_moe = sum(spec.is_moe_layer(i) for i in layers)
+    if num_moe and spec.moe is not None and ep.size > 1:
+        sent = tokens * spec.moe.num_experts_per_token * h * act_bytes
+        ep_s = 2 * num_moe * collective_seconds(Collective.ALL_TO_ALL, sent, ep, hw)
+    return tp_s, ep_s

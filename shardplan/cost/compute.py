@@ -288,6 +288,18 @@ def layer_forward(
     )
 
 
+def layers_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, layers: list[int]) -> PassTime:
+    """One forward pass over `layers` on one rank; layers of the same kind are costed once."""
+    total = PassTime()
+    cache: dict[tuple[bool, bool], PassTime] = {}
+    for i in layers:
+        key = (spec.is_moe_layer(i), spec.is_sliding_layer(i))
+        if key not in cache:
+            cache[key] = layer_forward(spec, hw, layout, work, i)
+        total = total + cache[key]
+    return total
+
+
 def head_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, logit_tokens: float) -> PassTime:
     """Final norm and the vocabulary-parallel lm_head over `logit_tokens` rows (training: every
     token; serving: the last position of each sequence)."""

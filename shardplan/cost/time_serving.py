@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardplan.cost.comm import Collective, collective_seconds, group
-from shardplan.cost.compute import PassTime, Work, embedding_forward, head_forward, layer_forward
+from shardplan.cost.breakdown import SecondsBreakdown
+from shardplan.cost.comm import Collective, collective_seconds, group, layer_collectives_seconds
+from shardplan.cost.compute import PassTime, Work, embedding_forward, head_forward, layers_forward
 from shardplan.cost.layout import Layout, stage_layer_ranges
 from shardplan.cost.workload import InferenceWorkload
 from shardplan.specs.hardware import HardwareProfile
@@ -39,7 +40,7 @@ SERVING_OVERLAP = {
 
 
 @dataclass(frozen=True)
-class StepBreakdown:
+class StepBreakdown(SecondsBreakdown):
     """Seconds of one pass (a prefill or one decode round) by cause; sums to `total`."""
 
     matmul: float = 0.0
@@ -50,15 +51,6 @@ class StepBreakdown:
     expert_parallel: float = 0.0
     pipeline_p2p: float = 0.0
 
-    @property
-    def total(self) -> float:
-        return sum(self.__dict__.values())
-
-    def as_dict(self) -> dict[str, float]:
-        d = dict(self.__dict__)
-        d["total"] = self.total
-        return d
-
 
 def _stage_pass(
     spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, stage: int, logit_tokens: float
@@ -66,27 +58,15 @@ def _stage_pass(
     """(compute, tensor-parallel seconds, expert-parallel seconds) of one pass on one stage."""
     chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[stage]
     layers = [i for r in chunks for i in r]
-    total = PassTime()
-    cache: dict[tuple[bool, bool], PassTime] = {}
-    for i in layers:
-        key = (spec.is_moe_layer(i), spec.is_sliding_layer(i))
-        if key not in cache:
-            cache[key] = layer_forward(spec, hw, layout, work, i)
-        total = total + cache[key]
+    total = layers_forward(spec, hw, layout, work, layers)
     if stage == 0:
         total = total + embedding_forward(spec, hw, work)
     if stage == layout.pp - 1:
         total = total + head_forward(spec, hw, layout, work, logit_tokens)
-    a = bytes_per_element(work.act_dtype)
-    tp_group = group(layout.tp, 1, hw.gpus_per_node)
-    per_layer = 1 if spec.parallel_residual else 2
-    tp = per_layer * len(layers) * collective_seconds(Collective.ALL_REDUCE, work.tokens * spec.hidden_size * a, tp_group, hw)
-    ep = 0.0
-    num_moe = sum(spec.is_moe_layer(i) for i in layers)
-    if num_moe and spec.moe is not None and layout.ep > 1:
-        ep_group = group(layout.ep, layout.expert_tp, hw.gpus_per_node)
-        sent = work.tokens * spec.moe.num_experts_per_token * spec.hidden_size * a / layout.ep
-        ep = 2 * num_moe * collective_seconds(Collective.ALL_TO_ALL, sent * layout.ep, ep_group, hw)
+    tp, ep = layer_collectives_seconds(
+        spec, hw, layers, tokens=work.tokens, act_bytes=bytes_per_element(work.act_dtype),
+        tp=group(layout.tp, 1, hw.gpus_per_node), ep=group(layout.ep, layout.expert_tp, hw.gpus_per_node),
+    )
     return total, tp, ep
 
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardplan.cost.comm import Collective, Groups, collective_seconds, layout_groups, overlapped
-from shardplan.cost.compute import PassTime, Work, embedding_forward, head_forward, layer_forward
+from shardplan.cost.breakdown import SecondsBreakdown
+from shardplan.cost.comm import Collective, Groups, collective_seconds, layer_collectives_seconds, layout_groups, overlapped
+from shardplan.cost.compute import PassTime, Work, embedding_forward, head_forward, layers_forward
 from shardplan.cost.layout import Layout, Offload, Recompute, stage_layer_ranges
 from shardplan.cost.memory_training import state_bytes, zero_shard_degrees
 from shardplan.cost.weights import stage_weights
@@ -42,7 +43,9 @@ FLASH_BACKWARD_FACTOR = 2.5  # FlashAttention-2: 5 GEMMs in backward vs 2 in for
 UNFUSED_BACKWARD_FACTOR = 2.0
 # Adam on the host: bytes of fp32 state read and written per parameter (master, m, v, grad).
 CPU_ADAM_BYTES_PER_PARAM = 4 * 4 * 2
-CPU_ADAM_BYTES_PER_SECOND = 100e9  # host DRAM streaming rate of an optimised CPU Adam (DeepSpeed CPUAdam)
+# Host DRAM streaming rate of a vectorised CPU Adam (DeepSpeed CPUAdam) on a two-socket
+# server: an estimate (~half of 8-channel DDR5 x 2 sockets); it matters only with optimizer offload.
+CPU_ADAM_BYTES_PER_SECOND = 100e9
 
 OVERLAP = {
     "tensor_parallel": "none: on the critical path (Megatron-LM default, no TP-comm overlap)",
@@ -56,7 +59,7 @@ OVERLAP = {
 
 
 @dataclass(frozen=True)
-class TimeBreakdown:
+class TimeBreakdown(SecondsBreakdown):
     """Seconds of one step by cause; `total` is their sum, always."""
 
     compute: float = 0.0  # GEMMs, attention, elementwise, kernel overheads of all micro-batches
@@ -69,18 +72,6 @@ class TimeBreakdown:
     zero3: float = 0.0
     optimizer: float = 0.0
     offload: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return sum(self.as_parts().values())
-
-    def as_parts(self) -> dict[str, float]:
-        return {k: v for k, v in self.__dict__.items()}
-
-    def as_dict(self) -> dict[str, float]:
-        d = self.as_parts()
-        d["total"] = self.total
-        return d
 
 
 @dataclass(frozen=True)
@@ -143,15 +134,8 @@ def _stage_time(
         kv_dtype=wl.activation_dtype,
         cp=layout.cp,
     )
-    layer_fwd = PassTime()
-    attn_fwd = PassTime()
-    cache: dict[tuple[bool, bool], PassTime] = {}
-    for i in layers:
-        key = (spec.is_moe_layer(i), spec.is_sliding_layer(i))
-        if key not in cache:
-            cache[key] = layer_forward(spec, hw, layout, work, i)
-        layer_fwd = layer_fwd + cache[key]
-        attn_fwd = attn_fwd + PassTime(attention_seconds=cache[key].attention_seconds, attention_flops=cache[key].attention_flops)
+    layer_fwd = layers_forward(spec, hw, layout, work, layers)
+    attn_fwd = PassTime(attention_seconds=layer_fwd.attention_seconds, attention_flops=layer_fwd.attention_flops)
     fwd = layer_fwd
     if stage == 0:
         fwd = fwd + embedding_forward(spec, hw, work)
@@ -165,21 +149,13 @@ def _stage_time(
         bwd = bwd + PassTime(attention_seconds=attn_fwd.attention_seconds, flops=attn_fwd.attention_flops)
 
     a = bytes_per_element(wl.activation_dtype)
-    h = spec.hidden_size
-    # Tensor parallelism: two all-reduces of the layer's activations per pass (one with a
-    # parallel residual), in forward, in backward, and again in a recomputed forward.
-    tp_per_pass = (1 if spec.parallel_residual else 2) * n_layers * collective_seconds(
-        Collective.ALL_REDUCE, work.tokens * h * a, groups.tp, hw
-    )
+    # TP all-reduces (or RS + AG with sequence parallelism, the same bytes) and expert
+    # all-to-alls, in forward, in backward, and again in a recomputed forward.
     passes = 3 if layout.recompute is Recompute.FULL else 2
-    tp_seconds = passes * tp_per_pass
-    # Expert parallelism: dispatch and combine all-to-alls per MoE layer, forward and backward.
-    ep_seconds = 0.0
-    num_moe = sum(spec.is_moe_layer(i) for i in layers)
-    if num_moe and spec.moe is not None and layout.ep > 1:
-        tokens_out = work.tokens / layout.tp if layout.sequence_parallel else work.tokens
-        sent = tokens_out * spec.moe.num_experts_per_token * h * a
-        ep_seconds = passes * 2 * num_moe * collective_seconds(Collective.ALL_TO_ALL, sent, groups.ep, hw)
+    tokens_out = work.tokens / layout.tp if layout.sequence_parallel else work.tokens
+    tp_pass, _ = layer_collectives_seconds(spec, hw, layers, tokens=work.tokens, act_bytes=a, tp=groups.tp, ep=groups.ep)
+    _, ep_pass = layer_collectives_seconds(spec, hw, layers, tokens=tokens_out, act_bytes=a, tp=groups.tp, ep=groups.ep)
+    tp_seconds, ep_seconds = passes * tp_pass, passes * ep_pass
     # Context parallelism: the ring passes every K/V chunk round once in forward, K/V and
     # their gradients in backward, behind the attention core.
     cp_seconds = 0.0
