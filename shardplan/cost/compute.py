@@ -39,7 +39,9 @@ the experts its tokens touch, E_local (1 - (1 - k/E)^(tokens)) of them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 from shardplan.cost.layout import Layout
 from shardplan.cost.params import Split, WeightKind, block_weights
@@ -70,10 +72,18 @@ class PassTime:
         return self.matmul_seconds + self.attention_seconds + self.memory_seconds + self.kernel_seconds
 
     def __add__(self, other: "PassTime") -> "PassTime":
-        return PassTime(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+        return PassTime(
+            self.matmul_seconds + other.matmul_seconds,
+            self.attention_seconds + other.attention_seconds,
+            self.memory_seconds + other.memory_seconds,
+            self.kernel_seconds + other.kernel_seconds,
+            self.flops + other.flops,
+            self.model_flops + other.model_flops,
+            self.attention_flops + other.attention_flops,
+        )
 
     def scaled(self, factor: float) -> "PassTime":
-        return PassTime(**{f.name: getattr(self, f.name) * factor for f in fields(self)})
+        return PassTime(*(getattr(self, f.name) * factor for f in fields(self)))
 
 
 @dataclass(frozen=True)
@@ -288,16 +298,27 @@ def layer_forward(
     )
 
 
-def layers_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, layers: list[int]) -> PassTime:
+def layers_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, layers: Sequence[int]) -> PassTime:
     """One forward pass over `layers` on one rank; layers of the same kind are costed once."""
-    total = PassTime()
-    cache: dict[tuple[bool, bool], PassTime] = {}
+    counts: dict[tuple[bool, bool], tuple[int, int]] = {}
     for i in layers:
         key = (spec.is_moe_layer(i), spec.is_sliding_layer(i))
-        if key not in cache:
-            cache[key] = layer_forward(spec, hw, layout, work, i)
-        total = total + cache[key]
+        first, n = counts.get(key, (i, 0))
+        counts[key] = (first, n + 1)
+    total = PassTime()
+    for first, n in counts.values():
+        total = total + _layer_forward(spec, hw, _compute_shape(layout), work, first).scaled(n)
     return total
+
+
+def _compute_shape(layout: Layout) -> Layout:
+    """The fields of a layout that a layer's compute depends on (the cache key)."""
+    return Layout(tp=layout.tp, cp=layout.cp, ep=layout.ep, etp=layout.expert_tp, sequence_parallel=layout.sequence_parallel)
+
+
+@lru_cache(maxsize=16384)
+def _layer_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, layer_index: int) -> PassTime:
+    return layer_forward(spec, hw, layout, work, layer_index)
 
 
 def head_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, logit_tokens: float) -> PassTime:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 
 from shardplan.errors import LayoutError
 from shardplan.specs.model import ModelSpec
@@ -61,7 +62,9 @@ class Layout:
             ("offload_optimizer", Offload),
             ("offload_params", Offload),
         ):
-            object.__setattr__(self, name, enum(getattr(self, name)))
+            value = getattr(self, name)
+            if not isinstance(value, enum):
+                object.__setattr__(self, name, enum(value))
 
     @property
     def world_size(self) -> int:
@@ -157,9 +160,11 @@ def validate_layout(spec: ModelSpec, layout: Layout, num_gpus: int, *, training:
         )
 
 
-def stage_layer_ranges(num_layers: int, pp: int, virtual_stages: int = 1) -> list[list[range]]:
+@lru_cache(maxsize=4096)
+def stage_layer_ranges(num_layers: int, pp: int, virtual_stages: int = 1) -> tuple[tuple[range, ...], ...]:
     """Layers per pipeline stage: balanced, earlier chunks take the remainder (as
-    torchtitan/Megatron do for uneven splits). Stage s holds chunks s, s+pp, s+2pp, ..."""
+    torchtitan/Megatron do for uneven splits). Stage s holds chunks s, s+pp, s+2pp, ...
+    Cached: the search asks for the same split thousands of times."""
     chunks = pp * virtual_stages
     base, extra = divmod(num_layers, chunks)
     ranges: list[range] = []
@@ -168,4 +173,4 @@ def stage_layer_ranges(num_layers: int, pp: int, virtual_stages: int = 1) -> lis
         n = base + (1 if c < extra else 0)
         ranges.append(range(start, start + n))
         start += n
-    return [[ranges[s + k * pp] for k in range(virtual_stages)] for s in range(pp)]
+    return tuple(tuple(ranges[s + k * pp] for k in range(virtual_stages)) for s in range(pp))

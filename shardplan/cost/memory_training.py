@@ -231,6 +231,37 @@ def zero_shard_degrees(layout: Layout, gpus_per_node: int) -> tuple[int, int]:
     return dense, expert
 
 
+def activation_bytes_lower_bound(
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, num_microbatches: int
+) -> float:
+    """A lower bound on the binding rank's total in `training_memory`: stage 0's layer
+    activations at their peak (with the lighter of its layer kinds) plus the runtime overhead.
+    ZeRO and offload change neither, so above the GPU's memory no state sharding can fit."""
+    chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[0]
+    layers = [i for r in chunks for i in r]
+    b = layout.micro_batch_size
+    per_layer = activation_bytes_per_layer(spec, layout, wl, False, b)
+    if any(spec.is_moe_layer(i) for i in layers):
+        per_layer = min(per_layer, activation_bytes_per_layer(spec, layout, wl, True, b))
+    if all(spec.is_moe_layer(i) for i in layers):
+        per_layer = activation_bytes_per_layer(spec, layout, wl, True, b)
+    overhead = hw.cuda_context_bytes + hw.non_torch_bytes + (hw.nccl_buffer_bytes if layout.world_size > 1 else 0)
+    return per_layer * in_flight_layer_activations(layout, 0, len(layers), num_microbatches) + overhead
+
+
+def stage_states_bytes(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, stage: int = 0) -> float:
+    """GPU bytes of the model states (weights, gradients, optimizer states, ZeRO-3 gather
+    buffers) of one rank of `stage`, exactly as `training_memory` counts them."""
+    sb = state_bytes(wl, layout.zero_stage)
+    dense_n, expert_n = zero_shard_degrees(layout, hw.gpus_per_node)
+    w = stage_weights(spec, layout, stage, quantization=Quantization.NONE, dense_dtype=wl.param_dtype)
+    total = 0.0
+    for numel, largest, n in ((w.dense_numel, w.largest_layer_numel, dense_n), (w.expert_numel, 0.0, expert_n)):
+        ms = model_states_bytes(numel, largest, n, layout.zero_stage, sb, layout.offload_optimizer, layout.offload_params)
+        total += ms.weights + ms.gradients + ms.optimizer + ms.temporary
+    return total
+
+
 def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload) -> TrainingMemory:
     sb = state_bytes(wl, layout.zero_stage)
     per_step = layout.dp * layout.micro_batch_size

@@ -26,10 +26,12 @@ PCIe (or from NVMe) behind the compute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from shardplan.cost.breakdown import SecondsBreakdown
-from shardplan.cost.comm import Collective, Groups, collective_seconds, layer_collectives_seconds, layout_groups, overlapped
+from shardplan.cost.comm import Collective, Group, Groups, collective_seconds, layer_collectives_seconds, layout_groups, overlapped
 from shardplan.cost.compute import PassTime, Work, embedding_forward, head_forward, layers_forward
 from shardplan.cost.layout import Layout, Offload, Recompute, stage_layer_ranges
 from shardplan.cost.memory_training import state_bytes, zero_shard_degrees
@@ -114,11 +116,117 @@ def _backward(fwd: PassTime, flash: bool) -> PassTime:
     )
 
 
+def _compute_shape(layout: Layout) -> Layout:
+    """The fields a stage's compute and per-micro-batch communication depend on; dp, ZeRO and
+    offload do not enter, so stage times are cached on this (the search costs many
+    state-sharding variants of one shape)."""
+    return Layout(
+        tp=layout.tp, cp=layout.cp, ep=layout.ep, etp=layout.expert_tp,
+        sequence_parallel=layout.sequence_parallel, recompute=layout.recompute,
+        micro_batch_size=layout.micro_batch_size,
+    )
+
+
 def _stage_time(
     spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, groups: Groups, stage: int
 ) -> StageTime:
+    """Forward, backward and per-micro-batch communication of one stage. Only how many layers of
+    each kind it holds matters, so stages of the same make-up share one cached computation."""
     chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[stage]
-    layers = [i for r in chunks for i in r]
+    st = _cached_stage_time(
+        spec, hw, _compute_shape(layout), wl, groups.tp, groups.cp, groups.ep,
+        _canonical_layers(spec, chunks), stage == 0, stage == layout.pp - 1,
+    )
+    return replace(st, stage=stage)
+
+
+def _canonical_layers(spec: ModelSpec, chunks: Sequence[range]) -> tuple[int, ...]:
+    """The stage's layers with each replaced by the first layer of its kind (MoE, sliding window)."""
+    reps = _kind_representatives(spec)
+    return tuple(sorted(reps[(spec.is_moe_layer(i), spec.is_sliding_layer(i))] for r in chunks for i in r))
+
+
+@lru_cache(maxsize=256)
+def _kind_representatives(spec: ModelSpec) -> dict[tuple[bool, bool], int]:
+    kinds: dict[tuple[bool, bool], int] = {}
+    for i in range(spec.num_layers):
+        kinds.setdefault((spec.is_moe_layer(i), spec.is_sliding_layer(i)), i)
+    return kinds
+
+
+def layers_seconds_lower_bound(
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, layers: Sequence[int]
+) -> float:
+    """Per-micro-batch seconds (forward, backward, recompute, TP/EP/CP communication) of
+    `layers` without the embedding and head: the sum of each layer's own time. A stage's
+    per-micro-batch time is at least this for its layers (the search's bound)."""
+    groups = _groups(layout, hw)
+    per_kind = _kind_seconds(spec, hw, _compute_shape(layout), wl, groups.tp, groups.cp, groups.ep)
+    return sum(per_kind[(spec.is_moe_layer(i), spec.is_sliding_layer(i))] for i in layers)
+
+
+@lru_cache(maxsize=16384)
+def _kind_seconds(
+    spec: ModelSpec, hw: HardwareProfile, shape: Layout, wl: TrainingWorkload, tp: Group, cp: Group, ep: Group
+) -> dict[tuple[bool, bool], float]:
+    return {
+        kind: _cached_stage_time(spec, hw, shape, wl, tp, cp, ep, (i,), False, False).per_microbatch_seconds
+        for kind, i in _kind_representatives(spec).items()
+    }
+
+
+def step_seconds_lower_bound(
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, num_microbatches: int
+) -> float:
+    """A lower bound on `training_time(...).step_seconds`: (m + (pp - 1) / v) micro-batch times
+    of the slowest stage, which is at least stage 0's layers and at least the mean stage's; every
+    other term of the step is non-negative. dp, ZeRO and offload do not change it, so one bound
+    serves all their variants; with v = the most virtual stages allowed it bounds every v."""
+    stage0 = [i for r in stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[0] for i in r]
+    per_mb = max(
+        layers_seconds_lower_bound(spec, hw, layout, wl, stage0),
+        layers_seconds_lower_bound(spec, hw, layout, wl, range(spec.num_layers)) / layout.pp,
+    )
+    return (num_microbatches + (layout.pp - 1) / layout.virtual_stages) * per_mb
+
+
+def _pipeline(
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, groups: Groups, m: int
+) -> tuple[list[StageTime], StageTime, float, float]:
+    """Every stage's time, the slowest, the bubble and the p2p seconds of a step."""
+    v = layout.virtual_stages
+    stages = [_stage_time(spec, hw, layout, wl, groups, s) for s in range(layout.pp)]
+    slowest = max(stages, key=lambda st: st.per_microbatch_seconds)
+    bubble = (layout.pp - 1) / v * slowest.per_microbatch_seconds
+    p2p = 0.0
+    if layout.pp > 1:
+        a = bytes_per_element(wl.activation_dtype)
+        act = layout.micro_batch_size * wl.seq_len / layout.cp * spec.hidden_size * a / layout.tp
+        p2p = 2 * m * v * collective_seconds(Collective.P2P, act, groups.pp, hw)
+    return stages, slowest, bubble, p2p
+
+
+def pipeline_seconds(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, num_microbatches: int) -> float:
+    """The part of the step that dp, ZeRO and offload do not change: m micro-batches of the
+    slowest stage with their TP/EP/CP communication, the bubble and the p2p sends. The rest of
+    the step (data-parallel sync, ZeRO-3 gathers, optimizer, offload) is non-negative, so this
+    is a tighter lower bound than `step_seconds_lower_bound`, at the cost of every stage."""
+    _, slowest, bubble, p2p = _pipeline(spec, hw, layout, wl, _groups(layout, hw), num_microbatches)
+    return num_microbatches * slowest.per_microbatch_seconds + bubble + p2p
+
+
+def _groups(layout: Layout, hw: HardwareProfile) -> Groups:
+    dense_n, expert_n = zero_shard_degrees(layout, hw.gpus_per_node)
+    return layout_groups(
+        layout.tp, layout.cp, layout.dp, layout.pp, layout.ep, layout.expert_tp, dense_n, expert_n, hw.gpus_per_node
+    )
+
+
+@lru_cache(maxsize=65536)
+def _cached_stage_time(
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, tp: Group, cp: Group, ep: Group,
+    layers: tuple[int, ...], first: bool, last: bool,
+) -> StageTime:
     s_local = wl.seq_len / layout.cp
     b = layout.micro_batch_size
     work = Work(
@@ -137,9 +245,9 @@ def _stage_time(
     layer_fwd = layers_forward(spec, hw, layout, work, layers)
     attn_fwd = PassTime(attention_seconds=layer_fwd.attention_seconds, attention_flops=layer_fwd.attention_flops)
     fwd = layer_fwd
-    if stage == 0:
+    if first:
         fwd = fwd + embedding_forward(spec, hw, work)
-    if stage == layout.pp - 1:
+    if last:
         fwd = fwd + head_forward(spec, hw, layout, work, work.tokens)
     bwd = _backward(fwd, wl.flash_attention)
     n_layers = len(layers)
@@ -153,17 +261,17 @@ def _stage_time(
     # all-to-alls, in forward, in backward, and again in a recomputed forward.
     passes = 3 if layout.recompute is Recompute.FULL else 2
     tokens_out = work.tokens / layout.tp if layout.sequence_parallel else work.tokens
-    tp_pass, _ = layer_collectives_seconds(spec, hw, layers, tokens=work.tokens, act_bytes=a, tp=groups.tp, ep=groups.ep)
-    _, ep_pass = layer_collectives_seconds(spec, hw, layers, tokens=tokens_out, act_bytes=a, tp=groups.tp, ep=groups.ep)
+    tp_pass, _ = layer_collectives_seconds(spec, hw, layers, tokens=work.tokens, act_bytes=a, tp=tp, ep=ep)
+    _, ep_pass = layer_collectives_seconds(spec, hw, layers, tokens=tokens_out, act_bytes=a, tp=tp, ep=ep)
     tp_seconds, ep_seconds = passes * tp_pass, passes * ep_pass
     # Context parallelism: the ring passes every K/V chunk round once in forward, K/V and
     # their gradients in backward, behind the attention core.
     cp_seconds = 0.0
     if layout.cp > 1:
         kv_chunk = b * s_local * 2 * max(1.0, spec.kv_heads / layout.tp) * spec.attention_head_dim * a
-        ring = (layout.cp - 1) * collective_seconds(Collective.P2P, kv_chunk, groups.cp, hw) * n_layers
+        ring = (layout.cp - 1) * collective_seconds(Collective.P2P, kv_chunk, cp, hw) * n_layers
         cp_seconds = max(0.0, ring - attn_fwd.attention_seconds) + max(0.0, 2 * ring - FLASH_BACKWARD_FACTOR * attn_fwd.attention_seconds)
-    return StageTime(stage, fwd, bwd, tp_seconds, ep_seconds, cp_seconds, n_layers)
+    return StageTime(-1, fwd, bwd, tp_seconds, ep_seconds, cp_seconds, n_layers)
 
 
 def training_time(
@@ -171,21 +279,10 @@ def training_time(
 ) -> TrainingTime:
     sb = state_bytes(wl, layout.zero_stage)
     dense_n, expert_n = zero_shard_degrees(layout, hw.gpus_per_node)
-    groups = layout_groups(
-        layout.tp, layout.cp, layout.dp, layout.pp, layout.ep, layout.expert_tp, dense_n, expert_n, hw.gpus_per_node
-    )
+    groups = _groups(layout, hw)
     m = num_microbatches
-    v = layout.virtual_stages
-    stages = [_stage_time(spec, hw, layout, wl, groups, s) for s in range(layout.pp)]
-    slowest = max(stages, key=lambda st: st.per_microbatch_seconds)
-    a = bytes_per_element(wl.activation_dtype)
-
+    stages, slowest, bubble, p2p = _pipeline(spec, hw, layout, wl, groups, m)
     compute = m * (slowest.forward.seconds + slowest.backward.seconds)
-    bubble = (layout.pp - 1) / v * slowest.per_microbatch_seconds
-    p2p = 0.0
-    if layout.pp > 1:
-        act = layout.micro_batch_size * wl.seq_len / layout.cp * spec.hidden_size * a / layout.tp
-        p2p = 2 * m * v * collective_seconds(Collective.P2P, act, groups.pp, hw)
 
     # Data-parallel gradient synchronisation and ZeRO traffic, on the slowest stage.
     w = stage_weights(spec, layout, slowest.stage, quantization=Quantization.NONE, dense_dtype=wl.param_dtype)

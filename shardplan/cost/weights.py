@@ -4,6 +4,7 @@ expert-parallel rank keeps of each, at the chosen storage format."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from shardplan.cost.layout import Layout, stage_layer_ranges
 from shardplan.cost.params import (
@@ -115,6 +116,14 @@ def stage_tensors(spec: ModelSpec, layout: Layout, stage: int) -> list[tuple[Wei
 def stage_weights(
     spec: ModelSpec, layout: Layout, stage: int, *, quantization: Quantization, dense_dtype: DType
 ) -> StageWeights:
+    """What one rank of `stage` stores. It depends on tp, ep, etp, pp and virtual stages only,
+    so the result is cached on those (the search costs many layouts that share them)."""
+    shape = Layout(tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.expert_tp, virtual_stages=layout.virtual_stages)
+    return _stage_weights(spec, shape, stage, quantization, dense_dtype)
+
+
+@lru_cache(maxsize=16384)
+def _stage_weights(spec: ModelSpec, layout: Layout, stage: int, quantization: Quantization, dense_dtype: DType) -> StageWeights:
     chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[stage]
     layers = tuple(i for r in chunks for i in r)
     numel: dict[str, float] = {}

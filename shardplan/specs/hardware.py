@@ -176,6 +176,11 @@ class HardwareProfile:
     num_nodes: int = 1
     sources: dict[str, str] = field(default_factory=dict)
 
+    def __hash__(self) -> int:
+        # The dict fields make the generated hash impossible; equal profiles share these fields,
+        # so hashing them is consistent with the generated __eq__ (cost caches key on profiles).
+        return hash((self.name, self.gpu_model, self.memory_capacity_bytes, self.gpus_per_node, self.num_nodes))
+
     @property
     def num_gpus(self) -> int:
         return self.gpus_per_node * self.num_nodes

@@ -1,0 +1,265 @@
+"""The deployment manifest: what `shardplan recommend -o plan.yaml` writes and `verify` and
+the exporters read back.
+
+The same inputs give the same bytes: no timestamps, mappings in a fixed order, floats
+written with `repr`. Writing is atomic (a new file beside the target, fsync, os.replace).
+Loading checks the version before anything else, then every field (`manifest_schema`), then
+that the layout can exist on the recorded model and cluster, so a hand-edited plan fails
+with one line naming the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+from dataclasses import fields
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from shardplan import __version__
+from shardplan.cost.layout import Layout, stage_layer_ranges
+from shardplan.cost.params import block_weights, embedding_weights, head_weights, tied_lm_head_copy
+from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
+from shardplan.errors import InputFileError, ShardplanError
+from shardplan.manifest_schema import (
+    MESH_AXIS_ORDER,
+    SCHEMA_VERSION,
+    DeploymentManifest,
+    HardwareSection,
+    InferenceWorkloadSection,
+    Invalid,
+    KvCacheSection,
+    LayoutSection,
+    MemorySection,
+    MeshAxis,
+    ModelSection,
+    PlacementSection,
+    PredictedSection,
+    ServingTime,
+    StageMemory,
+    TrainingTime,
+    TrainingWorkloadSection,
+    all_field_names,
+    expert_placement,
+    stage_placements,
+)
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.loading import LoadedModel, read_structured, validation_error
+from shardplan.specs.model import ModelSpec
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "MESH_AXIS_ORDER",
+    "DeploymentManifest",
+    "build_manifest",
+    "dump_manifest",
+    "write_manifest",
+    "load_manifest",
+    "manifest_json_schema",
+    "spec_sha256",
+]
+
+_YAML_WIDTH = 1 << 30  # never fold a line: folding would depend on the text's length
+
+
+def spec_sha256(spec: ModelSpec) -> str:
+    """sha256 of the spec's fields as canonical JSON; `source` (a path) is provenance, not shape."""
+    data = spec.model_dump(mode="json", exclude={"source"})
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode("ascii")).hexdigest()
+
+
+def _tp_splits(spec: ModelSpec, pp: int) -> dict[str, str]:
+    kinds = list(embedding_weights(spec))
+    if spec.num_moe_layers < spec.num_layers:
+        kinds += block_weights(spec, False)
+    if spec.num_moe_layers:
+        kinds += block_weights(spec, True)
+    kinds += head_weights(spec) + (tied_lm_head_copy(spec) if pp > 1 else ())
+    return {w.name: w.split.value for w in kinds}
+
+
+def _plain(workload: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
+    out = {}
+    for f in fields(workload):
+        v = getattr(workload, f.name)
+        out[f.name] = v.value if isinstance(v, Enum) else v
+    return out
+
+
+def _floats(d: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in d.items()}
+
+
+def _predicted(report: dict[str, Any]) -> PredictedSection:
+    mem, t = report["memory"], report["time"]
+    stages = [StageMemory(stage=r["stage"], num_ranks=r["num_ranks"], per_gpu_bytes=_floats(r["per_gpu_bytes"]),
+                          headroom_bytes=float(r["headroom_bytes"]), host_offload_bytes=float(r["host_offload_bytes"]),
+                          nvme_offload_bytes=float(r["nvme_offload_bytes"])) for r in mem["per_rank"]]
+    memory = MemorySection(per_gpu_bytes=_floats(mem["per_gpu_bytes"]), headroom_bytes=float(mem["headroom_bytes"]),
+                           budget_bytes=float(mem["budget_bytes"]), binding_stage=mem["binding_stage"],
+                           binding_component=mem["binding_component"], stages=stages)
+    kv = None
+    if "step_seconds" in t:
+        time: TrainingTime | ServingTime = TrainingTime(
+            kind="training", num_microbatches=mem["num_microbatches"], breakdown_seconds=_floats(t["breakdown"]),
+            **{k: float(t[k]) for k in ("step_seconds", "tokens_per_second_per_gpu", "tokens_per_second", "mfu", "hfu",
+                                        "model_flops_per_step")})
+    else:
+        time = ServingTime(
+            kind="inference", batch_size=t["batch_size"], batch_fits_kv_cache=t["batch_fits_kv_cache"],
+            best_batch_size=t["best_batch_size"], prefill_breakdown_seconds=_floats(t["breakdown"]["prefill"]),
+            decode_step_breakdown_seconds=_floats(t["breakdown"]["decode_step"]),
+            **{k: float(t[k]) for k in ("ttft_seconds", "tpot_seconds", "e2e_latency_seconds",
+                                        "throughput_tokens_per_second", "throughput_tokens_per_second_per_gpu")})
+        c = report["kv_cache"]
+        kv = KvCacheSection(
+            bytes_per_token=float(c["bytes_per_token"]), bytes_per_token_per_gpu=float(c["bytes_per_token_per_gpu"]),
+            capacity_tokens=int(c["capacity_tokens"]), num_blocks=int(c["num_blocks"]), block_size_tokens=c["block_size"],
+            max_model_len_tokens=c["max_model_len"], bytes_per_sequence=float(c["bytes_per_sequence"]),
+            max_concurrent_sequences=float(c["max_concurrency"]))
+    return PredictedSection(fits=bool(report["fits"]), reason=report["reason"], memory=memory, time=time, kv_cache=kv)
+
+
+def _assumptions(report: dict[str, Any], hw: HardwareProfile) -> list[str]:
+    t = report["time"]
+    out = [f"{k}: {v}" for k, v in t["overlap_assumptions"].items()]
+    if "flop_convention" in t:
+        out.append(f"flop_convention: {t['flop_convention']}")
+    out.append(
+        f"hardware_efficiency: profile '{hw.name}' attains matmul {hw.matmul_efficiency:g}, attention "
+        f"{hw.attention_efficiency:g}, HBM bandwidth {hw.memory_bandwidth_efficiency:g}, intra-node link "
+        f"{hw.intra_node.efficiency:g}, inter-node link {hw.inter_node.efficiency:g} of peak"
+    )
+    return out
+
+
+def build_manifest(*, loaded: LoadedModel, hw: HardwareProfile, layout: Layout,
+                   workload: InferenceWorkload | TrainingWorkload, report: dict[str, Any],
+                   objective: str | None = None, search: dict[str, Any] | None = None) -> DeploymentManifest:
+    """The manifest of one estimated plan; `report` is `estimate(...).as_dict()` for these inputs."""
+    spec, serving = loaded.spec, isinstance(workload, InferenceWorkload)
+    chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)
+    ranges = [[[r.start, r.stop - 1] for r in stage] for stage in chunks]
+    num_experts = spec.moe.num_experts if spec.moe is not None else None
+    return DeploymentManifest(
+        schema_version=SCHEMA_VERSION,
+        shardplan_version=__version__,
+        model=ModelSection(
+            name=spec.name, source=str(loaded.origin), hf_id=loaded.hf_id, spec_sha256=spec_sha256(spec),
+            num_params=report["model"]["num_params"], num_active_params=report["model"]["num_active_params"],
+            num_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
+            num_kv_heads=spec.num_attention_heads if spec.mla is not None else spec.kv_heads, num_experts=num_experts),
+        hardware=HardwareSection(profile_name=hw.name, gpu_model=hw.gpu_model, num_nodes=hw.num_nodes,
+                                 gpus_per_node=hw.gpus_per_node, num_gpus=hw.num_gpus,
+                                 memory_capacity_bytes=hw.memory_capacity_bytes),
+        workload=(InferenceWorkloadSection if serving else TrainingWorkloadSection)(
+            kind="inference" if serving else "training", **_plain(workload)),
+        layout=LayoutSection(
+            tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, ep=layout.ep, etp=layout.expert_tp,
+            zero_stage=layout.zero_stage, hybrid_shard=layout.hybrid_shard, sequence_parallel=layout.sequence_parallel,
+            recompute=layout.recompute.value, pp_schedule=layout.pp_schedule.value, virtual_stages=layout.virtual_stages,
+            micro_batch_size=layout.micro_batch_size, offload_optimizer=layout.offload_optimizer.value,
+            offload_params=layout.offload_params.value,
+            weight_quantization=workload.quantization.value if serving else None,
+            kv_cache_dtype=(workload.kv_cache_dtype or workload.activation_dtype).value if serving else None),
+        placement=PlacementSection(
+            mesh_axis_order=list(MESH_AXIS_ORDER),
+            mesh_shape=[MeshAxis(axis=a, size=getattr(layout, a)) for a in MESH_AXIS_ORDER],
+            gpus_per_node=hw.gpus_per_node,
+            stages=stage_placements(ranges, layout.tp * layout.cp * layout.dp, hw.gpus_per_node),
+            experts=expert_placement(num_experts, layout.ep), tp_splits=_tp_splits(spec, layout.pp)),
+        predicted=_predicted(report),
+        assumptions=_assumptions(report, hw),
+        objective=objective,
+        search=dict(search) if search is not None else None,
+    )
+
+
+# ----- text and files ----------------------------------------------------------------------
+
+
+def dump_manifest(m: DeploymentManifest) -> str:
+    """YAML text in field order; floats as `repr`, so load -> dump gives the same bytes."""
+    return yaml.safe_dump(m.model_dump(mode="json"), sort_keys=False, default_flow_style=False,
+                          allow_unicode=False, width=_YAML_WIDTH)
+
+
+def write_manifest(m: DeploymentManifest, path: str | Path) -> None:
+    """Write atomically: the text goes to a new file beside `path`, is fsynced, then renamed
+    over it, so a reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    text = dump_manifest(m).encode("utf-8")  # before touching the disk
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies, as for open()
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ShardplanError(f"cannot write: {e.strerror}", source=str(path),
+                             hint="check that the folder exists and is writable") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Persist the rename itself (POSIX); where a folder cannot be opened or synced, skip it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def load_manifest(path: str | Path) -> DeploymentManifest:
+    """Read and check a manifest; every problem is an InputFileError naming the file and field."""
+    label = str(path)
+    data = read_structured(Path(path))
+    if not isinstance(data, dict):
+        raise InputFileError(f"expected a mapping at the top level, got {type(data).__name__}", source=label,
+                             hint="pass a plan written by `shardplan recommend -o`")
+    version = data.get("schema_version")
+    if type(version) is int and version > SCHEMA_VERSION:  # before the fields: a newer schema may add some
+        raise InputFileError(f"written by a newer shardplan (schema {version}; this one reads up to {SCHEMA_VERSION})",
+                             source=label, field="schema_version", hint="upgrade shardplan")
+    try:
+        return DeploymentManifest.model_validate(data)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        cause = errors[0].get("ctx", {}).get("error")
+        if isinstance(cause, Invalid):
+            raise InputFileError(str(cause), source=label, field=cause.field, hint=cause.hint) from None
+        err = validation_error(e, label, known=all_field_names())
+        err.field = _without_union_members(err.field)
+        raise err from None
+
+
+def _without_union_members(field: str | None) -> str | None:
+    """pydantic puts the union member it tried into the path ('workload.training.seq_len',
+    'search.n.int'); the file has no such key, so leave it out."""
+    if field is None:
+        return None
+    parts = field.split(".")
+    keep = [
+        p for i, p in enumerate(parts)
+        if not ((parts[:i] in (["workload"], ["predicted", "time"]) and p in ("inference", "training"))
+                or (parts[0] == "search" and i == 2))
+    ]
+    return ".".join(keep)
+
+
+def manifest_json_schema() -> dict[str, Any]:
+    return DeploymentManifest.model_json_schema()

@@ -1,0 +1,352 @@
+"""The manifest's schema: strict, frozen sections, and the checks that a layout read back
+from a file can exist on the model and cluster it records (`manifest.py` builds, writes and
+reads it).
+
+Rank order (the one `cost.comm.layout_groups` assumes): tp fastest, then cp, dp, pp, so
+rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i and node = rank // gpus_per_node; the
+ranks of a pipeline stage are contiguous.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from shardplan.cost.layout import Offload, PipelineSchedule, Recompute
+from shardplan.cost.params import Split
+from shardplan.cost.workload import Framework, Optimizer, Quantization
+from shardplan.units import DType
+
+SCHEMA_VERSION: int = 1
+MESH_AXIS_ORDER = ("pp", "dp", "cp", "tp")  # outer -> inner; tp ranks are adjacent
+
+
+def _values(enum: type[Enum]) -> Any:
+    """A Literal of an enum's string values: the manifest holds plain strings."""
+    return Literal[tuple(e.value for e in enum)]
+
+
+DTypeName = _values(DType)
+QuantizationName = _values(Quantization)
+OffloadName = _values(Offload)
+SplitName = _values(Split)
+OptimizerName = _values(Optimizer)
+FrameworkName = _values(Framework)
+RecomputeName = _values(Recompute)
+ScheduleName = _values(PipelineSchedule)
+Degree = Annotated[int, Field(ge=1)]
+Pair = Annotated[list[int], Field(min_length=2, max_length=2, description="[first, last], both inclusive")]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class ModelSection(_Section):
+    name: str = Field(description="the model spec's name")
+    source: str = Field(description="the file the spec was loaded from, as given")
+    hf_id: str | None = Field(description="Hugging Face repository id, when the spec names one")
+    spec_sha256: str = Field(
+        pattern="^[0-9a-f]{64}$",
+        description="sha256 of the spec as canonical JSON (sorted keys, no spaces), its `source` path left out",
+    )
+    num_params: int = Field(ge=1, description="stored parameters, embeddings and an untied lm_head included")
+    num_active_params: int = Field(ge=1, description="parameters one token uses (MoE: the routed top-k experts only)")
+    num_layers: int = Field(ge=1, description="transformer blocks")
+    num_attention_heads: int = Field(ge=1, description="query heads")
+    num_kv_heads: int = Field(ge=1, description="key/value heads (MLA models: the query heads, as vLLM splits them)")
+    num_experts: int | None = Field(ge=1, description="routed experts per MoE layer; null for a dense model")
+
+
+class HardwareSection(_Section):
+    profile_name: str = Field(description="the hardware profile's name")
+    gpu_model: str = Field(description="the GPU as the profile names it")
+    num_nodes: int = Field(ge=1, description="nodes used")
+    gpus_per_node: int = Field(ge=1, description="GPUs used per node")
+    num_gpus: int = Field(ge=1, description="GPUs in all: num_nodes x gpus_per_node")
+    memory_capacity_bytes: int = Field(ge=1, description="memory of one GPU, bytes")
+
+
+class InferenceWorkloadSection(_Section):
+    """`cost.workload.InferenceWorkload`, field for field (vLLM semantics)."""
+
+    kind: Literal["inference"] = Field(description="serving")
+    max_model_len: int | None = Field(ge=1, description="tokens of one sequence; null: the model's maximum")
+    max_num_seqs: int = Field(ge=1, description="sequences in one batch at most")
+    max_num_batched_tokens: int = Field(ge=1, description="tokens in one forward pass at most")
+    gpu_memory_utilization: float = Field(gt=0, le=1, description="share of GPU memory the engine may use")
+    block_size: int = Field(ge=1, description="tokens per paged KV-cache block")
+    kv_cache_dtype: DTypeName | None = Field(description="KV-cache format; null: the activation dtype")
+    activation_dtype: DTypeName = Field(description="activation and unquantized weight format")
+    quantization: QuantizationName = Field(description="weight format of the blocks' linear layers")
+    enforce_eager: bool = Field(description="true: no CUDA graphs")
+    input_len: int = Field(ge=1, description="prompt tokens per request (time figures)")
+    output_len: int = Field(ge=1, description="generated tokens per request (time figures)")
+    batch_size: int | None = Field(ge=1, description="concurrent requests; null: the most that fit")
+    kv_read_per_query_head: bool = Field(description="decode attention reads K/V once per query head")
+
+
+class TrainingWorkloadSection(_Section):
+    """`cost.workload.TrainingWorkload`, field for field."""
+
+    kind: Literal["training"] = Field(description="training")
+    seq_len: int = Field(ge=1, description="tokens per sequence")
+    global_batch_size: int = Field(ge=1, description="sequences per optimizer step")
+    optimizer: OptimizerName = Field(description="optimizer whose states are kept")
+    framework: FrameworkName = Field(description="whose bookkeeping of model states is followed")
+    param_dtype: DTypeName = Field(description="weight and gradient format")
+    activation_dtype: DTypeName = Field(description="activation format")
+    flash_attention: bool = Field(description="no seq_len^2 score tensor is stored")
+    dropout: bool = Field(description="dropout masks are stored")
+    loss_fp32_logits: bool = Field(description="the loss works on fp32 logits")
+    overlap_grad_reduce: bool = Field(description="the data-parallel gradient reduction overlaps the backward")
+
+
+class LayoutSection(_Section):
+    tp: Degree = Field(description="tensor-parallel degree (1: not used)")
+    pp: Degree = Field(description="pipeline stages")
+    dp: Degree = Field(description="data-parallel degree; for serving, the number of replicas")
+    cp: Degree = Field(description="context-parallel degree")
+    ep: Degree = Field(description="expert-parallel degree, folded over dp x cp x tp ranks")
+    etp: Degree = Field(description="tensor-parallel degree inside each expert")
+    zero_stage: int = Field(ge=0, le=3, description="0 none, 1 optimizer states, 2 + gradients, 3 + parameters")
+    hybrid_shard: bool = Field(description="ZeRO/FSDP shards within a node only (HSDP)")
+    sequence_parallel: bool = Field(description="Megatron sequence parallelism over the tp ranks")
+    recompute: RecomputeName = Field(description="activation recomputation")
+    pp_schedule: ScheduleName = Field(description="pipeline schedule")
+    virtual_stages: Degree = Field(description="model chunks per pipeline stage (interleaved schedule)")
+    micro_batch_size: Degree = Field(description="sequences per micro-batch")
+    offload_optimizer: OffloadName = Field(description="where optimizer states live off the GPU")
+    offload_params: OffloadName = Field(description="where parameters live off the GPU")
+    weight_quantization: QuantizationName | None = Field(description="serving: weight format; null for training")
+    kv_cache_dtype: DTypeName | None = Field(description="serving: KV-cache format, resolved; null for training")
+
+
+class MeshAxis(_Section):
+    axis: Literal[MESH_AXIS_ORDER] = Field(description="parallel dimension")
+    size: Degree = Field(description="its degree")
+
+
+class StagePlacement(_Section):
+    stage: int = Field(ge=0, description="pipeline stage index")
+    layer_ranges: list[Pair] = Field(
+        description="[first, last] layer of each of the stage's chunks; its k-th is model chunk stage + k*pp"
+    )
+    first_rank: int = Field(ge=0, description="lowest global rank of the stage (its ranks are contiguous)")
+    last_rank: int = Field(ge=0, description="highest global rank of the stage")
+    nodes: Pair = Field(description="[first, last] node the stage's ranks sit on")
+    embedding: bool = Field(description="holds the token embedding (stage 0)")
+    lm_head: bool = Field(description="holds the final norm and lm_head (last stage)")
+
+
+class ExpertPlacement(_Section):
+    experts_per_rank: int = Field(ge=1, description="routed experts each expert-parallel rank holds")
+    expert_ranges: list[Pair] = Field(
+        description="[first, last] expert of each expert-parallel rank; ep rank of global rank r = (r // etp) % ep"
+    )
+
+
+class PlacementSection(_Section):
+    mesh_axis_order: list[str] = Field(
+        description="device mesh axes outer -> inner; tp is fastest: rank = ((pp_i*dp + dp_i)*cp + cp_i)*tp + tp_i"
+    )
+    mesh_shape: list[MeshAxis] = Field(description="each axis of mesh_axis_order with its degree")
+    gpus_per_node: int = Field(ge=1, description="node of a rank = rank // gpus_per_node")
+    stages: list[StagePlacement] = Field(description="one entry per pipeline stage, in order")
+    experts: ExpertPlacement | None = Field(description="routed experts per expert-parallel rank; null unless ep > 1")
+    tp_splits: dict[str, SplitName] = Field(
+        description="weight name -> how tensor parallelism splits it (routed experts: over etp), inventory order"
+    )
+
+
+class StageMemory(_Section):
+    stage: int = Field(ge=0, description="pipeline stage index")
+    num_ranks: int = Field(ge=1, description="GPUs that share this memory picture")
+    per_gpu_bytes: dict[str, float] = Field(description="bytes per GPU by category; `total` is their sum")
+    headroom_bytes: float = Field(description="capacity minus total; negative: does not fit")
+    host_offload_bytes: float = Field(ge=0, description="bytes each rank keeps in CPU memory")
+    nvme_offload_bytes: float = Field(ge=0, description="bytes each rank keeps on NVMe")
+
+
+class MemorySection(_Section):
+    per_gpu_bytes: dict[str, float] = Field(description="the binding rank's bytes by category; `total` is their sum")
+    headroom_bytes: float = Field(description="capacity minus the binding rank's total")
+    budget_bytes: float = Field(description="bytes a rank may use (serving: gpu_memory_utilization of capacity)")
+    binding_stage: int = Field(ge=0, description="the stage that limits the plan")
+    binding_component: str = Field(description="its largest category")
+    stages: list[StageMemory] = Field(description="one entry per pipeline stage")
+
+
+class TrainingTime(_Section):
+    kind: Literal["training"] = Field(description="training figures")
+    step_seconds: float = Field(gt=0, description="one optimizer step")
+    tokens_per_second_per_gpu: float = Field(gt=0, description="training throughput per GPU")
+    tokens_per_second: float = Field(gt=0, description="training throughput of the cluster")
+    mfu: float = Field(ge=0, description="model FLOPs utilization (see assumptions)")
+    hfu: float = Field(ge=0, description="hardware FLOPs utilization, recomputation included")
+    num_microbatches: int = Field(ge=1, description="micro-batches per step and pipeline")
+    model_flops_per_step: float = Field(gt=0, description="model FLOPs of one step")
+    breakdown_seconds: dict[str, float] = Field(description="step time by part; `total` is their sum")
+
+
+class ServingTime(_Section):
+    kind: Literal["inference"] = Field(description="serving figures")
+    batch_size: int = Field(ge=1, description="concurrent requests the figures are for")
+    batch_fits_kv_cache: bool = Field(description="that batch fits the KV cache")
+    ttft_seconds: float = Field(ge=0, description="time to first token")
+    tpot_seconds: float = Field(ge=0, description="time per output token")
+    e2e_latency_seconds: float = Field(ge=0, description="one request, end to end")
+    throughput_tokens_per_second: float = Field(ge=0, description="generated tokens per second, one replica")
+    throughput_tokens_per_second_per_gpu: float = Field(ge=0, description="the same per GPU")
+    best_batch_size: int | None = Field(ge=1, description="batch with the highest throughput; null: none fits")
+    prefill_breakdown_seconds: dict[str, float] = Field(description="prefill time by part; `total` is their sum")
+    decode_step_breakdown_seconds: dict[str, float] = Field(description="one decode step by part")
+
+
+class KvCacheSection(_Section):
+    bytes_per_token: float = Field(ge=0, description="KV cache of one token, whole model")
+    bytes_per_token_per_gpu: float = Field(ge=0, description="the binding rank's share of it")
+    capacity_tokens: int = Field(ge=0, description="tokens the cache holds")
+    num_blocks: int = Field(ge=0, description="paged blocks")
+    block_size_tokens: int = Field(ge=1, description="tokens per block")
+    max_model_len_tokens: int = Field(ge=1, description="tokens of one sequence")
+    bytes_per_sequence: float = Field(ge=0, description="one max_model_len sequence on the binding rank")
+    max_concurrent_sequences: float = Field(ge=0, description="max_model_len sequences the cache holds at once")
+
+
+class PredictedSection(_Section):
+    fits: bool = Field(description="every rank fits its memory")
+    reason: str | None = Field(description="why not, when it does not fit")
+    memory: MemorySection = Field(description="bytes per GPU")
+    time: Annotated[Union[TrainingTime, ServingTime], Field(discriminator="kind", description="time figures")]
+    kv_cache: KvCacheSection | None = Field(description="serving only")
+
+
+class DeploymentManifest(_Section):
+    """A plan to deploy or train one model on one cluster, with what shardplan predicts for it."""
+
+    schema_version: int = Field(ge=1, le=SCHEMA_VERSION, description="manifest schema; newer files need a newer shardplan")
+    shardplan_version: str = Field(description="the shardplan that wrote it")
+    model: ModelSection = Field(description="the model and the structural facts a layout is checked against")
+    hardware: HardwareSection = Field(description="the cluster")
+    workload: Annotated[
+        Union[InferenceWorkloadSection, TrainingWorkloadSection],
+        Field(discriminator="kind", description="what the GPUs do"),
+    ]
+    layout: LayoutSection = Field(description="the parallel layout")
+    placement: PlacementSection = Field(description="which rank holds what, and on which node")
+    predicted: PredictedSection = Field(description="what shardplan's cost model predicts for this plan")
+    assumptions: list[str] = Field(description="what the predictions assume, as 'key: text'")
+    objective: str | None = Field(description="what the search ranked by; null: a single estimate")
+    search: dict[str, int | float | str] | None = Field(description="the search's summary counts; null: no search")
+
+    @model_validator(mode="after")
+    def _possible(self) -> "DeploymentManifest":
+        _check_layout(self)
+        _check_placement(self)
+        return self
+
+
+class Invalid(ValueError):
+    """A consistency failure; `load_manifest` turns it into an InputFileError with its field and fix."""
+
+    def __init__(self, field: str, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.field, self.hint = field, hint
+
+
+def _check_layout(m: DeploymentManifest) -> None:
+    L, hw, mo = m.layout, m.hardware, m.model
+    if hw.num_gpus != hw.num_nodes * hw.gpus_per_node and not (hw.num_nodes == 1 and hw.num_gpus <= hw.gpus_per_node):
+        raise Invalid("hardware.num_gpus", f"{hw.num_gpus} GPUs is not {hw.num_nodes} node(s) of {hw.gpus_per_node}",
+                      "make num_gpus = num_nodes x gpus_per_node")
+    world = L.tp * L.pp * L.cp * L.dp
+    if world != hw.num_gpus:
+        raise Invalid("layout", f"tp x pp x cp x dp = {L.tp} x {L.pp} x {L.cp} x {L.dp} = {world} is not the "
+                      f"{hw.num_gpus} GPUs of hardware.num_gpus", "make the degrees multiply to the GPU count")
+    if mo.num_attention_heads % L.tp:
+        raise Invalid("layout.tp", f"tp={L.tp} does not divide the {mo.num_attention_heads} attention heads",
+                      "use a divisor of model.num_attention_heads")
+    if mo.num_kv_heads % L.tp and L.tp % mo.num_kv_heads:
+        raise Invalid("layout.tp", f"tp={L.tp} and the {mo.num_kv_heads} KV heads: neither divides the other",
+                      "use a divisor or a multiple of model.num_kv_heads")
+    if L.ep > 1 and (mo.num_experts is None or mo.num_experts % L.ep):
+        what = f"does not divide the {mo.num_experts} experts" if mo.num_experts else "needs a mixture-of-experts model"
+        raise Invalid("layout.ep", f"ep={L.ep} {what}", "use ep=1 or a divisor of model.num_experts")
+    if L.pp * L.virtual_stages > mo.num_layers:
+        raise Invalid("layout.pp", f"pp x virtual_stages = {L.pp * L.virtual_stages} exceeds the {mo.num_layers} layers",
+                      "every pipeline chunk needs at least one layer")
+    if m.predicted.time.kind != m.workload.kind:
+        raise Invalid("predicted.time.kind", f"'{m.predicted.time.kind}' figures for a {m.workload.kind} workload",
+                      "re-run shardplan recommend")
+    serving = m.workload.kind == "inference"
+    if (L.weight_quantization is None or L.kv_cache_dtype is None) == serving:
+        raise Invalid("layout.weight_quantization", "weight_quantization and kv_cache_dtype are set for serving only",
+                      "set both for inference, null both for training")
+
+
+def _check_placement(m: DeploymentManifest) -> None:
+    L, pl = m.layout, m.placement
+    if pl.mesh_axis_order != list(MESH_AXIS_ORDER):
+        raise Invalid("placement.mesh_axis_order", f"must be {list(MESH_AXIS_ORDER)}", "restore the order shardplan wrote")
+    if [(a.axis, a.size) for a in pl.mesh_shape] != [(a, getattr(L, a)) for a in MESH_AXIS_ORDER]:
+        raise Invalid("placement.mesh_shape", "does not match the layout's pp, dp, cp, tp", "copy the degrees from layout")
+    if pl.gpus_per_node != m.hardware.gpus_per_node:
+        raise Invalid("placement.gpus_per_node", "differs from hardware.gpus_per_node", "make them equal")
+    if len(pl.stages) != L.pp:
+        raise Invalid("placement.stages", f"{len(pl.stages)} stages for pp={L.pp}", "give one entry per pipeline stage")
+    expected_stages = stage_placements([st.layer_ranges for st in pl.stages], L.tp * L.cp * L.dp, pl.gpus_per_node)
+    for s, expected in enumerate(expected_stages):
+        if pl.stages[s] != expected:
+            raise Invalid(f"placement.stages.{s}", "stage index, ranks, nodes, embedding or lm_head do not follow "
+                          f"from the layout (expected {expected.model_dump(exclude={'layer_ranges'})})",
+                          "restore what shardplan wrote")
+    for s, st in enumerate(pl.stages):
+        if len(st.layer_ranges) != L.virtual_stages:
+            raise Invalid(f"placement.stages.{s}.layer_ranges", f"{len(st.layer_ranges)} chunks for virtual_stages="
+                          f"{L.virtual_stages}", "give one [first, last] per virtual stage")
+    last_layer = m.model.num_layers - 1
+    nxt = 0  # chunk c is stage c % pp's chunk c // pp; chunks hold consecutive layers in order
+    for c in range(L.pp * L.virtual_stages):
+        first, last = pl.stages[c % L.pp].layer_ranges[c // L.pp]
+        if first != nxt or last < first:
+            raise Invalid(f"placement.stages.{c % L.pp}.layer_ranges",
+                          f"chunks do not cover layers 0..{last_layer} in order, {L.virtual_stages} per stage",
+                          "give each chunk the layers after the previous chunk's")
+        nxt = last + 1
+    if nxt - 1 != last_layer:
+        raise Invalid("placement.stages", f"layers end at {nxt - 1}, not {last_layer}", "cover every layer once")
+    expected = expert_placement(m.model.num_experts, L.ep)
+    if pl.experts != expected:
+        what = "must be null unless ep > 1" if expected is None else "does not split the experts evenly over the ep ranks"
+        raise Invalid("placement.experts", what, "restore what shardplan wrote")
+
+
+def stage_placements(
+    layer_ranges: list[list[list[int]]], ranks_per_stage: int, gpus_per_node: int
+) -> list[StagePlacement]:
+    """One entry per stage (`layer_ranges[s]`: its chunks). pp is the outermost axis, so the
+    tp x cp x dp ranks of a stage are contiguous."""
+    out = []
+    for s, ranges in enumerate(layer_ranges):
+        first, last = s * ranks_per_stage, (s + 1) * ranks_per_stage - 1
+        out.append(StagePlacement(stage=s, layer_ranges=ranges, first_rank=first, last_rank=last,
+                                  nodes=[first // gpus_per_node, last // gpus_per_node],
+                                  embedding=s == 0, lm_head=s == len(layer_ranges) - 1))
+    return out
+
+
+def expert_placement(num_experts: int | None, ep: int) -> ExpertPlacement | None:
+    """Routed experts split evenly and contiguously over the ep ranks; None unless ep > 1."""
+    if num_experts is None or ep == 1:
+        return None
+    n = num_experts // ep
+    return ExpertPlacement(experts_per_rank=n, expert_ranges=[[r * n, (r + 1) * n - 1] for r in range(ep)])
+
+
+def all_field_names() -> list[str]:
+    """Every key the schema knows, for 'did you mean' hints."""
+    models = [DeploymentManifest, *(v for v in globals().values() if isinstance(v, type) and issubclass(v, _Section))]
+    return sorted({name for model in models for name in model.model_fields})

@@ -1,0 +1,73 @@
+"""recommend's search: candidate generators -> structural and bound prunes -> full cost -> ranking.
+
+Pure: no yaml, rich or typer; the CLI passes a progress callback and renders the result.
+`serving.py` costs every replica and batch; `training.py` is an exact branch and bound over
+tp, cp, pp, dp, ep, micro-batch, virtual stages, SP, recomputation, ZeRO and offload. Ties
+break on a fixed key (fewer GPUs, smaller degrees, ...), so results are deterministic.
+"""
+
+from __future__ import annotations
+
+import time
+
+from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
+from shardplan.errors import ShardplanError
+from shardplan.search.serving import pareto_front, search_serving
+from shardplan.search.space import (
+    SERVING_OBJECTIVES,
+    TRAINING_OBJECTIVES,
+    Evaluated,
+    Goal,
+    Objective,
+    Progress,
+    SearchResult,
+    Space,
+    gpu_counts,
+    price_per_gpu_hour,
+    topology,
+)
+from shardplan.search.training import search_training
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import ModelSpec
+
+__all__ = ["Evaluated", "Goal", "Objective", "SearchResult", "Space", "search"]
+
+
+def search(
+    spec: ModelSpec,
+    hw: HardwareProfile,
+    workload: InferenceWorkload | TrainingWorkload,
+    space: Space,
+    goal: Goal,
+    *,
+    num_gpus: int | None = None,
+    max_gpus: int | None = None,
+    progress: Progress | None = None,
+) -> SearchResult:
+    training = isinstance(workload, TrainingWorkload)
+    allowed = TRAINING_OBJECTIVES if training else SERVING_OBJECTIVES
+    if goal.objective not in allowed:
+        raise ShardplanError(
+            f"objective {goal.objective.value!r} does not apply to {'training' if training else 'serving'}",
+            field="--objective", hint="use one of " + ", ".join(o.value for o in allowed),
+        )
+    if goal.objective is Objective.COST and price_per_gpu_hour(hw, goal) is None:
+        raise ShardplanError(
+            f"the profile {hw.name} has no price", field="--gpu-hour-price", hint="give --gpu-hour-price USD"
+        )
+    start = time.perf_counter()
+    counts = gpu_counts(hw, num_gpus=num_gpus, max_gpus=max_gpus)
+    res = SearchResult(training=training, goal=goal, gpu_counts=counts)
+    for c in counts:
+        hwc = topology(hw, c)
+        if training:
+            search_training(spec, hwc, workload, space, goal, res, progress)  # type: ignore[arg-type]
+        else:
+            search_serving(spec, hwc, workload, space, goal, res)  # type: ignore[arg-type]
+    ranked = sorted(res.feasible, key=lambda e: (e.objective_value, e.key))
+    res.top = ranked[: max(1, goal.top_k)]
+    if not training:
+        res.pareto = pareto_front(res.feasible)
+    res.smallest_num_gpus = min((e.num_gpus for e in res.feasible), default=None)
+    res.elapsed_seconds = time.perf_counter() - start
+    return res

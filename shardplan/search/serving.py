@@ -1,0 +1,138 @@
+"""Serving search. A replica is (tp, pp, ep, weight format, KV-cache format); replicas fill the
+GPUs (dp = GPUs / (tp x pp)) and change neither a replica's latency nor its per-GPU throughput,
+so each replica is costed once: its memory (vLLM's start-up arithmetic, `serving_memory`) and,
+for every batch the KV cache holds (powers of two and the largest), TTFT, TPOT and throughput
+(`serving_time`). The space is small enough to cost every point."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import replace
+from typing import Iterator
+
+from shardplan.cost.layout import Layout
+from shardplan.cost.memory_serving import serving_memory
+from shardplan.cost.time_serving import serving_time
+from shardplan.cost.workload import InferenceWorkload, Quantization
+from shardplan.search.space import (
+    Evaluated,
+    Goal,
+    Objective,
+    SearchResult,
+    Space,
+    check_layout,
+    cost_figures,
+    divisors,
+    memory_reason,
+    tp_choices,
+)
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import ModelSpec
+
+
+def _serving_replicas(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, space: Space, rejected: Counter) -> Iterator[tuple[Layout, InferenceWorkload]]:
+    n = hw.num_gpus
+    for tp in tp_choices(spec, hw, n, space, rejected):
+        for pp in [space.pp] if space.pp else divisors(n // tp):
+            if (n // tp) % pp or pp > spec.num_layers:
+                rejected["pp does not divide the GPUs left by tp or exceeds the layers"] += 1
+                continue
+            dp = n // (tp * pp)
+            if space.dp and space.dp != dp:
+                rejected["dp differs from the pinned --dp"] += 1
+                continue
+            eps = [space.ep] if space.ep else ([1, tp] if spec.moe is not None and tp > 1 else [1])
+            for ep in eps:
+                layout = Layout(tp=tp, pp=pp, dp=dp, ep=ep)
+                if not check_layout(spec, layout, n, False, rejected):
+                    continue
+                for q in space.quantizations:
+                    for kv in space.kv_cache_dtypes:
+                        yield layout, replace(wl, quantization=q, kv_cache_dtype=kv)
+
+
+def _batch_sizes(wl: InferenceWorkload, fit_batch: int) -> list[int]:
+    if wl.batch_size is not None:
+        return [wl.batch_size]
+    top = min(fit_batch, wl.max_num_seqs)
+    return sorted({b for b in (2**k for k in range(0, top.bit_length())) if b <= top} | ({top} if top >= 1 else set()))
+
+
+def _serving_objective(goal: Goal, figures: dict[str, float]) -> float:
+    if goal.objective is Objective.LATENCY:
+        return figures["e2e_latency_seconds"]
+    if goal.objective is Objective.THROUGHPUT:
+        return -figures["throughput_tokens_per_second"]
+    return figures["usd_per_million_tokens"]
+
+
+def _limits_violated(goal: Goal, f: dict[str, float]) -> str | None:
+    if goal.max_ttft_seconds is not None and f["ttft_seconds"] > goal.max_ttft_seconds:
+        return "TTFT over --max-ttft-ms"
+    if goal.max_tpot_seconds is not None and f["tpot_seconds"] > goal.max_tpot_seconds:
+        return "TPOT over --max-tpot-ms"
+    if goal.min_throughput_tokens_per_second is not None and f["throughput_tokens_per_second"] < goal.min_throughput_tokens_per_second:
+        return "throughput under --min-throughput"
+    return None
+
+
+def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, space: Space, goal: Goal, res: SearchResult) -> None:
+    ctx = wl.input_len + wl.output_len
+    for layout, wlq in _serving_replicas(spec, hw, wl, space, res.rejected):
+        sm = serving_memory(spec, hw, layout, wlq)
+        res.num_costed += 1
+        fit_batch = int(sm.kv_capacity_tokens // ctx)
+        if not sm.fits:
+            n = len(_batch_sizes(wlq, max(1, min(wl.max_num_seqs, 256))))
+            res.num_candidates += n
+            res.num_evaluated += n
+            res.rejected[memory_reason(sm.reason)] += n
+            continue
+        for b in _batch_sizes(wlq, fit_batch):
+            res.num_candidates += 1
+            res.num_evaluated += 1
+            if b > fit_batch:
+                res.rejected["batch larger than the KV cache holds"] += 1
+                continue
+            st = serving_time(spec, hw, layout, wlq, b)
+            res.num_costed += 1
+            total = st.throughput_tokens_per_second * layout.dp
+            figures = {
+                "batch_size": b,
+                "ttft_seconds": st.ttft_seconds,
+                "tpot_seconds": st.tpot_seconds,
+                "e2e_latency_seconds": st.e2e_latency_seconds,
+                "throughput_tokens_per_second": total,
+                "throughput_tokens_per_second_per_gpu": st.throughput_tokens_per_second_per_gpu,
+                "headroom_bytes": float(hw.memory_capacity_bytes) - max(r.breakdown.total for r in sm.ranks),
+            }
+            cost = cost_figures(hw, goal, layout.world_size, total)
+            figures["usd_per_million_tokens"] = cost["usd_per_million_tokens"] if cost["usd_per_million_tokens"] is not None else math.nan
+            bad = _limits_violated(goal, figures)
+            if bad:
+                res.rejected[bad] += 1
+                continue
+            res.num_feasible += 1
+            key = (layout.world_size, layout.tp, layout.pp, layout.ep, _quant_rank(wlq), b)
+            res.feasible.append(
+                Evaluated(replace(layout), replace(wlq, batch_size=b), hw, _serving_objective(goal, figures), key, figures)
+            )
+
+
+def _quant_rank(wl: InferenceWorkload) -> tuple[int, int]:
+    """Prefer wider formats on ties: bf16 weights before fp8/int8/int4; auto KV before fp8."""
+    order = [Quantization.NONE, Quantization.FP8, Quantization.INT8, Quantization.INT4, Quantization.AWQ, Quantization.GPTQ]
+    return order.index(wl.quantization), 0 if wl.kv_cache_dtype is None else 1
+
+
+def pareto_front(points: list[Evaluated]) -> list[Evaluated]:
+    """Serving points no other point beats on both latency and throughput per GPU, by latency."""
+    ordered = sorted(points, key=lambda e: (e.figures["e2e_latency_seconds"], -e.figures["throughput_tokens_per_second_per_gpu"], e.key))
+    front: list[Evaluated] = []
+    best = -math.inf
+    for e in ordered:
+        if e.figures["throughput_tokens_per_second_per_gpu"] > best:
+            front.append(e)
+            best = e.figures["throughput_tokens_per_second_per_gpu"]
+    return front

@@ -1,0 +1,185 @@
+"""What the search varies, what it optimises, and what it returns (shared by serving and training)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable
+
+from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, validate_layout
+from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
+from shardplan.errors import LayoutError, ShardplanError
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import ModelSpec
+from shardplan.units import DType
+
+SECONDS_PER_HOUR = 3600.0
+TOKENS_PER_MILLION = 1e6
+
+
+class Objective(str, Enum):
+    LATENCY = "latency"  # serving: least end-to-end latency of a request
+    THROUGHPUT = "throughput"  # serving: most output tokens per second over all GPUs
+    COST = "cost"  # least USD per million tokens (output tokens serving, trained tokens training)
+    STEP_TIME = "step-time"  # training: shortest optimizer step
+
+
+SERVING_OBJECTIVES = (Objective.LATENCY, Objective.THROUGHPUT, Objective.COST)
+TRAINING_OBJECTIVES = (Objective.STEP_TIME, Objective.COST)
+
+
+@dataclass(frozen=True)
+class Goal:
+    objective: Objective
+    max_ttft_seconds: float | None = None
+    max_tpot_seconds: float | None = None
+    min_throughput_tokens_per_second: float | None = None  # all GPUs together
+    gpu_hour_price_usd: float | None = None  # None: the profile's price
+    top_k: int = 5
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the search may vary. A degree given here is pinned (None: searched)."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    zero_stage: int | None = None
+    hybrid_shard: bool | None = None
+    sequence_parallel: bool | None = None
+    recompute: Recompute | None = None
+    pp_schedule: PipelineSchedule | None = None
+    virtual_stages: int | None = None
+    micro_batch_size: int | None = None
+    offload: tuple[Offload, Offload] | None = None  # (optimizer, params)
+    allow_cross_node_tp: bool = False
+    allow_offload: bool = True
+    quantizations: tuple[Quantization, ...] = (Quantization.NONE,)  # serving weight formats
+    kv_cache_dtypes: tuple[DType | None, ...] = (None,)  # serving; None = the activation dtype
+    max_virtual_stages: int = 8
+    max_micro_batch_size: int = 8
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """One costed layout that fits and meets the limits."""
+
+    layout: Layout
+    workload: InferenceWorkload | TrainingWorkload
+    hw: HardwareProfile
+    objective_value: float  # lower is better (throughput is negated)
+    key: tuple[Any, ...]  # deterministic tie-break
+    figures: dict[str, float]  # the headline numbers the ranking used
+
+    @property
+    def num_gpus(self) -> int:
+        return self.layout.world_size
+
+
+@dataclass
+class SearchResult:
+    training: bool
+    goal: Goal
+    gpu_counts: list[int]
+    num_candidates: int = 0  # layouts in the space that can exist (after the generators)
+    num_evaluated: int = 0  # of those, decided by a bound or a full cost
+    num_costed: int = 0  # full memory + time evaluations
+    rejected: Counter = field(default_factory=Counter)  # reason -> layouts
+    feasible: list[Evaluated] = field(default_factory=list)  # serving: every point that fits; training: each count's top K
+    top: list[Evaluated] = field(default_factory=list)
+    pareto: list[Evaluated] = field(default_factory=list)
+    num_feasible: int = 0  # costed layouts that fit and meet the limits
+    smallest_num_gpus: int | None = None
+    elapsed_seconds: float = 0.0
+
+
+Progress = Callable[[int, int], None]  # (done, total)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def gpu_counts(hw: HardwareProfile, *, num_gpus: int | None, max_gpus: int | None) -> list[int]:
+    """GPU counts to try: the one given, or with `max_gpus` powers of two inside a node, then
+    whole nodes (1, 2, 3, 4, 6, 8, 12, 16, ... nodes) up to the limit."""
+    if max_gpus is None:
+        return [num_gpus or hw.gpus_per_node]
+    gpn = hw.gpus_per_node
+    counts = {c for c in (2**k for k in range(0, max_gpus.bit_length())) if c <= min(gpn, max_gpus)}
+    if max_gpus <= gpn:
+        counts.add(max_gpus)
+    nodes = 1
+    while nodes * gpn <= max_gpus:
+        counts.add(nodes * gpn)
+        nodes = nodes + 1 if nodes < 4 else nodes * 3 // 2 if nodes & (nodes - 1) == 0 else nodes * 4 // 3
+    if max_gpus % gpn == 0:
+        counts.add(max_gpus)
+    return sorted(counts)
+
+
+def topology(hw: HardwareProfile, num_gpus: int) -> HardwareProfile:
+    """The cluster of `num_gpus`: part of one node, or whole nodes."""
+    if num_gpus <= hw.gpus_per_node:
+        return hw.with_topology(gpus_per_node=num_gpus, num_nodes=1)
+    if num_gpus % hw.gpus_per_node:
+        raise ShardplanError(
+            f"{num_gpus} GPUs is not a whole number of {hw.gpus_per_node}-GPU nodes", field="--gpus",
+            hint=f"use a multiple of {hw.gpus_per_node}",
+        )
+    return hw.with_topology(num_nodes=num_gpus // hw.gpus_per_node)
+
+
+def price_per_gpu_hour(hw: HardwareProfile, goal: Goal) -> float | None:
+    return goal.gpu_hour_price_usd if goal.gpu_hour_price_usd is not None else hw.price_per_gpu_hour_usd
+
+
+def cost_figures(hw: HardwareProfile, goal: Goal, num_gpus: int, tokens_per_second: float) -> dict[str, float | None]:
+    """USD per hour of the GPUs and per million tokens at `tokens_per_second` (all GPUs)."""
+    price = price_per_gpu_hour(hw, goal)
+    if price is None:
+        return {"gpu_hour_price_usd": None, "usd_per_hour": None, "usd_per_million_tokens": None}
+    per_hour = price * num_gpus
+    per_million = per_hour / SECONDS_PER_HOUR / tokens_per_second * TOKENS_PER_MILLION if tokens_per_second > 0 else math.inf
+    return {"gpu_hour_price_usd": price, "usd_per_hour": per_hour, "usd_per_million_tokens": per_million}
+
+
+def tp_choices(spec: ModelSpec, hw: HardwareProfile, num_gpus: int, space: Space, rejected: Counter) -> list[int]:
+    out = []
+    for tp in ([space.tp] if space.tp else divisors(num_gpus)):
+        if num_gpus % tp:
+            rejected["tp does not divide the GPU count"] += 1
+        elif tp > hw.gpus_per_node and not space.allow_cross_node_tp:
+            rejected["tp crosses a node (allow with --allow-cross-node-tp)"] += 1
+        elif spec.num_attention_heads % tp or spec.intermediate_size % tp:
+            rejected["tp does not divide the attention heads or the MLP width"] += 1
+        elif spec.mla is None and spec.kv_heads % tp and tp % spec.kv_heads:
+            rejected["tp and the KV heads: neither divides the other"] += 1
+        else:
+            out.append(tp)
+    return out
+
+
+def check_layout(spec: ModelSpec, layout: Layout, num_gpus: int, training: bool, rejected: Counter) -> bool:
+    try:
+        validate_layout(spec, layout, num_gpus, training=training)
+    except LayoutError as e:
+        rejected[f"cannot exist: {e.field}"] += 1
+        return False
+    return True
+
+
+def memory_reason(reason: str | None) -> str:
+    r = reason or ""
+    if "max seq len" in r:
+        return "KV cache holds no max_model_len sequence"
+    if "host RAM" in r:
+        return "offloaded states exceed host RAM"
+    if "NVMe" in r:
+        return "offloaded states exceed NVMe"
+    return "does not fit in GPU memory"

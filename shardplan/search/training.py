@@ -1,0 +1,328 @@
+"""Training search: an exact branch and bound over every layout of one GPU count.
+
+A layout is three levels deep:
+  degrees  tp, cp, pp, dp, ep                      (their product with pp.. is the GPU count)
+  shape    + micro-batch, virtual stages, sequence parallelism, recomputation
+           (fixes the compute and TP/EP/CP traffic of every micro-batch)
+  variant  + ZeRO stage, hybrid sharding, offload  (fixes the model states and their traffic)
+A large cluster has 10^5-10^7 layouts; costing each (~1 ms) would take hours, as it does in
+Calculon. Each level has a lower bound on the step that holds for everything below it:
+  degrees  min over (micro-batch, SP, recompute) of (m + (pp-1)/v_max) x T_layers / pp
+  shape    (m + (pp-1)/v) x max(stage 0's layers' time, T_layers / pp)  (`step_seconds_lower_bound`)
+  refined  every stage's exact compute + TP/EP/CP comm, the bubble and p2p (`pipeline_seconds`)
+where T_layers sums every layer's own per-micro-batch time (`layers_seconds_lower_bound`); the
+terms left out (data-parallel sync, ZeRO-3 gathers, the optimizer, offload) are non-negative.
+Nodes are expanded best bound first from one heap; once the K-th best step found is below
+the smallest bound left, nothing unexpanded can enter the top K and the search stops, counting
+what it skipped. Memory prunes on the way: stage 0's activations plus the least model states
+of any ZeRO variant (`activation_bytes_lower_bound`, `stage_states_bytes`).
+Offloaded variants of a shape are costed only when no variant without offload fits: offload
+adds host traffic and a CPU optimizer step slower than the GPU's, never speed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import replace
+from typing import Any, Iterator
+
+from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
+from shardplan.cost.memory_training import activation_bytes_lower_bound, stage_states_bytes, training_memory
+from shardplan.cost.time_training import (
+    layers_seconds_lower_bound,
+    pipeline_seconds,
+    step_seconds_lower_bound,
+    training_time,
+)
+from shardplan.cost.workload import TrainingWorkload
+from shardplan.search.space import (
+    SECONDS_PER_HOUR,
+    TOKENS_PER_MILLION,
+    Evaluated,
+    Goal,
+    Objective,
+    Progress,
+    SearchResult,
+    Space,
+    check_layout,
+    divisors,
+    memory_reason,
+    price_per_gpu_hour,
+    tp_choices,
+)
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import ModelSpec
+
+Variant = tuple[int, bool, Offload, Offload]  # zero stage, hybrid shard, offload optimizer, offload params
+_NO_OFFLOAD = (Offload.NONE, Offload.NONE)
+_OFFLOADS = ((Offload.CPU, Offload.NONE), (Offload.NVME, Offload.NONE))
+_PARAM_OFFLOADS = ((Offload.CPU, Offload.CPU), (Offload.NVME, Offload.NVME))
+
+# Heap entries: (bound, tie-break key, kind, payload). Kinds, in the order ties expand them.
+_DEGREES, _SHAPE, _REFINED = 0, 1, 2
+
+
+def state_variants(layout: Layout, hw: HardwareProfile, space: Space) -> tuple[list[Variant], list[Variant]]:
+    """ZeRO stage x hybrid sharding of one set of degrees, without offload and with it."""
+    plain: list[Variant] = []
+    offloaded: list[Variant] = []
+    zeros = [space.zero_stage] if space.zero_stage is not None else [0, 1, 2, 3]
+    replicas = layout.dp * layout.cp
+    for z in zeros:
+        if z and replicas == 1 and space.zero_stage is None:
+            continue  # nothing to shard over: the same as stage 0
+        for hyb in [space.hybrid_shard] if space.hybrid_shard is not None else [False, True]:
+            if hyb and space.hybrid_shard is None and (z == 0 or hw.gpus_per_node // layout.tp >= replicas):
+                continue  # hybrid sharding only differs when the replicas span nodes
+            if space.offload is not None:
+                offloads = [space.offload]
+            elif space.allow_offload:
+                offloads = [_NO_OFFLOAD, *_OFFLOADS, *(_PARAM_OFFLOADS if z == 3 else ())]
+            else:
+                offloads = [_NO_OFFLOAD]
+            for opt, par in offloads:
+                if par is not Offload.NONE and z != 3:
+                    continue
+                (plain if (opt, par) == _NO_OFFLOAD else offloaded).append((z, hyb, opt, par))
+    return plain, offloaded
+
+
+def with_variant(layout: Layout, v: Variant) -> Layout:
+    return replace(layout, zero_stage=v[0], hybrid_shard=v[1], offload_optimizer=v[2], offload_params=v[3])
+
+
+def _degrees(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, res: SearchResult) -> Iterator[Layout]:
+    """tp, cp, pp, dp, ep that can exist (micro-batch 1, one virtual stage)."""
+    n = hw.num_gpus
+    for tp in tp_choices(spec, hw, n, space, res.rejected):
+        for cp in [space.cp] if space.cp else divisors(n // tp):
+            if (n // tp) % cp or (cp > 1 and wl.seq_len % (2 * cp)):
+                res.rejected["cp does not divide the GPUs, or 2 x cp the sequence"] += 1
+                continue
+            for pp in [space.pp] if space.pp else divisors(n // (tp * cp)):
+                if (n // (tp * cp)) % pp or pp > spec.num_layers:
+                    res.rejected["pp does not divide the GPUs or exceeds the layers"] += 1
+                    continue
+                dp = n // (tp * cp * pp)
+                if (space.dp and space.dp != dp) or wl.global_batch_size % dp:
+                    res.rejected["global batch not divisible by dp (or dp not the pinned one)"] += 1
+                    continue
+                if space.ep:
+                    eps = [space.ep]
+                elif spec.moe is not None:
+                    eps = [e for e in divisors(spec.moe.num_experts) if (dp * cp * tp) % e == 0]
+                else:
+                    eps = [1]
+                for ep in eps:
+                    layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep)
+                    if check_layout(spec, layout, n, True, res.rejected):
+                        yield layout
+
+
+def _micro_batches(wl: TrainingWorkload, space: Space, deg: Layout) -> list[int]:
+    per_replica = wl.global_batch_size // deg.dp
+    if space.micro_batch_size:
+        return [space.micro_batch_size] if per_replica % space.micro_batch_size == 0 else []
+    return [b for b in divisors(per_replica) if b <= space.max_micro_batch_size]
+
+
+def _pipelines(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout, mbs: int) -> list[tuple[int, PipelineSchedule]]:
+    """(virtual stages, schedule) for one micro-batch size. Megatron's interleaved schedule
+    needs the micro-batches to divide evenly among the pp stages."""
+    pp = deg.pp
+    m = wl.global_batch_size // (deg.dp * mbs)
+    if space.virtual_stages:
+        vs = [space.virtual_stages]
+    elif pp == 1:
+        vs = [1]
+    else:
+        vs = [v for v in range(1, space.max_virtual_stages + 1) if pp * v <= spec.num_layers]
+    out = []
+    for v in vs:
+        sched = space.pp_schedule or (PipelineSchedule.INTERLEAVED if v > 1 else PipelineSchedule.ONE_F_ONE_B)
+        if sched is PipelineSchedule.INTERLEAVED and (pp == 1 or m % pp):
+            continue
+        if v > 1 and sched is not PipelineSchedule.INTERLEAVED:
+            continue
+        out.append((v, sched))
+    return out
+
+
+def _flags(space: Space, deg: Layout) -> tuple[list[bool], list[Recompute]]:
+    sps = [space.sequence_parallel] if space.sequence_parallel is not None else ([False, True] if deg.tp > 1 else [False])
+    sps = [sp for sp in sps if not (sp and deg.tp == 1)]
+    rcs = [space.recompute] if space.recompute is not None else list(Recompute)
+    return sps, rcs
+
+
+def _shapes(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout) -> Iterator[Layout]:
+    sps, rcs = _flags(space, deg)
+    for mbs in _micro_batches(wl, space, deg):
+        for v, sched in _pipelines(spec, wl, space, deg, mbs):
+            for sp in sps:
+                for rc in rcs:
+                    yield replace(deg, micro_batch_size=mbs, virtual_stages=v, pp_schedule=sched, sequence_parallel=sp, recompute=rc)
+
+
+def _num_layouts(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, deg: Layout) -> int:
+    """Layouts under one set of degrees, counted without building them."""
+    sps, rcs = _flags(space, deg)
+    shapes = sum(len(_pipelines(spec, wl, space, deg, mbs)) for mbs in _micro_batches(wl, space, deg)) * len(sps) * len(rcs)
+    plain, offloaded = state_variants(deg, hw, space)
+    return shapes * (len(plain) + len(offloaded))
+
+
+def objective_value(goal: Goal, hw: HardwareProfile, num_gpus: int, step_seconds: float, tokens_per_step: float) -> float:
+    if goal.objective is Objective.COST:
+        price = price_per_gpu_hour(hw, goal) or 0.0
+        return price * num_gpus / SECONDS_PER_HOUR * step_seconds / tokens_per_step * TOKENS_PER_MILLION
+    return step_seconds
+
+
+def _degrees_bound(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, deg: Layout) -> float:
+    """min over micro-batch, SP and recomputation of (m + (pp-1)/v_max) x (all layers' time) / pp:
+    the slowest stage takes at least the mean, whatever the virtual stages."""
+    sps, rcs = _flags(space, deg)
+    best = math.inf
+    for mbs in _micro_batches(wl, space, deg):
+        pipes = _pipelines(spec, wl, space, deg, mbs)
+        if not pipes:
+            continue
+        v_max = max(v for v, _ in pipes)
+        m = wl.global_batch_size // (deg.dp * mbs)
+        for sp in sps:
+            for rc in rcs:
+                shape = replace(deg, micro_batch_size=mbs, sequence_parallel=sp, recompute=rc)
+                mean_stage = layers_seconds_lower_bound(spec, hw, shape, wl, range(spec.num_layers)) / deg.pp
+                best = min(best, (m + (deg.pp - 1) / v_max) * mean_stage)
+    return best
+
+
+def _key(layout: Layout) -> tuple[Any, ...]:
+    """Deterministic tie-break: fewer GPUs, then smaller degrees, larger micro-batches, SP on,
+    less recomputation."""
+    return (
+        layout.world_size, layout.tp, layout.pp, layout.cp, layout.ep, layout.virtual_stages,
+        -layout.micro_batch_size, not layout.sequence_parallel, list(Recompute).index(layout.recompute),
+    )
+
+
+def search_training(
+    spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, goal: Goal, res: SearchResult,
+    progress: Progress | None = None,
+) -> None:
+    n = hw.num_gpus
+    cap = float(hw.memory_capacity_bytes)
+    tokens = wl.global_batch_size * wl.seq_len
+    k = max(1, goal.top_k)
+    heap: list[tuple[float, tuple[Any, ...], int, Any]] = []
+    for deg in _degrees(spec, hw, wl, space, res):
+        count = _num_layouts(spec, hw, wl, space, deg)
+        if count == 0:
+            res.rejected["no micro-batch or schedule divides the batch"] += 1
+            continue
+        res.num_candidates += count
+        bound = objective_value(goal, hw, n, _degrees_bound(spec, hw, wl, space, deg), tokens)
+        heap.append((bound, _key(deg), _DEGREES, (deg, count)))
+    heapq.heapify(heap)
+    total = res.num_candidates
+    best: list[Evaluated] = []
+    evaluated_before = res.num_evaluated
+    while heap:
+        bound, key, kind, payload = heapq.heappop(heap)
+        if len(best) >= k and bound > best[k - 1].objective_value:
+            skipped = _count(payload, kind) + sum(_count(p, kd) for _, _, kd, p in heap)
+            res.rejected[f"cannot beat the top {k} (lower bound on the step)"] += skipped
+            res.num_evaluated += skipped
+            break
+        if kind == _DEGREES:
+            deg, _ = payload
+            _expand(spec, hw, wl, space, goal, res, deg, heap, cap, tokens)
+        elif kind == _SHAPE:
+            shape, m, plain_fits, count = payload
+            tight = objective_value(goal, hw, n, pipeline_seconds(spec, hw, shape, wl, m), tokens)
+            heapq.heappush(heap, (max(bound, tight), key, _REFINED, payload))
+        else:
+            shape, m, plain_fits, count = payload
+            plain, offloaded = state_variants(shape, hw, space)
+            fitted = _cost_variants(spec, hw, wl, goal, res, shape, plain, key, best, k, m) if plain_fits else 0
+            if offloaded and not fitted:
+                _cost_variants(spec, hw, wl, goal, res, shape, offloaded, key, best, k, m)
+            elif offloaded:
+                res.rejected["offload: slower than the same layout without it"] += len(offloaded)
+                res.num_evaluated += len(offloaded)
+        if progress is not None:
+            progress(res.num_evaluated - evaluated_before, total)
+    res.feasible.extend(best)
+
+
+def _count(payload: Any, kind: int) -> int:
+    return payload[1] if kind == _DEGREES else payload[3]
+
+
+def _expand(
+    spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, goal: Goal, res: SearchResult,
+    deg: Layout, heap: list, cap: float, tokens: float,
+) -> None:
+    """Push every shape of one set of degrees with its bound, after the memory prunes."""
+    n = hw.num_gpus
+    plain, offloaded = state_variants(deg, hw, space)
+    variants = len(plain) + len(offloaded)
+    least_states: dict[int, float] = {}  # by virtual stages: states do not depend on micro-batch, SP or recompute
+    for shape in _shapes(spec, wl, space, deg):
+        m = wl.global_batch_size // (shape.dp * shape.micro_batch_size)
+        act = activation_bytes_lower_bound(spec, hw, shape, wl, m)
+        if act > cap:
+            res.rejected["activations alone exceed GPU memory"] += variants
+            res.num_evaluated += variants
+            continue
+        v_key = shape.virtual_stages
+        if v_key not in least_states:
+            least_states[v_key] = min((stage_states_bytes(spec, hw, with_variant(shape, v), wl) for v in plain), default=math.inf)
+        plain_fits = act + least_states[v_key] <= cap
+        count = variants
+        if not plain_fits:
+            res.rejected["model states + activations exceed GPU memory"] += len(plain)
+            res.num_evaluated += len(plain)
+            count = len(offloaded)
+            if not offloaded:
+                continue
+        bound = objective_value(goal, hw, n, step_seconds_lower_bound(spec, hw, shape, wl, m), tokens)
+        heapq.heappush(heap, (bound, _key(shape), _SHAPE, (shape, m, plain_fits, count)))
+
+
+def _cost_variants(
+    spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, goal: Goal, res: SearchResult, shape: Layout,
+    variants: list[Variant], shape_key: tuple[Any, ...], best: list[Evaluated], k: int, m: int,
+) -> int:
+    """Cost each state variant of `shape` in full; keep the best k in `best`. Returns how many fit."""
+    cap = float(hw.memory_capacity_bytes)
+    tokens = wl.global_batch_size * wl.seq_len
+    act = activation_bytes_lower_bound(spec, hw, shape, wl, m)
+    fitted = 0
+    for v in variants:
+        layout = with_variant(shape, v)
+        res.num_evaluated += 1
+        if act + stage_states_bytes(spec, hw, layout, wl) > cap:
+            res.rejected["model states + activations exceed GPU memory"] += 1
+            continue
+        res.num_costed += 1
+        tm = training_memory(spec, hw, layout, wl)
+        if not tm.fits:
+            res.rejected[memory_reason(tm.reason)] += 1
+            continue
+        fitted += 1
+        tt = training_time(spec, hw, layout, wl, tm.num_microbatches)
+        res.num_feasible += 1
+        figures = {
+            "step_seconds": tt.step_seconds,
+            "tokens_per_second_per_gpu": tt.tokens_per_second_per_gpu,
+            "mfu": tt.mfu,
+            "headroom_bytes": cap - max(r.breakdown.total for r in tm.ranks),
+        }
+        value = objective_value(goal, hw, layout.world_size, tt.step_seconds, tokens)
+        best.append(Evaluated(layout, wl, hw, value, shape_key + (v[0], v[1], v[2].value, v[3].value), figures))
+        best.sort(key=lambda e: (e.objective_value, e.key))
+        del best[k:]
+    return fitted
