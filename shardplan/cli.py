@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from dataclasses import replace
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -14,8 +16,12 @@ from enum import Enum
 from shardplan import __version__, options, render
 from shardplan.cost.estimate import estimate as run_estimate
 from shardplan.cost.layout import PipelineSchedule, Recompute
-from shardplan.cost.workload import Framework, Optimizer, Quantization
+from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_INTERNAL, ShardplanError
+from shardplan.manifest import load_manifest, manifest_json_schema
+from shardplan.recommend import recommend as run_recommend
+from shardplan.recommend import with_allowed_dtypes
+from shardplan.search import Goal, Objective, Space
 from shardplan.report import hardware_report, model_report
 from shardplan.specs import loading
 
@@ -126,15 +132,42 @@ SERVE = "Inference workload (vLLM semantics and defaults)"
 TRAIN = "Training workload"
 CLUSTER = "Model and cluster"
 
+# Options shared by estimate and recommend, declared once.
+ModelOpt = Annotated[str, typer.Argument(help="Bundled name, config.json, directory or YAML spec.")]
+HardwareOpt = Annotated[str, typer.Option("--hardware", "-H", help="Bundled profile name or YAML.", rich_help_panel=CLUSTER)]
+GpusOpt = Annotated[Optional[int], typer.Option(min=1, help="GPUs in the plan (default: one node).", rich_help_panel=CLUSTER)]
+NodesOpt = Annotated[Optional[int], typer.Option(min=1, help="Nodes (default: as many as --gpus needs).", rich_help_panel=CLUSTER)]
+GpusPerNodeOpt = Annotated[Optional[int], typer.Option(min=1, help="Override the profile's GPUs per node.", rich_help_panel=CLUSTER)]
+WorkloadOpt = Annotated[WorkloadKind, typer.Option(help="What the GPUs do.", rich_help_panel=CLUSTER)]
+MaxModelLenOpt = Annotated[Optional[int], typer.Option(min=1, help="Longest sequence (default: the model's context).", rich_help_panel=SERVE)]
+MaxNumSeqsOpt = Annotated[int, typer.Option(min=1, help="Sequences in flight.", rich_help_panel=SERVE)]
+MaxNumBatchedTokensOpt = Annotated[int, typer.Option(min=1, help="Tokens per forward pass.", rich_help_panel=SERVE)]
+GpuMemoryUtilizationOpt = Annotated[float, typer.Option(help="Share of device memory the engine may use.", rich_help_panel=SERVE)]
+BlockSizeOpt = Annotated[int, typer.Option(min=1, help="Tokens per KV block.", rich_help_panel=SERVE)]
+KvCacheDtypeOpt = Annotated[Optional[str], typer.Option(help="auto, bf16, fp16, fp8.", rich_help_panel=SERVE)]
+WeightDtypeOpt = Annotated[Optional[str], typer.Option(help="bf16, fp16, fp8, int8, int4.", rich_help_panel=SERVE)]
+QuantizationOpt = Annotated[Optional[Quantization], typer.Option(help="Weight quantization of the linear layers.", rich_help_panel=SERVE)]
+EnforceEagerOpt = Annotated[bool, typer.Option(help="No CUDA graphs.", rich_help_panel=SERVE)]
+InputLenOpt = Annotated[int, typer.Option(min=1, help="Prompt tokens per request (time to first token, throughput).", rich_help_panel=SERVE)]
+OutputLenOpt = Annotated[int, typer.Option(min=1, help="Generated tokens per request.", rich_help_panel=SERVE)]
+BatchSizeOpt = Annotated[Optional[int], typer.Option(min=1, help="Concurrent sequences for the time figures (default: as many as the KV cache holds, up to --max-num-seqs).", rich_help_panel=SERVE)]
+SeqLenOpt = Annotated[int, typer.Option(min=1, help="Training sequence length.", rich_help_panel=TRAIN)]
+GlobalBatchSizeOpt = Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.", rich_help_panel=TRAIN)]
+OptimizerOpt = Annotated[Optimizer, typer.Option(help="Optimizer (states in fp32).", rich_help_panel=TRAIN)]
+FrameworkOpt = Annotated[Framework, typer.Option(help="Model-state bookkeeping: ZeRO paper, DeepSpeed, or Megatron (fp32 grads).", rich_help_panel=TRAIN)]
+FlashAttentionOpt = Annotated[bool, typer.Option(help="Flash attention (no s^2 scores kept).", rich_help_panel=TRAIN)]
+DropoutOpt = Annotated[bool, typer.Option(help="Dropout masks kept for backward.", rich_help_panel=TRAIN)]
+OverlapGradReduceOpt = Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)]
+
 
 @app.command()
 def estimate(
-    model: Annotated[str, typer.Argument(help="Bundled name, config.json, directory or YAML spec.")],
-    hardware: Annotated[str, typer.Option("--hardware", "-H", help="Bundled profile name or YAML.", rich_help_panel=CLUSTER)] = "h100-sxm-80gb",
-    gpus: Annotated[Optional[int], typer.Option(min=1, help="GPUs in the plan (default: one node).", rich_help_panel=CLUSTER)] = None,
-    nodes: Annotated[Optional[int], typer.Option(min=1, help="Nodes (default: as many as --gpus needs).", rich_help_panel=CLUSTER)] = None,
-    gpus_per_node: Annotated[Optional[int], typer.Option(min=1, help="Override the profile's GPUs per node.", rich_help_panel=CLUSTER)] = None,
-    workload: Annotated[WorkloadKind, typer.Option(help="What the GPUs do.", rich_help_panel=CLUSTER)] = WorkloadKind.INFERENCE,
+    model: ModelOpt,
+    hardware: HardwareOpt = "h100-sxm-80gb",
+    gpus: GpusOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    workload: WorkloadOpt = WorkloadKind.INFERENCE,
     tp: Annotated[int, typer.Option(min=1, help="Tensor-parallel degree.", rich_help_panel=LAYOUT)] = 1,
     pp: Annotated[int, typer.Option(min=1, help="Pipeline-parallel stages.", rich_help_panel=LAYOUT)] = 1,
     dp: Annotated[Optional[int], typer.Option(min=1, help="Data-parallel degree (default: GPUs / (tp x pp x cp)).", rich_help_panel=LAYOUT)] = None,
@@ -149,25 +182,25 @@ def estimate(
     virtual_stages: Annotated[int, typer.Option(min=1, help="Model chunks per GPU (interleaved schedule).", rich_help_panel=LAYOUT)] = 1,
     micro_batch_size: Annotated[int, typer.Option(min=1, help="Sequences per micro-batch.", rich_help_panel=LAYOUT)] = 1,
     offload: Annotated[OffloadChoice, typer.Option(help="Offload optimizer states (and parameters) to CPU or NVMe.", rich_help_panel=LAYOUT)] = OffloadChoice.NONE,
-    max_model_len: Annotated[Optional[int], typer.Option(min=1, help="Longest sequence (default: the model's context).", rich_help_panel=SERVE)] = None,
-    max_num_seqs: Annotated[int, typer.Option(min=1, help="Sequences in flight.", rich_help_panel=SERVE)] = 256,
-    max_num_batched_tokens: Annotated[int, typer.Option(min=1, help="Tokens per forward pass.", rich_help_panel=SERVE)] = 8192,
-    gpu_memory_utilization: Annotated[float, typer.Option(help="Share of device memory the engine may use.", rich_help_panel=SERVE)] = 0.9,
-    block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV block.", rich_help_panel=SERVE)] = 16,
-    kv_cache_dtype: Annotated[Optional[str], typer.Option(help="auto, bf16, fp16, fp8.", rich_help_panel=SERVE)] = None,
-    weight_dtype: Annotated[Optional[str], typer.Option(help="bf16, fp16, fp8, int8, int4.", rich_help_panel=SERVE)] = None,
-    quantization: Annotated[Optional[Quantization], typer.Option(help="Weight quantization of the linear layers.", rich_help_panel=SERVE)] = None,
-    enforce_eager: Annotated[bool, typer.Option(help="No CUDA graphs.", rich_help_panel=SERVE)] = False,
-    input_len: Annotated[int, typer.Option(min=1, help="Prompt tokens per request (time to first token, throughput).", rich_help_panel=SERVE)] = 1024,
-    output_len: Annotated[int, typer.Option(min=1, help="Generated tokens per request.", rich_help_panel=SERVE)] = 128,
-    batch_size: Annotated[Optional[int], typer.Option(min=1, help="Concurrent sequences for the time figures (default: as many as the KV cache holds, up to --max-num-seqs).", rich_help_panel=SERVE)] = None,
-    seq_len: Annotated[int, typer.Option(min=1, help="Training sequence length.", rich_help_panel=TRAIN)] = 4096,
-    global_batch_size: Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.", rich_help_panel=TRAIN)] = 512,
-    optimizer: Annotated[Optimizer, typer.Option(help="Optimizer (states in fp32).", rich_help_panel=TRAIN)] = Optimizer.ADAMW,
-    framework: Annotated[Framework, typer.Option(help="Model-state bookkeeping: ZeRO paper, DeepSpeed, or Megatron (fp32 grads).", rich_help_panel=TRAIN)] = Framework.ZERO,
-    flash_attention: Annotated[bool, typer.Option(help="Flash attention (no s^2 scores kept).", rich_help_panel=TRAIN)] = True,
-    dropout: Annotated[bool, typer.Option(help="Dropout masks kept for backward.", rich_help_panel=TRAIN)] = False,
-    overlap_grad_reduce: Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)] = True,
+    max_model_len: MaxModelLenOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = 256,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = 8192,
+    gpu_memory_utilization: GpuMemoryUtilizationOpt = 0.9,
+    block_size: BlockSizeOpt = 16,
+    kv_cache_dtype: KvCacheDtypeOpt = None,
+    weight_dtype: WeightDtypeOpt = None,
+    quantization: QuantizationOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
+    input_len: InputLenOpt = 1024,
+    output_len: OutputLenOpt = 128,
+    batch_size: BatchSizeOpt = None,
+    seq_len: SeqLenOpt = 4096,
+    global_batch_size: GlobalBatchSizeOpt = 512,
+    optimizer: OptimizerOpt = Optimizer.ADAMW,
+    framework: FrameworkOpt = Framework.ZERO,
+    flash_attention: FlashAttentionOpt = True,
+    dropout: DropoutOpt = False,
+    overlap_grad_reduce: OverlapGradReduceOpt = True,
     json_out: JsonOpt = False,
 ) -> None:
     """Per-GPU memory and time of one layout: weights, KV cache, activations, gradients,
@@ -185,19 +218,7 @@ def estimate(
         pp_schedule=pp_schedule.value, virtual_stages=virtual_stages, micro_batch_size=micro_batch_size,
         offload=offload.value,
     )
-    if workload is WorkloadKind.TRAINING:
-        wl = options.training_workload(
-            seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer.value,
-            framework=framework.value, flash_attention=flash_attention, dropout=dropout,
-            overlap_grad_reduce=overlap_grad_reduce,
-        )
-    else:
-        wl = options.inference_workload(
-            max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
-            weight_dtype=weight_dtype, quantization=quantization.value if quantization else None,
-            enforce_eager=enforce_eager, input_len=input_len, output_len=output_len, batch_size=batch_size,
-        )
+    wl = _workload(locals())
     report = run_estimate(loaded.spec, hw, layout, wl).as_dict()
     if json_out:
         render.print_json(report)
@@ -205,6 +226,160 @@ def estimate(
         render.estimate_report(report)
     if not report["fits"]:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+SEARCH = "Search and goal"
+PIN = "Pinned degrees (given: fixed; left out: searched)"
+
+
+class ObjectiveChoice(str, Enum):
+    LATENCY = "latency"
+    THROUGHPUT = "throughput"
+    COST = "cost"
+    STEP_TIME = "step-time"
+
+
+@app.command()
+def recommend(
+    model: ModelOpt,
+    hardware: HardwareOpt = "h100-sxm-80gb",
+    gpus: GpusOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    workload: WorkloadOpt = WorkloadKind.INFERENCE,
+    max_gpus: Annotated[Optional[int], typer.Option(min=1, help="Search every GPU count up to this and report the smallest that meets the goal.", rich_help_panel=SEARCH)] = None,
+    objective: Annotated[Optional[ObjectiveChoice], typer.Option(help="Serving: latency | throughput | cost; training: step-time | cost. Default: throughput / step-time.", rich_help_panel=SEARCH)] = None,
+    max_ttft_ms: Annotated[Optional[float], typer.Option(min=0, help="Serving: longest time to first token allowed.", rich_help_panel=SEARCH)] = None,
+    max_tpot_ms: Annotated[Optional[float], typer.Option(min=0, help="Serving: longest time per output token allowed.", rich_help_panel=SEARCH)] = None,
+    min_throughput: Annotated[Optional[float], typer.Option(min=0, help="Serving: least output tokens/s over all GPUs.", rich_help_panel=SEARCH)] = None,
+    gpu_hour_price: Annotated[Optional[float], typer.Option(min=0, help="USD per GPU-hour for --objective cost (default: the profile's).", rich_help_panel=SEARCH)] = None,
+    allow_quantization: Annotated[Optional[str], typer.Option(help="Serving: formats the search may use, e.g. fp8,int8,int4 (fp8 also allows an fp8 KV cache).", rich_help_panel=SEARCH)] = None,
+    allow_cross_node_tp: Annotated[bool, typer.Option(help="Let tensor parallelism span nodes.", rich_help_panel=SEARCH)] = False,
+    allow_offload: Annotated[bool, typer.Option(help="Training: let the search offload optimizer states/parameters to CPU or NVMe.", rich_help_panel=SEARCH)] = True,
+    top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.", rich_help_panel=SEARCH)] = 5,
+    compare: Annotated[Optional[str], typer.Option(help="A layout to compare with the winner, e.g. tp=8,pp=16,dp=128 (a published one).", rich_help_panel=SEARCH)] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the winner's deployment manifest (YAML) here.", rich_help_panel=SEARCH)] = None,
+    tp: Annotated[Optional[int], typer.Option(min=1, help="Tensor-parallel degree.", rich_help_panel=PIN)] = None,
+    pp: Annotated[Optional[int], typer.Option(min=1, help="Pipeline stages.", rich_help_panel=PIN)] = None,
+    dp: Annotated[Optional[int], typer.Option(min=1, help="Data-parallel degree (serving: replicas).", rich_help_panel=PIN)] = None,
+    ep: Annotated[Optional[int], typer.Option(min=1, help="Expert-parallel degree.", rich_help_panel=PIN)] = None,
+    cp: Annotated[Optional[int], typer.Option(min=1, help="Context-parallel degree (training).", rich_help_panel=PIN)] = None,
+    zero_stage: Annotated[Optional[int], typer.Option(min=0, max=3, help="ZeRO stage (training).", rich_help_panel=PIN)] = None,
+    hybrid_shard: Annotated[Optional[bool], typer.Option("--hybrid-shard/--no-hybrid-shard", help="HSDP (training).", show_default=False, rich_help_panel=PIN)] = None,
+    sequence_parallel: Annotated[Optional[bool], typer.Option("--sequence-parallel/--no-sequence-parallel", help="Sequence parallelism.", show_default=False, rich_help_panel=PIN)] = None,
+    recompute: Annotated[Optional[Recompute], typer.Option(help="Activation recomputation.", rich_help_panel=PIN)] = None,
+    pp_schedule: Annotated[Optional[PipelineSchedule], typer.Option(help="Pipeline schedule.", rich_help_panel=PIN)] = None,
+    virtual_stages: Annotated[Optional[int], typer.Option(min=1, help="Model chunks per GPU.", rich_help_panel=PIN)] = None,
+    micro_batch_size: Annotated[Optional[int], typer.Option(min=1, help="Sequences per micro-batch.", rich_help_panel=PIN)] = None,
+    offload: Annotated[Optional[OffloadChoice], typer.Option(help="Offload (training).", rich_help_panel=PIN)] = None,
+    max_model_len: MaxModelLenOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = 256,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = 8192,
+    gpu_memory_utilization: GpuMemoryUtilizationOpt = 0.9,
+    block_size: BlockSizeOpt = 16,
+    kv_cache_dtype: KvCacheDtypeOpt = None,
+    weight_dtype: WeightDtypeOpt = None,
+    quantization: QuantizationOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
+    input_len: InputLenOpt = 1024,
+    output_len: OutputLenOpt = 128,
+    batch_size: BatchSizeOpt = None,
+    seq_len: SeqLenOpt = 4096,
+    global_batch_size: GlobalBatchSizeOpt = 512,
+    optimizer: OptimizerOpt = Optimizer.ADAMW,
+    framework: FrameworkOpt = Framework.ZERO,
+    flash_attention: FlashAttentionOpt = True,
+    dropout: DropoutOpt = False,
+    overlap_grad_reduce: OverlapGradReduceOpt = True,
+    json_out: JsonOpt = False,
+) -> None:
+    """Search every valid layout (tp, pp, dp/replicas, ep, cp, ZeRO, SP, recompute, micro-batch,
+    virtual stages, offload, weight/KV formats, batch) and rank those that fit by the objective.
+
+    Shows the top plans with memory, headroom, time and cost; the serving Pareto frontier
+    (latency vs throughput per GPU); rejected layouts by reason; the binding constraint and the
+    runner-up's gap. When nothing fits it lists the smallest changes that would (each found by
+    searching again) and exits 3. `-o plan.yaml` writes the winner's deployment manifest."""
+    loaded = loading.load_model(model)
+    base = loading.load_hardware(hardware)
+    if max_gpus is None:
+        hw = options.cluster(base, gpus=gpus, nodes=nodes, gpus_per_node=gpus_per_node)
+        num_gpus: Optional[int] = hw.num_gpus
+        hw = hw.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1)
+    else:
+        if gpus is not None or nodes is not None:
+            raise ShardplanError("give either --gpus/--nodes or --max-gpus", field="--max-gpus", hint="drop one of them")
+        hw, num_gpus = base.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1), None
+    wl = _workload(locals())
+    training = isinstance(wl, TrainingWorkload)
+    obj = objective.value if objective else ("step-time" if training else "throughput")
+    goal = Goal(
+        objective=Objective(obj),
+        max_ttft_seconds=max_ttft_ms / 1e3 if max_ttft_ms is not None else None,
+        max_tpot_seconds=max_tpot_ms / 1e3 if max_tpot_ms is not None else None,
+        min_throughput_tokens_per_second=min_throughput,
+        gpu_hour_price_usd=gpu_hour_price,
+        top_k=top_k,
+    )
+    space = Space(
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero_stage=zero_stage, hybrid_shard=hybrid_shard,
+        sequence_parallel=sequence_parallel, recompute=recompute, pp_schedule=pp_schedule,
+        virtual_stages=virtual_stages, micro_batch_size=micro_batch_size,
+        offload=options.offload_pair(offload.value) if offload else None,
+        allow_cross_node_tp=allow_cross_node_tp, allow_offload=allow_offload,
+    )
+    if not training:
+        space = replace(space, quantizations=(wl.quantization,), kv_cache_dtypes=(wl.kv_cache_dtype,))
+        if allow_quantization and not (weight_dtype or quantization or kv_cache_dtype):
+            space = with_allowed_dtypes(space, allow_quantization.split(","))
+    with render.progress("searching layouts") as progress:
+        result = run_recommend(
+            loaded, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, compare_layout=compare,
+            manifest_path=output, progress=progress,
+        )
+    if json_out:
+        render.print_json(result)
+    else:
+        render.recommend_report(result)
+    if not result["top"]:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the deployment manifest that `recommend -o` writes."""
+    render.print_json(manifest_json_schema())
+
+
+@app.command()
+def show(
+    plan: Annotated[Path, typer.Argument(help="A manifest written by `shardplan recommend -o`.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Re-render a deployment manifest: model, hardware, layout, placement, predicted memory and
+    time. A manifest from a newer schema or with an impossible layout is rejected (exit 2)."""
+    m = load_manifest(plan).model_dump(mode="json")
+    if json_out:
+        render.print_json(m)
+    else:
+        render.manifest_report(m)
+
+
+def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
+    """The workload from the shared workload options of a command (its locals)."""
+    if o["workload"] is WorkloadKind.TRAINING:
+        return options.training_workload(
+            seq_len=o["seq_len"], global_batch_size=o["global_batch_size"], optimizer=o["optimizer"].value,
+            framework=o["framework"].value, flash_attention=o["flash_attention"], dropout=o["dropout"],
+            overlap_grad_reduce=o["overlap_grad_reduce"],
+        )
+    q = o["quantization"]
+    return options.inference_workload(
+        max_model_len=o["max_model_len"], max_num_seqs=o["max_num_seqs"], max_num_batched_tokens=o["max_num_batched_tokens"],
+        gpu_memory_utilization=o["gpu_memory_utilization"], block_size=o["block_size"], kv_cache_dtype=o["kv_cache_dtype"],
+        weight_dtype=o["weight_dtype"], quantization=q.value if q else None, enforce_eager=o["enforce_eager"],
+        input_len=o["input_len"], output_len=o["output_len"], batch_size=o["batch_size"],
+    )
 
 
 def main() -> None:

@@ -68,7 +68,7 @@ def layout_from_options(
                 hint="choose degrees whose product divides the GPU count",
             )
         dp = num_gpus // inner
-    off_opt, off_par = _offload(offload)
+    off_opt, off_par = offload_pair(offload)
     schedule = PipelineSchedule(pp_schedule)
     if virtual_stages > 1 and schedule is PipelineSchedule.ONE_F_ONE_B:
         schedule = PipelineSchedule.INTERLEAVED
@@ -94,7 +94,7 @@ def layout_from_options(
 OFFLOAD_CHOICES = ("none", "optimizer-cpu", "optimizer-nvme", "all-cpu", "all-nvme")
 
 
-def _offload(value: str) -> tuple[Offload, Offload]:
+def offload_pair(value: str) -> tuple[Offload, Offload]:
     return {
         "none": (Offload.NONE, Offload.NONE),
         "optimizer-cpu": (Offload.CPU, Offload.NONE),

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from shardplan import units
@@ -256,3 +259,134 @@ def _time_report(r: dict[str, Any]) -> None:
             f"[yellow]batch {tm['batch_size']} needs more KV cache than the {tm['max_batch_in_kv_cache']} "
             f"sequences of {tm['input_len'] + tm['output_len']} tokens it holds[/yellow]"
         )
+
+
+# ----- recommend ------------------------------------------------------------------------------
+
+PROGRESS_AFTER_SECONDS = 0.5  # searches shorter than this show no bar
+
+
+@contextmanager
+def progress(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress callback for long searches: a transient bar on stderr that appears only once
+    the search has run for PROGRESS_AFTER_SECONDS (quick searches print nothing)."""
+    start = time.monotonic()
+    bar: Progress | None = None
+    task = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar, task
+        if bar is None:
+            if time.monotonic() - start < PROGRESS_AFTER_SECONDS or not err_console.is_terminal:
+                return
+            bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True)
+            bar.start()
+            task = bar.add_task(label, total=total)
+        bar.update(task, completed=done, total=total)  # type: ignore[arg-type]
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def _plan_cells(e: dict[str, Any]) -> list[str]:
+    from shardplan.search.explain import describe
+
+    return [str(e["rank"]), str(e["num_gpus"]), describe(e["plan"])]
+
+
+def recommend_report(r: dict[str, Any]) -> None:
+    console.print(
+        f"[bold]{r['model']}[/bold] on {r['hardware']}, {r['workload']}, objective {r['objective']}: "
+        f"{r['num_evaluated']:,} layouts evaluated ({r['num_costed']:,} costed in full) in {r['elapsed_seconds']:.2f} s; "
+        f"{r['num_feasible']:,} fit"
+    )
+    top = r["top"]
+    if top:
+        t = Table(title="Best plans", title_justify="left")
+        for c in ("#", "GPUs", "layout", "GiB", "free"):
+            t.add_column(c, justify="left" if c == "layout" else "right", no_wrap=c != "layout")
+        training = "step_seconds" in top[0]["time"]
+        cols = ("step", "tok/s/GPU", "MFU") if training else ("TTFT", "TPOT", "tok/s", "tok/s/GPU")
+        for c in cols + ("$/Mtok",):
+            t.add_column(c, justify="right", no_wrap=True)
+        for e in top:
+            mem, tm, cost = e["memory"], e["time"], e["cost"]
+            cells = _plan_cells(e) + [f"{units.bytes_to_gib(mem['per_gpu_bytes']['total']):.1f}", f"{units.bytes_to_gib(mem['headroom_bytes']):.1f}"]
+            if training:
+                cells += [fmt_seconds(tm["step_seconds"]), f"{tm['tokens_per_second_per_gpu']:,.0f}", f"{100 * tm['mfu']:.1f}%"]
+            else:
+                cells += [fmt_seconds(tm["ttft_seconds"]), fmt_seconds(tm["tpot_seconds"]),
+                          f"{e['throughput_tokens_per_second_all_replicas']:,.0f}", f"{tm['throughput_tokens_per_second_per_gpu']:,.0f}"]
+            usd = cost["usd_per_million_tokens"]
+            cells.append("-" if usd is None else f"{usd:,.3f}")
+            t.add_row(*cells)
+        console.print(t)
+    if r["pareto"]:
+        t = Table(title="Pareto frontier: request latency vs throughput per GPU", title_justify="left")
+        for c in ("GPUs", "tp", "pp", "replicas", "weights", "kv", "batch", "latency", "TTFT", "TPOT", "tokens/s/GPU"):
+            t.add_column(c, justify="right")
+        for p in r["pareto"]:
+            t.add_row(str(p["num_gpus"]), str(p["tp"]), str(p["pp"]), str(p["replicas"]), p["quantization"], p["kv_cache_dtype"],
+                      str(p["batch_size"]), fmt_seconds(p["e2e_latency_seconds"]), fmt_seconds(p["ttft_seconds"]),
+                      fmt_seconds(p["tpot_seconds"]), f"{p['throughput_tokens_per_second_per_gpu']:,.0f}")
+        console.print(t)
+    if r["rejected"]:
+        t = Table(title="Rejected layouts by reason", title_justify="left")
+        t.add_column("reason")
+        t.add_column("layouts", justify="right")
+        for reason, n in r["rejected"].items():
+            t.add_row(reason, f"{n:,}")
+        console.print(t)
+    if r["smallest_num_gpus"] is not None and len(r["gpu_counts"]) > 1:
+        console.print(f"smallest GPU count that meets the goal: {r['smallest_num_gpus']}")
+    console.print(f"[bold]why[/bold]: {r['why']}")
+    c = r.get("compare")
+    if c:
+        from shardplan.search.explain import describe
+
+        line = f"compared: {describe(c['plan'])}: {'fits' if c['fits'] else 'does not fit: ' + str(c['reason'])}"
+        if "gap_fraction" in c:
+            line += f"; {100 * c['gap_fraction']:.1f}% behind the winner"
+            parts = [f"{d['component'].replace('_', ' ')} {d['delta_seconds'] * 1e3:+.1f} ms" for d in c["differences"][:3]]
+            if parts:
+                line += " (" + ", ".join(parts) + ")"
+        console.print(line)
+    for s in r["suggestions"]:
+        console.print(f"[yellow]would fit with[/yellow] {s['change']}: {s['detail']}")
+    if not top:
+        console.print("[red]no layout fits[/red]" + ("" if r["suggestions"] else " (no single change found that makes one fit)"))
+    if r["manifest"]:
+        console.print(f"manifest written to {r['manifest']}")
+
+
+def manifest_report(m: dict[str, Any]) -> None:
+    mo, hw, lay, pl, pr = m["model"], m["hardware"], m["layout"], m["placement"], m["predicted"]
+    console.print(
+        f"[bold]{mo['name']}[/bold] ({fmt_count(mo['num_params'])} params, spec {mo['spec_sha256'][:12]}) on "
+        f"{hw['num_gpus']} x {hw['gpu_model']} ({hw['num_nodes']} node(s) of {hw['gpus_per_node']}), "
+        f"{m['workload']['kind']}; schema {m['schema_version']}, shardplan {m['shardplan_version']}"
+    )
+    console.print(
+        "layout: " + " ".join(f"{a['axis']}={a['size']}" for a in pl["mesh_shape"])
+        + f" ep={lay['ep']} zero={lay['zero_stage']} recompute={lay['recompute']} schedule={lay['pp_schedule']}"
+        + f" v={lay['virtual_stages']} micro-batch={lay['micro_batch_size']}; rank order (outer to inner) {', '.join(pl['mesh_axis_order'])}"
+    )
+    t = Table(title="Pipeline stages", title_justify="left")
+    for c in ("stage", "layers", "ranks", "nodes", "GiB/GPU"):
+        t.add_column(c, justify="right")
+    per_stage = {s["stage"]: s for s in pr["memory"]["stages"]}
+    for s in pl["stages"]:
+        layers = ", ".join(f"{a}-{b}" for a, b in s["layer_ranges"])
+        mem = per_stage.get(s["stage"])
+        t.add_row(str(s["stage"]), layers, f"{s['first_rank']}-{s['last_rank']}", f"{s['nodes'][0]}-{s['nodes'][1]}",
+                  f"{units.bytes_to_gib(mem['per_gpu_bytes']['total']):.2f}" if mem else "-")
+    console.print(t)
+    if pl.get("experts"):
+        ex = pl["experts"]
+        console.print(f"experts: {ex['experts_per_rank']} per expert-parallel rank")
+    console.print("predicted: " + ("[green]fits[/green]" if pr["fits"] else f"[red]does not fit[/red]: {pr['reason']}")
+                  + f"; headroom {fmt_gib(pr['memory']['headroom_bytes'])}")
+    console.print("time: " + ", ".join(f"{k} {v:.4g}" for k, v in pr["time"].items() if isinstance(v, (int, float))))

@@ -306,13 +306,16 @@ def layers_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: W
         first, n = counts.get(key, (i, 0))
         counts[key] = (first, n + 1)
     total = PassTime()
-    for first, n in counts.values():
-        total = total + _layer_forward(spec, hw, _compute_shape(layout), work, first).scaled(n)
+    for (moe, _), (first, n) in counts.items():
+        total = total + _layer_forward(spec, hw, _compute_shape(layout, moe), work, first).scaled(n)
     return total
 
 
-def _compute_shape(layout: Layout) -> Layout:
-    """The fields of a layout that a layer's compute depends on (the cache key)."""
+def _compute_shape(layout: Layout, moe_layer: bool) -> Layout:
+    """The fields of a layout that a layer's compute depends on (the cache key): expert
+    parallelism matters to MoE layers only."""
+    if not moe_layer:
+        return Layout(tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel)
     return Layout(tp=layout.tp, cp=layout.cp, ep=layout.ep, etp=layout.expert_tp, sequence_parallel=layout.sequence_parallel)
 
 

@@ -155,14 +155,24 @@ def _kind_representatives(spec: ModelSpec) -> dict[tuple[bool, bool], int]:
 
 
 def layers_seconds_lower_bound(
-    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, layers: Sequence[int]
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, layers: Sequence[int] | None = None
 ) -> float:
     """Per-micro-batch seconds (forward, backward, recompute, TP/EP/CP communication) of
-    `layers` without the embedding and head: the sum of each layer's own time. A stage's
-    per-micro-batch time is at least this for its layers (the search's bound)."""
+    `layers` (None: all of them) without the embedding and head: the sum of each layer's own
+    time. A stage's per-micro-batch time is at least this for its layers (the search's bound)."""
     groups = _groups(layout, hw)
     per_kind = _kind_seconds(spec, hw, _compute_shape(layout), wl, groups.tp, groups.cp, groups.ep)
-    return sum(per_kind[(spec.is_moe_layer(i), spec.is_sliding_layer(i))] for i in layers)
+    counts = _kind_counts(spec, tuple(range(spec.num_layers)) if layers is None else tuple(layers))
+    return sum(per_kind[kind] * n for kind, n in counts.items())
+
+
+@lru_cache(maxsize=4096)
+def _kind_counts(spec: ModelSpec, layers: tuple[int, ...]) -> dict[tuple[bool, bool], int]:
+    counts: dict[tuple[bool, bool], int] = {}
+    for i in layers:
+        kind = (spec.is_moe_layer(i), spec.is_sliding_layer(i))
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
 
 
 @lru_cache(maxsize=16384)
@@ -185,7 +195,7 @@ def step_seconds_lower_bound(
     stage0 = [i for r in stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[0] for i in r]
     per_mb = max(
         layers_seconds_lower_bound(spec, hw, layout, wl, stage0),
-        layers_seconds_lower_bound(spec, hw, layout, wl, range(spec.num_layers)) / layout.pp,
+        layers_seconds_lower_bound(spec, hw, layout, wl) / layout.pp,
     )
     return (num_microbatches + (layout.pp - 1) / layout.virtual_stages) * per_mb
 
@@ -217,9 +227,12 @@ def pipeline_seconds(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: T
 
 def _groups(layout: Layout, hw: HardwareProfile) -> Groups:
     dense_n, expert_n = zero_shard_degrees(layout, hw.gpus_per_node)
-    return layout_groups(
+    return _layout_groups(
         layout.tp, layout.cp, layout.dp, layout.pp, layout.ep, layout.expert_tp, dense_n, expert_n, hw.gpus_per_node
     )
+
+
+_layout_groups = lru_cache(maxsize=65536)(layout_groups)
 
 
 @lru_cache(maxsize=65536)

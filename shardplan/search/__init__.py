@@ -43,7 +43,10 @@ def search(
     num_gpus: int | None = None,
     max_gpus: int | None = None,
     progress: Progress | None = None,
+    first_fit: bool = False,
 ) -> SearchResult:
+    """Search every layout of `spec` on `hw` (the GPU count given, or each count up to `max_gpus`;
+    `first_fit`: stop at the smallest count where something fits)."""
     training = isinstance(workload, TrainingWorkload)
     allowed = TRAINING_OBJECTIVES if training else SERVING_OBJECTIVES
     if goal.objective not in allowed:
@@ -64,6 +67,8 @@ def search(
             search_training(spec, hwc, workload, space, goal, res, progress)  # type: ignore[arg-type]
         else:
             search_serving(spec, hwc, workload, space, goal, res)  # type: ignore[arg-type]
+        if first_fit and res.feasible:
+            break
     ranked = sorted(res.feasible, key=lambda e: (e.objective_value, e.key))
     res.top = ranked[: max(1, goal.top_k)]
     if not training:

@@ -59,7 +59,7 @@ def _batch_sizes(wl: InferenceWorkload, fit_batch: int) -> list[int]:
     return sorted({b for b in (2**k for k in range(0, top.bit_length())) if b <= top} | ({top} if top >= 1 else set()))
 
 
-def _serving_objective(goal: Goal, figures: dict[str, float]) -> float:
+def serving_objective(goal: Goal, figures: dict[str, float]) -> float:
     if goal.objective is Objective.LATENCY:
         return figures["e2e_latency_seconds"]
     if goal.objective is Objective.THROUGHPUT:
@@ -116,7 +116,7 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
             res.num_feasible += 1
             key = (layout.world_size, layout.tp, layout.pp, layout.ep, _quant_rank(wlq), b)
             res.feasible.append(
-                Evaluated(replace(layout), replace(wlq, batch_size=b), hw, _serving_objective(goal, figures), key, figures)
+                Evaluated(replace(layout), replace(wlq, batch_size=b), hw, serving_objective(goal, figures), key, figures)
             )
 
 

@@ -6,6 +6,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import lru_cache
 from typing import Any, Callable
 
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, validate_layout
@@ -101,8 +102,14 @@ class SearchResult:
 Progress = Callable[[int, int], None]  # (done, total)
 
 
+@lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(sorted(set(small) | {n // d for d in small}))
+
+
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    return list(_divisors(n))
 
 
 def gpu_counts(hw: HardwareProfile, *, num_gpus: int | None, max_gpus: int | None) -> list[int]:

@@ -124,7 +124,8 @@ def _micro_batches(wl: TrainingWorkload, space: Space, deg: Layout) -> list[int]
     per_replica = wl.global_batch_size // deg.dp
     if space.micro_batch_size:
         return [space.micro_batch_size] if per_replica % space.micro_batch_size == 0 else []
-    return [b for b in divisors(per_replica) if b <= space.max_micro_batch_size]
+    # Powers of two, as frameworks' tuned kernels and published configs use; --micro-batch-size pins any.
+    return [b for b in divisors(per_replica) if b <= space.max_micro_batch_size and b & (b - 1) == 0]
 
 
 def _pipelines(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout, mbs: int) -> list[tuple[int, PipelineSchedule]]:
@@ -191,11 +192,13 @@ def _degrees_bound(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, s
             continue
         v_max = max(v for v, _ in pipes)
         m = wl.global_batch_size // (deg.dp * mbs)
+        # Recomputation only adds work (a recomputed forward, a third pass of TP/EP traffic), so
+        # the least recomputation allowed gives the least time.
+        rc = min(rcs, key=list(Recompute).index)
         for sp in sps:
-            for rc in rcs:
-                shape = replace(deg, micro_batch_size=mbs, sequence_parallel=sp, recompute=rc)
-                mean_stage = layers_seconds_lower_bound(spec, hw, shape, wl, range(spec.num_layers)) / deg.pp
-                best = min(best, (m + (deg.pp - 1) / v_max) * mean_stage)
+            shape = replace(deg, micro_batch_size=mbs, sequence_parallel=sp, recompute=rc)
+            mean_stage = layers_seconds_lower_bound(spec, hw, shape, wl) / deg.pp
+            best = min(best, (m + (deg.pp - 1) / v_max) * mean_stage)
     return best
 
 

@@ -1,0 +1,274 @@
+"""What recommend says about a search: the ranked plans with their full estimates, the binding
+constraint, the runner-up's gap and its causes, a comparison with a layout the user names, and,
+when nothing fits, the smallest changes that make something fit, each found by searching again.
+Pure: returns plain data that `--json` prints and render.py draws."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from shardplan.cost.estimate import estimate
+from shardplan.cost.layout import Layout
+from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
+from shardplan.search.serving import serving_objective
+from shardplan.search.space import Evaluated, Goal, Objective, SearchResult, Space, cost_figures, topology
+from shardplan.search.training import objective_value
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import ModelSpec
+from shardplan.units import DType, bytes_to_gib
+
+SUGGESTION_MAX_NODES = 64  # "more GPUs" looks this far (whole nodes)
+
+
+def plan_dict(e: Evaluated, report: dict[str, Any]) -> dict[str, Any]:
+    plan = dict(report["plan"])
+    if isinstance(e.workload, InferenceWorkload):
+        plan.update(
+            replicas=e.layout.dp,
+            quantization=e.workload.quantization.value,
+            kv_cache_dtype=(e.workload.kv_cache_dtype.value if e.workload.kv_cache_dtype else "auto"),
+            batch_size=e.workload.batch_size,
+        )
+    return plan
+
+
+def entry(spec: ModelSpec, e: Evaluated, goal: Goal, rank: int) -> dict[str, Any]:
+    """One ranked plan: the estimate's memory and time for it, its cost and objective."""
+    report = estimate(spec, e.hw, e.layout, e.workload).as_dict()
+    t = report["time"]
+    tokens_per_second = t["tokens_per_second"] if "tokens_per_second" in t else t["throughput_tokens_per_second"] * e.layout.dp
+    return {
+        "rank": rank,
+        "num_gpus": e.num_gpus,
+        "num_nodes": e.hw.num_nodes,
+        "plan": plan_dict(e, report),
+        "objective_value": e.objective_value,
+        "memory": report["memory"],
+        **({"kv_cache": report["kv_cache"]} if "kv_cache" in report else {}),
+        "time": t,
+        "throughput_tokens_per_second_all_replicas": tokens_per_second,
+        "cost": cost_figures(e.hw, goal, e.num_gpus, tokens_per_second),
+    }
+
+
+def pareto_point(e: Evaluated) -> dict[str, Any]:
+    f = e.figures
+    return {
+        "num_gpus": e.num_gpus,
+        "tp": e.layout.tp,
+        "pp": e.layout.pp,
+        "replicas": e.layout.dp,
+        "ep": e.layout.ep,
+        "quantization": e.workload.quantization.value,  # type: ignore[union-attr]
+        "kv_cache_dtype": e.workload.kv_cache_dtype.value if e.workload.kv_cache_dtype else "auto",  # type: ignore[union-attr]
+        "batch_size": int(f["batch_size"]),
+        "ttft_seconds": f["ttft_seconds"],
+        "tpot_seconds": f["tpot_seconds"],
+        "e2e_latency_seconds": f["e2e_latency_seconds"],
+        "throughput_tokens_per_second_per_gpu": f["throughput_tokens_per_second_per_gpu"],
+    }
+
+
+def describe(plan: dict[str, Any]) -> str:
+    """A layout in one line, leaving out what is off."""
+    keys = ["tp", "pp", "dp", "cp", "ep", "zero_stage", "virtual_stages", "micro_batch_size"]
+    parts = [f"{k}={plan[k]}" for k in keys if k in plan and (plan[k] not in (1, 0) or k in ("tp", "pp", "dp"))]
+    if plan.get("sequence_parallel"):
+        parts.append("sp")
+    if plan.get("hybrid_shard"):
+        parts.append("hybrid-shard")
+    if plan.get("recompute", "none") != "none":
+        parts.append(f"recompute={plan['recompute']}")
+    off = plan.get("offload", {})
+    if off and (off.get("optimizer") != "none" or off.get("params") != "none"):
+        parts.append(f"offload={off['optimizer']}/{off['params']}")
+    if "quantization" in plan:
+        parts.append(f"weights={plan['quantization'] if plan['quantization'] != 'none' else 'bf16'}")
+        parts.append(f"kv={plan['kv_cache_dtype']}")
+        parts.append(f"batch={plan['batch_size']}")
+    return " ".join(parts)
+
+
+def binding_constraint(top: dict[str, Any], goal: Goal) -> dict[str, Any]:
+    """The limit closest to being broken by the winner: memory headroom or a latency/throughput
+    limit, as the fraction of slack left."""
+    mem = top["memory"]
+    cap = mem["budget_bytes"] if "kv_cache" in top else None
+    slacks: list[tuple[float, str, str]] = []
+    if "kv_cache" in top:
+        t = top["time"]
+        fill = t["batch_size"] / max(1, t["max_batch_in_kv_cache"])
+        slacks.append((1 - fill, "kv_cache", f"batch {t['batch_size']} uses {100 * fill:.0f}% of the {t['max_batch_in_kv_cache']} sequences the KV cache holds"))
+    else:
+        per_gpu = mem["per_gpu_bytes"]["total"]
+        cap = per_gpu + mem["headroom_bytes"]
+        slacks.append((
+            mem["headroom_bytes"] / cap, "memory",
+            f"{bytes_to_gib(mem['headroom_bytes']):.1f} GiB headroom of {bytes_to_gib(cap):.1f} GiB on stage "
+            f"{mem['binding_stage']}; largest part {mem['binding_component']}",
+        ))
+    t = top["time"]
+    if goal.max_ttft_seconds is not None:
+        slacks.append((1 - t["ttft_seconds"] / goal.max_ttft_seconds, "max_ttft", f"TTFT {t['ttft_seconds'] * 1e3:.1f} ms of {goal.max_ttft_seconds * 1e3:.0f} ms allowed"))
+    if goal.max_tpot_seconds is not None:
+        slacks.append((1 - t["tpot_seconds"] / goal.max_tpot_seconds, "max_tpot", f"TPOT {t['tpot_seconds'] * 1e3:.2f} ms of {goal.max_tpot_seconds * 1e3:.0f} ms allowed"))
+    if goal.min_throughput_tokens_per_second is not None:
+        have = top["throughput_tokens_per_second_all_replicas"]
+        slacks.append((have / goal.min_throughput_tokens_per_second - 1, "min_throughput", f"{have:,.0f} tokens/s of {goal.min_throughput_tokens_per_second:,.0f} required"))
+    slack, name, text = min(slacks)
+    return {"constraint": name, "slack_fraction": slack, "detail": text}
+
+
+def _objective_label(goal: Goal) -> str:
+    return {
+        Objective.LATENCY: "request latency",
+        Objective.THROUGHPUT: "throughput",
+        Objective.COST: "USD per million tokens",
+        Objective.STEP_TIME: "step time",
+    }[goal.objective]
+
+
+def _headline(e: dict[str, Any]) -> str:
+    t = e["time"]
+    if "step_seconds" in t:
+        return f"step {t['step_seconds']:.3g} s, MFU {100 * t['mfu']:.1f}%"
+    return (
+        f"TTFT {t['ttft_seconds'] * 1e3:.0f} ms, TPOT {t['tpot_seconds'] * 1e3:.1f} ms, "
+        f"{e['throughput_tokens_per_second_all_replicas']:,.0f} tokens/s"
+    )
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where the time of plan `b` differs from plan `a`'s, largest first (seconds, b - a)."""
+    ta, tb = a["time"], b["time"]
+    if "step_seconds" in ta:
+        pairs = [(k, ta["breakdown"][k], tb["breakdown"][k]) for k in ta["breakdown"] if k != "total"]
+    else:
+        pairs = [(k, ta[k], tb[k]) for k in ("ttft_seconds", "tpot_seconds", "e2e_latency_seconds")]
+    out = [{"component": k, "seconds_a": x, "seconds_b": y, "delta_seconds": y - x} for k, x, y in pairs if not math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)]
+    return sorted(out, key=lambda d: -abs(d["delta_seconds"]))
+
+
+def gap(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """How far b's objective is behind a's, as a fraction (0.05 = 5% worse)."""
+    va, vb = a["objective_value"], b["objective_value"]
+    return (vb - va) / abs(va) if va else 0.0
+
+
+def why(top: list[dict[str, Any]], goal: Goal, binding: dict[str, Any] | None) -> str:
+    if not top:
+        return "no layout fits; see the suggestions"
+    w = top[0]
+    text = f"{describe(w['plan'])} on {w['num_gpus']} GPUs ranks first by {_objective_label(goal)} ({_headline(w)})"
+    if binding:
+        text += f"; binding constraint: {binding['constraint']} ({binding['detail']})"
+    if len(top) > 1:
+        r = top[1]
+        diffs = differences(w, r)
+        text += f"; the runner-up ({describe(r['plan'])}) is {100 * gap(w, r):.2f}% behind"
+        if diffs:
+            d = diffs[0]
+            text += f", mostly {d['component'].replace('_', ' ')} ({d['delta_seconds'] * 1e3:+.1f} ms)"
+    return text
+
+
+def compare(
+    spec: ModelSpec, hw: HardwareProfile, workload: InferenceWorkload | TrainingWorkload, layout: Layout,
+    goal: Goal, best: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """A layout the user names (e.g. a published one) against the winner: its estimate, how far
+    behind it is and which parts of the time make the difference."""
+    hwc = topology(hw, layout.world_size)
+    report = estimate(spec, hwc, layout, workload).as_dict()
+    t = report["time"]
+    if isinstance(workload, TrainingWorkload):
+        value = objective_value(goal, hwc, layout.world_size, t["step_seconds"], workload.global_batch_size * workload.seq_len)
+    else:
+        total = t["throughput_tokens_per_second"] * layout.dp
+        figures = {**t, "throughput_tokens_per_second": total}
+        figures["usd_per_million_tokens"] = cost_figures(hwc, goal, layout.world_size, total)["usd_per_million_tokens"] or math.nan
+        value = serving_objective(goal, figures)
+    mine = entry(spec, Evaluated(layout, workload, hwc, value, (), {}), goal, 0)
+    out: dict[str, Any] = {
+        "plan": mine["plan"], "fits": report["fits"], "reason": report["reason"], "objective_value": value,
+        "memory": mine["memory"], "time": mine["time"],
+    }
+    if best is not None:
+        out["gap_fraction"] = gap(best, mine)
+        out["differences"] = differences(best, mine)
+    return out
+
+
+# ----- when nothing fits ---------------------------------------------------------------------
+
+
+def suggestions(
+    spec: ModelSpec, hw: HardwareProfile, workload: InferenceWorkload | TrainingWorkload, space: Space, goal: Goal,
+    num_gpus: int, run: Any,
+) -> list[dict[str, Any]]:
+    """Smallest single changes that make a layout fit, each checked by searching again with
+    `run(workload, space, num_gpus=..., max_gpus=...) -> SearchResult`."""
+    found: list[dict[str, Any]] = []
+    quick = replace(goal, top_k=1)
+
+    def fits(res: SearchResult) -> Evaluated | None:
+        return res.top[0] if res.top else None
+
+    # More GPUs: whole nodes, the fewest that work.
+    gpn = hw.gpus_per_node
+    limit = max(num_gpus, gpn) * SUGGESTION_MAX_NODES
+    res = run(workload, space, quick, num_gpus=None, max_gpus=limit, first_fit=True)
+    if res.smallest_num_gpus is not None and res.smallest_num_gpus > num_gpus:
+        n = res.smallest_num_gpus
+        found.append({"change": f"--gpus {n}", "detail": f"{n} GPUs ({max(1, n // gpn)} node(s) of {gpn})", "num_gpus": n})
+    if isinstance(workload, InferenceWorkload):
+        allowed = set(space.quantizations)
+        for q in (Quantization.FP8, Quantization.INT8, Quantization.INT4):
+            if q in allowed:
+                continue
+            r = run(workload, replace(space, quantizations=tuple(space.quantizations) + (q,)), quick, num_gpus=num_gpus, max_gpus=None)
+            if fits(r):
+                found.append({"change": f"--allow-quantization {q.value}", "detail": f"{q.value} weights fit on {num_gpus} GPU(s)"})
+                break
+        if DType.FP8 not in space.kv_cache_dtypes:
+            r = run(workload, replace(space, kv_cache_dtypes=tuple(space.kv_cache_dtypes) + (DType.FP8,)), quick, num_gpus=num_gpus, max_gpus=None)
+            if fits(r):
+                found.append({"change": "--kv-cache-dtype fp8", "detail": "an fp8 KV cache holds twice the tokens"})
+        length = workload.max_model_len or spec.max_position_embeddings
+        floor = workload.input_len + workload.output_len
+        while length // 2 >= floor:
+            length //= 2
+            r = run(replace(workload, max_model_len=length), space, quick, num_gpus=num_gpus, max_gpus=None)
+            if fits(r):
+                found.append({"change": f"--max-model-len {length}", "detail": f"a {length}-token context fits the KV cache"})
+                break
+        if workload.batch_size is not None and workload.batch_size > 1:
+            b = workload.batch_size
+            while b > 1:
+                b //= 2
+                r = run(replace(workload, batch_size=b), space, quick, num_gpus=num_gpus, max_gpus=None)
+                if fits(r):
+                    found.append({"change": f"--batch-size {b}", "detail": f"{b} concurrent sequences fit"})
+                    break
+    else:
+        if not space.allow_offload and space.offload is None:
+            r = run(workload, replace(space, allow_offload=True), quick, num_gpus=num_gpus, max_gpus=None)
+            if fits(r):
+                found.append({"change": "--allow-offload", "detail": "offloading optimizer states (or parameters) to host/NVMe fits"})
+        seq = workload.seq_len
+        while seq // 2 >= 128:
+            seq //= 2
+            r = run(replace(workload, seq_len=seq), space, quick, num_gpus=num_gpus, max_gpus=None)
+            if fits(r):
+                found.append({"change": f"--seq-len {seq}", "detail": f"{seq}-token sequences fit"})
+                break
+        gbs = workload.global_batch_size
+        while gbs // 2 >= 1:
+            gbs //= 2
+            r = run(replace(workload, global_batch_size=gbs), space, quick, num_gpus=num_gpus, max_gpus=None)
+            if fits(r):
+                found.append({"change": f"--global-batch-size {gbs}", "detail": f"a global batch of {gbs} fits"})
+                break
+    return found
