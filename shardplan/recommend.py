@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from shardplan.cost.estimate import estimate
-from shardplan.cost.layout import Layout
+from shardplan.cost.layout import PipelineSchedule, Recompute
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
 from shardplan.errors import ShardplanError
 from shardplan.manifest import build_manifest, write_manifest
-from shardplan.options import layout_from_options
+from shardplan.options import offload_pair
 from shardplan.search import Goal, SearchResult, Space, search
 from shardplan.search import explain
 from shardplan.search.space import Progress
@@ -21,40 +21,38 @@ from shardplan.specs.loading import LoadedModel
 from shardplan.units import DType
 
 
-def parse_layout(text: str, num_gpus: int) -> Layout:
-    """`tp=8,pp=16,dp=128,zero_stage=1,...` -> Layout (dp defaults to what the GPUs leave)."""
-    allowed = {f for f in Layout.__dataclass_fields__} | {"offload"}
-    values: dict[str, Any] = {}
+PINNABLE = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "hybrid_shard", "sequence_parallel", "recompute",
+            "pp_schedule", "virtual_stages", "micro_batch_size", "offload")
+
+
+def parse_pins(text: str) -> dict[str, Any]:
+    """`tp=8,pp=16,dp=128` -> {"tp": 8, ...}: the degrees of a layout to compare with the winner."""
+    pins: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, raw = part.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or key not in allowed:
-            raise ShardplanError(
-                f"cannot read {part!r}", field="--compare",
-                hint="give key=value pairs such as tp=8,pp=16,dp=128; keys: " + ", ".join(sorted(allowed)),
-            )
-        raw = raw.strip()
-        if raw.lower() in ("true", "false"):
-            values[key] = raw.lower() == "true"
-        else:
-            try:
-                values[key] = int(raw)
-            except ValueError:
-                values[key] = raw
-    if "dp" in values:
-        num_gpus = values["dp"] * values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
-    try:
-        return layout_from_options(  # the same rules as estimate's flags
-            num_gpus=num_gpus,
-            tp=values.get("tp", 1), pp=values.get("pp", 1), dp=values.get("dp"), cp=values.get("cp", 1),
-            ep=values.get("ep", 1), etp=values.get("etp"), zero_stage=values.get("zero_stage", 0),
-            hybrid_shard=values.get("hybrid_shard", False), sequence_parallel=values.get("sequence_parallel", False),
-            recompute=values.get("recompute", "none"), pp_schedule=values.get("pp_schedule", "1f1b"),
-            virtual_stages=values.get("virtual_stages", 1), micro_batch_size=values.get("micro_batch_size", 1),
-            offload=values.get("offload", "none"),
-        )
-    except (ValueError, KeyError) as e:
-        raise ShardplanError(f"bad value: {e}", field="--compare", hint="see `shardplan estimate --help` for the values") from None
+        key, raw = key.strip().replace("-", "_"), raw.strip().lower()
+        if not sep or key not in PINNABLE:
+            raise ShardplanError(f"cannot read {part!r}", field="--compare",
+                                 hint="give key=value pairs such as tp=8,pp=16,dp=128; keys: " + ", ".join(PINNABLE))
+        try:
+            if key in ("hybrid_shard", "sequence_parallel"):
+                if raw not in ("true", "false"):
+                    raise ValueError(raw)
+                pins[key] = raw == "true"
+            elif key == "recompute":
+                pins[key] = Recompute(raw)
+            elif key == "pp_schedule":
+                pins[key] = PipelineSchedule(raw)
+            elif key == "offload":
+                pins[key] = offload_pair(raw)
+            else:
+                pins[key] = int(raw)
+                if pins[key] < 0:
+                    raise ValueError(raw)
+        except (ValueError, KeyError):
+            raise ShardplanError(f"bad value in {part!r}", field="--compare",
+                                 hint="degrees are integers; see `shardplan recommend --help` for the others") from None
+    return pins
 
 
 def recommend(
@@ -89,6 +87,7 @@ def recommend(
         "elapsed_seconds": res.elapsed_seconds,
         "evaluated_per_second": res.num_evaluated / res.elapsed_seconds if res.elapsed_seconds > 0 else None,
         "rejected": dict(sorted(res.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "invalid_degree_combinations": dict(sorted(res.invalid.items(), key=lambda kv: (-kv[1], kv[0]))),
         "top": top,
         "pareto": [explain.pareto_point(e) for e in res.pareto],
         "binding_constraint": binding,
@@ -99,8 +98,13 @@ def recommend(
         "manifest": None,
     }
     if compare_layout:
-        layout = parse_layout(compare_layout, top[0]["num_gpus"] if top else (num_gpus or hw.num_gpus))
-        out["compare"] = explain.compare(spec, hw, workload, layout, goal, top[0] if top else None)
+        pins = parse_pins(compare_layout)
+        n = num_gpus
+        if "dp" in pins:
+            n = pins["dp"] * pins.get("tp", 1) * pins.get("pp", 1) * pins.get("cp", 1)
+        pinned = search(spec, hw, workload, replace(space, **pins), replace(goal, top_k=1), num_gpus=n, max_gpus=None if n else max_gpus)
+        shown = {k: (v.value if hasattr(v, "value") else [o.value for o in v] if isinstance(v, tuple) else v) for k, v in pins.items()}
+        out["compare"] = explain.compare(spec, top[0] if top else None, pinned, goal, shown)
     if not top and suggest:
         n = num_gpus or (res.gpu_counts[-1] if res.gpu_counts else hw.num_gpus)
 

@@ -347,13 +347,18 @@ def recommend_report(r: dict[str, Any]) -> None:
     if c:
         from shardplan.search.explain import describe
 
-        line = f"compared: {describe(c['plan'])}: {'fits' if c['fits'] else 'does not fit: ' + str(c['reason'])}"
-        if "gap_fraction" in c:
-            line += f"; {100 * c['gap_fraction']:.1f}% behind the winner"
-            parts = [f"{d['component'].replace('_', ' ')} {d['delta_seconds'] * 1e3:+.1f} ms" for d in c["differences"][:3]]
-            if parts:
-                line += " (" + ", ".join(parts) + ")"
-        console.print(line)
+        pins = ", ".join(f"{k}={v}" for k, v in c["pins"].items())
+        if not c["fits"]:
+            reasons = "; ".join(f"{k}: {v:,}" for k, v in list(c["rejected"].items())[:3]) or "no such layout can exist"
+            console.print(f"compared ({pins}): nothing with these settings fits ({reasons})")
+        else:
+            line = f"compared ({pins}): best is {describe(c['plan'])}"
+            if "gap_fraction" in c:
+                line += f", {100 * c['gap_fraction']:.1f}% behind the winner"
+                parts = [f"{d['component'].replace('_', ' ')} {d['delta_seconds'] * 1e3:+.1f} ms" for d in c["differences"][:3]]
+                if parts:
+                    line += " (" + ", ".join(parts) + ")"
+            console.print(line)
     for s in r["suggestions"]:
         console.print(f"[yellow]would fit with[/yellow] {s['change']}: {s['detail']}")
     if not top:

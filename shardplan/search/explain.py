@@ -10,11 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 from shardplan.cost.estimate import estimate
-from shardplan.cost.layout import Layout
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
-from shardplan.search.serving import serving_objective
-from shardplan.search.space import Evaluated, Goal, Objective, SearchResult, Space, cost_figures, topology
-from shardplan.search.training import objective_value
+from shardplan.search.space import Evaluated, Goal, Objective, SearchResult, Space, cost_figures
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
 from shardplan.units import DType, bytes_to_gib
@@ -74,7 +71,10 @@ def pareto_point(e: Evaluated) -> dict[str, Any]:
 def describe(plan: dict[str, Any]) -> str:
     """A layout in one line, leaving out what is off."""
     keys = ["tp", "pp", "dp", "cp", "ep", "zero_stage", "virtual_stages", "micro_batch_size"]
-    parts = [f"{k}={plan[k]}" for k in keys if k in plan and (plan[k] not in (1, 0) or k in ("tp", "pp", "dp"))]
+    shown = ("tp", "pp", "dp", "micro_batch_size") if "quantization" not in plan else ("tp", "pp", "dp")
+    parts = [f"{k}={plan[k]}" for k in keys if k in plan and (plan[k] not in (1, 0) or k in shown)]
+    if "zero_stage" in plan and plan["zero_stage"] == 1:
+        parts.append("zero_stage=1")
     if plan.get("sequence_parallel"):
         parts.append("sp")
     if plan.get("hybrid_shard"):
@@ -175,26 +175,18 @@ def why(top: list[dict[str, Any]], goal: Goal, binding: dict[str, Any] | None) -
 
 
 def compare(
-    spec: ModelSpec, hw: HardwareProfile, workload: InferenceWorkload | TrainingWorkload, layout: Layout,
-    goal: Goal, best: dict[str, Any] | None,
+    spec: ModelSpec, best: dict[str, Any] | None, pinned: SearchResult, goal: Goal, pins: dict[str, Any],
 ) -> dict[str, Any]:
-    """A layout the user names (e.g. a published one) against the winner: its estimate, how far
-    behind it is and which parts of the time make the difference."""
-    hwc = topology(hw, layout.world_size)
-    report = estimate(spec, hwc, layout, workload).as_dict()
-    t = report["time"]
-    if isinstance(workload, TrainingWorkload):
-        value = objective_value(goal, hwc, layout.world_size, t["step_seconds"], workload.global_batch_size * workload.seq_len)
-    else:
-        total = t["throughput_tokens_per_second"] * layout.dp
-        figures = {**t, "throughput_tokens_per_second": total}
-        figures["usd_per_million_tokens"] = cost_figures(hwc, goal, layout.world_size, total)["usd_per_million_tokens"] or math.nan
-        value = serving_objective(goal, figures)
-    mine = entry(spec, Evaluated(layout, workload, hwc, value, (), {}), goal, 0)
-    out: dict[str, Any] = {
-        "plan": mine["plan"], "fits": report["fits"], "reason": report["reason"], "objective_value": value,
-        "memory": mine["memory"], "time": mine["time"],
-    }
+    """The best layout with the degrees the user names (e.g. a published layout: its knobs left
+    unnamed are searched) against the overall winner: how far behind it is and which parts of
+    the time make the difference; or, when nothing with those degrees fits, why."""
+    out: dict[str, Any] = {"pins": pins, "fits": bool(pinned.top)}
+    if not pinned.top:
+        out["rejected"] = dict(sorted(pinned.rejected.items(), key=lambda kv: (-kv[1], kv[0])))
+        out["invalid_degree_combinations"] = dict(pinned.invalid)
+        return out
+    mine = entry(spec, pinned.top[0], goal, 0)
+    out.update(plan=mine["plan"], objective_value=mine["objective_value"], memory=mine["memory"], time=mine["time"])
     if best is not None:
         out["gap_fraction"] = gap(best, mine)
         out["differences"] = differences(best, mine)

@@ -79,7 +79,7 @@ def _limits_violated(goal: Goal, f: dict[str, float]) -> str | None:
 
 def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, space: Space, goal: Goal, res: SearchResult) -> None:
     ctx = wl.input_len + wl.output_len
-    for layout, wlq in _serving_replicas(spec, hw, wl, space, res.rejected):
+    for layout, wlq in _serving_replicas(spec, hw, wl, space, res.invalid):
         sm = serving_memory(spec, hw, layout, wlq)
         res.num_costed += 1
         fit_batch = int(sm.kv_capacity_tokens // ctx)

@@ -90,7 +90,8 @@ class SearchResult:
     num_candidates: int = 0  # layouts in the space that can exist (after the generators)
     num_evaluated: int = 0  # of those, decided by a bound or a full cost
     num_costed: int = 0  # full memory + time evaluations
-    rejected: Counter = field(default_factory=Counter)  # reason -> layouts
+    rejected: Counter = field(default_factory=Counter)  # reason -> layouts (they sum with num_feasible to num_evaluated)
+    invalid: Counter = field(default_factory=Counter)  # reason -> degree combinations that cannot exist (not layouts)
     feasible: list[Evaluated] = field(default_factory=list)  # serving: every point that fits; training: each count's top K
     top: list[Evaluated] = field(default_factory=list)
     pareto: list[Evaluated] = field(default_factory=list)

@@ -95,18 +95,18 @@ def with_variant(layout: Layout, v: Variant) -> Layout:
 def _degrees(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, res: SearchResult) -> Iterator[Layout]:
     """tp, cp, pp, dp, ep that can exist (micro-batch 1, one virtual stage)."""
     n = hw.num_gpus
-    for tp in tp_choices(spec, hw, n, space, res.rejected):
+    for tp in tp_choices(spec, hw, n, space, res.invalid):
         for cp in [space.cp] if space.cp else divisors(n // tp):
             if (n // tp) % cp or (cp > 1 and wl.seq_len % (2 * cp)):
-                res.rejected["cp does not divide the GPUs, or 2 x cp the sequence"] += 1
+                res.invalid["cp does not divide the GPUs, or 2 x cp the sequence"] += 1
                 continue
             for pp in [space.pp] if space.pp else divisors(n // (tp * cp)):
                 if (n // (tp * cp)) % pp or pp > spec.num_layers:
-                    res.rejected["pp does not divide the GPUs or exceeds the layers"] += 1
+                    res.invalid["pp does not divide the GPUs or exceeds the layers"] += 1
                     continue
                 dp = n // (tp * cp * pp)
                 if (space.dp and space.dp != dp) or wl.global_batch_size % dp:
-                    res.rejected["global batch not divisible by dp (or dp not the pinned one)"] += 1
+                    res.invalid["global batch not divisible by dp (or dp not the pinned one)"] += 1
                     continue
                 if space.ep:
                     eps = [space.ep]
@@ -116,7 +116,7 @@ def _degrees(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: 
                     eps = [1]
                 for ep in eps:
                     layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep)
-                    if check_layout(spec, layout, n, True, res.rejected):
+                    if check_layout(spec, layout, n, True, res.invalid):
                         yield layout
 
 
@@ -223,7 +223,7 @@ def search_training(
     for deg in _degrees(spec, hw, wl, space, res):
         count = _num_layouts(spec, hw, wl, space, deg)
         if count == 0:
-            res.rejected["no micro-batch or schedule divides the batch"] += 1
+            res.invalid["no micro-batch or schedule divides the batch"] += 1
             continue
         res.num_candidates += count
         bound = objective_value(goal, hw, n, _degrees_bound(spec, hw, wl, space, deg), tokens)
