@@ -51,7 +51,7 @@ from shardplan.manifest_schema import (
     stage_placements,
 )
 from shardplan.specs.hardware import HardwareProfile
-from shardplan.specs.loading import LoadedModel, read_structured, validation_error
+from shardplan.specs.loading import LoadedModel, model_specs_dir, read_structured, validation_error
 from shardplan.specs.model import ModelSpec
 
 __all__ = [
@@ -67,6 +67,18 @@ __all__ = [
 ]
 
 _YAML_WIDTH = 1 << 30  # never fold a line: folding would depend on the text's length
+
+
+def _source(origin: str) -> str:
+    """Where the spec came from: `bundled:<name>` for the catalog (the same on every machine),
+    else the path as given."""
+    path = Path(origin)
+    try:
+        if path.resolve().parent == model_specs_dir().resolve():
+            return f"bundled:{path.stem}"
+    except OSError:
+        pass
+    return origin
 
 
 def spec_sha256(spec: ModelSpec) -> str:
@@ -152,7 +164,7 @@ def build_manifest(*, loaded: LoadedModel, hw: HardwareProfile, layout: Layout,
         schema_version=SCHEMA_VERSION,
         shardplan_version=__version__,
         model=ModelSection(
-            name=spec.name, source=str(loaded.origin), hf_id=loaded.hf_id, spec_sha256=spec_sha256(spec),
+            name=spec.name, source=_source(loaded.origin), hf_id=loaded.hf_id, spec_sha256=spec_sha256(spec),
             num_params=report["model"]["num_params"], num_active_params=report["model"]["num_active_params"],
             num_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
             num_kv_heads=spec.num_attention_heads if spec.mla is not None else spec.kv_heads, num_experts=num_experts),

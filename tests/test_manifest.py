@@ -78,7 +78,7 @@ def test_serving_manifest_records_inputs_layout_and_predictions():
     assert (m.schema_version, m.shardplan_version) == (1, shardplan.__version__)
     assert list(type(m).model_fields)[0] == "schema_version"
     assert m.model.name == "llama-3.1-8b" and m.model.hf_id == "meta-llama/Llama-3.1-8B"
-    assert m.model.source.endswith("model_specs/llama-3.1-8b.yaml")
+    assert m.model.source == "bundled:llama-3.1-8b"  # the same on every machine
     assert (m.model.num_layers, m.model.num_attention_heads, m.model.num_kv_heads, m.model.num_experts) == (32, 32, 8, None)
     assert m.model.num_params == report["model"]["num_params"] == 8_030_261_248
     assert (m.hardware.num_gpus, m.hardware.num_nodes, m.hardware.gpus_per_node) == (8, 1, 8)
@@ -168,7 +168,7 @@ def test_tp_splits_follow_the_weight_inventory():
 def test_spec_hash_ignores_where_the_spec_was_read_from(tmp_path):
     m, _ = serving_8b()
     copied = tmp_path / "renamed.yaml"
-    shutil.copy(m.model.source, copied)
+    shutil.copy(load_model("llama-3.1-8b").origin, copied)
     spec = load_model(str(copied)).spec
     assert spec.source != load_model("llama-3.1-8b").spec.source
     assert mf.spec_sha256(spec) == m.model.spec_sha256

@@ -1,0 +1,226 @@
+"""The search: exact against brute force, its bounds below the full cost, deterministic, and
+published expert layouts close to the top with the reason visible."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from shardplan.cost.layout import Recompute
+from shardplan.cost.memory_training import activation_bytes_lower_bound, stage_states_bytes, training_memory
+from shardplan.cost.time_training import layers_seconds_lower_bound, pipeline_seconds, step_seconds_lower_bound, training_time
+from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
+from shardplan.recommend import recommend
+from shardplan.search import Goal, Objective, Space, search
+from shardplan.search.space import SearchResult, gpu_counts, topology
+from shardplan.search.training import _degrees, _degrees_bound, _shapes, objective_value, state_variants, with_variant
+from shardplan.specs import loading
+
+H100 = loading.load_hardware("h100-sxm-80gb")
+
+
+def _all_training_layouts(spec, hw, wl, space):
+    res = SearchResult(training=True, goal=Goal(Objective.STEP_TIME), gpu_counts=[hw.num_gpus])
+    for deg in _degrees(spec, hw, wl, space, res):
+        for shape in _shapes(spec, wl, space, deg):
+            plain, offloaded = state_variants(shape, hw, space)
+            for v in plain + offloaded:
+                yield with_variant(shape, v)
+
+
+def _brute_force(spec, hw, wl, space, k):
+    costs = []
+    for layout in _all_training_layouts(spec, hw, wl, space):
+        tm = training_memory(spec, hw, layout, wl)
+        if tm.fits:
+            costs.append(training_time(spec, hw, layout, wl, tm.num_microbatches).step_seconds)
+    return sorted(costs)[:k], len(costs)
+
+
+@pytest.mark.parametrize(
+    "model,gpus,seq,gbs",
+    [("llama-3.1-8b", 8, 2048, 32), ("mixtral-8x7b", 8, 1024, 16), ("llama-3.1-70b", 16, 4096, 32)],
+)
+def test_branch_and_bound_matches_brute_force(model, gpus, seq, gbs):
+    """The top K of the bounded search equal the K best of costing every layout."""
+    spec = loading.load_model(model).spec
+    hw = topology(H100, gpus)
+    wl = TrainingWorkload(seq_len=seq, global_batch_size=gbs)
+    space = Space()
+    res = search(spec, H100, wl, space, Goal(Objective.STEP_TIME, top_k=5), num_gpus=gpus)
+    brute, num_fit = _brute_force(spec, hw, wl, space, 5)
+    assert num_fit > 0
+    assert [e.objective_value for e in res.top] == pytest.approx(brute, rel=1e-12)
+    assert res.num_evaluated == res.num_candidates == sum(1 for _ in _all_training_layouts(spec, hw, wl, space))
+    assert sum(res.rejected.values()) + res.num_feasible == res.num_evaluated
+    assert res.num_costed < res.num_candidates  # the bounds did prune
+
+
+def test_bounds_never_exceed_the_full_cost():
+    """Every bound the search prunes with is below what the full model computes, for every
+    layout of a small case (an MoE model, so both layer kinds and EP are exercised)."""
+    spec = loading.load_model("mixtral-8x7b").spec
+    hw = topology(H100, 16)
+    wl = TrainingWorkload(seq_len=2048, global_batch_size=32)
+    space = Space()
+    res = SearchResult(training=True, goal=Goal(Objective.STEP_TIME), gpu_counts=[16])
+    checked = 0
+    for deg in _degrees(spec, hw, wl, space, res):
+        deg_bound = _degrees_bound(spec, hw, wl, space, deg)
+        for shape in _shapes(spec, wl, space, deg):
+            m = wl.global_batch_size // (shape.dp * shape.micro_batch_size)
+            lb = step_seconds_lower_bound(spec, hw, shape, wl, m)
+            refined = pipeline_seconds(spec, hw, shape, wl, m)
+            assert deg_bound <= lb * (1 + 1e-12)
+            assert lb <= refined * (1 + 1e-12)
+            act = activation_bytes_lower_bound(spec, hw, shape, wl, m)
+            for v in state_variants(shape, hw, space)[0][:3]:
+                layout = with_variant(shape, v)
+                tm = training_memory(spec, hw, layout, wl)
+                step = training_time(spec, hw, layout, wl, tm.num_microbatches).step_seconds
+                assert refined <= step * (1 + 1e-12)
+                worst = max(r.breakdown.total for r in tm.ranks)
+                assert act + stage_states_bytes(spec, hw, layout, wl) <= worst * (1 + 1e-9)
+                checked += 1
+    assert checked > 100
+
+
+def test_recomputation_only_adds_time():
+    """The degrees bound takes the least recomputation allowed as the fastest."""
+    spec = loading.load_model("llama-3.1-70b").spec
+    hw = topology(H100, 16)
+    wl = TrainingWorkload(seq_len=4096, global_batch_size=64)
+    res = SearchResult(training=True, goal=Goal(Objective.STEP_TIME), gpu_counts=[16])
+    for deg in _degrees(spec, hw, wl, Space(), res):
+        for shape in _shapes(spec, wl, Space(recompute=Recompute.NONE), deg):
+            t = [layers_seconds_lower_bound(spec, hw, shape.__class__(**{**shape.__dict__, "recompute": rc}), wl) for rc in Recompute]
+            assert t[0] <= t[1] <= t[2]
+
+
+def test_offload_is_never_faster_than_the_same_layout_without_it():
+    spec = loading.load_model("llama-3.1-8b").spec
+    hw = topology(H100, 8)
+    wl = TrainingWorkload(seq_len=2048, global_batch_size=32)
+    for layout in _all_training_layouts(spec, hw, wl, Space()):
+        if layout.offload_optimizer.value == "none":
+            continue
+        plain = layout.__class__(**{**layout.__dict__, "offload_optimizer": "none", "offload_params": "none"})
+        m = wl.global_batch_size // (layout.dp * layout.micro_batch_size)
+        assert training_time(spec, hw, layout, wl, m).step_seconds >= training_time(spec, hw, plain, wl, m).step_seconds
+
+
+def test_search_is_deterministic():
+    spec = loading.load_model("llama-3.1-70b").spec
+    wl = InferenceWorkload(max_model_len=8192)
+    space = Space(quantizations=(Quantization.NONE, Quantization.FP8))
+    a = search(spec, H100, wl, space, Goal(Objective.THROUGHPUT), max_gpus=8)
+    b = search(spec, H100, wl, space, Goal(Objective.THROUGHPUT), max_gpus=8)
+    assert [(e.layout, e.workload, e.objective_value) for e in a.top] == [(e.layout, e.workload, e.objective_value) for e in b.top]
+    assert [e.key for e in a.pareto] == [e.key for e in b.pareto]
+
+
+def test_serving_pareto_front_is_non_dominated():
+    spec = loading.load_model("llama-3.1-70b").spec
+    wl = InferenceWorkload(max_model_len=8192)
+    res = search(spec, H100, wl, Space(quantizations=(Quantization.NONE, Quantization.FP8)), Goal(Objective.LATENCY), num_gpus=8)
+    front = res.pareto
+    assert len(front) >= 3
+    for p in front:
+        for q in res.feasible:
+            assert not (
+                q.figures["e2e_latency_seconds"] < p.figures["e2e_latency_seconds"]
+                and q.figures["throughput_tokens_per_second_per_gpu"] > p.figures["throughput_tokens_per_second_per_gpu"]
+            )
+    # The latency objective's winner is the front's fastest point.
+    assert res.top[0].figures["e2e_latency_seconds"] == pytest.approx(front[0].figures["e2e_latency_seconds"])
+
+
+def test_gpu_counts_and_smallest():
+    assert gpu_counts(H100, num_gpus=None, max_gpus=16) == [1, 2, 4, 8, 16]
+    assert gpu_counts(H100, num_gpus=None, max_gpus=48)[-3:] == [24, 32, 48]
+    spec = loading.load_model("llama-3.1-70b").spec
+    res = search(spec, H100, InferenceWorkload(max_model_len=8192), Space(), Goal(Objective.THROUGHPUT), max_gpus=16)
+    # 70B in bf16 (141 GB of weights) does not fit one 80 GiB GPU; on two, 70.5 GB per GPU
+    # leaves a little KV cache inside vLLM's 0.9 x 79.1 GiB budget.
+    assert res.smallest_num_gpus == 2
+    counts = Counter(e.num_gpus for e in res.feasible)
+    assert counts[1] == 0 and counts[2] > 0
+
+
+def test_fp8_kv_cache_doubles_the_tokens_and_is_found_when_allowed():
+    spec = loading.load_model("llama-3.1-8b").spec
+    hw = topology(H100, 1)
+    from shardplan.cost.memory_serving import serving_memory
+    from shardplan.cost.layout import Layout
+    from shardplan.units import DType
+
+    a = serving_memory(spec, hw, Layout(), InferenceWorkload())
+    b = serving_memory(spec, hw, Layout(), InferenceWorkload(kv_cache_dtype=DType.FP8))
+    assert b.kv_num_blocks == pytest.approx(2 * a.kv_num_blocks, abs=1)
+
+
+def test_nothing_fits_suggests_changes_found_by_searching_again():
+    """405B in bf16 does not fit one node of H100s: the fix is two nodes or fp8 weights."""
+    loaded = loading.load_model("llama-3.1-405b")
+    out = recommend(
+        loaded, H100, InferenceWorkload(max_model_len=8192), Space(), Goal(Objective.THROUGHPUT),
+        num_gpus=8, max_gpus=None,
+    )
+    assert out["top"] == []
+    changes = [s["change"] for s in out["suggestions"]]
+    assert "--gpus 16" in changes
+    assert "--allow-quantization fp8" in changes
+
+
+def test_vllm_max_model_len_error_predicted_and_shorter_context_suggested():
+    """llama-3.1-8b on one L4 (24 GB): the weights fit but not a 131072-token sequence's KV
+    cache (vLLM refuses to start); the search says so and finds a context that fits."""
+    loaded = loading.load_model("llama-3.1-8b")
+    l4 = loading.load_hardware("l4-24gb")
+    out = recommend(loaded, l4, InferenceWorkload(), Space(), Goal(Objective.THROUGHPUT), num_gpus=1, max_gpus=None)
+    assert out["top"] == []
+    assert out["rejected"] == {"KV cache holds no max_model_len sequence": out["num_evaluated"]}
+    lens = [int(s["change"].split()[-1]) for s in out["suggestions"] if s["change"].startswith("--max-model-len")]
+    assert lens and lens[0] < 131072
+
+
+# ----- published expert layouts as a yardstick -------------------------------------------------
+
+YARDSTICKS = [
+    # Llama 3 (Dubey et al. 2024, Table 4): 405B on 16,384 H100s, seq 8192, 16M tokens per batch:
+    # TP 8, CP 1, PP 16, DP 128.
+    ("llama-3.1-405b", "h100-sxm-80gb", 16384, 8192, 2048, {"tp": 8, "pp": 16, "dp": 128, "cp": 1}, 0.15),
+    # Megatron-LM (Narayanan et al. 2021, Table 1): GPT-3 175B on 1,024 A100s... here with the
+    # batch of the paper's 175B runs: TP 8, PP 16.
+    ("gpt3-175b", "a100-sxm-80gb", 1024, 2048, 1536, {"tp": 8, "pp": 16, "dp": 8}, 0.15),
+]
+
+
+@pytest.mark.parametrize("model,hw_name,gpus,seq,gbs,pins,tolerance", YARDSTICKS)
+def test_published_layouts_rank_close_to_the_top_with_the_reason_visible(model, hw_name, gpus, seq, gbs, pins, tolerance):
+    loaded = loading.load_model(model)
+    hw = loading.load_hardware(hw_name)
+    wl = TrainingWorkload(seq_len=seq, global_batch_size=gbs, framework="megatron")
+    text = ",".join(f"{k}={v}" for k, v in pins.items())
+    out = recommend(loaded, hw, wl, Space(), Goal(Objective.STEP_TIME), num_gpus=gpus, max_gpus=None, compare_layout=text)
+    c = out["compare"]
+    assert c["fits"]
+    assert 0 <= c["gap_fraction"] <= tolerance
+    if c["gap_fraction"] > 0:
+        assert c["differences"] and c["differences"][0]["delta_seconds"] > 0  # what makes it slower is named
+    assert all(c["plan"][k] == v for k, v in pins.items())
+
+
+def test_objective_cost_uses_the_price():
+    spec = loading.load_model("llama-3.1-8b").spec
+    wl = TrainingWorkload(seq_len=2048, global_batch_size=32)
+    a = search(spec, H100, wl, Space(), Goal(Objective.COST, gpu_hour_price_usd=2.0), num_gpus=8)
+    b = search(spec, H100, wl, Space(), Goal(Objective.COST, gpu_hour_price_usd=4.0), num_gpus=8)
+    assert b.top[0].objective_value == pytest.approx(2 * a.top[0].objective_value)
+    step = a.top[0].figures["step_seconds"]
+    usd_per_million = 2.0 * 8 / 3600 * step / (32 * 2048) * 1e6
+    assert a.top[0].objective_value == pytest.approx(usd_per_million)
+    assert objective_value(Goal(Objective.STEP_TIME), H100, 8, step, 1.0) == step
+    assert math.isfinite(a.top[0].objective_value)
