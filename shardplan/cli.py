@@ -26,8 +26,8 @@ from shardplan.report import hardware_report, model_report
 from shardplan.specs import loading
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 ok (the plan fits); 1 internal error; 2 bad input (option, file, field, "
-    "layout or name); 3 the plan does not fit; 4 verify disagrees with the prediction. "
+    "Exit codes: 0 ok (the plan fits; recommend found one); 1 internal error; 2 bad input (option, file, field, "
+    "layout or name); 3 the plan does not fit (recommend: nothing fits); 4 verify disagrees with the prediction. "
     "SHARDPLAN_DEBUG=1 shows tracebacks."
 )
 

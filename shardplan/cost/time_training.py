@@ -120,11 +120,12 @@ def _compute_shape(layout: Layout) -> Layout:
     """The fields a stage's compute and per-micro-batch communication depend on; dp, ZeRO and
     offload do not enter, so stage times are cached on this (the search costs many
     state-sharding variants of one shape)."""
-    return Layout(
-        tp=layout.tp, cp=layout.cp, ep=layout.ep, etp=layout.expert_tp,
-        sequence_parallel=layout.sequence_parallel, recompute=layout.recompute,
-        micro_batch_size=layout.micro_batch_size,
-    )
+    return _shape_of(layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.sequence_parallel, layout.recompute, layout.micro_batch_size)
+
+
+@lru_cache(maxsize=4096)
+def _shape_of(tp: int, cp: int, ep: int, etp: int, sp: bool, recompute: Recompute, mbs: int) -> Layout:
+    return Layout(tp=tp, cp=cp, ep=ep, etp=etp, sequence_parallel=sp, recompute=recompute, micro_batch_size=mbs)
 
 
 def _stage_time(
@@ -162,8 +163,13 @@ def layers_seconds_lower_bound(
     time. A stage's per-micro-batch time is at least this for its layers (the search's bound)."""
     groups = _groups(layout, hw)
     per_kind = _kind_seconds(spec, hw, _compute_shape(layout), wl, groups.tp, groups.cp, groups.ep)
-    counts = _kind_counts(spec, tuple(range(spec.num_layers)) if layers is None else tuple(layers))
+    counts = _all_kind_counts(spec) if layers is None else _kind_counts(spec, tuple(layers))
     return sum(per_kind[kind] * n for kind, n in counts.items())
+
+
+@lru_cache(maxsize=256)
+def _all_kind_counts(spec: ModelSpec) -> dict[tuple[bool, bool], int]:
+    return _kind_counts(spec, tuple(range(spec.num_layers)))
 
 
 @lru_cache(maxsize=4096)

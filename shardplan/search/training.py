@@ -196,7 +196,7 @@ def _degrees_bound(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, s
         # the least recomputation allowed gives the least time.
         rc = min(rcs, key=list(Recompute).index)
         for sp in sps:
-            shape = replace(deg, micro_batch_size=mbs, sequence_parallel=sp, recompute=rc)
+            shape = Layout(tp=deg.tp, pp=deg.pp, dp=deg.dp, cp=deg.cp, ep=deg.ep, micro_batch_size=mbs, sequence_parallel=sp, recompute=rc)
             mean_stage = layers_seconds_lower_bound(spec, hw, shape, wl) / deg.pp
             best = min(best, (m + (deg.pp - 1) / v_max) * mean_stage)
     return best
