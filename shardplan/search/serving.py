@@ -84,7 +84,7 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
         res.num_costed += 1
         fit_batch = int(sm.kv_capacity_tokens // ctx)
         if not sm.fits:
-            n = len(_batch_sizes(wlq, max(1, min(wl.max_num_seqs, 256))))
+            n = len(_batch_sizes(wlq, wl.max_num_seqs))  # the points this replica would have had
             res.num_candidates += n
             res.num_evaluated += n
             res.rejected[memory_reason(sm.reason)] += n
@@ -116,7 +116,7 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
             res.num_feasible += 1
             key = (layout.world_size, layout.tp, layout.pp, layout.ep, _quant_rank(wlq), b)
             res.feasible.append(
-                Evaluated(replace(layout), replace(wlq, batch_size=b), hw, serving_objective(goal, figures), key, figures)
+                Evaluated(layout, replace(wlq, batch_size=b), hw, serving_objective(goal, figures), key, figures)
             )
 
 
