@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from shardplan.cost.estimate import estimate
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
@@ -17,6 +17,7 @@ from shardplan.specs.model import ModelSpec
 from shardplan.units import DType, bytes_to_gib
 
 SUGGESTION_MAX_NODES = 64  # "more GPUs" looks this far (whole nodes)
+MIN_SUGGESTED_SEQ_LEN_TOKENS = 128  # "shorter sequences" stops halving here
 
 
 def plan_dict(e: Evaluated, report: dict[str, Any]) -> dict[str, Any]:
@@ -228,39 +229,44 @@ def suggestions(
             r = run(workload, replace(space, kv_cache_dtypes=tuple(space.kv_cache_dtypes) + (DType.FP8,)), quick, num_gpus=num_gpus, max_gpus=None)
             if fits(r):
                 found.append({"change": "--kv-cache-dtype fp8", "detail": "an fp8 KV cache holds twice the tokens"})
-        length = workload.max_model_len or spec.max_position_embeddings
-        floor = workload.input_len + workload.output_len
-        while length // 2 >= floor:
-            length //= 2
-            r = run(replace(workload, max_model_len=length), space, quick, num_gpus=num_gpus, max_gpus=None)
-            if fits(r):
-                found.append({"change": f"--max-model-len {length}", "detail": f"a {length}-token context fits the KV cache"})
-                break
-        if workload.batch_size is not None and workload.batch_size > 1:
-            b = workload.batch_size
-            while b > 1:
-                b //= 2
-                r = run(replace(workload, batch_size=b), space, quick, num_gpus=num_gpus, max_gpus=None)
-                if fits(r):
-                    found.append({"change": f"--batch-size {b}", "detail": f"{b} concurrent sequences fit"})
-                    break
+        length = _largest_halving_that_fits(
+            workload.max_model_len or spec.max_position_embeddings, workload.input_len + workload.output_len,
+            lambda n: fits(run(replace(workload, max_model_len=n), space, quick, num_gpus=num_gpus, max_gpus=None)),
+        )
+        if length:
+            found.append({"change": f"--max-model-len {length}", "detail": f"a {length}-token context fits the KV cache"})
+        if workload.batch_size is not None:
+            b = _largest_halving_that_fits(
+                workload.batch_size, 1,
+                lambda n: fits(run(replace(workload, batch_size=n), space, quick, num_gpus=num_gpus, max_gpus=None)),
+            )
+            if b:
+                found.append({"change": f"--batch-size {b}", "detail": f"{b} concurrent sequences fit"})
     else:
         if not space.allow_offload and space.offload is None:
             r = run(workload, replace(space, allow_offload=True), quick, num_gpus=num_gpus, max_gpus=None)
             if fits(r):
                 found.append({"change": "--allow-offload", "detail": "offloading optimizer states (or parameters) to host/NVMe fits"})
-        seq = workload.seq_len
-        while seq // 2 >= 128:
-            seq //= 2
-            r = run(replace(workload, seq_len=seq), space, quick, num_gpus=num_gpus, max_gpus=None)
-            if fits(r):
-                found.append({"change": f"--seq-len {seq}", "detail": f"{seq}-token sequences fit"})
-                break
-        gbs = workload.global_batch_size
-        while gbs // 2 >= 1:
-            gbs //= 2
-            r = run(replace(workload, global_batch_size=gbs), space, quick, num_gpus=num_gpus, max_gpus=None)
-            if fits(r):
-                found.append({"change": f"--global-batch-size {gbs}", "detail": f"a global batch of {gbs} fits"})
-                break
+        seq = _largest_halving_that_fits(
+            workload.seq_len, MIN_SUGGESTED_SEQ_LEN_TOKENS,
+            lambda n: fits(run(replace(workload, seq_len=n), space, quick, num_gpus=num_gpus, max_gpus=None)),
+        )
+        if seq:
+            found.append({"change": f"--seq-len {seq}", "detail": f"{seq}-token sequences fit"})
+        gbs = _largest_halving_that_fits(
+            workload.global_batch_size, 1,
+            lambda n: fits(run(replace(workload, global_batch_size=n), space, quick, num_gpus=num_gpus, max_gpus=None)),
+        )
+        if gbs:
+            found.append({"change": f"--global-batch-size {gbs}", "detail": f"a global batch of {gbs} fits"})
     return found
+
+
+def _largest_halving_that_fits(start: int, floor: int, fits_with: Callable[[int], Any]) -> int | None:
+    """The first of start/2, start/4, ... (not below `floor`) for which `fits_with` finds a plan."""
+    n = start
+    while n // 2 >= floor:
+        n //= 2
+        if fits_with(n):
+            return n
+    return None

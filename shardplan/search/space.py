@@ -164,12 +164,8 @@ def tp_choices(spec: ModelSpec, hw: HardwareProfile, num_gpus: int, space: Space
             rejected["tp does not divide the GPU count"] += 1
         elif tp > hw.gpus_per_node and not space.allow_cross_node_tp:
             rejected["tp crosses a node (allow with --allow-cross-node-tp)"] += 1
-        elif spec.num_attention_heads % tp or spec.intermediate_size % tp:
-            rejected["tp does not divide the attention heads or the MLP width"] += 1
-        elif spec.mla is None and spec.kv_heads % tp and tp % spec.kv_heads:
-            rejected["tp and the KV heads: neither divides the other"] += 1
-        else:
-            out.append(tp)
+        elif check_layout(spec, Layout(tp=tp, dp=num_gpus // tp), num_gpus, False, rejected):
+            out.append(tp)  # validate_layout's rules: heads, KV heads, MLP width, vocabulary
     return out
 
 
