@@ -18,6 +18,8 @@ from shardplan.cost.estimate import estimate as run_estimate
 from shardplan.cost.layout import PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_INTERNAL, ShardplanError
+from shardplan.exporters import TARGETS, ExportOptions
+from shardplan.exporting import export_plan
 from shardplan.manifest import load_manifest, manifest_json_schema
 from shardplan.recommend import recommend as run_recommend
 from shardplan.recommend import with_allowed_dtypes
@@ -259,6 +261,7 @@ def recommend(
     top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.", rich_help_panel=SEARCH)] = 5,
     compare: Annotated[Optional[str], typer.Option(help="A layout to compare with the winner, e.g. tp=8,pp=16,dp=128 (a published one).", rich_help_panel=SEARCH)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the winner's deployment manifest (YAML) here.", rich_help_panel=SEARCH)] = None,
+    export_to: Annotated[Optional[str], typer.Option("--export", help=f"Also export the winner for this target ({', '.join(TARGETS)}), beside the -o manifest.", rich_help_panel=SEARCH)] = None,
     tp: Annotated[Optional[int], typer.Option(min=1, help="Tensor-parallel degree.", rich_help_panel=PIN)] = None,
     pp: Annotated[Optional[int], typer.Option(min=1, help="Pipeline stages.", rich_help_panel=PIN)] = None,
     dp: Annotated[Optional[int], typer.Option(min=1, help="Data-parallel degree (serving: replicas).", rich_help_panel=PIN)] = None,
@@ -300,6 +303,11 @@ def recommend(
     (latency vs throughput per GPU); rejected layouts by reason; the binding constraint and the
     runner-up's gap. When nothing fits it lists the smallest changes that would (each found by
     searching again) and exits 3. `-o plan.yaml` writes the winner's deployment manifest."""
+    if export_to is not None and output is None:
+        raise ShardplanError("--export needs -o PLAN.yaml: the export is written beside the plan", field="--export",
+                             hint="add -o plan.yaml")
+    if export_to is not None and export_to not in TARGETS:
+        raise ShardplanError(f"unknown export target '{export_to}'", field="--export", hint=f"use one of {', '.join(TARGETS)}")
     loaded = loading.load_model(model)
     base = loading.load_hardware(hardware)
     if max_gpus is None:
@@ -337,10 +345,16 @@ def recommend(
             loaded, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, compare_layout=compare,
             manifest_path=output, progress=progress,
         )
+    if result["top"] and export_to is not None:
+        assert output is not None
+        exported = export_plan(output, export_to, ExportOptions(plan_file=str(output)), output.parent)
+        result["export"] = {"target": export_to, "files": [f["path"] for f in exported["files"]]}
     if json_out:
         render.print_json(result)
     else:
         render.recommend_report(result)
+        if "export" in result:
+            render.export_report(exported, written=True)
     if not result["top"]:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -363,6 +377,36 @@ def show(
         render.print_json(m)
     else:
         render.manifest_report(m)
+
+
+ToOpt = Annotated[str, typer.Option("--to", help=f"Target: {', '.join(TARGETS)}.", show_default=False)]
+
+
+@app.command("export")
+def export_cmd(
+    plan: Annotated[Path, typer.Argument(help="A manifest written by `shardplan recommend -o`.")],
+    to: ToOpt,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Folder to write the files into (created if missing); default: print them.")] = None,
+    model_path: Annotated[Optional[str], typer.Option(help="Checkpoint path or Hugging Face id the engine loads (default: the plan's hf_id).")] = None,
+    script: Annotated[Optional[str], typer.Option(help="Training: the script and arguments each rank runs (default: `shardplan verify PLAN`; deepspeed/accelerate: train.py).")] = None,
+    image: Annotated[Optional[str], typer.Option(help="kubernetes: container image (default: the engine's release image).")] = None,
+    port: Annotated[Optional[int], typer.Option(min=1, max=65535, help="Serving port (first replica) or rendezvous port.")] = None,
+    nvme_path: Annotated[str, typer.Option(help="deepspeed: folder NVMe offload writes to.")] = "/local_nvme",
+    engine: Annotated[str, typer.Option(help="kubernetes: serving engine the pods run (vllm, sglang, tgi, trtllm).")] = "vllm",
+    json_out: JsonOpt = False,
+) -> None:
+    """Turn a plan into what a deployment tool takes: engine command lines (vllm, sglang, tgi,
+    trtllm), training configs and launchers (deepspeed, torchrun, slurm, accelerate), Kubernetes
+    objects, or a JAX mesh. Flags are pinned to a stated version of each tool. A plan the target
+    cannot express (e.g. pipeline stages for TGI, ZeRO for a serving engine) exits 2 saying why;
+    a plan that does not fit exits 3. Files are written atomically."""
+    opts = ExportOptions(model_path=model_path, script=script, plan_file=str(plan), image=image, port=port,
+                         nvme_path=nvme_path, engine=engine)
+    result = export_plan(plan, to, opts, output)
+    if json_out:
+        render.print_json(result)
+    else:
+        render.export_report(result, written=output is not None)
 
 
 def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:

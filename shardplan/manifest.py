@@ -10,11 +10,8 @@ with one line naming the file, the field and the fix.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import secrets
 from dataclasses import fields
 from enum import Enum
 from pathlib import Path
@@ -27,7 +24,8 @@ from shardplan import __version__
 from shardplan.cost.layout import Layout, stage_layer_ranges
 from shardplan.cost.params import block_weights, embedding_weights, head_weights, tied_lm_head_copy
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
-from shardplan.errors import InputFileError, ShardplanError
+from shardplan.errors import InputFileError
+from shardplan.fileio import write_text_atomic
 from shardplan.manifest_schema import (
     MESH_AXIS_ORDER,
     SCHEMA_VERSION,
@@ -204,36 +202,8 @@ def dump_manifest(m: DeploymentManifest) -> str:
 
 
 def write_manifest(m: DeploymentManifest, path: str | Path) -> None:
-    """Write atomically: the text goes to a new file beside `path`, is fsynced, then renamed
-    over it, so a reader sees the old file or the new one, never half of one."""
-    path = Path(path)
-    text = dump_manifest(m).encode("utf-8")  # before touching the disk
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies, as for open()
-        with os.fdopen(fd, "wb") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise ShardplanError(f"cannot write: {e.strerror}", source=str(path),
-                             hint="check that the folder exists and is writable") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Persist the rename itself (POSIX); where a folder cannot be opened or synced, skip it."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    """Write atomically (`fileio.write_text_atomic`): a reader sees the old file or the new one."""
+    write_text_atomic(path, dump_manifest(m))
 
 
 def load_manifest(path: str | Path) -> DeploymentManifest:

@@ -395,3 +395,18 @@ def manifest_report(m: dict[str, Any]) -> None:
     console.print("predicted: " + ("[green]fits[/green]" if pr["fits"] else f"[red]does not fit[/red]: {pr['reason']}")
                   + f"; headroom {fmt_gib(pr['memory']['headroom_bytes'])}")
     console.print("time: " + ", ".join(f"{k} {v:.4g}" for k, v in pr["time"].items() if isinstance(v, (int, float))))
+
+
+def export_report(result: dict[str, Any], *, written: bool) -> None:
+    """Written: one line per file. Not written: the files' text on stdout, raw (no markup), each
+    under a `==> name <==` line when there are several (as `head` prints several files)."""
+    files = result["files"]
+    if written:
+        for f in files:
+            console.print(f"{result['target']}: wrote {f['path']} ({f['bytes']:,} bytes)", markup=False, highlight=False)
+        return
+    for i, f in enumerate(files):
+        if len(files) > 1:
+            sys.stdout.write(("\n" if i else "") + f"==> {f['name']} <==\n")
+        sys.stdout.write(f["text"])
+    sys.stdout.flush()

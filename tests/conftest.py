@@ -46,3 +46,17 @@ def validation_file(name: str) -> Path:
     if not path.is_file():
         pytest.fail(f"validation data missing: {path} (CI runs with ../shared beside the repo)")
     return path
+
+
+def build_plan(model: str, gpus: int, layout, workload, gpus_per_node: int | None = None,
+               hardware: str = "h100-sxm-80gb", **extra):
+    """A manifest for a pinned layout, from a real estimate (no search): (manifest, report)."""
+    from shardplan import manifest as mf
+    from shardplan.cost.estimate import estimate
+    from shardplan.options import cluster
+    from shardplan.specs.loading import load_hardware, load_model
+
+    loaded = load_model(model)
+    hw = cluster(load_hardware(hardware), gpus=gpus, nodes=None, gpus_per_node=gpus_per_node)
+    report = estimate(loaded.spec, hw, layout, workload).as_dict()
+    return mf.build_manifest(loaded=loaded, hw=hw, layout=layout, workload=workload, report=report, **extra), report

@@ -17,23 +17,20 @@ import pytest
 import yaml
 
 import shardplan
+from conftest import build_plan
+from shardplan import fileio
 from shardplan import manifest as mf
 from shardplan import manifest_schema as schema
-from shardplan.cost.estimate import estimate
 from shardplan.cost.layout import Layout, PipelineSchedule
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import InputFileError, ShardplanError
-from shardplan.options import cluster
-from shardplan.specs.loading import load_hardware, load_model
+from shardplan.specs.loading import load_model
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "manifest_schema.json"
 
 
 def _build(model: str, gpus: int, layout: Layout, workload, gpus_per_node: int | None = None, **extra):
-    loaded = load_model(model)
-    hw = cluster(load_hardware("h100-sxm-80gb"), gpus=gpus, nodes=None, gpus_per_node=gpus_per_node)
-    report = estimate(loaded.spec, hw, layout, workload).as_dict()
-    return mf.build_manifest(loaded=loaded, hw=hw, layout=layout, workload=workload, report=report, **extra), report
+    return build_plan(model, gpus, layout, workload, gpus_per_node=gpus_per_node, **extra)
 
 
 @lru_cache(maxsize=None)
@@ -372,7 +369,7 @@ def test_failed_disk_write_leaves_the_old_file_and_no_temporary(tmp_path, monkey
     def no_space(fd):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(mf.os, "fsync", no_space)
+    monkeypatch.setattr(fileio.os, "fsync", no_space)
     with pytest.raises(ShardplanError) as info:
         mf.write_manifest(serving_8b()[0], path)
     assert info.value.one_line() == (

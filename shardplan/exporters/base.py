@@ -1,0 +1,252 @@
+"""What every exporter shares: the files it returns, the plan facts engines take as flags, shell
+command rendering checked against a pinned flag list, and the error for a plan a target cannot
+express. Pure: exporters return text; the CLI writes it (`fileio.write_text_atomic`)."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import yaml
+
+from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
+from shardplan.manifest_schema import DeploymentManifest, InferenceWorkloadSection, TrainingWorkloadSection
+from shardplan.specs.model import ModelSpec
+
+FLAGS_DIR = Path(__file__).parent / "flags"
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ExportFile:
+    name: str  # file name inside the output folder
+    text: str
+    executable: bool = False  # a shell script
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What a plan does not say but a launch needs. None: the exporter's documented default."""
+
+    model_path: str | None = None  # checkpoint path or HF id; default: the manifest's hf_id
+    script: str | None = None  # training: the script (and its arguments) each rank runs
+    plan_file: str = "plan.yaml"  # how scripts refer to the manifest (for `shardplan verify`)
+    image: str | None = None  # container image (kubernetes)
+    port: int | None = None  # serving port / rendezvous port
+    nvme_path: str = "/local_nvme"  # where NVMe offload writes (a placeholder to edit)
+    engine: str = "vllm"  # kubernetes: which serving engine the pods run
+
+
+@dataclass(frozen=True)
+class ExportContext:
+    manifest: DeploymentManifest
+    spec: ModelSpec | None  # the plan's model spec when its source could be read back
+    options: ExportOptions
+
+
+class CannotExpress(ShardplanError):
+    """The target has no way to run what the plan says (exit 2: pick another target or plan)."""
+
+
+class PlanDoesNotFit(ShardplanError):
+    exit_code = EXIT_DOES_NOT_FIT
+
+
+def cannot(target: str, field: str, what: str, hint: str) -> CannotExpress:
+    return CannotExpress(f"{target} cannot express this plan: {what}", field=field, hint=hint)
+
+
+# ----- plan facts -------------------------------------------------------------------------
+
+
+def serving(ctx: ExportContext, target: str) -> InferenceWorkloadSection:
+    """The serving workload; a training plan or one that does not fit is refused."""
+    m = ctx.manifest
+    if not isinstance(m.workload, InferenceWorkloadSection):
+        raise cannot(target, "workload.kind", f"{target} serves models and this is a training plan "
+                     f"(zero_stage={m.layout.zero_stage})", "export it --to deepspeed, torchrun, slurm, accelerate or kubernetes")
+    _fits(m)
+    return m.workload
+
+
+def training(ctx: ExportContext, target: str) -> TrainingWorkloadSection:
+    m = ctx.manifest
+    if not isinstance(m.workload, TrainingWorkloadSection):
+        raise cannot(target, "workload.kind", f"{target} launches training and this is a serving plan",
+                     "export it --to vllm, sglang, tgi, trtllm or kubernetes")
+    _fits(m)
+    return m.workload
+
+
+def _fits(m: DeploymentManifest) -> None:
+    if not m.predicted.fits:
+        raise PlanDoesNotFit(f"the plan does not fit ({m.predicted.reason}); its export would fail at start-up",
+                             field="predicted.fits", hint="re-run shardplan recommend and export its plan")
+
+
+def model_ref(ctx: ExportContext) -> str:
+    """The checkpoint an engine loads: --model-path, else the HF id, else a placeholder path."""
+    m = ctx.manifest
+    return ctx.options.model_path or m.model.hf_id or f"/models/{m.model.name}"
+
+
+def gpus_per_node_used(m: DeploymentManifest) -> int:
+    hw = m.hardware
+    return hw.gpus_per_node if hw.num_nodes > 1 else min(hw.num_gpus, hw.gpus_per_node)
+
+
+def replica_gpus(m: DeploymentManifest) -> int:
+    """GPUs of one serving replica (or one training model copy): tp x pp x cp."""
+    return m.layout.tp * m.layout.pp * m.layout.cp
+
+
+def nodes_per_replica(m: DeploymentManifest) -> int:
+    return max(1, math.ceil(replica_gpus(m) / gpus_per_node_used(m)))
+
+
+def replicas_per_node(m: DeploymentManifest) -> int:
+    """Serving replicas on one node (0 when a replica spans nodes)."""
+    return gpus_per_node_used(m) // replica_gpus(m)
+
+
+def torch_dtype(dtype: str) -> str:
+    """Our dtype names as engines spell them."""
+    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(dtype, dtype)
+
+
+def kv_tokens_at(m: DeploymentManifest, kv_budget_bytes: float) -> int:
+    """Tokens a KV cache of that many bytes per GPU holds on the binding rank, in whole blocks."""
+    kv = m.predicted.kv_cache
+    assert kv is not None
+    block_bytes = kv.bytes_per_token_per_gpu * kv.block_size_tokens
+    return int(max(0.0, kv_budget_bytes) // block_bytes) * kv.block_size_tokens if block_bytes > 0 else 0
+
+
+def non_kv_bytes(m: DeploymentManifest) -> float:
+    """Predicted bytes per GPU besides the KV cache (weights, activations, overhead, ...)."""
+    b = m.predicted.memory.per_gpu_bytes
+    return b["total"] - b.get("kv_cache", 0.0)
+
+
+def least_fraction_holding(m: DeploymentManifest, static_bytes: float, tokens: int, target: str, flag: str,
+                           ceiling: float = 0.98) -> float:
+    """The least share of GPU memory (to 0.01) that holds `static_bytes` plus a KV cache of
+    `tokens` tokens (whole blocks) on the binding rank; refused above `ceiling`."""
+    kv = m.predicted.kv_cache
+    assert kv is not None
+    cap = m.hardware.memory_capacity_bytes
+    blocks = math.ceil(tokens / kv.block_size_tokens)
+    need = static_bytes + blocks * kv.block_size_tokens * kv.bytes_per_token_per_gpu
+    frac = math.ceil(need / cap * 100 - 1e-9) / 100
+    if frac > ceiling:
+        raise PlanDoesNotFit(f"{target} would need {flag} {frac:.2f} to hold one {tokens}-token sequence "
+                             f"(more than {ceiling})", field="workload.max_model_len",
+                             hint="re-plan with a shorter --max-model-len or more GPUs")
+    return frac
+
+
+# ----- shell commands checked against a pinned flag list ----------------------------------
+
+
+class Raw(str):
+    """A shell expression (e.g. "$HEAD_IP:29500") written without quoting, for the shell to expand."""
+
+
+@dataclass(frozen=True)
+class FlagTable:
+    tool: str
+    command: str
+    version: str
+    sources: tuple[str, ...]
+    flags: dict[str, dict[str, Any]]
+    prefix: str = "--"
+    extra: dict[str, Any] | None = None
+
+    def check(self, name: str, value: str | None) -> None:
+        """An exporter bug if a flag is not in the pinned version's list or a value not among its choices."""
+        spec = self.flags.get(name)
+        if spec is None:
+            raise AssertionError(f"{self.command} {self.version} has no flag {self.prefix}{name}")
+        takes = spec.get("takes_value", True)
+        if takes != (value is not None):
+            raise AssertionError(f"{self.prefix}{name} {'takes' if takes else 'takes no'} value in {self.command}")
+        choices = spec.get("choices")
+        if choices is not None and value is not None and not isinstance(value, Raw) and value not in [str(c) for c in choices]:
+            raise AssertionError(f"{self.prefix}{name} {value!r} is not one of {choices} in {self.command} {self.version}")
+
+    @property
+    def pinned(self) -> str:
+        return f"{self.tool} {self.version}"
+
+
+@lru_cache(maxsize=None)
+def flag_table(name: str) -> FlagTable:
+    """A flag list kept in `exporters/flags/<name>.yaml`, with the version and source it came from."""
+    data = yaml.safe_load((FLAGS_DIR / f"{name}.yaml").read_text())
+    known = {"tool", "command", "version", "sources", "flags", "prefix"}
+    return FlagTable(tool=data["tool"], command=data["command"], version=str(data["version"]),
+                     sources=tuple(data["sources"]), flags=data["flags"], prefix=data.get("prefix", "--"),
+                     extra={k: v for k, v in data.items() if k not in known} or None)
+
+
+Arg = tuple[str, "str | int | float | None"]
+
+
+def command(table: FlagTable | None, program: Sequence[str], args: Iterable[Arg], *, tail: Sequence[str] = (),
+            indent: str = "    ") -> str:
+    """`program --flag value ... tail`, one flag per line; every flag checked against `table`."""
+    head = " ".join(_quote(p) for p in program)
+    lines = [head]
+    for name, value in args:
+        v = None if value is None else (value if isinstance(value, Raw) else _text(value))
+        if table is not None:
+            table.check(name, v)
+        prefix = table.prefix if table is not None else "--"
+        lines.append(f"{prefix}{name}" if v is None else f"{prefix}{name} {_quote(v)}")
+    if tail:
+        lines.append(" ".join(_quote(t) for t in tail))
+    return f" \\\n{indent}".join(lines)
+
+
+def argv(cmd: str) -> list[str]:
+    """A rendered command back as argv (continuations joined), as a shell would split it."""
+    return shlex.split(cmd.replace("\\\n", " "))
+
+
+def _text(value: str | int | float) -> str:
+    if isinstance(value, bool):
+        raise TypeError("booleans are switches: pass None as the value")
+    if isinstance(value, float):
+        return f"{value:.2f}" if value < 1 else repr(value)
+    return str(value)
+
+
+def _quote(v: str) -> str:
+    return f'"{v}"' if isinstance(v, Raw) and not v.isidentifier() else (v if isinstance(v, Raw) else shlex.quote(v))
+
+
+def script(lines: Iterable[str], *, header: Sequence[str]) -> str:
+    """A bash script: shebang, strict mode, the header comments, then `lines`."""
+    out = ["#!/usr/bin/env bash", *(f"# {h}" if h else "#" for h in header), "set -euo pipefail", ""]
+    out.extend(lines)
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def plan_header(m: DeploymentManifest, target: str, table: FlagTable | None = None) -> list[str]:
+    """Comment lines that say which plan this is and what shardplan predicted for it."""
+    L, hw = m.layout, m.hardware
+    deg = f"tp={L.tp} pp={L.pp} dp={L.dp}" + (f" cp={L.cp}" if L.cp > 1 else "") + (f" ep={L.ep}" if L.ep > 1 else "")
+    mem = m.predicted.memory
+    lines = [
+        f"shardplan {m.shardplan_version} export --to {target}: {m.model.name} on {hw.num_gpus} x {hw.gpu_model} "
+        f"({hw.num_nodes} node(s) of {gpus_per_node_used(m)}), {deg}",
+        f"predicted peak per GPU: {mem.per_gpu_bytes['total'] / GIB:.2f} GiB of {hw.memory_capacity_bytes / GIB:.2f} GiB "
+        f"(binding: stage {mem.binding_stage}, {mem.binding_component})",
+    ]
+    if table is not None:
+        lines.append(f"flags checked against {table.pinned} ({table.sources[0]})")
+    return lines

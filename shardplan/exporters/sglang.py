@@ -1,0 +1,113 @@
+"""SGLang: `python -m sglang.launch_server` arguments, checked against `flags/sglang.yaml`
+(SGLang 0.5.3's ServerArgs). Mapping:
+- tp, pp -> --tp-size, --pp-size (a replica's tp x pp GPUs); replicas on a node -> --dp-size
+  (without --enable-dp-attention each DP rank is a whole replica); ep -> --ep-size (SGLang carves
+  the expert group out of the tp group, so ep is 1 or tp, as shardplan's serving plans are).
+- --mem-fraction-static covers the weights and the KV pool (server_args help); it is the plan's
+  predicted weights + KV cache over the GPU's memory, rounded down to 0.01, raised to the least
+  that holds one max_model_len sequence when that is more.
+- a replica over k nodes: --nnodes k --node-rank i --dist-init-addr HEAD:PORT on each node.
+"""
+
+from __future__ import annotations
+
+import math
+
+from shardplan.exporters.base import (
+    Arg,
+    ExportContext,
+    ExportFile,
+    Raw,
+    command,
+    flag_table,
+    kv_tokens_at,
+    least_fraction_holding,
+    model_ref,
+    nodes_per_replica,
+    plan_header,
+    script,
+    serving,
+    torch_dtype,
+)
+from shardplan.exporters.serving import DEFAULT_PORT, each_node_note, node_replicas
+
+TARGET = "sglang"
+IMAGE = f"lmsysorg/sglang:v{flag_table(TARGET).version}"
+DIST_PORT = 20000
+_QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq"}
+_KV = {"fp8": "fp8_e4m3"}
+
+
+def mem_fraction_static(ctx: ExportContext) -> float:
+    m = ctx.manifest
+    serving(ctx, TARGET)
+    kv = m.predicted.kv_cache
+    assert kv is not None
+    b = m.predicted.memory.per_gpu_bytes
+    cap = m.hardware.memory_capacity_bytes
+    frac = math.floor((b["weights"] + b.get("kv_cache", 0.0)) / cap * 100) / 100
+    if kv_tokens_at(m, frac * cap - b["weights"]) >= kv.max_model_len_tokens:
+        return frac
+    return least_fraction_holding(m, b["weights"], kv.max_model_len_tokens, TARGET, "--mem-fraction-static")
+
+
+def server_args(ctx: ExportContext, *, data_parallel: int, port: int, nnodes: int = 1,
+                node_rank: str | None = None, head: str | None = None) -> list[Arg]:
+    m = ctx.manifest
+    wl = serving(ctx, TARGET)
+    L, kv = m.layout, m.predicted.kv_cache
+    assert kv is not None
+    args: list[Arg] = [("model-path", model_ref(ctx)), ("tp-size", L.tp), ("pp-size", L.pp)]
+    if data_parallel > 1:
+        args.append(("dp-size", data_parallel))
+    if L.ep > 1:
+        args.append(("ep-size", L.ep))
+    if nnodes > 1:
+        args += [("nnodes", nnodes), ("node-rank", Raw(node_rank or "$NODE_RANK")),
+                 ("dist-init-addr", Raw(f"{head or '$HEAD_ADDR'}:{DIST_PORT}"))]
+    args += [("dtype", torch_dtype(wl.activation_dtype)), ("context-length", kv.max_model_len_tokens),
+             ("mem-fraction-static", mem_fraction_static(ctx)), ("page-size", wl.block_size)]
+    if L.kv_cache_dtype != wl.activation_dtype:
+        args.append(("kv-cache-dtype", _KV.get(L.kv_cache_dtype, L.kv_cache_dtype)))
+    if L.weight_quantization in _QUANT:
+        args.append(("quantization", _QUANT[L.weight_quantization]))
+    args += [("max-running-requests", wl.max_num_seqs), ("chunked-prefill-size", wl.max_num_batched_tokens)]
+    if wl.enforce_eager:
+        args.append(("disable-cuda-graph", None))
+    args += [("host", "0.0.0.0"), ("port", port)]
+    return args
+
+
+def launch_command(ctx: ExportContext, **kw) -> str:
+    return command(flag_table(TARGET), ["python", "-m", "sglang.launch_server"], server_args(ctx, **kw))
+
+
+def export_sglang(ctx: ExportContext) -> list[ExportFile]:
+    m = ctx.manifest
+    serving(ctx, TARGET)
+    table = flag_table(TARGET)
+    port = ctx.options.port or DEFAULT_PORT
+    header = [*plan_header(m, TARGET, table),
+              f"--mem-fraction-static {mem_fraction_static(ctx):.2f}: the plan's weights + KV cache share of the GPU"]
+    k = nodes_per_replica(m)
+    if k > 1:
+        header += [f"each of the {m.layout.dp} replica(s) spans {k} nodes: run on each of them with HEAD_ADDR "
+                   f"(the replica's first node) and NODE_RANK (0..{k - 1}) set"]
+        body = ['HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of the replica\'s first node}"',
+                f'NODE_RANK="${{NODE_RANK:?set NODE_RANK to 0..{k - 1}}}"', "",
+                launch_command(ctx, data_parallel=1, port=port, nnodes=k)]
+    else:
+        header += each_node_note(ctx)
+        body = [launch_command(ctx, data_parallel=len(node_replicas(ctx)), port=port)]
+    return [ExportFile("serve.sh", script(body, header=header), executable=True)]
+
+
+def pod_commands(ctx: ExportContext, *, port: int, multi_node: bool) -> tuple[str, str | None]:
+    """Kubernetes: one pod per replica, or a LeaderWorkerSet group (LWS sets LWS_LEADER_ADDRESS and
+    LWS_WORKER_INDEX, 0 on the leader)."""
+    if not multi_node:
+        return launch_command(ctx, data_parallel=1, port=port), None
+    k = nodes_per_replica(ctx.manifest)
+    cmd = launch_command(ctx, data_parallel=1, port=port, nnodes=k, node_rank="$LWS_WORKER_INDEX",
+                         head="$LWS_LEADER_ADDRESS")
+    return cmd, cmd
