@@ -33,7 +33,7 @@ def export_plan(plan: Path, target: str, options: ExportOptions, out_dir: Path |
     try:
         files = export(m, target, spec=plan_spec(m), options=options)
     except ShardplanError as e:
-        if e.source is None and e.field is not None:  # a plan field: name the plan file
+        if e.source is None and e.field is not None and not e.field.startswith("-"):  # a plan field: name the plan
             e.source = str(plan)
         raise
     out = {"target": target, "plan": str(plan), "files": []}

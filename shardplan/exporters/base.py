@@ -83,6 +83,12 @@ def training(ctx: ExportContext, target: str) -> TrainingWorkloadSection:
 
 
 def _fits(m: DeploymentManifest) -> None:
+    """Refuse a plan that does not fit, except a serving plan whose only shortfall is a KV cache
+    smaller than one max_model_len sequence: engines take a larger memory share for that
+    (vLLM's own advice), which `least_fraction_holding` works out."""
+    kv = m.predicted.kv_cache
+    if kv is not None and 0 < kv.capacity_tokens < kv.max_model_len_tokens and "max seq len" in (m.predicted.reason or ""):
+        return
     if not m.predicted.fits:
         raise PlanDoesNotFit(f"the plan does not fit ({m.predicted.reason}); its export would fail at start-up",
                              field="predicted.fits", hint="re-run shardplan recommend and export its plan")
@@ -132,8 +138,11 @@ def non_kv_bytes(m: DeploymentManifest) -> float:
     return b["total"] - b.get("kv_cache", 0.0)
 
 
+MAX_MEMORY_FRACTION = 0.95  # the most an export asks for: CUDA context, NCCL and fragmentation need the rest
+
+
 def least_fraction_holding(m: DeploymentManifest, static_bytes: float, tokens: int, target: str, flag: str,
-                           ceiling: float = 0.98) -> float:
+                           ceiling: float = MAX_MEMORY_FRACTION) -> float:
     """The least share of GPU memory (to 0.01) that holds `static_bytes` plus a KV cache of
     `tokens` tokens (whole blocks) on the binding rank; refused above `ceiling`."""
     kv = m.predicted.kv_cache

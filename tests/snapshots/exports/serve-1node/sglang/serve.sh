@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# shardplan 0.1.0 export --to sglang: llama-3.1-70b on 8 x NVIDIA H100 80GB HBM3 (1 node(s) of 8), tp=4 pp=1 dp=2
+# predicted peak per GPU: 71.20 GiB of 79.11 GiB (binding: stage 0, kv_cache)
+# flags checked against sglang 0.5.3 (https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/server_args.py)
+# --mem-fraction-static 0.87: the plan's weights + KV cache share of the GPU
+set -euo pipefail
+
+python -m sglang.launch_server \
+    --model-path meta-llama/Llama-3.1-70B \
+    --tp-size 4 \
+    --pp-size 1 \
+    --dp-size 2 \
+    --dtype bfloat16 \
+    --context-length 32768 \
+    --mem-fraction-static 0.87 \
+    --page-size 16 \
+    --max-running-requests 256 \
+    --chunked-prefill-size 8192 \
+    --host 0.0.0.0 \
+    --port 8000

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# shardplan 0.1.0 export --to tgi: llama-3.1-70b on 8 x NVIDIA H100 80GB HBM3 (1 node(s) of 8), tp=4 pp=1 dp=2
+# predicted peak per GPU: 71.20 GiB of 79.11 GiB (binding: stage 0, kv_cache)
+# flags checked against tgi 3.2.0 (https://github.com/huggingface/text-generation-inference/blob/v3.2.0/launcher/src/main.rs)
+set -euo pipefail
+
+# replica 0: GPUs 0,1,2,3, port 8000
+CUDA_VISIBLE_DEVICES=0,1,2,3 text-generation-launcher \
+    --model-id meta-llama/Llama-3.1-70B \
+    --num-shard 4 \
+    --sharded true \
+    --dtype bfloat16 \
+    --max-input-tokens 32767 \
+    --max-total-tokens 32768 \
+    --max-batch-prefill-tokens 32767 \
+    --max-batch-size 256 \
+    --cuda-memory-fraction 0.90 \
+    --port 8000 \
+    --shard-uds-path /tmp/tgi-replica-0 \
+    --master-port 29500 &
+# replica 1: GPUs 4,5,6,7, port 8001
+CUDA_VISIBLE_DEVICES=4,5,6,7 text-generation-launcher \
+    --model-id meta-llama/Llama-3.1-70B \
+    --num-shard 4 \
+    --sharded true \
+    --dtype bfloat16 \
+    --max-input-tokens 32767 \
+    --max-total-tokens 32768 \
+    --max-batch-prefill-tokens 32767 \
+    --max-batch-size 256 \
+    --cuda-memory-fraction 0.90 \
+    --port 8001 \
+    --shard-uds-path /tmp/tgi-replica-1 \
+    --master-port 29501 &
+wait

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# shardplan 0.1.0 export --to accelerate: llama-3.1-8b on 8 x NVIDIA H100 80GB HBM3 (1 node(s) of 8), tp=1 pp=1 dp=8
+# predicted peak per GPU: 54.67 GiB of 79.11 GiB (binding: stage 0, activations)
+set -euo pipefail
+
+accelerate launch \
+    --config_file accelerate_fsdp.yaml \
+    train.py

@@ -1,0 +1,33 @@
+# shardplan 0.1.0 export --to jax: llama-3.1-8b on 8 x NVIDIA H100 80GB HBM3 (1 node(s) of 8), tp=1 pp=1 dp=8
+# predicted peak per GPU: 54.67 GiB of 79.11 GiB (binding: stage 0, activations)
+# Mesh and PartitionSpecs for the weights as the Hugging Face checkpoint stores them
+# (linear [out, in], embeddings/lm_head [vocab, hidden], routed experts [experts, out, in]).
+from jax.sharding import PartitionSpec as P
+
+MESH_AXES = ('data', 'context', 'tensor')
+MESH_SHAPE = (8, 1, 1)
+
+PARTITION_SPECS = {
+    'embed_tokens.weight': P(None, 'data'),
+    'self_attn.q_proj.weight': P(None, 'data'),
+    'self_attn.k_proj.weight': P(None, 'data'),
+    'self_attn.v_proj.weight': P(None, 'data'),
+    'self_attn.o_proj.weight': P('data', None),
+    'mlp.gate_proj.weight': P(None, 'data'),
+    'mlp.up_proj.weight': P(None, 'data'),
+    'mlp.down_proj.weight': P('data', None),
+    'norm0.weight': P(None),
+    'norm1.weight': P(None),
+    'final_norm.weight': P(None),
+    'lm_head.weight': P(None, 'data'),
+}
+
+# ZeRO-3: optimizer states follow the weights' specs
+OPTIMIZER_STATE_EXTRA_AXIS = None
+
+
+def make_mesh():
+    """The mesh over all devices (jax.make_mesh orders them for the interconnect)."""
+    import jax
+
+    return jax.make_mesh(MESH_SHAPE, MESH_AXES)

@@ -1,0 +1,475 @@
+"""`shardplan export`: golden files per target for a single-GPU, a single-node multi-GPU and a
+multi-node plan; every engine flag checked against the pinned version's documented list;
+plans a target cannot express refused with the reason; the CLI writes files atomically.
+
+Golden files live in tests/snapshots/exports/<plan>/<target>/; regenerate them after an
+intended change with SHARDPLAN_UPDATE_SNAPSHOTS=1 and review the diff."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import build_plan
+
+from shardplan.cost.layout import Layout, Recompute
+from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
+from shardplan.errors import ShardplanError
+from shardplan.exporters import TARGETS, CannotExpress, ExportOptions, PlanDoesNotFit, export
+from shardplan.exporters.base import GIB, argv, flag_table
+from shardplan.manifest import write_manifest
+from shardplan.specs.loading import load_model
+
+SNAPSHOTS = Path(__file__).parent / "snapshots" / "exports"
+UPDATE = os.environ.get("SHARDPLAN_UPDATE_SNAPSHOTS") == "1"
+
+
+@lru_cache(maxsize=None)
+def plan(name: str):
+    """The plans every target is tried on (pinned layouts, real estimates)."""
+    cases = {
+        # serving
+        "serve-1gpu": ("llama-3.1-8b", 1, Layout(), InferenceWorkload(max_model_len=8192), None),
+        "serve-1node": ("llama-3.1-70b", 8, Layout(tp=4, dp=2), InferenceWorkload(max_model_len=32768), None),
+        "serve-2node-replicas": ("llama-3.1-70b", 16, Layout(tp=4, dp=4), InferenceWorkload(max_model_len=32768), 8),
+        "serve-2node-span": ("llama-3.1-405b", 16, Layout(tp=8, pp=2), InferenceWorkload(max_model_len=8192), 8),
+        "serve-pp-1node": ("llama-3.1-8b", 2, Layout(pp=2), InferenceWorkload(max_model_len=8192), None),
+        "serve-moe-ep": ("mixtral-8x7b", 8, Layout(tp=2, dp=4, ep=2), InferenceWorkload(max_model_len=32768), None),
+        # training
+        "train-1gpu": ("llama-3.2-1b", 1, Layout(), TrainingWorkload(seq_len=2048, global_batch_size=16), None),
+        "train-1node": ("llama-3.1-8b", 8, Layout(dp=8, zero_stage=3, micro_batch_size=2),
+                        TrainingWorkload(seq_len=4096, global_batch_size=64), None),
+        "train-2node": ("llama-3.1-70b", 16, Layout(tp=8, pp=2, zero_stage=1, sequence_parallel=True,
+                                                    recompute=Recompute.SELECTIVE),
+                        TrainingWorkload(seq_len=4096, global_batch_size=64), 8),
+    }
+    model, gpus, layout, wl, gpn = cases[name]
+    m, _ = build_plan(model, gpus, layout, wl, gpus_per_node=gpn)
+    assert m.predicted.fits, name
+    return m
+
+
+SERVING = ["serve-1gpu", "serve-1node", "serve-2node-span"]
+TRAINING = ["train-1gpu", "train-1node", "train-2node"]
+# target -> the plans of its golden files (single GPU, one node, several nodes)
+GOLDEN = {
+    "vllm": [*SERVING, "serve-2node-replicas", "serve-moe-ep"],
+    "sglang": [*SERVING, "serve-moe-ep"],
+    "tgi": ["serve-1gpu", "serve-1node", "serve-2node-replicas"],
+    "trtllm": ["serve-1gpu", "serve-1node", "serve-2node-replicas"],
+    "deepspeed": ["train-1gpu", "train-1node", "train-2node-zero"],
+    "torchrun": [*TRAINING, "serve-1node"],
+    "slurm": TRAINING,
+    "accelerate": ["serve-1gpu", "serve-pp-1node", "train-1gpu", "train-1node", "train-2node-fsdp"],
+    "kubernetes": [*SERVING, "serve-2node-replicas", *TRAINING],
+    "jax": ["serve-1gpu", "serve-1node", "train-1node", "train-2node-dp"],
+}
+
+
+@lru_cache(maxsize=None)
+def any_plan(name: str):
+    """`plan` plus variants some targets need (DeepSpeed/FSDP/JAX cannot run tp x pp)."""
+    extra = {
+        "train-2node-zero": ("llama-3.1-8b", 16, Layout(dp=16, zero_stage=2, micro_batch_size=1),
+                             TrainingWorkload(seq_len=4096, global_batch_size=128)),
+        "train-2node-fsdp": ("llama-3.1-70b", 16, Layout(tp=8, dp=2, zero_stage=3, sequence_parallel=True),
+                             TrainingWorkload(seq_len=4096, global_batch_size=64)),
+        "train-2node-dp": ("llama-3.1-8b", 16, Layout(tp=2, dp=8, zero_stage=3),
+                           TrainingWorkload(seq_len=4096, global_batch_size=128)),
+    }
+    if name not in extra:
+        return plan(name)
+    model, gpus, layout, wl = extra[name]
+    m, _ = build_plan(model, gpus, layout, wl, gpus_per_node=8)
+    assert m.predicted.fits, name
+    return m
+
+
+def run(target: str, name: str, **opts):
+    m = any_plan(name)
+    return export(m, target, spec=load_model(m.model.name).spec, options=ExportOptions(plan_file="plan.yaml", **opts))
+
+
+def files(target: str, name: str, **opts) -> dict[str, str]:
+    return {f.name: f.text for f in run(target, name, **opts)}
+
+
+def test_every_target_has_goldens_for_one_gpu_one_node_and_several_nodes():
+    assert set(GOLDEN) == set(TARGETS)
+    for target, names in GOLDEN.items():
+        nodes = {any_plan(n).hardware.num_nodes for n in names}
+        gpus = {any_plan(n).hardware.num_gpus for n in names}
+        if target != "accelerate":  # device maps are single-node by nature
+            assert max(nodes) > 1, target
+        assert min(gpus) == 1 or target in ("deepspeed",) and min(gpus) == 1, target
+        assert any(any_plan(n).hardware.num_nodes == 1 and any_plan(n).hardware.num_gpus > 1 for n in names), target
+
+
+@pytest.mark.parametrize("target,name", [(t, n) for t, ns in GOLDEN.items() for n in ns])
+def test_export_matches_its_golden_files(target, name):
+    got = files(target, name)
+    folder = SNAPSHOTS / name / target
+    if UPDATE:
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.iterdir():
+            old.unlink()
+        for fname, text in got.items():
+            (folder / fname).write_text(text)
+    want = {p.name: p.read_text() for p in sorted(folder.iterdir())}
+    assert sorted(got) == sorted(want)
+    for fname in got:
+        assert got[fname] == want[fname], f"{name}/{target}/{fname} differs (SHARDPLAN_UPDATE_SNAPSHOTS=1 to accept)"
+
+
+# ----- every flag against the pinned list -------------------------------------------------
+
+ENGINE_COMMANDS = {  # program words -> flag list
+    ("vllm", "serve"): "vllm",
+    ("ray", "start"): "ray",
+    ("python", "-m", "sglang.launch_server"): "sglang",
+    ("text-generation-launcher",): "tgi",
+    ("trtllm-serve",): "trtllm-serve",
+    ("trtllm-build",): "trtllm-build",
+}
+
+
+def engine_commands(text: str):
+    """(flag list name, argv after the program) for each engine command in a script or pod spec."""
+    joined = text.replace("\\\n", " ")
+    for line in joined.splitlines():
+        words = argv(line.split(" #")[0]) if not line.lstrip().startswith("#") else []
+        words = [w for w in words if "=" not in w or w.startswith("-")]  # drop VAR=value prefixes
+        for i in range(len(words)):
+            for prog, table in ENGINE_COMMANDS.items():
+                if tuple(words[i:i + len(prog)]) == prog:
+                    yield table, words[i + len(prog):]
+
+
+def pod_shells(text: str) -> list[str]:
+    """The shell commands of every container in Kubernetes YAML (Deployment, LeaderWorkerSet, Job)."""
+    out = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "containers" in node:
+                out.extend(c["args"][0] for c in node["containers"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    for doc in yaml.safe_load_all(text):
+        walk(doc)
+    return out
+
+
+def check_flags(table_name: str, args: list[str]) -> int:
+    """Every --flag is in the pinned list, takes a value iff documented, the value among its choices."""
+    t = flag_table(table_name)
+    n, i = 0, 0
+    while i < len(args):
+        word = args[i]
+        if word in ("&&", "&", ";"):
+            break
+        if word.startswith(t.prefix):
+            name = word[len(t.prefix):]
+            assert name in t.flags, f"{t.command} {t.version} documents no {word}"
+            if t.flags[name].get("takes_value", True):
+                value = args[i + 1]
+                choices = t.flags[name].get("choices")
+                if choices is not None and not value.startswith("$"):
+                    assert value in [str(c) for c in choices], f"{word} {value} not in {choices}"
+                i += 1
+            n += 1
+        i += 1
+    return n
+
+
+@pytest.mark.parametrize("target", ["vllm", "sglang", "tgi", "trtllm", "kubernetes"])
+def test_every_engine_flag_is_in_the_pinned_versions_list(target):
+    names = [n for n in GOLDEN[target] if n.startswith("serve")] + ["serve-2node-replicas", "serve-moe-ep"]
+    checked = 0
+    for name in dict.fromkeys(names):
+        try:
+            texts = files(target, name)
+        except CannotExpress:
+            continue
+        for fname, text in texts.items():
+            for shell in pod_shells(text) if fname.endswith(".yaml") else [text]:
+                for table, args in engine_commands(shell):
+                    checked += check_flags(table, args)
+    assert checked >= 20, checked
+
+
+def test_flag_lists_name_their_version_and_source():
+    for path in (Path(__file__).parents[1] / "shardplan" / "exporters" / "flags").glob("*.yaml"):
+        t = flag_table(path.stem)
+        assert t.version and t.version[0].isdigit(), path.name
+        assert all(s.startswith("https://") for s in t.sources), path.name
+        assert len(t.flags) >= 5, path.name
+
+
+def test_a_flag_outside_the_pinned_list_is_an_exporter_bug():
+    t = flag_table("vllm")
+    with pytest.raises(AssertionError, match="no flag --tensor-parallel"):
+        t.check("tensor-parallel", "2")
+    with pytest.raises(AssertionError, match="not one of"):
+        t.check("kv-cache-dtype", "fp9")
+    with pytest.raises(AssertionError, match="takes no value"):
+        t.check("enforce-eager", "true")
+
+
+# ----- what the commands say --------------------------------------------------------------
+
+
+def _flag(text: str, table: str, name: str) -> str | None:
+    for tname, args in engine_commands(text):
+        if tname == table and f"--{name}" in args:
+            i = args.index(f"--{name}")
+            return args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else ""
+    return None
+
+
+def test_vllm_takes_the_plans_degrees_and_limits():
+    m = plan("serve-1node")
+    text = files("vllm", "serve-1node")["serve.sh"]
+    assert _flag(text, "vllm", "tensor-parallel-size") == "4"
+    assert _flag(text, "vllm", "data-parallel-size") == "2"
+    assert _flag(text, "vllm", "max-model-len") == "32768"
+    assert _flag(text, "vllm", "gpu-memory-utilization") == "0.90"
+    assert _flag(text, "vllm", "max-num-seqs") == str(m.workload.max_num_seqs)
+    assert _flag(text, "vllm", "enforce-eager") is None
+    assert "vllm serve meta-llama/Llama-3.1-70B" in text
+
+
+def test_vllm_runs_one_server_per_replica_when_experts_are_split_per_replica():
+    text = files("vllm", "serve-moe-ep")["serve.sh"]
+    assert text.count("vllm serve") == 4  # --data-parallel-size would make vLLM's ep = tp x dp = 8
+    assert "--data-parallel-size" not in text and text.count("--enable-expert-parallel") == 4
+    assert [f"CUDA_VISIBLE_DEVICES={d}" in text for d in ("0,1", "2,3", "4,5", "6,7")] == [True] * 4
+    assert [f"--port {p}" in text for p in (8000, 8001, 8002, 8003)] == [True] * 4
+
+
+def test_vllm_replica_over_two_nodes_gets_ray_and_a_leader_worker_set():
+    out = files("vllm", "serve-2node-span")
+    assert sorted(out) == ["lws.yaml", "ray-head.sh", "ray-worker.sh", "serve.sh"]
+    assert _flag(out["serve.sh"], "vllm", "distributed-executor-backend") == "ray"
+    assert _flag(out["serve.sh"], "vllm", "pipeline-parallel-size") == "2"
+    lws = next(yaml.safe_load_all(out["lws.yaml"]))
+    assert lws["kind"] == "LeaderWorkerSet" and lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+
+
+def test_vllm_raises_memory_utilization_until_one_max_model_len_sequence_fits():
+    # llama-3.1-8b on an L4: at 0.9 the KV cache holds 27,936 tokens, short of 32,768 (vLLM would
+    # refuse to start); the export asks for the least share that holds one sequence.
+    m, report = build_plan("llama-3.1-8b", 1, Layout(), InferenceWorkload(max_model_len=32768), hardware="l4-24gb")
+    assert not m.predicted.fits and m.predicted.kv_cache.capacity_tokens < 32768
+    text = export(m, "vllm", options=ExportOptions())[0].text
+    util = float(_flag(text, "vllm", "gpu-memory-utilization"))
+    kv = m.predicted.kv_cache
+    b = m.predicted.memory.per_gpu_bytes
+    cap = m.hardware.memory_capacity_bytes
+    held = (util * cap - (b["total"] - b["kv_cache"])) / kv.bytes_per_token_per_gpu
+    held_below = ((util - 0.01) * cap - (b["total"] - b["kv_cache"])) / kv.bytes_per_token_per_gpu
+    assert held >= 32768 > held_below  # the least, to 0.01
+    assert 0.9 < util <= 0.95
+    longer, _ = build_plan("llama-3.1-8b", 1, Layout(), InferenceWorkload(max_model_len=65536), hardware="l4-24gb")
+    with pytest.raises(PlanDoesNotFit, match=r"would need --gpu-memory-utilization 1\.\d\d to hold one 65536-token sequence"):
+        export(longer, "vllm")
+
+
+def test_sglang_static_fraction_is_weights_plus_kv_cache():
+    m = plan("serve-1node")
+    text = files("sglang", "serve-1node")["serve.sh"]
+    b, cap = m.predicted.memory.per_gpu_bytes, m.hardware.memory_capacity_bytes
+    frac = float(_flag(text, "sglang", "mem-fraction-static"))
+    assert frac == pytest.approx((b["weights"] + b["kv_cache"]) / cap, abs=0.01)
+    assert frac <= (b["weights"] + b["kv_cache"]) / cap  # rounded down
+    assert _flag(text, "sglang", "dp-size") == "2" and _flag(text, "sglang", "context-length") == "32768"
+    moe = files("sglang", "serve-moe-ep")["serve.sh"]
+    assert _flag(moe, "sglang", "ep-size") == "2" and _flag(moe, "sglang", "tp-size") == "2"
+
+
+def test_tgi_runs_each_replica_on_its_own_gpus_ports_and_sockets():
+    text = files("tgi", "serve-1node")["serve.sh"]
+    assert text.count("text-generation-launcher") == 2
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3" in text and "CUDA_VISIBLE_DEVICES=4,5,6,7" in text
+    assert "--master-port 29500" in text and "--master-port 29501" in text
+    assert _flag(text, "tgi", "max-total-tokens") == "32768" and _flag(text, "tgi", "max-input-tokens") == "32767"
+    assert _flag(text, "tgi", "num-shard") == "4"
+
+
+def test_deepspeed_batch_arithmetic_matches_the_plan():
+    cfg = json.loads(files("deepspeed", "train-1node")["ds_config.json"])
+    assert cfg["train_batch_size"] == 64
+    assert cfg["train_micro_batch_size_per_gpu"] == 2
+    assert cfg["gradient_accumulation_steps"] == 64 // (2 * 8)
+    assert cfg["zero_optimization"]["stage"] == 3 and cfg["bf16"] == {"enabled": True}
+
+
+def test_training_launchers_start_every_rank():
+    m = any_plan("train-2node")
+    text = files("torchrun", "train-2node")["torchrun.sh"]
+    words = argv(text.split("torchrun \\", 1)[1].join(["torchrun \\", ""]) if False else text[text.index("torchrun \\"):])
+    assert words[words.index("--nnodes") + 1] == "2" and words[words.index("--nproc-per-node") + 1] == "8"
+    assert m.hardware.num_gpus == 2 * 8 == m.layout.tp * m.layout.pp * m.layout.dp * m.layout.cp
+    assert words[-4:] == ["-m", "shardplan", "verify", "plan.yaml"]
+    sb = files("slurm", "train-2node")["slurm.sbatch"]
+    assert "#SBATCH --nodes=2" in sb and "#SBATCH --gpus-per-node=8" in sb and "#SBATCH --ntasks-per-node=1" in sb
+    custom = files("torchrun", "train-1gpu", script="train.py --lr 3e-4")["torchrun.sh"]
+    assert argv(custom[custom.index("torchrun \\"):])[-3:] == ["train.py", "--lr", "3e-4"]
+
+
+def test_kubernetes_sizes_shm_and_requests_the_replicas_gpus():
+    objs = list(yaml.safe_load_all(files("kubernetes", "serve-1node")["deployment.yaml"]))
+    dep = objs[0]
+    assert dep["kind"] == "Deployment" and dep["spec"]["replicas"] == 2
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 4}
+    assert pod["volumes"][0]["emptyDir"] == {"medium": "Memory", "sizeLimit": "5Gi"}
+    assert objs[1]["kind"] == "Service"
+
+
+def test_jax_specs_split_what_tensor_parallelism_splits():
+    ns: dict = {}
+    src = files("jax", "train-2node-dp")["jax_mesh.py"]
+    import types
+
+    fake = types.ModuleType("jax.sharding")
+    fake.PartitionSpec = lambda *a: tuple(a)
+    import sys
+
+    sys.modules.setdefault("jax", types.ModuleType("jax"))
+    old = sys.modules.get("jax.sharding")
+    sys.modules["jax.sharding"] = fake
+    try:
+        exec(compile(src, "jax_mesh.py", "exec"), ns)
+    finally:
+        if old is None:
+            del sys.modules["jax.sharding"]
+        else:
+            sys.modules["jax.sharding"] = old
+    assert ns["MESH_AXES"] == ("data", "context", "tensor") and ns["MESH_SHAPE"] == (8, 1, 2)
+    specs = ns["PARTITION_SPECS"]
+    assert specs["self_attn.q_proj.weight"] == ("tensor", "data")  # column: out / tp; ZeRO-3: in / dp
+    assert specs["self_attn.o_proj.weight"] == ("data", "tensor")  # row: in / tp
+    assert specs["embed_tokens.weight"] == ("tensor", "data")  # vocab rows / tp
+    assert specs["norm0.weight"] == (None,)
+    # every sharded dimension divides by its axis size
+    spec = load_model("llama-3.1-8b").spec
+    from shardplan.cost.params import block_weights, embedding_weights, head_weights
+
+    sizes = dict(zip(ns["MESH_AXES"], ns["MESH_SHAPE"]))
+    for w in (*embedding_weights(spec), *block_weights(spec, False), *head_weights(spec)):
+        for dim, axis in zip(w.shape, specs[w.name]):
+            assert axis is None or dim % sizes[axis] == 0, (w.name, dim, axis)
+
+
+# ----- plans a target cannot express ------------------------------------------------------
+
+
+@pytest.mark.parametrize("target,name,field,words", [
+    ("vllm", "train-1node", "workload.kind", "serves models and this is a training plan"),
+    ("tgi", "serve-2node-span", "layout.pp", "TGI has no pipeline parallelism"),
+    ("tgi", "serve-moe-ep", "layout.ep", "tensor parallelism only"),
+    ("deepspeed", "serve-1gpu", "workload.kind", "launches training and this is a serving plan"),
+    ("deepspeed", "train-2node", "layout.sequence_parallel", "AutoTP has no Megatron sequence parallelism"),
+    ("accelerate", "serve-1node", "layout.tp", "tensor parallelism (tp=4) has no form in it"),
+    ("accelerate", "train-2node", "layout.pp", "no pipeline stages"),
+    ("jax", "serve-2node-span", "layout.pp", "a JAX mesh has no pipeline stages"),
+    ("trtllm", "serve-2node-span", "layout", "needs an MPI launch"),
+    ("trtllm", "train-1gpu", "workload.kind", "serves models and this is a training plan"),
+])
+def test_a_plan_the_target_cannot_express_is_refused_with_the_reason(target, name, field, words):
+    with pytest.raises(CannotExpress) as info:
+        run(target, name)
+    assert info.value.field == field and words in info.value.message
+    assert info.value.message.startswith(f"{target} cannot express this plan: ")
+
+
+@pytest.mark.parametrize("update,field,words", [
+    ({"cp": 2, "dp": 4}, "layout.cp", "context parallelism (cp=2)"),
+    ({"hybrid_shard": True}, "layout.hybrid_shard", "removed MiCS"),
+    ({"sequence_parallel": True, "tp": 2, "dp": 4}, "layout.sequence_parallel", "sequence parallelism"),
+])
+def test_deepspeed_refuses_layouts_its_config_cannot_hold(update, field, words):
+    m, _ = build_plan("llama-3.1-8b", 8, Layout(dp=8, zero_stage=3), TrainingWorkload(global_batch_size=64))
+    edited = m.model_copy(update={"layout": m.layout.model_copy(update=update)})
+    with pytest.raises(CannotExpress) as info:
+        export(edited, "deepspeed")
+    assert info.value.field == field and words in info.value.message
+
+
+# ----- the CLI -----------------------------------------------------------------------------
+
+
+def _write(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    write_manifest(any_plan(name), path)
+    return path
+
+
+def test_cli_writes_every_file_atomically_with_scripts_executable(cli, tmp_path):
+    p = _write(tmp_path, "serve-2node-span")
+    out = tmp_path / "out" / "vllm"
+    r = cli("export", str(p), "--to", "vllm", "-o", str(out), "--json")
+    assert r.exit_code == 0, r.stderr
+    res = r.json()
+    assert sorted(f["name"] for f in res["files"]) == ["lws.yaml", "ray-head.sh", "ray-worker.sh", "serve.sh"]
+    assert sorted(os.listdir(out)) == ["lws.yaml", "ray-head.sh", "ray-worker.sh", "serve.sh"]  # no temporaries
+    assert os.stat(out / "serve.sh").st_mode & stat.S_IXUSR and not os.stat(out / "lws.yaml").st_mode & stat.S_IXUSR
+    for f in res["files"]:
+        assert (out / f["name"]).read_text() == f["text"] and f["bytes"] == len(f["text"].encode())
+
+
+def test_cli_prints_a_single_file_as_is(cli, tmp_path):
+    p = _write(tmp_path, "serve-1gpu")
+    r = cli("export", str(p), "--to", "sglang")
+    assert r.exit_code == 0 and r.stdout.startswith("#!/usr/bin/env bash\n") and "sglang.launch_server" in r.stdout
+
+
+def test_cli_unknown_target_lists_the_known_ones(cli, tmp_path):
+    p = _write(tmp_path, "serve-1gpu")
+    r = cli("export", str(p), "--to", "vlm")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.strip() == ("error: field '--to': unknown export target 'vlm' (fix: use one of "
+                                f"{', '.join(TARGETS)})")
+
+
+def test_cli_cannot_express_names_the_plan_file_and_field(cli, tmp_path):
+    p = _write(tmp_path, "serve-2node-span")
+    r = cli("export", str(p), "--to", "tgi")
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"error: {p}: field 'layout.pp': tgi cannot express this plan: ")
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_refuses_a_plan_that_does_not_fit_with_exit_3(cli, tmp_path):
+    m, _ = build_plan("llama-3.1-70b", 1, Layout(), InferenceWorkload(max_model_len=8192))
+    assert not m.predicted.fits
+    write_manifest(m, tmp_path / "big.yaml")
+    r = cli("export", str(tmp_path / "big.yaml"), "--to", "vllm")
+    assert r.exit_code == 3 and "the plan does not fit" in r.stderr
+
+
+def test_recommend_export_writes_the_plan_and_the_export_beside_it(cli, tmp_path):
+    r = cli("recommend", "llama-3.1-8b", "--gpus", "2", "-o", str(tmp_path / "plan.yaml"), "--export", "vllm", "--json")
+    assert r.exit_code == 0, r.stderr
+    res = r.json()
+    assert res["export"]["files"] == [str(tmp_path / "serve.sh")]
+    text = (tmp_path / "serve.sh").read_text()
+    top = res["top"][0]["plan"]
+    assert _flag(text, "vllm", "tensor-parallel-size") == str(top["tp"])
+    r = cli("recommend", "llama-3.1-8b", "--gpus", "2", "--export", "vllm")
+    assert r.exit_code == 2 and "--export needs -o" in r.stderr
+
+
+def test_export_error_is_a_shardplan_error_subclass():
+    assert issubclass(CannotExpress, ShardplanError) and PlanDoesNotFit.exit_code == 3
+    assert GIB == 1 << 30
