@@ -473,3 +473,14 @@ def test_recommend_export_writes_the_plan_and_the_export_beside_it(cli, tmp_path
 def test_export_error_is_a_shardplan_error_subclass():
     assert issubclass(CannotExpress, ShardplanError) and PlanDoesNotFit.exit_code == 3
     assert GIB == 1 << 30
+
+
+def test_kubernetes_training_job_carries_the_plan_that_verify_reads():
+    from shardplan.manifest_schema import DeploymentManifest
+
+    objs = list(yaml.safe_load_all(files("kubernetes", "train-2node")["job.yaml"]))
+    cm, job = objs[0], objs[1]
+    assert cm["kind"] == "ConfigMap" and DeploymentManifest.model_validate(yaml.safe_load(cm["data"]["plan.yaml"])) == plan("train-2node")
+    pod = job["spec"]["template"]["spec"]
+    mount = next(v for v in pod["containers"][0]["volumeMounts"] if v["name"] == "plan")
+    assert pod["containers"][0]["args"][0].endswith(f"-m shardplan verify {mount['mountPath']}/plan.yaml")

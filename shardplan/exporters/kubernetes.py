@@ -33,6 +33,7 @@ TARGET = "kubernetes"
 K8S_API_VERSION = "1.34"
 LWS_API = "leaderworkerset.x-k8s.io/v1"  # kubernetes-sigs/lws, api/leaderworkerset/v1
 SERVING_ENGINES = ("vllm", "sglang", "tgi", "trtllm")
+PLAN_MOUNT = "/etc/shardplan"
 TRAINING_IMAGE = "REPLACE-WITH-YOUR-TRAINING-IMAGE"  # an image with torch and your script (or shardplan)
 
 
@@ -137,14 +138,27 @@ def training_job(ctx: ExportContext) -> list[dict[str, Any]]:
     """An Indexed Job, one pod per node; pod i is `<name>-i.<name>` through the headless Service."""
     from shardplan.exporters.torchrun import RDZV_PORT, torchrun_command
 
+    from dataclasses import replace
+
+    from shardplan.manifest import dump_manifest
+
     m = ctx.manifest
     name = name_for(ctx)
     n = m.hardware.num_nodes
     port = ctx.options.port or RDZV_PORT
-    shell = torchrun_command(ctx, nnodes=n, rdzv_id=name, head=f"{name}-0.{name}")
+    verify = ctx.options.script is None  # ranks run `shardplan verify` on the plan, mounted from a ConfigMap
+    run = replace(ctx, options=replace(ctx.options, plan_file=f"{PLAN_MOUNT}/plan.yaml")) if verify else ctx
+    shell = torchrun_command(run, nnodes=n, rdzv_id=name, head=f"{name}-0.{name}")
     labels = {"app": name}
     tmpl = _pod_spec(ctx, image=TRAINING_IMAGE, shell=shell, gpus=gpus_per_node_used(m), port=None, labels=labels)
     tmpl["spec"] |= {"subdomain": name, "restartPolicy": "Never"}
+    objs: list[dict[str, Any]] = []
+    if verify:
+        plan = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-plan"},
+                "data": {"plan.yaml": dump_manifest(m)}}
+        tmpl["spec"]["volumes"].append({"name": "plan", "configMap": {"name": f"{name}-plan"}})
+        tmpl["spec"]["containers"][0]["volumeMounts"].append({"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True})
+        objs.append(plan)
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -152,12 +166,24 @@ def training_job(ctx: ExportContext) -> list[dict[str, Any]]:
         "spec": {"completionMode": "Indexed", "completions": n, "parallelism": n, "backoffLimit": 0,
                  "template": tmpl},
     }
-    return [job, _service(name, labels, port, headless=True)]
+    return [*objs, job, _service(name, labels, port, headless=True)]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (shell commands, the embedded plan) as literal blocks, as people write them."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
 
 
 def dump(objects: list[dict[str, Any]], header: list[str] | None = None) -> str:
     head = "".join(f"# {h}\n" for h in header or [])
-    return head + yaml.safe_dump_all(objects, sort_keys=False, width=1 << 30)
+    return head + yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=1 << 30)
 
 
 def export_kubernetes(ctx: ExportContext) -> list[ExportFile]:
@@ -169,7 +195,8 @@ def export_kubernetes(ctx: ExportContext) -> list[ExportFile]:
         training(ctx, TARGET)
         objs = training_job(ctx)
         if ctx.options.image is None:
-            header.append(f"replace {TRAINING_IMAGE} with an image holding torch and the script (or pass --image)")
+            header.append(f"replace {TRAINING_IMAGE} with an image holding torch and "
+                          f"{'shardplan' if ctx.options.script is None else 'the script'} (or pass --image)")
         return [ExportFile("job.yaml", dump(objs, header))]
     engine = ctx.options.engine
     if nodes_per_replica(m) > 1:
