@@ -484,3 +484,13 @@ def test_kubernetes_training_job_carries_the_plan_that_verify_reads():
     pod = job["spec"]["template"]["spec"]
     mount = next(v for v in pod["containers"][0]["volumeMounts"] if v["name"] == "plan")
     assert pod["containers"][0]["args"][0].endswith(f"-m shardplan verify {mount['mountPath']}/plan.yaml")
+
+
+def test_every_golden_script_passes_bash_syntax_check():
+    import subprocess
+
+    scripts = sorted(p for p in SNAPSHOTS.rglob("*") if p.suffix in (".sh", ".sbatch"))
+    assert len(scripts) >= 25
+    for p in scripts:
+        r = subprocess.run(["bash", "-n", str(p)], capture_output=True, text=True)
+        assert r.returncode == 0, f"{p.relative_to(SNAPSHOTS)}: {r.stderr.strip()}"

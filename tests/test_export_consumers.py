@@ -19,6 +19,7 @@ import subprocess
 import types
 from functools import lru_cache
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
@@ -36,32 +37,36 @@ GPU = "nvidia.com/gpu"
 # ----- plans ----------------------------------------------------------------------------
 
 
+def fitting(m):
+    """Exporters refuse plans that do not fit: every plan here must fit."""
+    assert m.predicted.fits, m.predicted.reason
+    return m
+
+
 @lru_cache(maxsize=None)
 def serving_8b():
     """llama-3.1-8b: 4 replicas of tp=2 on one 8-GPU node."""
-    return build_plan("llama-3.1-8b", 8, Layout(tp=2, dp=4), InferenceWorkload())[0]
+    return fitting(build_plan("llama-3.1-8b", 8, Layout(tp=2, dp=4), InferenceWorkload())[0])
 
 
 @lru_cache(maxsize=None)
 def serving_405b():
     """llama-3.1-405b: one replica of tp=8 x pp=2 over two 8-GPU nodes."""
-    return build_plan("llama-3.1-405b", 16, Layout(tp=8, pp=2), InferenceWorkload(max_model_len=8192),
-                      gpus_per_node=8)[0]
+    return fitting(build_plan("llama-3.1-405b", 16, Layout(tp=8, pp=2), InferenceWorkload(max_model_len=8192),
+                              gpus_per_node=8)[0])
 
 
 @lru_cache(maxsize=None)
 def training_70b():
     """llama-3.1-70b on two nodes: tp=8 in a node, pp=2 across them, ZeRO-1. Sequence parallelism is
     on because without it the plan does not fit (94.5 GiB on stage 0) and exporters refuse it."""
-    return build_plan("llama-3.1-70b", 16, Layout(tp=8, pp=2, zero_stage=1, sequence_parallel=True),
-                      TrainingWorkload(), gpus_per_node=8)[0]
+    return fitting(build_plan("llama-3.1-70b", 16, Layout(tp=8, pp=2, zero_stage=1, sequence_parallel=True),
+                              TrainingWorkload(), gpus_per_node=8)[0])
 
 
 @lru_cache(maxsize=None)
 def training(model: str = "llama-3.1-8b", gpus: int = 8, gpus_per_node: int | None = None, **layout):
-    m = build_plan(model, gpus, Layout(**layout), TrainingWorkload(), gpus_per_node=gpus_per_node)[0]
-    assert m.predicted.fits, m.predicted.reason
-    return m
+    return fitting(build_plan(model, gpus, Layout(**layout), TrainingWorkload(), gpus_per_node=gpus_per_node)[0])
 
 
 def training_8b_two_nodes():
@@ -72,7 +77,7 @@ def training_8b_two_nodes():
 @lru_cache(maxsize=None)
 def serving_debug_pp2():
     """The bundled tiny llama split in two pipeline stages on two GPUs."""
-    return build_plan("debug", 2, Layout(pp=2), InferenceWorkload(max_model_len=512))[0]
+    return fitting(build_plan("debug", 2, Layout(pp=2), InferenceWorkload(max_model_len=512))[0])
 
 
 def files(manifest, target: str, **kw) -> dict[str, ExportFile]:
@@ -144,6 +149,15 @@ def torchrun_args(argv: list[str]):
     return get_args_parser().parse_args(argv)
 
 
+def elastic_config(args):
+    """torch's own LaunchConfig for parsed torchrun arguments: (config, program, rank argv).
+    OMP_NUM_THREADS is preset so that torch does not set it in this process."""
+    from torch.distributed.run import config_from_args
+
+    with mock.patch.dict(os.environ, {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}):
+        return config_from_args(args)
+
+
 # ----- 1. Kubernetes ------------------------------------------------------------------------
 
 
@@ -197,7 +211,8 @@ def test_kubernetes_validator_is_strict_so_the_checks_below_can_fail():
 
 
 @pytest.mark.parametrize("engine,program", [("vllm", ("vllm", "serve")),
-                                            ("sglang", ("python", "-m", "sglang.launch_server"))])
+                                            ("sglang", ("python", "-m", "sglang.launch_server")),
+                                            ("tgi", ("text-generation-launcher",))])
 def test_single_node_serving_is_a_valid_deployment_and_service(engine, program):
     m = serving_8b()
     out = files(m, "kubernetes", options=ExportOptions(engine=engine))
@@ -217,7 +232,7 @@ def test_single_node_serving_is_a_valid_deployment_and_service(engine, program):
     assert c["ports"] == [{"containerPort": 8000, "name": "http"}]
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": 8000}]
     words = command_argv(c["args"][0], program)
-    tp_flag = {"vllm": "--tensor-parallel-size", "sglang": "--tp-size"}[engine]
+    tp_flag = {"vllm": "--tensor-parallel-size", "sglang": "--tp-size", "tgi": "--num-shard"}[engine]
     assert words[words.index(tp_flag) + 1] == "2"
     assert words[words.index("--port") + 1] == "8000"
 
@@ -269,8 +284,8 @@ def test_vllm_export_of_multi_node_plan_carries_the_same_valid_leader_worker_set
 
 def test_sglang_leader_worker_set_gives_each_pod_its_node_rank_from_lws():
     m = serving_405b()
-    lws, leader, worker = _check_lws(files(m, "kubernetes", options=ExportOptions(engine="sglang"))["lws.yaml"].text,
-                                     replicas=m.layout.dp, size=2, gpus=8)
+    _, leader, worker = _check_lws(files(m, "kubernetes", options=ExportOptions(engine="sglang"))["lws.yaml"].text,
+                                   replicas=m.layout.dp, size=2, gpus=8)
     assert only_container(leader)["image"].startswith("lmsysorg/sglang:")
     for t in (leader, worker):
         words = command_argv(only_container(t)["args"][0], ("python", "-m", "sglang.launch_server"))
@@ -528,6 +543,9 @@ def test_device_map_with_parameter_offload_loads_in_accelerate(debug_checkpoint,
         assert model.model.layers[0].self_attn.q_proj.weight.device.type == "meta"
         assert all((offload / f"model.layers.{i}.mlp.down_proj.weight.dat").is_file() for i in range(8))
         assert model.lm_head.weight.device.type == "cpu"
+    else:
+        assert {p.device.type for p in model.parameters()} == {"cpu"}
+        assert not offload.exists() or not any(offload.iterdir())
 
 
 # ----- 4. accelerate FSDP config -------------------------------------------------------------
@@ -557,16 +575,24 @@ def test_fsdp_config_loads_in_accelerates_cluster_config(tmp_path, zero_stage, r
     assert cfg.fsdp_config["fsdp_offload_params"] is False
 
 
-def _accelerate_launch_env(argv: list[str]) -> tuple[object, dict[str, str]]:
-    """What `accelerate launch` makes of the line: its parser, its config merging and checks,
-    and the environment it starts the ranks with (only the variables it adds)."""
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+def _accelerate_launch(argv: list[str]):
+    """What `accelerate launch` makes of the line, step by step as its FSDP path runs
+    (launch_command -> multi_gpu_launcher): its parser, config merging and checks, the
+    environment it starts the ranks with (only the variables it adds), and the torch elastic
+    LaunchConfig and rank command it hands torch.distributed.run."""
+    import torch.distributed.run as distrib_run
+    from accelerate.commands.launch import _filter_args, _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import prepare_multi_gpu_env
 
     args = launch_command_parser().parse_args(argv)
     args, _, _ = _validate_launch_command(args)
     env = prepare_multi_gpu_env(args)
-    return args, {k: v for k, v in env.items() if os.environ.get(k) != v}
+    torch_args = _filter_args(args, distrib_run.get_args_parser(),
+                              ["--training_script", args.training_script,
+                               "--training_script_args", args.training_script_args])
+    launch, _, rank_argv = elastic_config(torch_args)
+    added = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    return types.SimpleNamespace(args=args, env=added, launch=launch, rank_argv=rank_argv)
 
 
 def _check_rank_side(env: dict[str, str], world: int, cls: str):
@@ -591,8 +617,7 @@ def _check_rank_side(env: dict[str, str], world: int, cls: str):
     ("llama-3.1-8b", dict(dp=8, zero_stage=3), True),
     ("llama-3.1-8b", dict(dp=8, zero_stage=2), False),
     ("llama-3.1-8b", dict(tp=2, dp=4, zero_stage=3), True),
-    ("llama-3.2-1b", dict(dp=8, zero_stage=0), False),
-], ids=["zero3", "zero2", "tp2-zero3", "zero0"])
+], ids=["zero3", "zero2", "tp2-zero3"])
 def test_accelerate_launch_line_runs_the_fsdp_config_through_accelerates_launcher(
         tmp_path, monkeypatch, model, layout, reshard):
     m = training(model, 8, **layout)
@@ -600,10 +625,13 @@ def test_accelerate_launch_line_runs_the_fsdp_config_through_accelerates_launche
     (tmp_path / "accelerate_fsdp.yaml").write_text(out["accelerate_fsdp.yaml"].text)
     monkeypatch.chdir(tmp_path)
     argv = command_argv(out["launch.sh"].text, ("accelerate", "launch"))
-    args, env = _accelerate_launch_env(argv)
+    run = _accelerate_launch(argv)
+    args, env = run.args, run.env
     assert args.config_file == "accelerate_fsdp.yaml" and args.training_script == "train.py"
     assert args.use_fsdp is True and args.num_processes == 8
     assert args.nproc_per_node == "8"
+    assert (run.launch.min_nodes, run.launch.max_nodes, run.launch.nproc_per_node) == (1, 1, 8)
+    assert run.rank_argv == ["-u", "train.py"]
     assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
     assert env["FSDP_RESHARD_AFTER_FORWARD"] == str(reshard).lower()
     assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
@@ -611,6 +639,19 @@ def test_accelerate_launch_line_runs_the_fsdp_config_through_accelerates_launche
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is reshard
     assert pc is not None and pc.tp_size == m.layout.tp
     assert pc.dp_replicate_size * pc.dp_shard_size == m.layout.dp
+
+
+def test_accelerate_zero0_plan_launches_plain_data_parallel(tmp_path, monkeypatch):
+    # FSDP needs something to shard (accelerate 1.15 refuses dp_shard_size = cp_size = 1), so a
+    # ZeRO-0 plan is exported as DDP
+    m = training("llama-3.2-1b", 8, dp=8, zero_stage=0)
+    out = _fsdp_export(m, "llama-3.2-1b")
+    (tmp_path / "accelerate_fsdp.yaml").write_text(out["accelerate_fsdp.yaml"].text)
+    monkeypatch.chdir(tmp_path)
+    run = _accelerate_launch(command_argv(out["launch.sh"].text, ("accelerate", "launch")))
+    assert run.args.multi_gpu is True and run.args.use_fsdp is False and run.args.num_processes == 8
+    assert run.env.get("ACCELERATE_USE_FSDP", "false") == "false"
+    assert (run.launch.min_nodes, run.launch.nproc_per_node) == (1, 8)
 
 
 def test_accelerate_two_node_launch_reaches_torchrun_with_the_nodes_rank_and_head(tmp_path, monkeypatch):
@@ -626,10 +667,14 @@ def test_accelerate_two_node_launch_reaches_torchrun_with_the_nodes_rank_and_hea
     # as bash runs it on node 1: accelerate's parser, config merging and torchrun arguments
     argv = shell_argv(out["launch.sh"].text, tmp_path, {"HEAD_ADDR": "10.0.0.1", "NODE_RANK": "1"})
     monkeypatch.chdir(tmp_path)
-    args, env = _accelerate_launch_env(argv)
-    assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("2", "8", 1)
-    assert (args.master_addr, args.master_port) == ("10.0.0.1", "29500")
-    _, pc = _check_rank_side(env, 16, "LlamaDecoderLayer")
+    run = _accelerate_launch(argv)
+    assert (run.args.nnodes, run.args.nproc_per_node, run.args.node_rank) == ("2", "8", 1)
+    launch = run.launch  # what torch elastic is started with on node 1
+    assert (launch.min_nodes, launch.max_nodes, launch.nproc_per_node) == (2, 2, 8)
+    assert launch.rdzv_backend == "static" and launch.rdzv_configs["rank"] == 1
+    assert launch.rdzv_endpoint == "10.0.0.1:29500"
+    assert run.rank_argv == ["-u", "train.py"]
+    _, pc = _check_rank_side(run.env, 16, "LlamaDecoderLayer")
     assert pc.dp_shard_size * pc.dp_replicate_size == 16
 
 
@@ -658,6 +703,11 @@ def test_two_node_torchrun_line_parses_in_torch_with_c10d_rendezvous(tmp_path):
     assert args.training_script_args == ["verify", "plan.yaml"]
     real = torchrun_args(shell_argv(text, tmp_path, {"HEAD_ADDR": "10.0.0.1"}))
     assert (real.rdzv_endpoint, real.rdzv_id) == ("10.0.0.1:29500", "shardplan")
+    launch, _, rank_argv = elastic_config(real)
+    assert (launch.min_nodes, launch.max_nodes, launch.nproc_per_node) == (2, 2, 8)
+    assert (launch.rdzv_backend, launch.rdzv_endpoint, launch.run_id) == ("c10d", "10.0.0.1:29500", "shardplan")
+    assert rank_argv == ["-u", "-m", "shardplan", "verify", "plan.yaml"]
+    assert launch.min_nodes * launch.nproc_per_node == m.hardware.num_gpus == 8 * 2 * 1  # tp * pp * dp
 
 
 @pytest.mark.parametrize("script,module,no_python,program,rest", [
@@ -704,6 +754,8 @@ def test_two_node_slurm_script_requests_the_nodes_and_runs_torchrun_per_node(tmp
                                                      "SLURM_JOB_NODELIST": "gpu[01-02]"}))
     assert (real.nnodes, real.nproc_per_node, real.rdzv_backend) == ("2", "8", "c10d")
     assert (real.rdzv_endpoint, real.rdzv_id) == ("gpu01:29500", "4242")
+    launch, _, _ = elastic_config(real)
+    assert (launch.min_nodes, launch.max_nodes, launch.nproc_per_node, launch.run_id) == (2, 2, 8, "4242")
 
 
 def test_single_node_slurm_script_runs_standalone_torchrun():

@@ -7,8 +7,8 @@
   `load_checkpoint_and_dispatch(model, ckpt, device_map=..., no_split_module_classes=[...])`
   takes it. Module names follow transformers' class for the spec's `model_type`.
 - Training plans: `accelerate_fsdp.yaml` (FSDP2, `fsdp_reshard_after_forward` from the ZeRO
-  stage, CPU offload, and accelerate's `parallelism_config` for tp/cp/hybrid sharding) and the
-  launch line per node.
+  stage, CPU offload, and accelerate's `parallelism_config` for tp/cp/hybrid sharding; plain
+  data parallelism for ZeRO 0) and the launch line per node.
 """
 
 from __future__ import annotations
@@ -128,9 +128,6 @@ def fsdp_config(ctx: ExportContext) -> dict[str, Any]:
                      "together and to CPU only", "re-plan with --offload all-cpu or none, or export --to deepspeed")
     _, _, _, cls = _hf_modules(ctx)
     n, g = m.hardware.num_nodes, gpus_per_node_used(m)
-    shard = L.dp if not L.hybrid_shard else max(1, g // (L.tp * L.cp))
-    if L.zero_stage == 0:
-        shard = 1
     mixed = {"bf16": "bf16", "fp16": "fp16"}.get(wl.param_dtype, "no")
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
@@ -143,7 +140,15 @@ def fsdp_config(ctx: ExportContext) -> dict[str, Any]:
         "rdzv_backend": "static",
         "same_network": True,
         "use_cpu": False,
-        "fsdp_config": {
+    }
+    if L.zero_stage == 0:  # nothing sharded: plain data parallelism (DDP)
+        if L.tp > 1 or L.cp > 1:
+            raise cannot(TARGET, "layout.zero_stage", "accelerate runs tensor and context parallelism under FSDP, "
+                         "and the plan shards nothing (ZeRO 0)", "re-plan with --zero-stage 2 or 3")
+        cfg["distributed_type"] = "MULTI_GPU" if m.hardware.num_gpus > 1 else "NO"
+    else:
+        shard = L.dp if not L.hybrid_shard else max(1, g // (L.tp * L.cp))
+        cfg["fsdp_config"] = {
             "fsdp_version": 2,
             # ZeRO-3 reshards the parameters after forward; ZeRO 1-2 keep them (FSDP2 has no
             # stage that shards optimizer states only: ZeRO-1 plans get ZeRO-2, which needs less memory)
@@ -154,14 +159,13 @@ def fsdp_config(ctx: ExportContext) -> dict[str, Any]:
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
             "fsdp_cpu_ram_efficient_loading": True,
             "fsdp_activation_checkpointing": L.recompute == "full",
-        },
-        "parallelism_config": {
+        }
+        cfg["parallelism_config"] = {
             "parallelism_config_dp_replicate_size": L.dp // shard,
             "parallelism_config_dp_shard_size": shard,
             "parallelism_config_tp_size": L.tp,
             "parallelism_config_cp_size": L.cp,
-        },
-    }
+        }
     if n > 1:
         cfg["main_process_ip"] = "HEAD_ADDR"  # placeholder; the launch line passes the real one
     return cfg
@@ -178,7 +182,7 @@ def _export_fsdp(ctx: ExportContext) -> list[ExportFile]:
     header = plan_header(m, TARGET)
     if n > 1:
         body += ['HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of node 0}"',
-                 'NODE_RANK="${NODE_RANK:?set NODE_RANK to this node\'s index, 0..' + str(n - 1) + '}"', ""]
+                 'NODE_RANK="${NODE_RANK:?set NODE_RANK to the index of this node, 0..' + str(n - 1) + '}"', ""]
         args += [("machine_rank", Raw("$NODE_RANK")), ("main_process_ip", Raw("$HEAD_ADDR"))]
         header.append(f"run on each of the {n} nodes: HEAD_ADDR=<node 0> NODE_RANK=<i> bash launch.sh")
     if L.sequence_parallel:

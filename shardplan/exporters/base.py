@@ -158,6 +158,19 @@ def least_fraction_holding(m: DeploymentManifest, static_bytes: float, tokens: i
     return frac
 
 
+def memory_utilization(ctx: ExportContext, target: str, flag: str) -> float:
+    """A cap on everything an engine allocates (vLLM's --gpu-memory-utilization, TGI's
+    --cuda-memory-fraction): the plan's, when its predicted KV cache holds one max_model_len
+    sequence (engines refuse to start otherwise); else the least share that does."""
+    m = ctx.manifest
+    wl = serving(ctx, target)
+    kv = m.predicted.kv_cache
+    assert kv is not None
+    if kv.capacity_tokens >= kv.max_model_len_tokens:
+        return wl.gpu_memory_utilization
+    return least_fraction_holding(m, non_kv_bytes(m), kv.max_model_len_tokens, target, flag)
+
+
 # ----- shell commands checked against a pinned flag list ----------------------------------
 
 

@@ -93,7 +93,7 @@ def export_sglang(ctx: ExportContext) -> list[ExportFile]:
     if k > 1:
         header += [f"each of the {m.layout.dp} replica(s) spans {k} nodes: run on each of them with HEAD_ADDR "
                    f"(the replica's first node) and NODE_RANK (0..{k - 1}) set"]
-        body = ['HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of the replica\'s first node}"',
+        body = ['HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of the first node of the replica}"',
                 f'NODE_RANK="${{NODE_RANK:?set NODE_RANK to 0..{k - 1}}}"', "",
                 launch_command(ctx, data_parallel=1, port=port, nnodes=k)]
     else:

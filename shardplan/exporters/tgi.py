@@ -14,15 +14,14 @@ own GPUs, port, shard socket and NCCL port.
 from __future__ import annotations
 
 from shardplan.exporters.base import (
+    memory_utilization as base_memory_utilization,
     Arg,
     ExportContext,
     ExportFile,
     cannot,
     command,
     flag_table,
-    least_fraction_holding,
     model_ref,
-    non_kv_bytes,
     plan_header,
     script,
     serving,
@@ -51,13 +50,7 @@ def _expressible(ctx: ExportContext) -> None:
 
 
 def memory_fraction(ctx: ExportContext) -> float:
-    m = ctx.manifest
-    wl = serving(ctx, TARGET)
-    kv = m.predicted.kv_cache
-    assert kv is not None
-    if kv.capacity_tokens >= kv.max_model_len_tokens:
-        return wl.gpu_memory_utilization
-    return least_fraction_holding(m, non_kv_bytes(m), kv.max_model_len_tokens, TARGET, "--cuda-memory-fraction")
+    return base_memory_utilization(ctx, TARGET, "--cuda-memory-fraction")
 
 
 def launcher_args(ctx: ExportContext, *, slot: int, port: int) -> list[Arg]:

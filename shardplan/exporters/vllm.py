@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from shardplan.exporters import kubernetes as k8s
 from shardplan.exporters.base import (
+    memory_utilization as base_memory_utilization,
     Arg,
     ExportContext,
     ExportFile,
@@ -23,12 +24,10 @@ from shardplan.exporters.base import (
     command,
     flag_table,
     kv_tokens_at,
-    least_fraction_holding,
     model_ref,
     nodes_per_replica,
     non_kv_bytes,
     plan_header,
-    replica_gpus,
     script,
     serving,
     torch_dtype,
@@ -42,13 +41,7 @@ _QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq"}
 
 
 def memory_utilization(ctx: ExportContext) -> float:
-    m = ctx.manifest
-    wl = serving(ctx, TARGET)
-    kv = m.predicted.kv_cache
-    assert kv is not None
-    if kv.capacity_tokens >= kv.max_model_len_tokens:
-        return wl.gpu_memory_utilization
-    return least_fraction_holding(m, non_kv_bytes(m), kv.max_model_len_tokens, TARGET, "--gpu-memory-utilization")
+    return base_memory_utilization(ctx, TARGET, "--gpu-memory-utilization")
 
 
 def separate_replicas(ctx: ExportContext) -> bool:
@@ -155,4 +148,4 @@ def pod_commands(ctx: ExportContext, *, port: int, multi_node: bool) -> tuple[st
     return leader, worker
 
 
-__all__ = ["export_vllm", "serve_command", "memory_utilization", "pod_commands", "replica_gpus"]
+__all__ = ["export_vllm", "serve_command", "memory_utilization", "pod_commands"]

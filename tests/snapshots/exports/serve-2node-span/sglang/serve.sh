@@ -6,7 +6,7 @@
 # each of the 1 replica(s) spans 2 nodes: run on each of them with HEAD_ADDR (the replica's first node) and NODE_RANK (0..1) set
 set -euo pipefail
 
-HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of the replica's first node}"
+HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of the first node of the replica}"
 NODE_RANK="${NODE_RANK:?set NODE_RANK to 0..1}"
 
 python -m sglang.launch_server \

@@ -6,7 +6,7 @@
 set -euo pipefail
 
 HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of node 0}"
-NODE_RANK="${NODE_RANK:?set NODE_RANK to this node's index, 0..1}"
+NODE_RANK="${NODE_RANK:?set NODE_RANK to the index of this node, 0..1}"
 
 accelerate launch \
     --config_file accelerate_fsdp.yaml \
