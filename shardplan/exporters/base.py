@@ -85,9 +85,10 @@ def training(ctx: ExportContext, target: str) -> TrainingWorkloadSection:
 def _fits(m: DeploymentManifest) -> None:
     """Refuse a plan that does not fit, except a serving plan whose only shortfall is a KV cache
     smaller than one max_model_len sequence: engines take a larger memory share for that
-    (vLLM's own advice), which `least_fraction_holding` works out."""
+    (vLLM's own advice), which `least_fraction_holding` works out. (A KV cache that is there but
+    short is the serving model's only failure with every stage's weights in budget.)"""
     kv = m.predicted.kv_cache
-    if kv is not None and 0 < kv.capacity_tokens < kv.max_model_len_tokens and "max seq len" in (m.predicted.reason or ""):
+    if kv is not None and 0 < kv.capacity_tokens < kv.max_model_len_tokens:
         return
     if not m.predicted.fits:
         raise PlanDoesNotFit(f"the plan does not fit ({m.predicted.reason}); its export would fail at start-up",
@@ -112,11 +113,6 @@ def replica_gpus(m: DeploymentManifest) -> int:
 
 def nodes_per_replica(m: DeploymentManifest) -> int:
     return max(1, math.ceil(replica_gpus(m) / gpus_per_node_used(m)))
-
-
-def replicas_per_node(m: DeploymentManifest) -> int:
-    """Serving replicas on one node (0 when a replica spans nodes)."""
-    return gpus_per_node_used(m) // replica_gpus(m)
 
 
 def torch_dtype(dtype: str) -> str:
