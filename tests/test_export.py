@@ -494,3 +494,14 @@ def test_every_golden_script_passes_bash_syntax_check():
     for p in scripts:
         r = subprocess.run(["bash", "-n", str(p)], capture_output=True, text=True)
         assert r.returncode == 0, f"{p.relative_to(SNAPSHOTS)}: {r.stderr.strip()}"
+
+
+def test_sglang_and_trtllm_shares_also_grow_until_one_sequence_fits():
+    m, _ = build_plan("llama-3.1-8b", 1, Layout(), InferenceWorkload(max_model_len=32768), hardware="l4-24gb")
+    kv, b, cap = m.predicted.kv_cache, m.predicted.memory.per_gpu_bytes, m.hardware.memory_capacity_bytes
+    sg = float(_flag(export(m, "sglang")[0].text, "sglang", "mem-fraction-static"))
+    assert (sg * cap - b["weights"]) / kv.bytes_per_token_per_gpu >= 32768
+    assert ((sg - 0.01) * cap - b["weights"]) / kv.bytes_per_token_per_gpu < 32768
+    free = cap - (b["total"] - b["kv_cache"])
+    trt = float(_flag(export(m, "trtllm")[0].text, "trtllm-serve", "kv_cache_free_gpu_memory_fraction"))
+    assert trt * free / kv.bytes_per_token_per_gpu >= 32768 > (trt - 0.01) * free / kv.bytes_per_token_per_gpu

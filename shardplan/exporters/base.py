@@ -85,7 +85,7 @@ def training(ctx: ExportContext, target: str) -> TrainingWorkloadSection:
 def _fits(m: DeploymentManifest) -> None:
     """Refuse a plan that does not fit, except a serving plan whose only shortfall is a KV cache
     smaller than one max_model_len sequence: engines take a larger memory share for that
-    (vLLM's own advice), which `least_fraction_holding` works out. (A KV cache that is there but
+    (vLLM's own advice), which `share_holding_one_sequence` works out. (A KV cache that is there but
     short is the serving model's only failure with every stage's weights in budget.)"""
     kv = m.predicted.kv_cache
     if kv is not None and 0 < kv.capacity_tokens < kv.max_model_len_tokens:
@@ -137,34 +137,36 @@ def non_kv_bytes(m: DeploymentManifest) -> float:
 MAX_MEMORY_FRACTION = 0.95  # the most an export asks for: CUDA context, NCCL and fragmentation need the rest
 
 
-def least_fraction_holding(m: DeploymentManifest, static_bytes: float, tokens: int, target: str, flag: str,
-                           ceiling: float = MAX_MEMORY_FRACTION) -> float:
-    """The least share of GPU memory (to 0.01) that holds `static_bytes` plus a KV cache of
-    `tokens` tokens (whole blocks) on the binding rank; refused above `ceiling`."""
+def share_holding_one_sequence(ctx: ExportContext, *, planned: float, static_bytes: float, of_bytes: float,
+                               target: str, flag: str) -> float:
+    """An engine's memory share (of `of_bytes` per GPU): `planned`, when `planned x of_bytes`
+    minus `static_bytes` leaves a KV cache that holds one max_model_len sequence on the binding
+    rank (engines refuse to start otherwise); else the least share, to 0.01, that does, refused
+    above MAX_MEMORY_FRACTION (exit 3). vLLM/TGI: a share of capacity over everything; SGLang:
+    of capacity over weights + KV; TensorRT-LLM: of the memory left after weights and buffers."""
+    m = ctx.manifest
+    serving(ctx, target)
     kv = m.predicted.kv_cache
     assert kv is not None
-    cap = m.hardware.memory_capacity_bytes
-    blocks = math.ceil(tokens / kv.block_size_tokens)
-    need = static_bytes + blocks * kv.block_size_tokens * kv.bytes_per_token_per_gpu
-    frac = math.ceil(need / cap * 100 - 1e-9) / 100
-    if frac > ceiling:
+    tokens = kv.max_model_len_tokens
+    if kv_tokens_at(m, planned * of_bytes - static_bytes) >= tokens:
+        return planned
+    need_bytes = static_bytes + math.ceil(tokens / kv.block_size_tokens) * kv.block_size_tokens * kv.bytes_per_token_per_gpu
+    frac = math.ceil(need_bytes / of_bytes * 100 - 1e-9) / 100
+    if frac > MAX_MEMORY_FRACTION:
         raise PlanDoesNotFit(f"{target} would need {flag} {frac:.2f} to hold one {tokens}-token sequence "
-                             f"(more than {ceiling})", field="workload.max_model_len",
+                             f"(more than {MAX_MEMORY_FRACTION})", field="workload.max_model_len",
                              hint="re-plan with a shorter --max-model-len or more GPUs")
     return frac
 
 
 def memory_utilization(ctx: ExportContext, target: str, flag: str) -> float:
     """A cap on everything an engine allocates (vLLM's --gpu-memory-utilization, TGI's
-    --cuda-memory-fraction): the plan's, when its predicted KV cache holds one max_model_len
-    sequence (engines refuse to start otherwise); else the least share that does."""
+    --cuda-memory-fraction): the plan's, raised when its KV cache is short of one sequence."""
     m = ctx.manifest
-    wl = serving(ctx, target)
-    kv = m.predicted.kv_cache
-    assert kv is not None
-    if kv.capacity_tokens >= kv.max_model_len_tokens:
-        return wl.gpu_memory_utilization
-    return least_fraction_holding(m, non_kv_bytes(m), kv.max_model_len_tokens, target, flag)
+    return share_holding_one_sequence(ctx, planned=serving(ctx, target).gpu_memory_utilization,
+                                      static_bytes=non_kv_bytes(m), of_bytes=m.hardware.memory_capacity_bytes,
+                                      target=target, flag=flag)
 
 
 # ----- shell commands checked against a pinned flag list ----------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from dataclasses import replace
 from typing import Any
 
 import yaml
@@ -26,8 +27,11 @@ from shardplan.exporters.base import (
     nodes_per_replica,
     plan_header,
     replica_gpus,
+    training,
 )
 from shardplan.exporters.serving import DEFAULT_PORT
+from shardplan.exporters.torchrun import RDZV_PORT, torchrun_command
+from shardplan.manifest import dump_manifest
 
 TARGET = "kubernetes"
 K8S_API_VERSION = "1.34"
@@ -136,12 +140,6 @@ def deployment(ctx: ExportContext, *, engine: str) -> list[dict[str, Any]]:
 
 def training_job(ctx: ExportContext) -> list[dict[str, Any]]:
     """An Indexed Job, one pod per node; pod i is `<name>-i.<name>` through the headless Service."""
-    from shardplan.exporters.torchrun import RDZV_PORT, torchrun_command
-
-    from dataclasses import replace
-
-    from shardplan.manifest import dump_manifest
-
     m = ctx.manifest
     name = name_for(ctx)
     n = m.hardware.num_nodes
@@ -190,8 +188,6 @@ def export_kubernetes(ctx: ExportContext) -> list[ExportFile]:
     m = ctx.manifest
     header = plan_header(m, TARGET)
     if m.workload.kind == "training":
-        from shardplan.exporters.base import training
-
         training(ctx, TARGET)
         objs = training_job(ctx)
         if ctx.options.image is None:

@@ -20,13 +20,12 @@ from shardplan.exporters.base import (
     Raw,
     command,
     flag_table,
-    kv_tokens_at,
-    least_fraction_holding,
     model_ref,
     nodes_per_replica,
     plan_header,
     script,
     serving,
+    share_holding_one_sequence,
     torch_dtype,
 )
 from shardplan.exporters.serving import DEFAULT_PORT, each_node_note, node_replicas
@@ -39,16 +38,13 @@ _KV = {"fp8": "fp8_e4m3"}
 
 
 def mem_fraction_static(ctx: ExportContext) -> float:
+    """The plan's weights + KV cache over capacity, rounded down (what --mem-fraction-static covers)."""
     m = ctx.manifest
-    serving(ctx, TARGET)
-    kv = m.predicted.kv_cache
-    assert kv is not None
     b = m.predicted.memory.per_gpu_bytes
     cap = m.hardware.memory_capacity_bytes
-    frac = math.floor((b["weights"] + b.get("kv_cache", 0.0)) / cap * 100) / 100
-    if kv_tokens_at(m, frac * cap - b["weights"]) >= kv.max_model_len_tokens:
-        return frac
-    return least_fraction_holding(m, b["weights"], kv.max_model_len_tokens, TARGET, "--mem-fraction-static")
+    planned = math.floor((b["weights"] + b.get("kv_cache", 0.0)) / cap * 100) / 100
+    return share_holding_one_sequence(ctx, planned=planned, static_bytes=b["weights"], of_bytes=cap,
+                                      target=TARGET, flag="--mem-fraction-static")
 
 
 def server_args(ctx: ExportContext, *, data_parallel: int, port: int, nnodes: int = 1,

@@ -23,13 +23,13 @@ from shardplan.exporters.base import (
     cannot,
     command,
     flag_table,
-    kv_tokens_at,
     model_ref,
     nodes_per_replica,
     non_kv_bytes,
     plan_header,
     script,
     serving,
+    share_holding_one_sequence,
     torch_dtype,
 )
 from shardplan.exporters.serving import each_node_note, node_replicas, replicas_script
@@ -41,18 +41,13 @@ _LLAMA_FAMILY = ("llama", "mistral", "mixtral")
 
 
 def kv_free_fraction(ctx: ExportContext) -> float:
+    """The plan's KV cache over the memory left after everything else, rounded down."""
     m = ctx.manifest
     serving(ctx, TARGET)
-    kv = m.predicted.kv_cache
-    assert kv is not None
-    free = m.hardware.memory_capacity_bytes - non_kv_bytes(m)
-    frac = math.floor(m.predicted.memory.per_gpu_bytes.get("kv_cache", 0.0) / free * 100) / 100
-    while frac < 0.95 and kv_tokens_at(m, frac * free) < kv.max_model_len_tokens:
-        frac = round(frac + 0.01, 2)
-    if kv_tokens_at(m, frac * free) < kv.max_model_len_tokens:
-        raise cannot(TARGET, "workload.max_model_len", f"even 0.95 of the free memory holds no "
-                     f"{kv.max_model_len_tokens}-token sequence", "re-plan with a shorter --max-model-len")
-    return frac
+    free_bytes = m.hardware.memory_capacity_bytes - non_kv_bytes(m)
+    planned = math.floor(m.predicted.memory.per_gpu_bytes.get("kv_cache", 0.0) / free_bytes * 100) / 100
+    return share_holding_one_sequence(ctx, planned=planned, static_bytes=0.0, of_bytes=free_bytes,
+                                      target=TARGET, flag="--kv_cache_free_gpu_memory_fraction")
 
 
 def _expressible(ctx: ExportContext) -> None:
@@ -84,9 +79,8 @@ def serve_command(ctx: ExportContext, *, port: int) -> str:
 def extra_options(ctx: ExportContext) -> dict:
     """The LLM API options trtllm-serve has no flag for: the KV cache's format."""
     m = ctx.manifest
-    wl = serving(ctx, TARGET)
-    kv_dtype = "fp8" if m.layout.kv_cache_dtype == "fp8" else "auto"
-    assert kv_dtype == "auto" or m.layout.kv_cache_dtype != wl.activation_dtype
+    serving(ctx, TARGET)
+    kv_dtype = "fp8" if m.layout.kv_cache_dtype == "fp8" else "auto"  # auto: the model's dtype
     return {"kv_cache_config": {"dtype": kv_dtype, "free_gpu_memory_fraction": kv_free_fraction(ctx)}}
 
 
