@@ -505,3 +505,9 @@ def test_sglang_and_trtllm_shares_also_grow_until_one_sequence_fits():
     free = cap - (b["total"] - b["kv_cache"])
     trt = float(_flag(export(m, "trtllm")[0].text, "trtllm-serve", "kv_cache_free_gpu_memory_fraction"))
     assert trt * free / kv.bytes_per_token_per_gpu >= 32768 > (trt - 0.01) * free / kv.bytes_per_token_per_gpu
+
+
+def test_cli_unknown_kubernetes_engine_is_one_line_exit_2(cli, tmp_path):
+    r = cli("export", str(_write(tmp_path, "serve-1gpu")), "--to", "kubernetes", "--engine", "foo")
+    assert r.exit_code == 2
+    assert r.stderr.strip() == "error: field '--engine': unknown serving engine 'foo' (fix: use one of vllm, sglang, tgi, trtllm)"

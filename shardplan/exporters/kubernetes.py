@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from shardplan.errors import ShardplanError
 from shardplan.exporters.base import (
     ExportContext,
     ExportFile,
@@ -80,7 +81,8 @@ def _pod_spec(ctx: ExportContext, *, image: str, shell: str, gpus: int, port: in
 
 def _engine(engine: str) -> Any:
     if engine not in SERVING_ENGINES:
-        raise cannot(TARGET, "--engine", f"unknown serving engine '{engine}'", f"use one of {', '.join(SERVING_ENGINES)}")
+        raise ShardplanError(f"unknown serving engine '{engine}'", field="--engine",
+                             hint=f"use one of {', '.join(SERVING_ENGINES)}")
     return importlib.import_module(f"shardplan.exporters.{engine}")
 
 
