@@ -23,7 +23,6 @@ from shardplan.errors import ShardplanError
 from shardplan.exporters.base import (
     ExportContext,
     ExportFile,
-    cannot,
     gpus_per_node_used,
     nodes_per_replica,
     plan_header,
