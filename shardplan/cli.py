@@ -17,7 +17,7 @@ from shardplan import __version__, options, render
 from shardplan.cost.estimate import estimate as run_estimate
 from shardplan.cost.layout import PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
-from shardplan.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_INTERNAL, ShardplanError
+from shardplan.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_INTERNAL, EXIT_VERIFY_MISMATCH, ShardplanError
 from shardplan.exporters import TARGETS, ExportOptions
 from shardplan.exporting import export_plan
 from shardplan.manifest import load_manifest, manifest_json_schema
@@ -407,6 +407,53 @@ def export_cmd(
         render.print_json(result)
     else:
         render.export_report(result, written=output is not None)
+
+
+class BackendChoice(str, Enum):
+    AUTO = "auto"
+    NCCL = "nccl"
+    GLOO = "gloo"
+
+
+class ScaleChoice(str, Enum):
+    PROXY = "proxy"
+    FULL = "full"
+
+
+@app.command("verify")
+def verify_cmd(
+    plan: Annotated[Path, typer.Argument(help="A manifest written by `shardplan recommend -o`.")],
+    backend: Annotated[BackendChoice, typer.Option(help="auto: NCCL with GPUs, gloo without.")] = BackendChoice.AUTO,
+    scale: Annotated[Optional[ScaleChoice], typer.Option(help="full: the real model; proxy: the same layout on a small model (default without GPUs).", show_default=False)] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Training: optimizer steps to run.")] = 3,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds the whole run may take; a rank that hangs or dies ends it.")] = 300.0,
+    report: Annotated[Optional[Path], typer.Option("--report", help="Write the full report as JSON to this file.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run the plan for real with torch.distributed (DeviceMesh, DTensor tensor parallelism,
+    FSDP2, torch.distributed.pipelining) and compare per-rank memory (weights, gradients,
+    optimizer states, activations, KV cache) with the cost model applied to what ran; check the
+    loss or logits against an unsharded single-process reference; time on GPUs.
+
+    On one machine it starts the ranks itself through torchrun; started by a launcher (RANK and
+    WORLD_SIZE set, e.g. the torchrun or slurm export on a cluster) it runs as one rank.
+    Exit 4 when a component or the numerics are out of tolerance, 5 when a rank raised, died or
+    hung (the report names it), 2 for a plan it cannot run here."""
+    from shardplan.verify.launch import is_worker, verify_plan
+
+    result = verify_plan(plan, backend=backend.value, scale=scale.value if scale else None, steps=steps,
+                         timeout_seconds=timeout, report_path=report)
+    if result is None:
+        return  # a rank other than 0: rank 0 reports
+    launched = is_worker() and os.environ.get("SHARDPLAN_VERIFY_RUN_DIR")
+    if launched:
+        return  # the local launcher reads the report and renders it
+    if json_out:
+        render.print_json(result)
+    else:
+        render.verify_report(result)
+    if result["status"] == "mismatch":
+        raise typer.Exit(EXIT_VERIFY_MISMATCH)
 
 
 def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:

@@ -7,6 +7,7 @@ Exit codes (documented in the README and `shardplan --help`):
      key, an impossible field or layout, an unknown model or hardware name
   3  the plan does not fit (the JSON/table is still printed)
   4  verify: a measurement or the numerics disagree with the prediction beyond tolerance
+  5  verify: the run did not complete (a rank raised, was killed, or hung past --timeout)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
 EXIT_VERIFY_MISMATCH = 4
+EXIT_VERIFY_FAILED = 5
 
 
 class ShardplanError(Exception):
@@ -68,3 +70,20 @@ class UnsupportedModelError(ShardplanError):
 
 class LayoutError(ShardplanError):
     """A parallel layout that cannot exist for this model and GPU count."""
+
+
+class CannotVerify(ShardplanError):
+    """A plan `verify` cannot run here: a feature it does not run yet, or a machine that cannot
+    host it (too many ranks, NCCL without GPUs). Raised before anything starts."""
+
+
+class VerifyMismatch(ShardplanError):
+    """A measured component or the numerics disagree with the prediction beyond tolerance."""
+
+    exit_code = EXIT_VERIFY_MISMATCH
+
+
+class VerifyRunFailed(ShardplanError):
+    """The distributed run did not complete: a rank raised, was killed, or hung."""
+
+    exit_code = EXIT_VERIFY_FAILED

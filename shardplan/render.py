@@ -410,3 +410,54 @@ def export_report(result: dict[str, Any], *, written: bool) -> None:
             sys.stdout.write(("\n" if i else "") + f"==> {f['name']} <==\n")
         sys.stdout.write(f["text"])
     sys.stdout.flush()
+
+
+def fmt_bytes(n_bytes: float) -> str:
+    """GiB from 1 GiB up, else MiB (a proxy model's tensors are megabytes)."""
+    if n_bytes >= units.BYTES_PER_GIB:
+        return fmt_gib(n_bytes)
+    return f"{n_bytes / units.BYTES_PER_MIB:.2f} MiB"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
+
+
+def verify_report(r: dict[str, Any]) -> None:
+    """Predicted against measured per rank and memory component, the numerics check, time."""
+    run = r["run"]
+    mdl = run["model"]
+    status = "[green]ok[/green]" if r["status"] == "ok" else "[red]mismatch[/red]"
+    console.print(f"verify {r['plan']}: {status} ({r['backend']} on {r['device']}, {r['world_size']} ranks, "
+                  f"{run['scale']} model: hidden {mdl['hidden_size']}, {mdl['num_layers']} layers, "
+                  f"{mdl['num_attention_heads']}/{mdl['num_kv_heads']} heads, vocab {mdl['vocab_size']}; {run['dtype']})")
+    console.print("work: " + ", ".join(f"{k} {v}" for k, v in run["work"].items()), highlight=False)
+    t = Table(title="memory per rank: measured vs the cost model applied to what ran", title_justify="left")
+    for col in ("rank", "pp/dp/tp", "component", "measured", "predicted", "error", "tolerance", ""):
+        t.add_column(col, justify="right" if col in ("measured", "predicted", "error", "tolerance") else "left")
+    for rank in r["ranks"]:
+        for i, c in enumerate(rank["components"]):
+            mark = "[green]ok[/green]" if c["ok"] else "[red]OUT[/red]"
+            tol = "-" if c["tolerance"] is None else f"{c['tolerance']:.0%}"
+            t.add_row(str(rank["rank"]) if i == 0 else "", f"{rank['pp']}/{rank['dp']}/{rank['tp']}" if i == 0 else "",
+                      c["component"], fmt_bytes(c["measured_bytes"]), fmt_bytes(c["predicted_bytes"]),
+                      _pct(c["relative_error"]), tol, mark)
+        t.add_section()
+    console.print(t)
+    n = r["numerics"]
+    if not n.get("checked", True):
+        console.print(f"numerics: {n['check']}")
+    else:
+        err = n.get("max_relative_error", n.get("max_abs_error"))
+        mark = "[green]match[/green]" if n["ok"] else "[red]DIFFER[/red]"
+        console.print(f"numerics ({n['check']}) vs the unsharded reference: {mark}, max error {err:.2e} "
+                      f"(tolerance {n['tolerance']:.0e})")
+    tm = r["time"]
+    measured = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in tm["measured"].items())
+    predicted = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in tm["predicted"].items())
+    console.print(f"time: measured {measured}; predicted {predicted}" +
+                  ("" if tm["compared"] else f" (not compared: {tm['reason']})"), highlight=False)
+    for note in run["notes"]:
+        console.print(f"note: {note}", highlight=False)
+    for mm in r["mismatches"]:
+        console.print(f"[red]out of tolerance:[/red] {mm}", highlight=False)

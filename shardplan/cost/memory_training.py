@@ -20,7 +20,7 @@ from shardplan.cost.weights import stage_weights
 from shardplan.cost.workload import Framework, Optimizer, Quantization, TrainingWorkload
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
-from shardplan.units import bytes_per_element
+from shardplan.units import DType, bytes_per_element
 
 FP32_BYTES = 4.0
 DROPOUT_MASK_BYTES = 1.0  # Korthikanti et al.: one byte per element
@@ -40,8 +40,16 @@ class StateBytes:
 
 
 def state_bytes(wl: TrainingWorkload, zero_stage: int) -> StateBytes:
+    """Bytes per parameter of each state. K (optimizer) holds the moments (Adam: m and v,
+    SGD: momentum, fp32) and an fp32 master copy of the weights where one exists apart from
+    them: always with 16-bit weights; with fp32 weights only under ZeRO-1/2, whose optimizer
+    partition is a separate fp32 copy (DeepSpeed's fp32 partition; FSDP2 without resharding
+    keeps the sharded parameter beside the gathered one). Under ZeRO-0/3 fp32 weights are
+    their own master."""
     w = bytes_per_element(wl.param_dtype)
-    master_and_moments = {Optimizer.ADAMW: 12.0, Optimizer.ADAM: 12.0, Optimizer.SGD: 8.0}[wl.optimizer]
+    moments = {Optimizer.ADAMW: 8.0, Optimizer.ADAM: 8.0, Optimizer.SGD: 4.0}[wl.optimizer]
+    separate_master = wl.param_dtype is not DType.FP32 or zero_stage in (1, 2)
+    master_and_moments = moments + (FP32_BYTES if separate_master else 0.0)
     if wl.framework is Framework.DEEPSPEED:
         # An fp32 gradient partition joins the optimizer (K + 4); under stage 3 the 16-bit
         # gradients are reduce-scattered straight into it, so none are kept apart.

@@ -1,0 +1,228 @@
+"""Starting `verify`: read the plan, decide what runs, refuse what this machine cannot host,
+then either start every rank here through torchrun (`torch.distributed.run`) or, when a
+launcher already started this process as one rank (RANK and WORLD_SIZE set: torchrun on
+every node, srun, a Kubernetes job), run as that rank.
+
+The local launcher runs torchrun in its own session with its rendezvous on the loopback
+interface, bounds the whole run by --timeout (ranks get a collective timeout inside it), and
+kills the session when it ends, so no rank outlives it. Each rank leaves a small status file;
+when the run fails they name the rank that failed first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from shardplan.errors import CannotVerify, ShardplanError, VerifyRunFailed
+from shardplan.exporting import plan_spec
+from shardplan.fileio import write_text_atomic
+from shardplan.manifest import load_manifest
+from shardplan.manifest_schema import DeploymentManifest
+from shardplan.verify.runspec import RunSpec, plan_run
+
+RUN_DIR_ENV = "SHARDPLAN_VERIFY_RUN_DIR"  # also read by the worker
+CPU_RANKS_PER_CORE = 4  # gloo ranks per CPU core this machine may start (8 ranks on 2 cores)
+MIN_CPU_RANKS = 8
+KILL_GRACE_SECONDS = 3.0
+# Messages peers raise when another rank died or hung: not the root cause.
+COLLATERAL = ("Connection closed by peer", "Connection reset", "Timed out", "timed out", "timeout", "Broken pipe",
+              "NCCL", "gloo", "ProcessGroup", "DistBackendError", "SIGTERM", "Signal 15")
+
+
+def load_plan(plan: Path, scale: str, steps: int) -> tuple[DeploymentManifest, RunSpec]:
+    m = load_manifest(plan)
+    spec = plan_spec(m)
+    if spec is None:
+        raise CannotVerify(f"the model spec '{m.model.source}' is missing or changed since the plan was written",
+                           source=str(plan), field="model.source", hint="re-run shardplan recommend with the spec")
+    try:
+        run = plan_run(m, spec, scale=scale, steps=steps)
+    except ShardplanError as e:
+        e.source = e.source or str(plan)
+        raise
+    return m, run
+
+
+def local_gpu_count() -> int:
+    import torch  # only here: the launcher needs torch just to count GPUs
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_backend(backend: str, gpus: int) -> str:
+    if backend == "auto":
+        return "nccl" if gpus > 0 else "gloo"
+    if backend == "nccl" and gpus == 0:
+        raise CannotVerify("NCCL needs GPUs and this machine has none", field="--backend",
+                           hint="use --backend gloo (CPU) or run on a GPU node")
+    return backend
+
+
+def default_scale(scale: str | None, gpus: int) -> str:
+    return scale or ("full" if gpus > 0 else "proxy")
+
+
+def check_hostable(run: RunSpec, backend: str, gpus: int) -> None:
+    """Refuse up front a run this machine should not start."""
+    world = run.world_size
+    if backend == "nccl" and world > gpus:
+        raise CannotVerify(f"the plan has {world} ranks and this machine {gpus} GPU(s)", field="layout",
+                           hint="run it on the cluster with the torchrun or slurm export (each node starts its own ranks)")
+    limit = max(MIN_CPU_RANKS, CPU_RANKS_PER_CORE * (os.cpu_count() or 1))
+    if backend == "gloo" and world > limit:
+        raise CannotVerify(f"the plan has {world} ranks; this machine starts at most {limit} CPU ranks", field="layout",
+                           hint="verify a smaller layout of the same shape, or run it on the cluster")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_session(pgid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + KILL_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.05)
+
+
+def _statuses(run_dir: Path, world: int) -> list[dict[str, Any]]:
+    out = []
+    for r in range(world):
+        try:
+            out.append(json.loads((run_dir / f"rank{r}.json").read_text()))
+        except (OSError, ValueError):
+            out.append({"rank": r, "state": "not started"})
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def failure_report(plan: str, run: RunSpec, statuses: list[dict[str, Any]], *, timed_out: bool, timeout_seconds: float,
+                   exit_code: int | None, log_tail: str) -> dict[str, Any]:
+    """Who failed and how. The root cause is a rank whose own error is not a peer's collateral
+    one; else a rank that vanished without a word (killed); else, on a timeout, the ranks that
+    never finished (hung)."""
+    errors = [s for s in statuses if s.get("state") == "error"]
+    own = [s for s in errors if not any(c in s.get("error", "") for c in COLLATERAL)]
+    silent = [s for s in statuses if s.get("state") in ("started", "not started")]
+    if own:
+        failed = sorted(own, key=lambda s: s.get("time", 0))
+        how = [f"rank {s['rank']} raised {s['error']}" for s in failed]
+    elif silent and not timed_out:
+        failed = silent
+        how = [f"rank {s['rank']} died without an error (killed by a signal or the OS)" for s in failed]
+    elif timed_out:
+        failed = silent or errors
+        how = [f"rank {s['rank']} did not finish within --timeout {timeout_seconds:g} s (hung)" for s in failed]
+    else:
+        failed = errors
+        how = [f"rank {s['rank']}: {s.get('error', 'failed')}" for s in failed]
+    return {
+        "plan": plan, "status": "failed", "world_size": run.world_size, "run": run.as_dict(),
+        "failed_ranks": [s["rank"] for s in failed], "cause": how, "timed_out": timed_out,
+        "launcher_exit_code": exit_code,
+        "ranks": [{k: s.get(k) for k in ("rank", "pid", "state", "error")} for s in statuses],
+        "log_tail": log_tail[-4000:],
+    }
+
+
+def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: int, timeout_seconds: float) -> dict[str, Any]:
+    """Start every rank here through torchrun and return rank 0's report, or a failure report."""
+    world = run.world_size
+    run_dir = Path(tempfile.mkdtemp(prefix="shardplan-verify-"))
+    port = _free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "0",
+           "-m", "shardplan", "verify", str(plan), "--backend", backend, "--scale", scale, "--steps", str(steps),
+           "--timeout", str(timeout_seconds), "--report", str(run_dir / "report.json")]
+    env = dict(os.environ, **{RUN_DIR_ENV: str(run_dir)})
+    if backend == "gloo":
+        env.setdefault("OMP_NUM_THREADS", "1")  # many ranks on few cores: one thread each
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    log_path = run_dir / "torchrun.log"
+    timed_out = False
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            code: int | None = proc.wait(timeout=timeout_seconds)
+        except subprocess.TimeoutExpired:
+            timed_out, code = True, None
+        finally:
+            _kill_session(proc.pid)
+            proc.wait()
+    statuses = _statuses(run_dir, world)
+    for s in statuses:  # a rank that left the session would still be caught here
+        if s.get("pid") and _alive(s["pid"]):
+            try:
+                os.kill(s["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    report_path = run_dir / "report.json"
+    if not timed_out and code == 0 and report_path.is_file():
+        report = json.loads(report_path.read_text())
+    else:
+        report = failure_report(str(plan), run, statuses, timed_out=timed_out, timeout_seconds=timeout_seconds,
+                                exit_code=code, log_tail=log_path.read_text(errors="replace"))
+    report["pids"] = [s["pid"] for s in statuses if s.get("pid")]
+    report["run_dir"] = str(run_dir)
+    return report
+
+
+def is_worker() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def verify_plan(plan: Path, *, backend: str, scale: str | None, steps: int, timeout_seconds: float,
+                report_path: Path | None) -> dict[str, Any] | None:
+    """Run `verify`. Returns the report (rank 0 or the local launcher), None on other ranks.
+    Raises VerifyRunFailed after writing the report when the run did not complete."""
+    gpus = local_gpu_count()
+    backend = resolve_backend(backend, gpus)
+    scale = default_scale(scale, gpus)
+    m, run = load_plan(plan, scale, steps)
+    if is_worker():
+        world = int(os.environ["WORLD_SIZE"])
+        if world != run.world_size:
+            raise CannotVerify(f"WORLD_SIZE is {world} but the plan has {run.world_size} ranks", source=str(plan),
+                               field="layout", hint="start tp x pp x cp x dp ranks in all")
+        from shardplan.verify.session import run_worker  # torch: imported only in a rank
+
+        report = run_worker(m, run, plan=str(plan), backend=backend, timeout_seconds=timeout_seconds)
+    else:
+        check_hostable(run, backend, gpus)
+        report = launch_local(plan, run, backend=backend, scale=scale, steps=steps, timeout_seconds=timeout_seconds)
+    if report is None:
+        return None
+    if report_path is not None:
+        write_text_atomic(report_path, json.dumps(report, indent=2) + "\n")
+    if report["status"] == "failed":
+        raise VerifyRunFailed("; ".join(report["cause"]) or "the run failed", source=str(plan),
+                              hint=f"see {report.get('run_dir', 'the ranks logs')} and the report's log_tail")
+    return report

@@ -1,0 +1,201 @@
+"""The decoder verify runs: a Llama-style transformer (RMSNorm, RoPE, GQA, SwiGLU; MoE blocks
+with top-k routing) built from a ModelSpec, parameter names as in `cost.params`.
+
+It keeps for backward what fused training kernels keep, so its activations are the ones the
+cost model counts (Korthikanti et al. 2022, Sec. 4.1, with flash attention):
+- RMSNorm saves its input and the fp32 per-row 1/rms (Apex/TransformerEngine fused norms);
+- SwiGLU saves its two inputs and recomputes silu in backward (Megatron's fused bias-swiglu);
+- attention is `scaled_dot_product_attention` (the flash kernel on CPU and GPU: q, k, v, the
+  output and the log-sum-exp), with q/k/v in (batch, seq, heads, dim) layout so the output
+  feeds the output projection without a copy.
+
+A stage of a pipeline is the same class holding only its layers (`layer_ids`), with the
+embedding on the first chunk and the final norm and lm_head on the last.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shardplan.specs.model import ModelSpec
+
+RMS_EPS = 1e-5
+
+
+class _RMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return x * rstd * weight
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        x, weight, rstd = ctx.saved_tensors
+        x_hat = x * rstd
+        grad_weight = (grad * x_hat).sum(dim=tuple(range(grad.dim() - 1)))
+        g = grad * weight
+        grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
+        return grad_x, grad_weight, None
+
+
+class _SwiGLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(gate, up)
+        out = F.silu(gate)
+        return out.mul_(up)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        gate, up = ctx.saved_tensors
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        grad_up = grad * silu
+        grad_gate = grad * up * sig * (1 + gate * (1 - sig))
+        return grad_gate, grad_up
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _RMSNormFn.apply(x, self.weight, RMS_EPS)
+
+
+def rope_cache(spec: ModelSpec, device: torch.device | str) -> torch.Tensor:
+    """cos and sin of every position, (max_position_embeddings, head_dim): the first half cos,
+    the second sin (one cache per model, as vLLM's `cos_sin_cache`)."""
+    d = spec.attention_head_dim
+    inv_freq = 1.0 / (spec.rope_theta or 10000.0) ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d)
+    pos = torch.arange(spec.max_position_embeddings, dtype=torch.float64, device=device)
+    freqs = torch.outer(pos, inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).float()
+
+
+def apply_rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """x: (batch, seq, heads, dim); cos_sin: (seq, dim) for x's positions (HF rotate_half form)."""
+    half = x.shape[-1] // 2
+    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        d, h, kv = spec.attention_head_dim, spec.num_attention_heads, spec.kv_heads
+        self.head_dim = d
+        self.q_proj = nn.Linear(spec.hidden_size, h * d, bias=False)
+        self.k_proj = nn.Linear(spec.hidden_size, kv * d, bias=False)
+        self.v_proj = nn.Linear(spec.hidden_size, kv * d, bias=False)
+        self.o_proj = nn.Linear(h * d, spec.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+                pos: int = 0) -> torch.Tensor:
+        b, s, _ = x.shape
+        # -1 heads: under tensor parallelism the projections hold this rank's heads only.
+        q = apply_rope(self.q_proj(x).view(b, s, -1, self.head_dim), cos_sin)
+        k = apply_rope(self.k_proj(x).view(b, s, -1, self.head_dim), cos_sin)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim)
+        if cache is not None:
+            k_cache, v_cache = cache
+            k_cache[:, pos:pos + s] = k
+            v_cache[:, pos:pos + s] = v
+            k, v = k_cache[:, :pos + s], v_cache[:, :pos + s]
+        causal = pos == 0 and s > 1  # decode: one query attends to every cached position
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=causal, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, width: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, width, bias=False)
+        self.up_proj = nn.Linear(hidden, width, bias=False)
+        self.down_proj = nn.Linear(width, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(_SwiGLUFn.apply(self.gate_proj(x), self.up_proj(x)))
+
+
+class MoE(nn.Module):
+    """Top-k routing (softmax over experts, the k largest renormalised: Mixtral), each expert a
+    SwiGLU MLP run on the tokens routed to it."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        moe = spec.moe
+        assert moe is not None
+        self.top_k = moe.num_experts_per_token
+        self.gate = nn.Linear(spec.hidden_size, moe.num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(spec.hidden_size, moe.expert_intermediate_size) for _ in range(moe.num_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        probs = torch.softmax(self.gate(tokens), dim=-1)
+        weights, chosen = probs.topk(self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        out = torch.zeros_like(tokens)
+        for e, expert in enumerate(self.experts):
+            rows, slot = torch.where(chosen == e)
+            if rows.numel():
+                out = out.index_add(0, rows, expert(tokens[rows]) * weights[rows, slot, None])
+        return out.view(shape)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, layer_index: int) -> None:
+        super().__init__()
+        self.norm0 = RMSNorm(spec.hidden_size)
+        self.self_attn = Attention(spec)
+        self.norm1 = RMSNorm(spec.hidden_size)
+        self.mlp = MoE(spec) if spec.is_moe_layer(layer_index) else MLP(spec.hidden_size, spec.intermediate_size)
+
+    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, cache=None, pos: int = 0) -> torch.Tensor:
+        h = x + self.self_attn(self.norm0(x), cos_sin, cache, pos)
+        return h + self.mlp(self.norm1(h))
+
+
+class Decoder(nn.Module):
+    """The whole model (`layer_ids` = every layer) or one pipeline chunk of it.
+
+    Input: token ids (first chunk) or hidden states; output: logits (last chunk) or hidden
+    states. Layers sit in a ModuleDict keyed by their global index, so parameter names are
+    the same in every chunk and in the unsharded reference."""
+
+    def __init__(self, spec: ModelSpec, layer_ids: list[int] | None = None, *, first: bool = True, last: bool = True) -> None:
+        super().__init__()
+        self.spec = spec
+        ids = list(range(spec.num_layers)) if layer_ids is None else layer_ids
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size) if first else None
+        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in ids})
+        self.final_norm = RMSNorm(spec.hidden_size) if last else None
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) if last else None
+        if spec.tie_word_embeddings and first and last:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("cos_sin", torch.empty(spec.max_position_embeddings, spec.attention_head_dim),
+                             persistent=False)
+        self.caches: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.pos = 0
+
+    def reset_buffers(self) -> None:
+        """Fill the non-persistent RoPE cache (after `to_empty`, which leaves it uninitialised)."""
+        self.cos_sin = rope_cache(self.spec, self.cos_sin.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(x) if self.embed_tokens is not None else x
+        s = h.shape[1]
+        cos_sin = self.cos_sin[self.pos:self.pos + s]
+        for name, layer in self.layers.items():
+            cache = self.caches[name] if self.caches is not None else None
+            h = layer(h, cos_sin, cache, self.pos)
+        if self.lm_head is None:
+            return h
+        return self.lm_head(self.final_norm(h))

@@ -1,0 +1,228 @@
+"""What `verify` runs for a plan: the model (the spec itself, or a proxy that keeps every
+divisibility the layout relies on), the layout, and the work (steps, batch, sequence). It
+also refuses, before anything starts, what verify cannot run. Pure: no torch, no I/O.
+
+The proxy keeps the head counts (tensor parallelism splits heads and KV heads), the expert
+count's divisibility by ep, and the pipeline split (pp x virtual stages chunks); it shrinks
+head_dim, the MLP width, the vocabulary and the layers per chunk so a CPU runs it in
+seconds. Everything runs in fp32 (bit-comparable to a single-process reference), so the
+prediction it is compared with is the cost model applied to the fp32 run, not to the plan's
+bf16 figures.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
+from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, TrainingWorkload
+from shardplan.errors import CannotVerify
+from shardplan.manifest_schema import DeploymentManifest
+from shardplan.specs.model import ModelSpec, NormType, PositionEmbedding, QKNorm
+from shardplan.units import DType
+
+PROXY_HIDDEN_SIZE = 512  # at most this many hidden elements: heads x head_dim
+PROXY_MAX_VOCAB = 1024
+PROXY_LAYERS_PER_CHUNK = 4
+PROXY_MAX_EXPERTS = 8
+PROXY_SEQ_LEN = 64
+PROXY_MAX_MICRO_BATCH = 2
+SERVING_MAX_BATCH = 4
+SERVING_MAX_PROMPT = 32
+SERVING_MAX_DECODE = 4
+DEFAULT_STEPS = 3
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One verify run. Training: `steps` optimizer steps of `num_microbatches` micro-batches
+    of `micro_batch_size` sequences of `seq_len` tokens per data-parallel rank. Serving: one
+    prefill of `batch_size` prompts of `prompt_len` tokens, then `decode_steps` decode steps."""
+
+    kind: str  # "training" or "inference"
+    scale: str  # "proxy" or "full"
+    spec: ModelSpec
+    layout: Layout
+    steps: int = DEFAULT_STEPS
+    seq_len: int = PROXY_SEQ_LEN
+    num_microbatches: int = 1
+    optimizer: Optimizer = Optimizer.ADAMW
+    batch_size: int = 1
+    prompt_len: int = 1
+    decode_steps: int = 1
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def training(self) -> bool:
+        return self.kind == "training"
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    def training_workload(self) -> TrainingWorkload:
+        """The fp32 workload the cost model is applied to: what ran, batch for batch."""
+        L = self.layout
+        return TrainingWorkload(
+            seq_len=self.seq_len, global_batch_size=self.num_microbatches * L.micro_batch_size * L.dp,
+            optimizer=self.optimizer, framework=Framework.ZERO, param_dtype=DType.FP32,
+            activation_dtype=DType.FP32, flash_attention=True, dropout=False, loss_fp32_logits=True,
+        )
+
+    def inference_workload(self) -> InferenceWorkload:
+        """vLLM-style figures for the run's one prefill: every prompt token in one forward, the
+        sampler over `batch_size` rows."""
+        return InferenceWorkload(
+            max_model_len=self.prompt_len + self.decode_steps, max_num_seqs=self.batch_size,
+            max_num_batched_tokens=self.batch_size * self.prompt_len, activation_dtype=DType.FP32,
+            kv_cache_dtype=DType.FP32, enforce_eager=True, input_len=self.prompt_len,
+            output_len=self.decode_steps, batch_size=self.batch_size,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        s = self.spec
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "scale": self.scale,
+            "dtype": "fp32",
+            "model": {
+                "hidden_size": s.hidden_size, "num_layers": s.num_layers, "num_attention_heads": s.num_attention_heads,
+                "num_kv_heads": s.kv_heads, "head_dim": s.attention_head_dim, "intermediate_size": s.intermediate_size,
+                "vocab_size": s.vocab_size, "num_experts": s.moe.num_experts if s.moe else None,
+            },
+            "notes": list(self.notes),
+        }
+        if self.training:
+            out["work"] = {"steps": self.steps, "seq_len": self.seq_len, "micro_batch_size": self.layout.micro_batch_size,
+                           "num_microbatches": self.num_microbatches, "optimizer": self.optimizer.value}
+        else:
+            out["work"] = {"batch_size": self.batch_size, "prompt_len": self.prompt_len, "decode_steps": self.decode_steps}
+        return out
+
+
+def layout_of(m: DeploymentManifest) -> Layout:
+    L = m.layout
+    return Layout(
+        tp=L.tp, pp=L.pp, dp=L.dp, cp=L.cp, ep=L.ep, etp=L.etp if L.ep > 1 else None, zero_stage=L.zero_stage, hybrid_shard=L.hybrid_shard,
+        sequence_parallel=L.sequence_parallel, recompute=Recompute(L.recompute), pp_schedule=PipelineSchedule(L.pp_schedule),
+        virtual_stages=L.virtual_stages, micro_batch_size=L.micro_batch_size,
+        offload_optimizer=Offload(L.offload_optimizer), offload_params=Offload(L.offload_params),
+    )
+
+
+def _refuse(field: str, what: str, hint: str) -> CannotVerify:
+    return CannotVerify(f"verify does not run {what} yet", field=field, hint=hint)
+
+
+def check_runnable(spec: ModelSpec, layout: Layout, training: bool) -> None:
+    """Refuse, before any process starts, what the verify model or its parallel set-up does not run."""
+    unsupported = [
+        (spec.mla is not None, "model", "multi-head latent attention (MLA)"),
+        (spec.norm_type is not NormType.RMSNORM, "model.norm_type", "LayerNorm models"),
+        (spec.position_embedding is not PositionEmbedding.ROPE, "model.position_embedding", "non-rotary position embeddings"),
+        (spec.rotary_fraction != 1.0, "model.rotary_fraction", "partial rotary embeddings"),
+        (spec.sliding_window is not None, "model.sliding_window", "sliding-window attention"),
+        (spec.parallel_residual, "model.parallel_residual", "parallel-residual blocks"),
+        (spec.qk_norm is not QKNorm.NONE, "model.qk_norm", "q/k norms"),
+        (spec.qkv_bias or spec.o_bias or spec.mlp_bias or spec.lm_head_bias, "model", "linear biases"),
+        (not spec.mlp_gated or spec.hidden_act not in ("silu", "swiglu"), "model.hidden_act", "MLPs other than SwiGLU"),
+        (spec.num_norms_per_layer != 2, "model.num_norms_per_layer", "blocks without exactly two norms"),
+        (spec.moe is not None and (spec.moe.num_shared_experts > 0 or spec.moe.router_bias), "model.moe",
+         "shared experts or router biases"),
+    ]
+    for bad, fld, what in unsupported:
+        if bad:
+            raise _refuse(fld, what, "verify runs Llama-style dense and MoE decoders; check this model with estimate")
+    L = layout
+    if L.cp > 1:
+        raise _refuse("layout.cp", "context parallelism", "verify the plan with cp=1")
+    if L.ep > 1 or (spec.moe is not None and L.expert_tp != L.tp):
+        raise _refuse("layout.ep", "expert parallelism", "verify the plan with ep=1 (experts split by tp)")
+    if L.sequence_parallel:
+        raise _refuse("layout.sequence_parallel", "sequence parallelism", "verify the plan without it")
+    if L.tp > spec.kv_heads:
+        raise _refuse("layout.tp", f"tp={L.tp} over {spec.kv_heads} KV heads (replicated KV heads)",
+                      "use tp <= the KV heads")
+    if spec.tie_word_embeddings and L.tp > 1:
+        raise _refuse("layout.tp", "tied embeddings under tensor parallelism", "verify the plan with tp=1")
+    if L.offload_optimizer is not Offload.NONE or L.offload_params is not Offload.NONE:
+        raise _refuse("layout.offload_optimizer", "offloaded states", "verify the plan without offload")
+
+
+def _round_up(x: float, multiple: int) -> int:
+    return int(math.ceil(x / multiple) * multiple)
+
+
+def proxy_spec(spec: ModelSpec, layout: Layout) -> ModelSpec:
+    """A small model with the same layout constraints: heads and KV heads kept (tp splits
+    them), head_dim shrunk to fit PROXY_HIDDEN_SIZE, the MLP width scaled with the hidden size
+    and divisible by tp, a vocabulary of at most PROXY_MAX_VOCAB divisible by tp, and at most
+    PROXY_LAYERS_PER_CHUNK layers per pipeline chunk (two, so every
+    chunk has a layer-to-layer boundary)."""
+    heads = spec.num_attention_heads
+    head_dim = min(spec.attention_head_dim, max(4, PROXY_HIDDEN_SIZE // heads))
+    head_dim -= head_dim % 2  # rotary pairs
+    hidden = heads * head_dim
+    tp = layout.tp
+    ratio = spec.intermediate_size / spec.hidden_size
+    intermediate = _round_up(hidden * ratio, 8 * tp)
+    vocab = _round_up(min(spec.vocab_size, PROXY_MAX_VOCAB), 8 * tp)
+    chunks = layout.pp * layout.virtual_stages
+    per_chunk = PROXY_LAYERS_PER_CHUNK
+    moe = spec.moe
+    if moe is not None:
+        experts = min(moe.num_experts, max(PROXY_MAX_EXPERTS, layout.ep))
+        experts -= experts % layout.ep
+        width = _round_up(hidden * moe.expert_intermediate_size / spec.hidden_size, 8 * layout.expert_tp)
+        moe = moe.model_copy(update=dict(
+            num_experts=experts, num_experts_per_token=min(moe.num_experts_per_token, experts),
+            expert_intermediate_size=width, first_dense_layers=min(moe.first_dense_layers, 1),
+            dense_layer_indices=(), moe_layer_step=1 if moe.moe_layer_step > per_chunk * chunks else moe.moe_layer_step,
+        ))
+    return spec.model_copy(update=dict(
+        name=f"{spec.name}-proxy", source=f"proxy of {spec.name}", vocab_size=vocab, hidden_size=hidden,
+        num_layers=per_chunk * chunks, head_dim=head_dim, intermediate_size=intermediate, moe=moe, num_mtp_layers=0,
+        dtype="float32",
+    ))
+
+
+def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int = DEFAULT_STEPS) -> RunSpec:
+    """The run for plan `m` of model `spec`. Raises CannotVerify for what verify does not run."""
+    layout = layout_of(m)
+    training = m.workload.kind == "training"
+    check_runnable(spec, layout, training)
+    notes: list[str] = []
+    run_spec = proxy_spec(spec, layout) if scale == "proxy" else spec.model_copy(update=dict(dtype="float32"))
+    if layout.zero_stage and layout.dp == 1:
+        layout = replace(layout, zero_stage=0)
+        notes.append("ZeRO over one data-parallel rank shards nothing: it runs, and is predicted, as stage 0")
+    if layout.zero_stage == 1 and layout.dp > 1:
+        layout = replace(layout, zero_stage=2)
+        notes.append("ZeRO-1 runs as FSDP2 without resharding after forward (ZeRO-2): gradients are sharded too; "
+                     "the prediction is for stage 2")
+    if layout.recompute is Recompute.SELECTIVE:
+        layout = replace(layout, recompute=Recompute.NONE)
+        notes.append("selective recomputation runs as none: flash attention already recomputes the scores; "
+                     "the prediction is for none")
+    if not training:
+        wl = m.workload
+        batch = min(m.predicted.time.batch_size, SERVING_MAX_BATCH)
+        prompt = min(wl.input_len, SERVING_MAX_PROMPT) if scale == "proxy" else wl.input_len
+        decode = min(wl.output_len, SERVING_MAX_DECODE)
+        run_spec = run_spec.model_copy(update=dict(max_position_embeddings=max(prompt + decode, 1)))
+        return RunSpec(kind="inference", scale=scale, spec=run_spec, layout=layout, batch_size=batch,
+                       prompt_len=prompt, decode_steps=decode, notes=tuple(notes), steps=1)
+    wl = m.workload
+    num_micro = max(1, wl.global_batch_size // (layout.dp * layout.micro_batch_size))
+    seq = wl.seq_len
+    if scale == "proxy":
+        seq = min(seq, PROXY_SEQ_LEN)
+        layout = replace(layout, micro_batch_size=min(layout.micro_batch_size, PROXY_MAX_MICRO_BATCH))
+        num_micro = min(num_micro, 2 * layout.pp) if layout.pp > 1 else min(num_micro, 2)
+    if layout.pp_schedule is PipelineSchedule.INTERLEAVED:
+        num_micro = _round_up(num_micro, layout.pp)
+    run_spec = run_spec.model_copy(update=dict(max_position_embeddings=max(seq, 1)))
+    return RunSpec(kind="training", scale=scale, spec=run_spec, layout=layout, steps=steps, seq_len=seq,
+                   num_microbatches=num_micro, optimizer=Optimizer(wl.optimizer), notes=tuple(notes))
