@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch._guards import active_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -58,8 +60,10 @@ class StorageTracker(TorchDispatchMode):
         if any(issubclass(t, DTensor) for t in types):
             return NotImplemented  # let DTensor run its local ops, which come back through here
         out = func(*args, **(kwargs or {}))
+        if active_fake_mode() is not None:
+            return out  # DTensor's sharding propagation computing shapes on fake tensors: no memory
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and not t.is_meta:
+            if isinstance(t, torch.Tensor) and not t.is_meta and not isinstance(t, FakeTensor):
                 self._add(t.untyped_storage())
         return out
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 from shardplan.specs.model import ModelSpec
 
@@ -182,8 +183,9 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("cos_sin", torch.empty(spec.max_position_embeddings, spec.attention_head_dim),
                              persistent=False)
-        self.caches: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
-        self.pos = 0
+        self.caches: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # serving: per layer K and V
+        self.pos = 0  # serving: tokens already in the cache
+        self.last_position_only = False  # serving: logits of each sequence's last position only (as vLLM)
 
     def reset_buffers(self) -> None:
         """Fill the non-persistent RoPE cache (after `to_empty`, which leaves it uninitialised)."""
@@ -191,6 +193,10 @@ class Decoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
+        if isinstance(h, AsyncCollectiveTensor):
+            # A vocabulary-parallel embedding's all-reduced output: DTensor's async wrapper keeps
+            # the collective's buffer and a copy alive as long as the result; keep one plain tensor.
+            h = h.clone()
         s = h.shape[1]
         cos_sin = self.cos_sin[self.pos:self.pos + s]
         for name, layer in self.layers.items():
@@ -198,4 +204,6 @@ class Decoder(nn.Module):
             h = layer(h, cos_sin, cache, self.pos)
         if self.lm_head is None:
             return h
+        if self.last_position_only:
+            h = h[:, -1:]
         return self.lm_head(self.final_norm(h))

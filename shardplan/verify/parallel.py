@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from shardplan.cost.layout import Layout, Recompute, stage_layer_ranges
@@ -93,6 +93,7 @@ def apply_tp(chunk: Decoder, tp_mesh: DeviceMesh, tp_splits: dict[str, str], *, 
     embedding rows / lm_head columns). Training keeps the logits vocabulary-sharded for
     loss parallelism; serving gathers them for the sampler (as vLLM does)."""
     plan: dict[str, object] = {}
+    reduce_in_place: list[nn.Module] = []
     for path, mod in chunk.named_modules():
         if not isinstance(mod, (nn.Linear, nn.Embedding)):
             continue
@@ -108,11 +109,26 @@ def apply_tp(chunk: Decoder, tp_mesh: DeviceMesh, tp_splits: dict[str, str], *, 
                                          use_local_output=not loss_parallel)
         elif split in ("column", "kv_column"):
             plan[path] = ColwiseParallel()
+        elif split == "row" and not loss_parallel:
+            # Serving: the partial sums are reduced in place (vLLM's RowParallelLinear), not
+            # into a new tensor as DTensor's redistribute does.
+            plan[path] = RowwiseParallel(output_layouts=Partial())
+            reduce_in_place.append(mod)
         elif split == "row":
             plan[path] = RowwiseParallel()
         else:
             raise KeyError(f"unknown split {split!r} for {path}")
     parallelize_module(chunk, tp_mesh, plan)
+    for mod in reduce_in_place:  # after the style's own hooks, which hand over the local partial sums
+        mod.register_forward_hook(_all_reduce_in_place(tp_mesh.get_group()))
+
+
+def _all_reduce_in_place(group: dist.ProcessGroup):
+    def hook(_module: nn.Module, _inputs, output: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(output, group=group)
+        return output
+
+    return hook
 
 
 def keep_grads_sharded(chunk: nn.Module) -> None:

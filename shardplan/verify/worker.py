@@ -240,6 +240,7 @@ def run_serving(run: RunSpec, splits: dict[str, str], mesh, c: parallel.Coords, 
         shape = (run.batch_size, run.prompt_len + run.decode_steps, kv_local, spec.attention_head_dim)
         chunk.caches = {n: (torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for n in chunk.layers}
     chunk.eval()
+    chunk.last_position_only = True
     first, last = c.pp == 0, c.pp == L.pp - 1
     pp_ranks = mesh["pp"].mesh.tolist()
     group = mesh["pp"].get_group() if L.pp > 1 else None
@@ -318,6 +319,7 @@ def reference_serving(run: RunSpec, replica: int) -> tuple[list[list[list[float]
     model.reset_buffers()
     shape = (run.batch_size, run.prompt_len + run.decode_steps, spec.kv_heads, spec.attention_head_dim)
     model.caches = {n: (torch.zeros(shape), torch.zeros(shape)) for n in model.layers}
+    model.last_position_only = True
     tokens = serving_prompts(run, replica)
     logits, generated = [], []
     with torch.no_grad():
