@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed._functional_collectives import AsyncCollectiveTensor
+from torch.distributed.tensor import DTensor
 
 from shardplan.specs.model import ModelSpec
 
@@ -186,17 +186,25 @@ class Decoder(nn.Module):
         self.caches: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # serving: per layer K and V
         self.pos = 0  # serving: tokens already in the cache
         self.last_position_only = False  # serving: logits of each sequence's last position only (as vLLM)
+        self.pending_input: torch.Tensor | None = None
 
     def reset_buffers(self) -> None:
         """Fill the non-persistent RoPE cache (after `to_empty`, which leaves it uninitialised)."""
         self.cos_sin = rope_cache(self.spec, self.cos_sin.device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed_tokens(x) if self.embed_tokens is not None else x
-        if isinstance(h, AsyncCollectiveTensor):
-            # A vocabulary-parallel embedding's all-reduced output: DTensor's async wrapper keeps
-            # the collective's buffer and a copy alive as long as the result; keep one plain tensor.
-            h = h.clone()
+    def forward(self, x: torch.Tensor | None = None) -> torch.Tensor:
+        if x is None:  # serving: a received stage input handed over, so no caller keeps it alive
+            x, self.pending_input = self.pending_input, None
+        if self.embed_tokens is None:
+            h = x
+        else:
+            h = self.embed_tokens(x)
+            if isinstance(self.embed_tokens.weight, DTensor):
+                # A vocabulary-parallel embedding's all-reduced output: DTensor's async wrapper
+                # keeps the collective's buffer and a copy alive as long as the result does;
+                # keep one plain tensor instead.
+                h = h.clone()
+        del x  # a received stage input is the first block's input, not one more live tensor
         s = h.shape[1]
         cos_sin = self.cos_sin[self.pos:self.pos + s]
         for name, layer in self.layers.items():

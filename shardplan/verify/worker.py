@@ -218,12 +218,19 @@ def _schedule(run: RunSpec, chunks: list[Decoder], mesh, device: torch.device):
     return cls(stages[0], n_microbatches=run.num_microbatches, loss_fn=_loss)
 
 
+def _received(batch: int, seq: int, hidden: int, src: int, device: torch.device) -> torch.Tensor:
+    """The previous stage's hidden states."""
+    buf = torch.empty(batch, seq, hidden, device=device)
+    dist.recv(buf, src=src)
+    return buf
+
+
 def _sample(logits: torch.Tensor) -> torch.Tensor:
     """vLLM's sampler buffers: fp32 logits, probabilities, and the top-p sort's values and
     int64 indices over the vocabulary; greedy pick (the first of the sorted)."""
     probs = torch.softmax(logits.float(), dim=-1)
     _, order = probs.sort(dim=-1, descending=True)
-    return order[:, 0]
+    return order[:, 0].contiguous()  # a column view: collectives need contiguous memory
 
 
 def run_serving(run: RunSpec, splits: dict[str, str], mesh, c: parallel.Coords, device: torch.device,
@@ -244,7 +251,6 @@ def run_serving(run: RunSpec, splits: dict[str, str], mesh, c: parallel.Coords, 
     first, last = c.pp == 0, c.pp == L.pp - 1
     pp_ranks = mesh["pp"].mesh.tolist()
     group = mesh["pp"].get_group() if L.pp > 1 else None
-    h = spec.hidden_size
     tokens = serving_prompts(run, c.dp).to(device)
     logits_seen: list[list[list[float]]] = []
     generated: list[list[int]] = []
@@ -258,10 +264,11 @@ def run_serving(run: RunSpec, splits: dict[str, str], mesh, c: parallel.Coords, 
             tracker.phase = measure.FORWARD
             tracker.reset_peaks()
             base = tracker.peak_running[measure.FORWARD]
-            inp = tokens if first else torch.empty(run.batch_size, s, h, device=device)
-            if not first:
-                dist.recv(inp, src=pp_ranks[c.pp - 1])
-            out = chunk(inp)
+            if first:
+                out = chunk(tokens)
+            else:
+                chunk.pending_input = _received(run.batch_size, s, spec.hidden_size, pp_ranks[c.pp - 1], device)
+                out = chunk()
             chunk.pos += s
             if not last:
                 dist.send(out.contiguous(), dst=pp_ranks[c.pp + 1])
@@ -270,7 +277,7 @@ def run_serving(run: RunSpec, splits: dict[str, str], mesh, c: parallel.Coords, 
                 final = out[:, -1]
                 nxt = _sample(final)
                 logits_seen.append(final.float().cpu().tolist())
-            del out, inp
+            del out
             if step == 0:
                 act_peak = tracker.peak_running[measure.FORWARD] - base
             tracker.phase = measure.OTHER
