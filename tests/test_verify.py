@@ -216,3 +216,32 @@ def test_fp32_weights_are_their_own_master_except_under_zero_1_and_2():
     fp32 = TrainingWorkload(param_dtype=DType.FP32, activation_dtype=DType.FP32)
     assert [state_bytes(fp32, z).optimizer for z in range(4)] == [8.0, 12.0, 12.0, 8.0]
     assert [state_bytes(TrainingWorkload(), z).optimizer for z in range(4)] == [12.0] * 4
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_torch_is_imported_only_by_the_verify_ranks():
+    from conftest import REPO
+
+    pkg = REPO / "shardplan"
+    for path in pkg.rglob("*.py"):
+        pure = path.parent.name != "verify" or path.name in ("runspec.py", "compare.py", "__init__.py")
+        if pure:
+            assert "torch" not in _imports(path), f"{path.relative_to(REPO)} imports torch"
+    # the launcher imports torch only inside local_gpu_count (to count GPUs), never at module level
+    import ast
+
+    launch = ast.parse((pkg / "verify" / "launch.py").read_text())
+    top = [n for n in launch.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not any((getattr(n, "module", "") or "").startswith("torch") or any(a.name.startswith("torch") for a in n.names)
+                   for n in top)
