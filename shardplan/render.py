@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from shardplan import units
 
@@ -148,7 +149,8 @@ def hardware_detail(r: dict[str, Any]) -> None:
 
 
 def error_line(text: str) -> None:
-    err_console.print(f"[red]error:[/red] {text}", highlight=False, soft_wrap=True)
+    # The message is plain text: brackets in it (a pip extra, a list) are not rich markup.
+    err_console.print(Text.assemble(("error:", "red"), " ", text), highlight=False, soft_wrap=True)
 
 
 _COMPONENTS = ("weights", "kv_cache", "activations", "gradients", "optimizer_states", "temporary", "overhead")

@@ -245,3 +245,13 @@ def test_torch_is_imported_only_by_the_verify_ranks():
     top = [n for n in launch.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert not any((getattr(n, "module", "") or "").startswith("torch") or any(a.name.startswith("torch") for a in n.names)
                    for n in top)
+
+
+def test_verify_without_torch_says_how_to_install_it(cli, tmp_path, monkeypatch):
+    import sys
+
+    plan = _plan(tmp_path, 2, TRAIN, tp=2)
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails as if it were not installed
+    res = cli("verify", str(plan))
+    assert res.exit_code == EXIT_BAD_INPUT
+    assert "shardplan[verify]" in res.stderr and "Traceback" not in res.stderr

@@ -53,7 +53,11 @@ def load_plan(plan: Path, scale: str, steps: int) -> tuple[DeploymentManifest, R
 
 
 def local_gpu_count() -> int:
-    import torch  # only here: the launcher needs torch just to count GPUs
+    try:
+        import torch  # only here: the launcher needs torch just to count GPUs
+    except ImportError:
+        raise CannotVerify("verify runs the plan with torch, which is not installed", field="torch",
+                           hint="pip install 'shardplan[verify]' (CPU only: pip install torch==2.13.0)") from None
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
