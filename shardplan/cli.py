@@ -439,13 +439,13 @@ def verify_cmd(
     WORLD_SIZE set, e.g. the torchrun or slurm export on a cluster) it runs as one rank.
     Exit 4 when a component or the numerics are out of tolerance, 5 when a rank raised, died or
     hung (the report names it), 2 for a plan it cannot run here."""
-    from shardplan.verify.launch import is_worker, verify_plan
+    from shardplan.verify.launch import RUN_DIR_ENV, is_worker, verify_plan
 
     result = verify_plan(plan, backend=backend.value, scale=scale.value if scale else None, steps=steps,
                          timeout_seconds=timeout, report_path=report)
     if result is None:
         return  # a rank other than 0: rank 0 reports
-    launched = is_worker() and os.environ.get("SHARDPLAN_VERIFY_RUN_DIR")
+    launched = is_worker() and os.environ.get(RUN_DIR_ENV)
     if launched:
         return  # the local launcher reads the report and renders it
     if json_out:

@@ -12,6 +12,7 @@ from shardplan.cost.estimate import estimate
 from shardplan.cost.layout import stage_layer_ranges
 from shardplan.cost.memory_serving import kv_bytes_per_token_per_layer_per_rank
 from shardplan.specs.hardware import HardwareProfile
+from shardplan.units import DType, bytes_per_element
 from shardplan.verify.runspec import RunSpec
 
 # Relative tolerances per memory component. Model states are exact tensor sizes; activations
@@ -71,7 +72,7 @@ def _serving_components(run: RunSpec, stage: int, predicted: dict[str, float], m
     L = run.layout
     layers = sum(len(r) for r in stage_layer_ranges(run.spec.num_layers, L.pp, L.virtual_stages)[stage])
     tokens = run.batch_size * (run.prompt_len + run.decode_steps)
-    kv = kv_bytes_per_token_per_layer_per_rank(run.spec, L.tp, 4.0) * layers * tokens
+    kv = kv_bytes_per_token_per_layer_per_rank(run.spec, L.tp, bytes_per_element(DType.FP32)) * layers * tokens
     return [
         _component("weights", m["weights_bytes"], predicted["weights"]),
         _component("kv_cache", m["kv_cache_bytes"], kv, f"{tokens} tokens (batch x (prompt + decode))"),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 from torch._guards import active_fake_mode
@@ -137,7 +136,3 @@ def gathered_param_bytes(modules: Iterable[torch.nn.Module], at_rest: set[int]) 
     """Bytes of the parameters registered right now whose storage is not one of the at-rest
     (sharded) storages `at_rest`: under FSDP, the all-gathered ones."""
     return tensors_bytes(p for m in modules for p in m.parameters() if storage_key(p) not in at_rest)
-
-
-def memory_summary(**parts: Any) -> dict[str, int]:
-    return {k: int(v) for k, v in parts.items()}

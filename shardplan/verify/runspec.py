@@ -116,7 +116,7 @@ def _refuse(field: str, what: str, hint: str) -> CannotVerify:
     return CannotVerify(f"verify does not run {what} yet", field=field, hint=hint)
 
 
-def check_runnable(spec: ModelSpec, layout: Layout, training: bool) -> None:
+def check_runnable(spec: ModelSpec, layout: Layout) -> None:
     """Refuse, before any process starts, what the verify model or its parallel set-up does not run."""
     unsupported = [
         (spec.mla is not None, "model", "multi-head latent attention (MLA)"),
@@ -192,7 +192,7 @@ def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int =
     """The run for plan `m` of model `spec`. Raises CannotVerify for what verify does not run."""
     layout = layout_of(m)
     training = m.workload.kind == "training"
-    check_runnable(spec, layout, training)
+    check_runnable(spec, layout)
     notes: list[str] = []
     run_spec = proxy_spec(spec, layout) if scale == "proxy" else spec.model_copy(update=dict(dtype="float32"))
     if layout.zero_stage and layout.dp == 1:

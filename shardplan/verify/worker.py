@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from shardplan.fileio import write_text_atomic
 from shardplan.verify import measure, parallel
 from shardplan.verify.launch import RUN_DIR_ENV
 from shardplan.verify.model import Decoder
@@ -42,10 +43,8 @@ def write_status(rank: int, **fields: Any) -> None:
     folder = os.environ.get(RUN_DIR_ENV)
     if not folder:
         return
-    path = Path(folder) / f"rank{rank}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"rank": rank, "pid": os.getpid(), "time": time.time(), **fields}))
-    os.replace(tmp, path)
+    write_text_atomic(Path(folder) / f"rank{rank}.json",
+                      json.dumps({"rank": rank, "pid": os.getpid(), "time": time.time(), **fields}))
 
 
 def maybe_fault(rank: int) -> None:
@@ -188,11 +187,9 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
     }
     if device.type == "cuda":
         measured["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
-    tokens = rows * run.seq_len
-    steady = step_seconds[1:] or step_seconds
     return {
         "stage": c.pp, "measured": measured, "losses": losses if last and c.tp == 0 and c.dp == 0 else None,
-        "step_seconds": step_seconds, "tokens_per_second": tokens / (sum(steady) / len(steady)),
+        "step_seconds": step_seconds,
     }
 
 
