@@ -8,6 +8,7 @@ manifest's axes, the data-parallel one split torchtitan-style into replicate x s
 
 from __future__ import annotations
 
+import time
 import zlib
 from dataclasses import dataclass
 
@@ -124,11 +125,28 @@ def apply_tp(chunk: Decoder, tp_mesh: DeviceMesh, tp_splits: dict[str, str], *, 
 
 
 def _all_reduce_in_place(group: dist.ProcessGroup):
+    wait_for_release = dist.get_backend(group) == "gloo"
+
     def hook(_module: nn.Module, _inputs, output: torch.Tensor) -> torch.Tensor:
+        refs_before = output._use_count()
         dist.all_reduce(output, group=group)
+        if wait_for_release:
+            _await_release(output, refs_before)
         return output
 
     return hook
+
+
+def _await_release(t: torch.Tensor, refs_before: int, limit_seconds: float = 1.0) -> None:
+    """Gloo completes a collective on its worker thread, which still holds the tensor for a
+    moment after `wait()` returns. If the caller drops the tensor first, the last reference
+    goes with that thread, whenever it is scheduled: on a busy CPU the partial sum outlives
+    the residual add and a (tokens x hidden) buffer shows up in the activation peak on some
+    runs only. Waiting here until gloo has let go makes the measurement what the model does
+    (NCCL on a GPU frees through the caching allocator's stream order, so it is not needed)."""
+    deadline = time.monotonic() + limit_seconds
+    while t._use_count() > refs_before and time.monotonic() < deadline:
+        time.sleep(0.0001)
 
 
 def keep_grads_sharded(chunk: nn.Module) -> None:
