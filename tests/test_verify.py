@@ -110,6 +110,20 @@ def test_serving_tensor_by_pipeline_four_ranks(cli, tmp_path):
     assert work["decode_steps"] >= 1 and work["prompt_len"] >= 1
 
 
+@pytest.mark.parametrize("workload", [TRAIN, SERVE], ids=["training", "serving"])
+def test_mixture_of_experts_with_tensor_parallel_experts(cli, tmp_path, workload):
+    """Mixtral's proxy (8 experts, top-2) with each expert split over tp=2: training keeps what
+    Megatron's dispatcher keeps (expert outputs for the router's gradient included), serving
+    allocates vLLM fused_moe's buffers and reduces the experts' partial sums once."""
+    training = workload is TRAIN
+    res, report = _verify(cli, _plan(tmp_path, 2, workload, model="mixtral-8x7b", tp=2), tmp_path)
+    assert res.exit_code == EXIT_OK, res.stderr
+    _assert_matches(report, 2, training=training)
+    assert report["run"]["model"]["num_experts"] == 8
+    acts = [c for r in report["ranks"] for c in r["components"] if c["component"] == "activations"]
+    assert all(abs(c["relative_error"]) <= 0.05 for c in acts), acts
+
+
 def test_gloo_lets_go_of_an_all_reduced_tensor_before_the_hook_returns(tmp_path):
     """Gloo's worker thread holds a reduced tensor for a moment after wait() returns; the
     row-parallel hook waits for it so that the partial sum is freed where the model drops it

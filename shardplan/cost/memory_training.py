@@ -163,6 +163,10 @@ def activation_bytes_per_layer(
         total += FP32_BYTES * tokens * moe.num_experts  # router logits
         total += a_bytes * tokens * k * h  # permuted (dispatched) tokens
         total += a_bytes * tokens * k * width_factor * moe.expert_intermediate_size / layout.expert_tp
+        # expert outputs, kept by the multiplication with the router probabilities for the
+        # probabilities' gradient (Megatron-core moe_utils.unpermute; HF Mixtral's
+        # `expert_layer(x) * routing_weights`); measured by `shardplan verify` on a Mixtral proxy
+        total += a_bytes * tokens * k * h
         if moe.num_shared_experts:
             total += a_bytes * s * b * width_factor * moe.shared_intermediate_size * moe.num_shared_experts / t
     else:

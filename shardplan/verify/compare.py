@@ -163,5 +163,7 @@ def compare(run: RunSpec, hw: HardwareProfile, results: list[dict[str, Any]], re
         "ranks": ranks,
         "numerics": num,
         "time": _time(run, results, report, device),
+        "hardware": {"profile": hw.name, "num_nodes": hw.num_nodes, "gpus_per_node": hw.gpus_per_node},
+        "probes": [r["probes"] | {"rank": r["rank"]} for r in sorted(results, key=lambda r: r["rank"]) if "probes" in r],
         "mismatches": mismatches,
     }

@@ -125,9 +125,18 @@ class MLP(nn.Module):
         return self.down_proj(_SwiGLUFn.apply(self.gate_proj(x), self.up_proj(x)))
 
 
+FUSED_MOE_BLOCK_ROWS = 16  # token rows one step of the serving MoE reads (the kernel's BLOCK_SIZE_M)
+
+
 class MoE(nn.Module):
-    """Top-k routing (softmax over experts, the k largest renormalised: Mixtral), each expert a
-    SwiGLU MLP run on the tokens routed to it."""
+    """Top-k routing (softmax over experts, the k largest renormalised: Mixtral), written as
+    Megatron-core's token dispatcher does it: the tokens are permuted into expert order, each
+    expert runs on its contiguous segment, the outputs are weighted by the router
+    probabilities and un-permuted by indexing (whose backward keeps only the indices), then
+    the k copies of each token are summed. What backward keeps is then what Megatron keeps:
+    the router probabilities, the permuted tokens, each expert's SwiGLU inputs and down-
+    projection input, and the expert outputs the probability weighting multiplies.
+    (An `index_add` would also keep its k x hidden source, for nothing but its shape.)"""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -143,12 +152,50 @@ class MoE(nn.Module):
         probs = torch.softmax(self.gate(tokens), dim=-1)
         weights, chosen = probs.topk(self.top_k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True)
-        out = torch.zeros_like(tokens)
-        for e, expert in enumerate(self.experts):
-            rows, slot = torch.where(chosen == e)
-            if rows.numel():
-                out = out.index_add(0, rows, expert(tokens[rows]) * weights[rows, slot, None])
-        return out.view(shape)
+        order = chosen.flatten().argsort(stable=True)  # (token, slot) pairs in expert order
+        counts = torch.bincount(chosen.flatten(), minlength=len(self.experts)).tolist()
+        if not torch.is_grad_enabled():
+            return self._fused(tokens, weights, order, counts).view(shape)
+        permuted = tokens[order // self.top_k]
+        # Every expert runs, an empty segment included: its weight gradient is then zeros, as a
+        # grouped GEMM over stacked expert weights gives (Megatron GroupedMLP, torchtitan), not
+        # None, so a small batch that leaves an expert idle still holds every gradient.
+        outputs = [expert(seg) for expert, seg in zip(self.experts, permuted.split(counts))]
+        weighted = torch.cat(outputs) * weights.flatten()[order, None]
+        unpermuted = weighted[order.argsort()]  # back to (token, slot) order
+        return unpermuted.view(tokens.shape[0], self.top_k, -1).sum(1).view(shape)
+
+    def _fused(self, tokens: torch.Tensor, weights: torch.Tensor, order: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Serving, with vLLM fused_moe's buffers: the gate and up outputs (T k x 2N), the
+        SwiGLU output (T k x N) and the weighted expert outputs (T k x hidden) all allocated
+        up front, each expert writing its rows, a block of rows at a time as the kernel reads
+        them; then the k rows of each token summed into the input's own storage (vLLM calls
+        `fused_experts(..., inplace=True)`). Under tensor parallelism N is this rank's share
+        and the sum is a partial one, which the hook apply_tp puts on this module reduces in
+        place (vLLM reduces after the experts)."""
+        n = _local(self.experts[0].gate_proj.weight).shape[0]
+        rows = tokens.shape[0] * self.top_k
+        gate, up = tokens.new_empty(rows, n), tokens.new_empty(rows, n)
+        act, down = tokens.new_empty(rows, n), tokens.new_empty(rows, tokens.shape[1])
+        start = 0
+        for expert, count in zip(self.experts, counts):
+            w_gate, w_up, w_down = (_local(lin.weight).t() for lin in (expert.gate_proj, expert.up_proj, expert.down_proj))
+            for first in range(start, start + count, FUSED_MOE_BLOCK_ROWS):
+                seg = slice(first, min(first + FUSED_MOE_BLOCK_ROWS, start + count))
+                x = tokens[order[seg] // self.top_k]
+                torch.mm(x, w_gate, out=gate[seg])
+                torch.mm(x, w_up, out=up[seg])
+            seg = slice(start, start + count)
+            torch.mul(F.silu(gate[seg], inplace=True), up[seg], out=act[seg])
+            torch.mm(act[seg], w_down, out=down[seg])
+            start += count
+        down.mul_(weights.flatten()[order, None])
+        return tokens.zero_().index_add_(0, order // self.top_k, down)
+
+
+def _local(w: torch.Tensor) -> torch.Tensor:
+    """A parameter's local shard (DTensor) or the parameter itself."""
+    return w.to_local() if hasattr(w, "to_local") else w
 
 
 class Block(nn.Module):

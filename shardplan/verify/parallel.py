@@ -114,7 +114,12 @@ def apply_tp(chunk: Decoder, tp_mesh: DeviceMesh, tp_splits: dict[str, str], *, 
             # Serving: the partial sums are reduced in place (vLLM's RowParallelLinear), not
             # into a new tensor as DTensor's redistribute does.
             plan[path] = RowwiseParallel(output_layouts=Partial())
-            reduce_in_place.append(mod)
+            if ".experts." in path:  # the fused MoE sums its experts' partial outputs first
+                moe = chunk.get_submodule(path[: path.index(".experts.")])
+                if moe not in reduce_in_place:
+                    reduce_in_place.append(moe)
+            else:
+                reduce_in_place.append(mod)
         elif split == "row":
             plan[path] = RowwiseParallel()
         else:

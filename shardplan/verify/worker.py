@@ -6,6 +6,7 @@ everything with the cost model. The same code runs under NCCL on GPUs and gloo o
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from shardplan.fileio import write_text_atomic
-from shardplan.verify import measure, parallel
+from shardplan.verify import measure, parallel, probes
 from shardplan.verify.launch import RUN_DIR_ENV
 from shardplan.verify.model import Decoder
 from shardplan.verify.runspec import RunSpec
@@ -76,10 +77,12 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def training_batch(run: RunSpec, step: int) -> torch.Tensor:
-    """Every data-parallel rank's tokens of one step, (dp x micro-batches x mbs, seq + 1)."""
+def training_batch(run: RunSpec) -> torch.Tensor:
+    """Every data-parallel rank's tokens of a step, (dp x micro-batches x mbs, seq + 1). The
+    same batch every step: uniform random tokens carry nothing to learn across batches, so
+    only a repeated batch shows the optimizer working (its loss must fall)."""
     L = run.layout
-    g = torch.Generator().manual_seed(SEED + 1000 + step)
+    g = torch.Generator().manual_seed(SEED + 1000)
     return torch.randint(run.spec.vocab_size, (L.dp * run.num_microbatches * L.micro_batch_size, run.seq_len + 1),
                          generator=g)
 
@@ -144,7 +147,7 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
     losses, step_seconds = [], []
     grads_bytes = opt_bytes = 0
     for step in range(run.steps):
-        batch = training_batch(run, step)[c.dp * rows:(c.dp + 1) * rows].to(device)
+        batch = training_batch(run)[c.dp * rows:(c.dp + 1) * rows].to(device)
         x, y = batch[:, :-1], batch[:, 1:]
         _sync(device)
         t0 = time.perf_counter()
@@ -307,7 +310,7 @@ def reference_training(run: RunSpec) -> list[float]:
     optimizer = _make_optimizer(run, model.parameters())
     losses = []
     for step in range(run.steps):
-        batch = training_batch(run, step)
+        batch = training_batch(run)
         loss = _loss(model(batch[:, :-1]), batch[:, 1:])
         loss.backward()
         optimizer.step()
@@ -337,6 +340,13 @@ def reference_serving(run: RunSpec, replica: int) -> tuple[list[list[list[float]
     return logits, generated
 
 
+def _probes(device: torch.device) -> dict[str, Any]:
+    """The hardware probes, after the plan's work and its memory are gone."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    return probes.run_probes(device)
+
+
 def run_rank(run: RunSpec, splits: dict[str, str], gpus_per_node: int, backend: str,
              collective_timeout_seconds: float) -> tuple[int, list[dict[str, Any]] | None]:
     """Run this rank; returns (rank, every rank's result on rank 0, else None)."""
@@ -355,6 +365,8 @@ def run_rank(run: RunSpec, splits: dict[str, str], gpus_per_node: int, backend: 
         else:
             result = run_serving(run, splits, mesh, c, device, rank)
         result.update(rank=rank, pp=c.pp, dp=c.dp, tp=c.tp, wall_seconds=time.perf_counter() - t0)
+        if device.type == "cuda":  # what `shardplan calibrate` turns into efficiencies
+            result["probes"] = _probes(device)
         gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
         dist.barrier()  # nobody tears gloo down while a peer still talks to it (that aborts the process)
