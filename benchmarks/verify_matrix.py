@@ -1,5 +1,5 @@
 """`shardplan verify` on the `debug` model with gloo: every required layout at world sizes 2, 4
-and 8, training and serving. Prints one Markdown row per run: status, wall seconds of the whole
+and 8, training and serving, then Mixtral's MoE proxy. Prints one Markdown row per run: status, wall seconds of the whole
 command (torchrun start-up included), the largest |relative error| of the model states and of
 the activations over all ranks, and the numerics error.
 
@@ -33,11 +33,14 @@ CASES = [
 ]
 SERVE_CASES = [("TP", 2, dict(tp=2)), ("PP", 2, dict(pp=2)), ("TP x PP", 4, dict(tp=2, pp=2)),
                ("DP x PP", 4, dict(dp=2, pp=2)), ("TP x PP x DP", 8, dict(tp=2, pp=2, dp=2))]
+MOE = "mixtral-8x7b"  # its proxy: 8 experts, top-2, tensor-parallel experts
+MOE_CASES = [("MoE TP", 2, dict(tp=2)), ("MoE FSDP x TP", 4, dict(tp=2, dp=2, zero_stage=3))]
+MOE_SERVE_CASES = [("MoE TP", 2, dict(tp=2)), ("MoE TP x PP", 4, dict(tp=2, pp=2))]
 
 
-def run(kind: str, name: str, gpus: int, layout: dict, folder: Path) -> str:
+def run(kind: str, name: str, gpus: int, layout: dict, folder: Path, model: str = "debug") -> str:
     wl = TRAIN if kind == "training" else SERVE
-    m, _ = build_plan("debug", gpus, Layout(**layout), wl)
+    m, _ = build_plan(model, gpus, Layout(**layout), wl)
     plan = folder / f"{kind}-{gpus}.yaml"
     mf.write_manifest(m, plan)
     report = folder / "report.json"
@@ -68,6 +71,10 @@ def main() -> None:
             print(run("training", name, gpus, layout, Path(tmp)), flush=True)
         for name, gpus, layout in SERVE_CASES:
             print(run("serving", name, gpus, layout, Path(tmp)), flush=True)
+        for name, gpus, layout in MOE_CASES:
+            print(run("training", name, gpus, layout, Path(tmp), MOE), flush=True)
+        for name, gpus, layout in MOE_SERVE_CASES:
+            print(run("serving", name, gpus, layout, Path(tmp), MOE), flush=True)
 
 
 if __name__ == "__main__":
