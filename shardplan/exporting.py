@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shardplan.errors import ShardplanError
+from shardplan.errors import InputFileError, ShardplanError
 from shardplan.exporters import ExportOptions, export
 from shardplan.fileio import write_text_atomic
 from shardplan.manifest import load_manifest, spec_sha256
@@ -15,23 +15,39 @@ from shardplan.specs import loading
 from shardplan.specs.model import ModelSpec
 
 
-def plan_spec(m: DeploymentManifest) -> ModelSpec | None:
-    """The plan's model spec, when its source still exists and hashes to what the plan recorded."""
+def source_spec(m: DeploymentManifest) -> ModelSpec | None:
+    """The spec at the plan's `model.source`, when it can be read: a bundled name (`bundled:<name>`
+    names the catalog only, never a path), or a model file. The plan may be anyone's, so the path is
+    read as a model spec and nothing else (regular files, size-limited, errors swallowed)."""
     src = m.model.source
-    name = src.removeprefix("bundled:")
+    if src.startswith("bundled:"):
+        name = src.removeprefix("bundled:")
+        if name not in loading.bundled_names(loading.model_specs_dir()):
+            return None
+        src = name
     try:
-        loaded = loading.load_model(name)
+        return loading.load_model(src).spec
     except ShardplanError:
         return None
-    return loaded.spec if spec_sha256(loaded.spec) == m.model.spec_sha256 else None
+
+
+def plan_spec(m: DeploymentManifest) -> ModelSpec | None:
+    """The plan's model spec, when its source still exists and hashes to what the plan recorded."""
+    spec = source_spec(m)
+    return spec if spec is not None and spec_sha256(spec) == m.model.spec_sha256 else None
 
 
 def export_plan(plan: Path, target: str, options: ExportOptions, out_dir: Path | None) -> dict[str, Any]:
     """Export; with `out_dir`, write the files there (created if missing). Returns a summary:
     target, and per file its name, path (when written), bytes and text."""
     m = load_manifest(plan)
+    spec = source_spec(m)
+    if spec is not None and spec_sha256(spec) != m.model.spec_sha256:
+        raise InputFileError(f"the model spec at {m.model.source} has changed since this plan was made",
+                             source=str(plan), field="model.spec_sha256",
+                             hint="re-plan from the spec with shardplan recommend")
     try:
-        files = export(m, target, spec=plan_spec(m), options=options)
+        files = export(m, target, spec=spec, options=options)
     except ShardplanError as e:
         if e.source is None and e.field is not None and not e.field.startswith("-"):  # a plan field: name the plan
             e.source = str(plan)

@@ -9,13 +9,30 @@ from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import LayoutError, ShardplanError
 from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import MAX_TOKENS
 from shardplan.units import DType, parse_dtype
+
+# Command-line counts past these are typos or attacks (the largest clusters hold ~10^5 GPUs); they
+# keep every figure finite and every search bounded.
+MAX_GPUS = 2**24
+MAX_SEQUENCES = 2**24  # sequences in a batch or in flight
+
+
+def at_most(value: int | None, limit: int, option: str) -> None:
+    """Refuse a command-line count above `limit`, naming the option."""
+    if value is not None and value > limit:
+        raise ShardplanError(f"{value} is more than the {limit} shardplan plans for", field=option,
+                             hint=f"give at most {limit}")
 
 
 def cluster(hw: HardwareProfile, *, gpus: int | None, nodes: int | None, gpus_per_node: int | None) -> HardwareProfile:
     """Apply --gpus/--nodes/--gpus-per-node to a profile. --gpus below one node's size uses
     part of one node; above it, whole nodes."""
+    at_most(gpus, MAX_GPUS, "--gpus")
+    at_most(nodes, MAX_GPUS, "--nodes")
+    at_most(gpus_per_node, MAX_GPUS, "--gpus-per-node")
     gpn = gpus_per_node or hw.gpus_per_node
+    at_most(gpn * (nodes or 1), MAX_GPUS, "--nodes")
     if gpus is None:
         return hw.with_topology(gpus_per_node=gpn, num_nodes=nodes or 1)
     if gpus <= gpn and not nodes:
@@ -121,6 +138,11 @@ def inference_workload(
 ) -> InferenceWorkload:
     if not 0 < gpu_memory_utilization <= 1:
         raise ShardplanError("must be in (0, 1]", field="--gpu-memory-utilization", hint="e.g. 0.9")
+    for value, option in ((max_model_len, "--max-model-len"), (max_num_batched_tokens, "--max-num-batched-tokens"),
+                          (input_len, "--input-len"), (output_len, "--output-len"), (block_size, "--block-size")):
+        at_most(value, MAX_TOKENS, option)
+    at_most(max_num_seqs, MAX_SEQUENCES, "--max-num-seqs")
+    at_most(batch_size, MAX_SEQUENCES, "--batch-size")
     dense = DType.BF16
     quant = Quantization(quantization) if quantization else Quantization.NONE
     wd = dtype_option(weight_dtype, "--weight-dtype")
@@ -159,6 +181,8 @@ def training_workload(
     dropout: bool,
     overlap_grad_reduce: bool = True,
 ) -> TrainingWorkload:
+    at_most(seq_len, MAX_TOKENS, "--seq-len")
+    at_most(global_batch_size, MAX_SEQUENCES, "--global-batch-size")
     return TrainingWorkload(
         seq_len=seq_len,
         global_batch_size=global_batch_size,

@@ -28,6 +28,7 @@ from shardplan.exporters.base import (
     gpus_per_node_used,
     plan_header,
     script,
+    script_words,
     serving,
     training,
 )
@@ -176,7 +177,7 @@ def _export_fsdp(ctx: ExportContext) -> list[ExportFile]:
     cfg = fsdp_config(ctx)
     L = m.layout
     n = m.hardware.num_nodes
-    user = (ctx.options.script or "train.py").split()
+    user = script_words(ctx, "train.py")
     args: list[Arg] = [("config_file", "accelerate_fsdp.yaml")]
     body: list[str] = []
     header = plan_header(m, TARGET)

@@ -5,6 +5,7 @@ express. Pure: exporters return text; the CLI writes it (`fileio.write_text_atom
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from dataclasses import dataclass
 from functools import lru_cache
@@ -96,9 +97,58 @@ def _fits(m: DeploymentManifest) -> None:
 
 
 def model_ref(ctx: ExportContext) -> str:
-    """The checkpoint an engine loads: --model-path, else the HF id, else a placeholder path."""
+    """The checkpoint an engine loads: --model-path, else the HF id, else a placeholder path.
+    Engines take it as a word of their command line, so it must not read as a flag
+    (an hf_id of `--trust-remote-code` in someone else's plan would switch it on)."""
     m = ctx.manifest
-    return ctx.options.model_path or m.model.hf_id or f"/models/{m.model.name}"
+    if ctx.options.model_path is not None:
+        return checked_word(ctx.options.model_path, "--model-path", "a checkpoint folder or a Hugging Face id")
+    if m.model.hf_id is not None:
+        return checked_word(m.model.hf_id, "model.hf_id", "a Hugging Face id such as meta-llama/Llama-3.1-8B")
+    return f"/models/{safe_name(m.model.name, 'model')}"
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # line breaks to bash, Python and YAML among them
+
+
+def checked_word(value: str, field: str, what: str) -> str:
+    """A value placed as one word of a command: not empty, not starting with '-', no control
+    characters (a line break would end the command). Quoting keeps it one word; this keeps it
+    from being read as an option."""
+    if not value.strip() or value.startswith("-") or _CONTROL.search(value):
+        raise ShardplanError(f"{value!r} cannot be placed in a command line", field=field,
+                             hint=f"give {what} that does not start with '-' and has no control characters")
+    return value
+
+
+def safe_name(text: str, default: str) -> str:
+    """Letters, digits, '.', '_' and '-' only (job names, placeholder paths); runs of anything
+    else become '-'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or default
+
+
+def comment(text: str) -> str:
+    """Text safe inside a `#` comment of a shell script, YAML file or Python module: control
+    characters (line breaks above all, which would end the comment) become spaces."""
+    return _CONTROL.sub(" ", text)
+
+
+def script_words(ctx: ExportContext, default: str) -> list[str]:
+    """--script split as a shell would split it; its first word is the program, never an option
+    of the launcher it follows."""
+    text = ctx.options.script if ctx.options.script is not None else default
+    try:
+        words = shlex.split(text)
+    except ValueError as e:
+        raise ShardplanError(f"cannot split {text!r} into words: {e}", field="--script",
+                             hint="balance the quotes, e.g. --script \"train.py --name 'my run'\"") from None
+    if not words:
+        raise ShardplanError("is empty", field="--script", hint="give the script and its arguments, e.g. train.py --lr 3e-4")
+    checked_word(words[0], "--script", "a script or program first, then its arguments")
+    for w in words:
+        if _CONTROL.search(w):
+            raise ShardplanError(f"{w!r} has a control character", field="--script", hint="remove it")
+    return words
 
 
 def gpus_per_node_used(m: DeploymentManifest) -> int:
@@ -251,7 +301,7 @@ def _quote(v: str) -> str:
 
 def script(lines: Iterable[str], *, header: Sequence[str]) -> str:
     """A bash script: shebang, strict mode, the header comments, then `lines`."""
-    out = ["#!/usr/bin/env bash", *(f"# {h}" if h else "#" for h in header), "set -euo pipefail", ""]
+    out = ["#!/usr/bin/env bash", *(f"# {comment(h)}" if h else "#" for h in header), "set -euo pipefail", ""]
     out.extend(lines)
     return "\n".join(out).rstrip("\n") + "\n"
 
@@ -269,4 +319,4 @@ def plan_header(m: DeploymentManifest, target: str, table: FlagTable | None = No
     ]
     if table is not None:
         lines.append(f"flags checked against {table.pinned} ({table.sources[0]})")
-    return lines
+    return [comment(line) for line in lines]  # names come from the plan file, which may be anyone's

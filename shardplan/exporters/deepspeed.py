@@ -27,6 +27,7 @@ from shardplan.exporters.base import (
     gpus_per_node_used,
     plan_header,
     script,
+    script_words,
     training,
 )
 from shardplan.exporters.torchrun import RDZV_PORT
@@ -119,7 +120,7 @@ def launch_command(ctx: ExportContext) -> str:
     if n > 1:
         args = [("hostfile", "hostfile"), *args, ("master_addr", Raw("$HEAD_ADDR")),
                 ("master_port", ctx.options.port or RDZV_PORT)]
-    user = (ctx.options.script or "train.py").split()
+    user = script_words(ctx, "train.py")
     return command(None, ["deepspeed"], args, tail=[*user, "--deepspeed", "--deepspeed_config", "ds_config.json"])
 
 

@@ -23,6 +23,7 @@ from shardplan.errors import ShardplanError
 from shardplan.exporters.base import (
     ExportContext,
     ExportFile,
+    comment,
     gpus_per_node_used,
     nodes_per_replica,
     plan_header,
@@ -56,12 +57,27 @@ def _gpu_resource(ctx: ExportContext) -> str:
     return "amd.com/gpu" if gpu.startswith(("mi", "amd")) or "instinct" in gpu else "nvidia.com/gpu"
 
 
+# An image reference: [registry[:port]/]path[:tag][@digest] (distribution/reference grammar, loosened
+# to one character class); no spaces, quotes or line breaks, and never a leading '-'.
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}")
+
+
+def image_for(ctx: ExportContext, default: str) -> str:
+    image = ctx.options.image
+    if image is None:
+        return default
+    if not _IMAGE.fullmatch(image):
+        raise ShardplanError(f"{image!r} is not a container image reference", field="--image",
+                             hint="give e.g. registry.example.com/team/trainer:1.2 (letters, digits, . _ / : @ -)")
+    return image
+
+
 def _pod_spec(ctx: ExportContext, *, image: str, shell: str, gpus: int, port: int | None,
               labels: dict[str, str]) -> dict[str, Any]:
     res = _gpu_resource(ctx)
     container: dict[str, Any] = {
         "name": "main",
-        "image": ctx.options.image or image,
+        "image": image_for(ctx, image),
         "command": ["/bin/bash", "-c"],
         "args": [shell],
         "resources": {"limits": {res: gpus}, "requests": {res: gpus}},
@@ -181,7 +197,7 @@ _Dumper.add_representer(str, _str)
 
 
 def dump(objects: list[dict[str, Any]], header: list[str] | None = None) -> str:
-    head = "".join(f"# {h}\n" for h in header or [])
+    head = "".join(f"# {comment(h)}\n" for h in header or [])
     return head + yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=1 << 30)
 
 

@@ -8,8 +8,6 @@ Flags are checked in the tests by torch's own parser (`torch.distributed.run.get
 
 from __future__ import annotations
 
-import shlex
-
 from shardplan.exporters.base import (
     Arg,
     ExportContext,
@@ -18,7 +16,9 @@ from shardplan.exporters.base import (
     command,
     gpus_per_node_used,
     plan_header,
+    safe_name,
     script,
+    script_words,
 )
 
 RDZV_PORT = 29500  # torchrun's default master port
@@ -27,9 +27,10 @@ RDZV_PORT = 29500  # torchrun's default master port
 def rank_program(ctx: ExportContext) -> tuple[list[Arg], list[str]]:
     """torchrun flags and trailing words that start the rank program."""
     if ctx.options.script is None:
-        return [], ["-m", "shardplan", "verify", ctx.options.plan_file]
-    words = shlex.split(ctx.options.script)
-    if words and words[0].endswith(".py"):
+        plan = ctx.options.plan_file
+        return [], ["-m", "shardplan", "verify", f"./{plan}" if plan.startswith("-") else plan]
+    words = script_words(ctx, "")
+    if words[0].endswith(".py"):
         return [], words
     return [("no-python", None)], words  # an executable, e.g. a console script
 
@@ -68,7 +69,7 @@ def export_slurm(ctx: ExportContext) -> list[ExportFile]:
     m = ctx.manifest
     n, g = m.hardware.num_nodes, gpus_per_node_used(m)
     sbatch = [
-        f"--job-name=shardplan-{m.model.name}",
+        f"--job-name=shardplan-{safe_name(m.model.name, 'model')}",  # sbatch reads this line itself: no quoting
         f"--nodes={n}",
         "--ntasks-per-node=1",  # one torchrun per node; it starts the node's ranks
         f"--gpus-per-node={g}",

@@ -61,7 +61,14 @@ def search(
     start = time.perf_counter()
     counts = gpu_counts(hw, num_gpus=num_gpus, max_gpus=max_gpus)
     res = SearchResult(training=training, goal=goal, gpu_counts=counts)
-    for c in counts:
+    for i, c in enumerate(counts):
+        if res.num_steps >= space.max_search_steps:  # bounded work: say which counts were left out
+            res.unsearched_gpu_counts = counts[i:]
+            break
+        # Each count gets an equal share of the steps left (what one leaves unused rolls over);
+        # `first_fit` wants the smallest count that fits, so each count may use all that is left.
+        share = 1 if first_fit else len(counts) - i
+        res.step_limit = res.num_steps + (space.max_search_steps - res.num_steps) // share
         hwc = topology(hw, c)
         if training:
             search_training(spec, hwc, workload, space, goal, res, progress)  # type: ignore[arg-type]

@@ -82,6 +82,7 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
     for layout, wlq in _serving_replicas(spec, hw, wl, space, res.invalid):
         sm = serving_memory(spec, hw, layout, wlq)
         res.num_costed += 1
+        res.num_steps += 1
         fit_batch = int(sm.kv_capacity_tokens // ctx)
         if not sm.fits:
             n = len(_batch_sizes(wlq, wl.max_num_seqs))  # the points this replica would have had
@@ -97,6 +98,7 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
                 continue
             st = serving_time(spec, hw, layout, wlq, b)
             res.num_costed += 1
+            res.num_steps += 1
             total = st.throughput_tokens_per_second * layout.dp
             figures = {
                 "batch_size": b,

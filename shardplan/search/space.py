@@ -40,6 +40,15 @@ class Goal:
     gpu_hour_price_usd: float | None = None  # None: the profile's price
     top_k: int = 5
 
+    def __post_init__(self) -> None:
+        limits = (("max_ttft_seconds", "--max-ttft-ms"), ("max_tpot_seconds", "--max-tpot-ms"),
+                  ("min_throughput_tokens_per_second", "--min-throughput"), ("gpu_hour_price_usd", "--gpu-hour-price"))
+        for name, option in limits:
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ShardplanError(f"must be a finite number >= 0 (got {value})", field=option,
+                                     hint="leave the option out for no limit")
+
 
 @dataclass(frozen=True)
 class Space:
@@ -64,6 +73,12 @@ class Space:
     kv_cache_dtypes: tuple[DType | None, ...] = (None,)  # serving; None = the activation dtype
     max_virtual_stages: int = 8
     max_micro_batch_size: int = 8
+    # Steps (a bound or a cost: one per training degree set and branch-and-bound node, one per
+    # serving memory or time estimate) one search may take. The largest single GPU count seen
+    # (DeepSeek-V3, 32 GPUs) takes ~28,000; --max-gpus up to a million GPUs would take ~600,000.
+    # Each GPU count gets an equal share of what is left; when a share is spent, the layouts left
+    # in its branch and bound are reported as not searched instead of running for minutes.
+    max_search_steps: int = 50_000
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,12 @@ class SearchResult:
     num_feasible: int = 0  # costed layouts that fit and meet the limits
     smallest_num_gpus: int | None = None
     elapsed_seconds: float = 0.0
+    num_steps: int = 0  # bounds and costs computed (Space.max_search_steps caps them)
+    step_limit: int = 0  # where the GPU count being searched must stop: its share of what is left
+    unsearched_gpu_counts: list[int] = field(default_factory=list)  # skipped once the budget was spent
+
+
+BUDGET_SPENT = "not searched: the search budget (max_search_steps) was spent"
 
 
 Progress = Callable[[int, int], None]  # (done, total)

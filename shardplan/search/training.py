@@ -37,6 +37,7 @@ from shardplan.cost.time_training import (
 )
 from shardplan.cost.workload import TrainingWorkload
 from shardplan.search.space import (
+    BUDGET_SPENT,
     SECONDS_PER_HOUR,
     TOKENS_PER_MILLION,
     Evaluated,
@@ -226,6 +227,7 @@ def search_training(
             res.invalid["no micro-batch or schedule divides the batch"] += 1
             continue
         res.num_candidates += count
+        res.num_steps += 1
         bound = objective_value(goal, hw, n, _degrees_bound(spec, hw, wl, space, deg), tokens)
         heap.append((bound, _key(deg), _DEGREES, (deg, count)))
     heapq.heapify(heap)
@@ -233,6 +235,12 @@ def search_training(
     best: list[Evaluated] = []
     evaluated_before = res.num_evaluated
     while heap:
+        if res.num_steps >= res.step_limit:
+            skipped = sum(_count(p, kd) for _, _, kd, p in heap)
+            res.rejected[BUDGET_SPENT] += skipped
+            res.num_evaluated += skipped
+            break
+        res.num_steps += 1
         bound, key, kind, payload = heapq.heappop(heap)
         if len(best) >= k and bound > best[k - 1].objective_value:
             skipped = _count(payload, kind) + sum(_count(p, kd) for _, _, kd, p in heap)

@@ -17,6 +17,15 @@ from shardplan import units
 from shardplan.specs._base import StrictModel
 from shardplan.units import DType
 
+# Upper bounds, orders of magnitude above any GPU or node sold (B200: 180 GiB, 8 TB/s, 4.5 PFLOP/s
+# fp8; NVL72: 72 GPUs per NVLink domain), that keep every figure the cost model derives from a
+# profile a finite float. A profile past them is refused with the field named.
+MAX_CAPACITY_GIB = 2.0**20  # one GPU's memory, a node's host RAM or NVMe (1 PiB)
+MAX_BANDWIDTH_GB_PER_S = 1e9
+MAX_TFLOPS = 1e9
+MAX_MICROSECONDS = 1e9  # latencies and per-kernel costs (1000 s)
+MAX_GPUS_PER_NODE = 2**16
+
 
 class LinkKind(str, Enum):
     NVSWITCH = "nvswitch"
@@ -32,45 +41,45 @@ class LinkKind(str, Enum):
 class PeakTflopsFile(StrictModel):
     """Dense (no 2:4 sparsity) peak per dtype, decimal TFLOP/s (TOPS for int8)."""
 
-    fp32: float = Field(..., gt=0)
-    tf32: float | None = Field(None, gt=0)
-    bf16: float | None = Field(None, gt=0)
-    fp16: float = Field(..., gt=0)
-    fp8: float | None = Field(None, gt=0)
-    int8: float | None = Field(None, gt=0)
-    int4: float | None = Field(None, gt=0)
-    fp4: float | None = Field(None, gt=0)
+    fp32: float = Field(..., gt=0, le=MAX_TFLOPS)
+    tf32: float | None = Field(None, gt=0, le=MAX_TFLOPS)
+    bf16: float | None = Field(None, gt=0, le=MAX_TFLOPS)
+    fp16: float = Field(..., gt=0, le=MAX_TFLOPS)
+    fp8: float | None = Field(None, gt=0, le=MAX_TFLOPS)
+    int8: float | None = Field(None, gt=0, le=MAX_TFLOPS)
+    int4: float | None = Field(None, gt=0, le=MAX_TFLOPS)
+    fp4: float | None = Field(None, gt=0, le=MAX_TFLOPS)
 
 
 class GpuFile(StrictModel):
     model: str = Field(..., min_length=1)
-    memory_capacity_gib: float = Field(..., gt=0, description="total memory as the device reports it, GiB")
-    memory_bandwidth_gb_per_s: float = Field(..., gt=0)
+    memory_capacity_gib: float = Field(..., gt=0, le=MAX_CAPACITY_GIB, description="total memory as the device reports it, GiB")
+    memory_bandwidth_gb_per_s: float = Field(..., gt=0, le=MAX_BANDWIDTH_GB_PER_S)
     peak_dense_tflops: PeakTflopsFile
-    price_per_gpu_hour_usd: float | None = Field(None, gt=0)
+    price_per_gpu_hour_usd: float | None = Field(None, gt=0, le=1e6)
 
 
 class LinkFile(StrictModel):
     kind: LinkKind
-    bandwidth_gb_per_s: float = Field(..., gt=0, description="per GPU, per direction")
-    latency_us: float = Field(..., ge=0)
+    bandwidth_gb_per_s: float = Field(..., gt=0, le=MAX_BANDWIDTH_GB_PER_S, description="per GPU, per direction")
+    latency_us: float = Field(..., ge=0, le=MAX_MICROSECONDS)
 
 
 class HostLinkFile(StrictModel):
     kind: LinkKind = LinkKind.PCIE
-    generation: int | None = Field(None, gt=0)
-    lanes: int | None = Field(None, gt=0)
-    bandwidth_gb_per_s: float = Field(..., gt=0, description="per GPU, per direction")
+    generation: int | None = Field(None, gt=0, le=100)
+    lanes: int | None = Field(None, gt=0, le=1024)
+    bandwidth_gb_per_s: float = Field(..., gt=0, le=MAX_BANDWIDTH_GB_PER_S, description="per GPU, per direction")
 
 
 class NodeFile(StrictModel):
-    gpus_per_node: int = Field(..., gt=0)
+    gpus_per_node: int = Field(..., gt=0, le=MAX_GPUS_PER_NODE)
     intra_node_link: LinkFile
     inter_node_link: LinkFile
     host_link: HostLinkFile
-    host_memory_gib: float = Field(..., gt=0)
-    nvme_capacity_gib: float = Field(..., ge=0)
-    nvme_bandwidth_gb_per_s: float = Field(..., ge=0)
+    host_memory_gib: float = Field(..., gt=0, le=MAX_CAPACITY_GIB)
+    nvme_capacity_gib: float = Field(..., ge=0, le=MAX_CAPACITY_GIB)
+    nvme_bandwidth_gb_per_s: float = Field(..., ge=0, le=MAX_BANDWIDTH_GB_PER_S)
 
 
 class EfficiencyFile(StrictModel):
@@ -85,6 +94,7 @@ class EfficiencyFile(StrictModel):
     matmul_half_dim: float = Field(
         64.0,
         gt=0,
+        le=2.0**20,
         description="GEMM dimension (rows, columns or depth) at which the attainable share falls to half "
         "(tile and wave quantisation): share = matmul x prod(d / (d + half_dim))",
     )
@@ -93,11 +103,12 @@ class EfficiencyFile(StrictModel):
     )
     memory_bandwidth: float = Field(..., gt=0, le=1)
     kernel_overhead_us: float = Field(
-        4.0, ge=0, description="GPU-side fixed cost per kernel on top of its roofline time (ramp-up, tail), microseconds"
+        4.0, ge=0, le=MAX_MICROSECONDS, description="GPU-side fixed cost per kernel on top of its roofline time (ramp-up, tail), microseconds"
     )
     kernel_launch_us: float = Field(
         8.0,
         ge=0,
+        le=MAX_MICROSECONDS,
         description="host time to launch one kernel without CUDA graphs, microseconds; it shows only when the "
         "kernels are shorter than their launches",
     )
@@ -118,10 +129,10 @@ class RuntimeFile(StrictModel):
     """Memory per GPU outside the tensors a model allocates. vLLM counts all but the CUDA
     context inside its `gpu_memory_utilization` budget (CUDA graphs since v0.21)."""
 
-    cuda_context_gib: float = Field(..., ge=0, description="CUDA context and loaded kernels, present before any tensor")
-    non_torch_gib: float = Field(..., ge=0, description="library workspaces (cuBLAS, attention backends) outside torch's allocator")
-    nccl_buffers_gib: float = Field(..., ge=0, description="NCCL communicator buffers, when a process has peers")
-    cuda_graphs_gib: float = Field(..., ge=0, description="a serving engine's captured CUDA graphs (vLLM without --enforce-eager)")
+    cuda_context_gib: float = Field(..., ge=0, le=MAX_CAPACITY_GIB, description="CUDA context and loaded kernels, present before any tensor")
+    non_torch_gib: float = Field(..., ge=0, le=MAX_CAPACITY_GIB, description="library workspaces (cuBLAS, attention backends) outside torch's allocator")
+    nccl_buffers_gib: float = Field(..., ge=0, le=MAX_CAPACITY_GIB, description="NCCL communicator buffers, when a process has peers")
+    cuda_graphs_gib: float = Field(..., ge=0, le=MAX_CAPACITY_GIB, description="a serving engine's captured CUDA graphs (vLLM without --enforce-eager)")
 
 
 class HardwareProfileFile(StrictModel):

@@ -10,6 +10,8 @@ import difflib
 import json
 import os
 import re
+import reprlib
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,11 @@ from shardplan.specs.model import ModelSpec
 
 MAX_INPUT_FILE_BYTES = 16 * 1024 * 1024
 MAX_YAML_ALIASES = 64
+# Limits on the parsed data, aliases expanded: a real config holds a few hundred values a few
+# levels deep. A YAML alias bomb (64 aliases can still stand for 3^21 values) or a deeply
+# nested file is refused here, before any code walks it.
+MAX_NESTING_DEPTH = 64
+MAX_VALUES = 1_000_000
 
 # ----- where the bundled catalogs live -----------------------------------------------------
 
@@ -98,32 +105,83 @@ def _reject_constant(value: str) -> Any:
     raise ValueError(f"{value} is not a valid number")
 
 
-def read_structured(path: Path) -> Any:
-    """Parse a YAML or JSON file into plain data, with errors that name the file and line."""
-    label = str(path)
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object with a key twice is refused (json keeps the last one silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _check_shape(data: Any, label: str) -> None:
+    """Refuse data nested deeper than MAX_NESTING_DEPTH or holding more than MAX_VALUES values
+    once shared (aliased) parts are counted each time they appear. Iterative, and it stops at
+    the first limit, so a bomb or a cycle costs at most MAX_VALUES steps."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    count = 0
+    while stack:
+        item, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise InputFileError(f"holds more than {MAX_VALUES} values (YAML aliases counted each time they are used)",
+                                 source=label, hint="remove the aliases (&name / *name) or pass the config itself")
+        if isinstance(item, dict):
+            children: Any = [*item.keys(), *item.values()]
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if depth >= MAX_NESTING_DEPTH and children:
+            raise InputFileError(f"nested more than {MAX_NESTING_DEPTH} levels deep", source=label,
+                                 hint="a config is a few levels of keys; check the file")
+        stack.extend((c, depth + 1) for c in children)
+
+
+def _read_bytes(path: Path, label: str) -> bytes:
+    """At most MAX_INPUT_FILE_BYTES of a regular file: never a device, FIFO or socket (a plan
+    naming /dev/zero or /dev/stdin as its model source must not hang or fill memory)."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except FileNotFoundError:
         raise InputFileError("file not found", source=label, hint="check the path") from None
     except OSError as e:
         raise InputFileError(f"cannot read: {e.strerror}", source=label) from None
-    if path.is_dir():
+    if stat.S_ISDIR(st.st_mode):
         raise InputFileError("is a directory", source=label, hint="name a file inside it")
-    if size > MAX_INPUT_FILE_BYTES:
-        raise InputFileError(
-            f"file is {size} bytes, over the {MAX_INPUT_FILE_BYTES} byte limit for a config",
-            source=label,
-            hint="pass the config file itself, not a checkpoint",
-        )
+    if not stat.S_ISREG(st.st_mode):
+        raise InputFileError("not a regular file", source=label, hint="pass a config file, not a device or pipe")
+    too_big = InputFileError(f"file is over the {MAX_INPUT_FILE_BYTES} byte limit for a config",
+                             source=label, hint="pass the config file itself, not a checkpoint")
+    if st.st_size > MAX_INPUT_FILE_BYTES:
+        raise too_big
     try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputFileError(f"not UTF-8 text (byte {e.start})", source=label, hint="save the file as UTF-8") from None
+        with path.open("rb") as f:
+            data = f.read(MAX_INPUT_FILE_BYTES + 1)  # the file may have grown since stat
     except OSError as e:
         raise InputFileError(f"cannot read: {e.strerror}", source=label) from None
+    if len(data) > MAX_INPUT_FILE_BYTES:
+        raise too_big
+    return data
+
+
+def read_structured(path: Path) -> Any:
+    """Parse a YAML or JSON file into plain data, with errors that name the file and line."""
+    label = str(path)
+    try:
+        text = _read_bytes(path, label).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputFileError(f"not UTF-8 text (byte {e.start})", source=label, hint="save the file as UTF-8") from None
+    data = _parse(text, path, label)
+    _check_shape(data, label)
+    return data
+
+
+def _parse(text: str, path: Path, label: str) -> Any:
     if path.suffix.lower() == ".json":
         try:
-            return json.loads(text, parse_constant=_reject_constant)
+            return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
         except RecursionError:
             raise InputFileError("JSON nested too deeply", source=label) from None
         except (json.JSONDecodeError, ValueError) as e:
@@ -140,12 +198,18 @@ def read_structured(path: Path) -> Any:
         raise InputFileError(f"invalid YAML at {where}{problem}", source=label, hint="fix the YAML syntax") from None
 
 
+_UNION_MEMBER = re.compile(r"[a-z-]+\[.*\]|str|int|float|bool")
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother = 3, 80, 80
+
+
 def validation_error(e: ValidationError, source: str, prefix: str = "", known: list[str] | None = None) -> InputFileError:
     """The first pydantic error as one line naming the file and the dotted field."""
     errors = e.errors(include_url=False)
     # A misspelt key shows up twice (unknown + missing): report the unknown one, it has the fix.
     err = next((x for x in errors if x.get("type") == "extra_forbidden"), errors[0])
-    loc = ".".join(str(p) for p in err.get("loc", ()))
+    # pydantic names the union member it tried ('sources.dict[str,str]'); the file has no such key.
+    loc = ".".join(str(p) for p in err.get("loc", ()) if not _UNION_MEMBER.fullmatch(str(p)))
     field = ".".join(p for p in (prefix, loc) if p) or None
     kind = err.get("type", "")
     msg = err.get("msg", "invalid value")
@@ -161,7 +225,7 @@ def validation_error(e: ValidationError, source: str, prefix: str = "", known: l
         msg = "required key is missing"
         hint = "add it"
     elif "input" in err and err.get("loc"):
-        shown = repr(err["input"])
+        shown = _SHORT_REPR.repr(err["input"])  # bounded: the input may be huge or shared many times over
         if len(shown) > 60:
             shown = shown[:57] + "..."
         msg = f"{msg} (got {shown})"
@@ -245,7 +309,7 @@ def model_from_data(data: Any, source: str, default_name: str) -> LoadedModel:
     data = _expect_mapping(data, source)
     if "hf_config" in data or "architecture" in data:
         try:
-            f = ModelSpecFile(**data)
+            f = ModelSpecFile.model_validate(data)  # not **data: YAML keys need not be strings
         except ValidationError as e:
             raise validation_error(e, source, known=list(ModelSpecFile.model_fields)) from None
         if (f.hf_config is None) == (f.architecture is None):
@@ -266,7 +330,7 @@ def model_from_data(data: Any, source: str, default_name: str) -> LoadedModel:
                         hint=f"move '{reserved}' up one level",
                     )
             try:
-                spec = ModelSpec(name=f.name, source=source, **arch)
+                spec = ModelSpec.model_validate({**arch, "name": f.name, "source": source})
             except ValidationError as e:
                 raise validation_error(e, source, prefix="architecture", known=list(ModelSpec.model_fields)) from None
         return LoadedModel(spec, source, f.published_num_params, f.hf_id, sources, f.notes)
@@ -316,7 +380,7 @@ def list_models() -> list[LoadedModel]:
 def hardware_from_data(data: Any, source: str) -> HardwareProfile:
     data = _expect_mapping(data, source)
     try:
-        f = HardwareProfileFile(**data)
+        f = HardwareProfileFile.model_validate(data)
     except ValidationError as e:
         known = _known_keys(e)
         raise validation_error(e, source, known=known) from None
@@ -339,19 +403,25 @@ def _known_keys(e: ValidationError) -> list[str]:
     return list(model.model_fields)
 
 
-def load_hardware(name_or_path: str) -> HardwareProfile:
+def hardware_path(name_or_path: str) -> Path:
+    """The file a hardware argument names: a path as given, or a bundled profile's name."""
     path = Path(name_or_path).expanduser()
-    if not path.exists():
-        if os.sep in name_or_path or path.suffix.lower() in (".yaml", ".yml", ".json"):
-            raise InputFileError("file not found", source=str(path), hint="check the path")
-        folder = hardware_profiles_dir()
-        candidate = folder / f"{name_or_path}.yaml"
-        if not candidate.is_file():
-            names = bundled_names(folder)
-            close = difflib.get_close_matches(name_or_path, names, n=3, cutoff=0.4)
-            hint = f"did you mean {', '.join(close)}?" if close else "run `shardplan hardware` for the list"
-            raise UnknownNameError(f"unknown hardware '{name_or_path}'", hint=hint)
-        path = candidate
+    if path.exists():
+        return path
+    if os.sep in name_or_path or path.suffix.lower() in (".yaml", ".yml", ".json"):
+        raise InputFileError("file not found", source=str(path), hint="check the path")
+    folder = hardware_profiles_dir()
+    candidate = folder / f"{name_or_path}.yaml"
+    if not candidate.is_file():
+        names = bundled_names(folder)
+        close = difflib.get_close_matches(name_or_path, names, n=3, cutoff=0.4)
+        hint = f"did you mean {', '.join(close)}?" if close else "run `shardplan hardware` for the list"
+        raise UnknownNameError(f"unknown hardware '{name_or_path}'", hint=hint)
+    return candidate
+
+
+def load_hardware(name_or_path: str) -> HardwareProfile:
+    path = hardware_path(name_or_path)
     return hardware_from_data(read_structured(path), str(path))
 
 

@@ -18,6 +18,17 @@ from pydantic import Field, model_validator
 
 from shardplan.specs._base import StrictModel
 
+# Upper bounds, far above any published model (Llama 3.1 405B: 126 layers, 53248-wide MLP;
+# Gemma 3: 262k vocabulary; Kimi K2: 384 experts; Llama 4 Scout: 10M tokens of context), that
+# keep every byte, FLOP and time figure a finite float and every per-layer loop short. A file
+# past them is a mistake or an attack, and is refused with the field named.
+MAX_WIDTH = 2**20  # hidden, MLP, head and latent dimensions (elements)
+MAX_VOCAB = 2**24
+MAX_LAYERS = 16_384
+MAX_HEADS = 2**16
+MAX_EXPERTS = 2**16
+MAX_TOKENS = 2**30  # context lengths and windows
+
 
 class NormType(str, Enum):
     """RMSNorm stores one weight vector; LayerNorm a weight and a bias."""
@@ -52,12 +63,12 @@ class MLASpec(StrictModel):
     the KV cache stores only those two per token per layer."""
 
     q_lora_rank: int | None = Field(
-        None, gt=0, description="rank of the query compression; None: a direct hidden->heads projection"
+        None, gt=0, le=MAX_WIDTH, description="rank of the query compression; None: a direct hidden->heads projection"
     )
-    kv_lora_rank: int = Field(..., gt=0, description="latent KV dimension (elements)")
-    qk_rope_head_dim: int = Field(..., gt=0, description="decoupled rotary key/query dim per head")
-    qk_nope_head_dim: int = Field(..., gt=0, description="non-rotary query/key dim per head")
-    v_head_dim: int = Field(..., gt=0, description="value dim per head")
+    kv_lora_rank: int = Field(..., gt=0, le=MAX_WIDTH, description="latent KV dimension (elements)")
+    qk_rope_head_dim: int = Field(..., gt=0, le=MAX_WIDTH, description="decoupled rotary key/query dim per head")
+    qk_nope_head_dim: int = Field(..., gt=0, le=MAX_WIDTH, description="non-rotary query/key dim per head")
+    v_head_dim: int = Field(..., gt=0, le=MAX_WIDTH, description="value dim per head")
 
     @property
     def qk_head_dim(self) -> int:
@@ -67,19 +78,19 @@ class MLASpec(StrictModel):
 class MoESpec(StrictModel):
     """Mixture-of-experts MLP (Mixtral, Qwen-MoE, DeepSeek-MoE)."""
 
-    num_experts: int = Field(..., gt=0, description="routed experts per MoE layer")
-    num_experts_per_token: int = Field(..., gt=0, description="top-k routed experts per token")
-    expert_intermediate_size: int = Field(..., gt=0, description="MLP width of one routed expert")
-    num_shared_experts: int = Field(0, ge=0, description="always-active experts (DeepSeek, Qwen2-MoE)")
+    num_experts: int = Field(..., gt=0, le=MAX_EXPERTS, description="routed experts per MoE layer")
+    num_experts_per_token: int = Field(..., gt=0, le=MAX_EXPERTS, description="top-k routed experts per token")
+    expert_intermediate_size: int = Field(..., gt=0, le=MAX_WIDTH, description="MLP width of one routed expert")
+    num_shared_experts: int = Field(0, ge=0, le=MAX_EXPERTS, description="always-active experts (DeepSeek, Qwen2-MoE)")
     shared_expert_intermediate_size: int | None = Field(
-        None, gt=0, description="MLP width of one shared expert; None: same as a routed expert"
+        None, gt=0, le=MAX_WIDTH, description="MLP width of one shared expert; None: same as a routed expert"
     )
     shared_expert_gate: bool = Field(False, description="a sigmoid gate (hidden->1) on the shared expert (Qwen2-MoE)")
     router_bias: bool = Field(
         False, description="a stored per-expert bias in the router (DeepSeek-V3 e_score_correction_bias)"
     )
-    first_dense_layers: int = Field(0, ge=0, description="leading layers with a dense MLP (DeepSeek first_k_dense_replace)")
-    moe_layer_step: int = Field(1, gt=0, description="layer i (0-based) is MoE when (i+1) % step == 0 (Qwen decoder_sparse_step)")
+    first_dense_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="leading layers with a dense MLP (DeepSeek first_k_dense_replace)")
+    moe_layer_step: int = Field(1, gt=0, le=MAX_LAYERS, description="layer i (0-based) is MoE when (i+1) % step == 0 (Qwen decoder_sparse_step)")
     dense_layer_indices: tuple[int, ...] = Field((), description="0-based layers forced dense (Qwen mlp_only_layers)")
 
     @model_validator(mode="after")
@@ -102,13 +113,13 @@ class ModelSpec(StrictModel):
     model_type: str = Field("custom", description="the family label (HF model_type), informational")
     source: str | None = Field(None, description="where the numbers come from")
 
-    vocab_size: int = Field(..., gt=0, description="rows of the embedding table (as stored, padding included)")
-    hidden_size: int = Field(..., gt=0)
-    num_layers: int = Field(..., gt=0, description="transformer blocks in the main stack (MTP layers excluded)")
-    num_attention_heads: int = Field(..., gt=0)
-    num_kv_heads: int | None = Field(None, gt=0, description="None: same as num_attention_heads (MHA)")
-    head_dim: int | None = Field(None, gt=0, description="None: hidden_size / num_attention_heads")
-    intermediate_size: int = Field(..., gt=0, description="dense MLP width (dense layers of MoE models too)")
+    vocab_size: int = Field(..., gt=0, le=MAX_VOCAB, description="rows of the embedding table (as stored, padding included)")
+    hidden_size: int = Field(..., gt=0, le=MAX_WIDTH)
+    num_layers: int = Field(..., gt=0, le=MAX_LAYERS, description="transformer blocks in the main stack (MTP layers excluded)")
+    num_attention_heads: int = Field(..., gt=0, le=MAX_HEADS)
+    num_kv_heads: int | None = Field(None, gt=0, le=MAX_HEADS, description="None: same as num_attention_heads (MHA)")
+    head_dim: int | None = Field(None, gt=0, le=MAX_WIDTH, description="None: hidden_size / num_attention_heads")
+    intermediate_size: int = Field(..., gt=0, le=MAX_WIDTH, description="dense MLP width (dense layers of MoE models too)")
 
     mlp_gated: bool = Field(True, description="gated MLP (SwiGLU/GeGLU: gate, up, down) vs plain (up, down)")
     hidden_act: str = Field("silu")
@@ -117,27 +128,28 @@ class ModelSpec(StrictModel):
     o_bias: bool = Field(False, description="bias on the attention output projection")
     qk_norm: QKNorm = QKNorm.NONE
     norm_type: NormType = NormType.RMSNORM
-    num_norms_per_layer: int = Field(2, ge=0, description="norms inside each block (Gemma 2: 4; Falcon-7B: 1)")
+    num_norms_per_layer: int = Field(2, ge=0, le=16, description="norms inside each block (Gemma 2: 4; Falcon-7B: 1)")
     final_norm: bool = True
     parallel_residual: bool = Field(False, description="attention and MLP read the same input (GPT-NeoX, Falcon)")
     tie_word_embeddings: bool = False
     lm_head_bias: bool = False
 
     position_embedding: PositionEmbedding = PositionEmbedding.ROPE
-    max_position_embeddings: int = Field(..., gt=0)
+    max_position_embeddings: int = Field(..., gt=0, le=MAX_TOKENS)
     rotary_fraction: float = Field(1.0, gt=0, le=1, description="fraction of head_dim that is rotated (NeoX rotary_pct)")
     rope_theta: float | None = Field(None, gt=0)
 
-    sliding_window: int | None = Field(None, gt=0, description="tokens a sliding-window layer attends to; None: none")
+    sliding_window: int | None = Field(None, gt=0, le=MAX_TOKENS, description="tokens a sliding-window layer attends to; None: none")
     global_layer_every: int = Field(
         0,
         ge=0,
+        le=MAX_LAYERS,
         description="with sliding_window: 0 = every layer slides (Mistral); k = layer i is global when i % k == k-1 (Gemma 2: 2)",
     )
 
     mla: MLASpec | None = None
     moe: MoESpec | None = None
-    num_mtp_layers: int = Field(0, ge=0, description="multi-token-prediction modules (DeepSeek-V3), counted apart")
+    num_mtp_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="multi-token-prediction modules (DeepSeek-V3), counted apart")
 
     dtype: str = Field("bfloat16", description="the checkpoint's dtype (HF torch_dtype)")
 
