@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+import yaml
 
 from enum import Enum
 
-from shardplan import __version__, options, render
+from shardplan import __version__, fileio, options, plots, render
+from shardplan.capacity import default_max_gpus, serving_capacity, training_capacity
 from shardplan.cost.estimate import estimate as run_estimate
 from shardplan.cost.layout import PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
@@ -203,6 +205,7 @@ def estimate(
     flash_attention: FlashAttentionOpt = True,
     dropout: DropoutOpt = False,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw each pipeline stage's per-GPU memory as stacked bars against the device's capacity, to FILE.png or FILE.svg (needs the plot extra).", show_default=False)] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Per-GPU memory and time of one layout: weights, KV cache, activations, gradients,
@@ -212,6 +215,7 @@ def estimate(
 
     Exit 0 when it fits, 3 when it does not (the report is still printed), 2 for a layout
     that cannot exist."""
+    _check_plot(plot)
     loaded = loading.load_model(model)
     hw = options.cluster(loading.load_hardware(hardware), gpus=gpus, nodes=nodes, gpus_per_node=gpus_per_node)
     layout = options.layout_from_options(
@@ -226,6 +230,9 @@ def estimate(
         render.print_json(report)
     else:
         render.estimate_report(report)
+    if plot is not None:
+        plots.write_plot(plot, plots.estimate_figure(report))
+        render.file_written(plot, "plot")
     if not report["fits"]:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -294,6 +301,7 @@ def recommend(
     flash_attention: FlashAttentionOpt = True,
     dropout: DropoutOpt = False,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw the serving Pareto frontier (time per output token against tokens/s per GPU) or, training, step time against GPU count, the pick marked, to FILE.png or FILE.svg (needs the plot extra).", show_default=False, rich_help_panel=SEARCH)] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Search every valid layout (tp, pp, dp/replicas, ep, cp, ZeRO, SP, recompute, micro-batch,
@@ -308,6 +316,7 @@ def recommend(
                              hint="add -o plan.yaml")
     if export_to is not None and export_to not in TARGETS:
         raise ShardplanError(f"unknown export target '{export_to}'", field="--export", hint=f"use one of {', '.join(TARGETS)}")
+    _check_plot(plot)
     loaded = loading.load_model(model)
     base = loading.load_hardware(hardware)
     if max_gpus is None:
@@ -317,6 +326,8 @@ def recommend(
     else:
         if gpus is not None or nodes is not None:
             raise ShardplanError("give either --gpus/--nodes or --max-gpus", field="--max-gpus", hint="drop one of them")
+        options.at_most(max_gpus, options.MAX_GPUS, "--max-gpus")
+        options.at_most(gpus_per_node, options.MAX_GPUS, "--gpus-per-node")
         hw, num_gpus = base.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1), None
     wl = _workload(locals())
     training = isinstance(wl, TrainingWorkload)
@@ -355,7 +366,69 @@ def recommend(
         render.recommend_report(result)
         if "export" in result:
             render.export_report(exported, written=True)
+    if plot is not None and result["top"]:
+        plots.write_plot(plot, plots.recommend_figure(result))
+        render.file_written(plot, "plot")
     if not result["top"]:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+@app.command()
+def capacity(
+    model: ModelOpt,
+    hardware: HardwareOpt = "h100-sxm-80gb",
+    gpus_per_node: GpusPerNodeOpt = None,
+    workload: WorkloadOpt = WorkloadKind.INFERENCE,
+    max_gpus: Annotated[Optional[int], typer.Option(min=1, help="Largest GPU count to consider (default: 64 nodes' worth).", rich_help_panel=SEARCH)] = None,
+    context: Annotated[int, typer.Option(min=1, help="Serving: tokens per sequence (vLLM's max_model_len) the GPUs must hold.", rich_help_panel=SERVE)] = 8192,
+    concurrency: Annotated[int, typer.Option(min=1, help="Serving: sequences of --context tokens held at once.", rich_help_panel=SERVE)] = 1,
+    max_num_seqs: MaxNumSeqsOpt = 256,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = 8192,
+    gpu_memory_utilization: GpuMemoryUtilizationOpt = 0.9,
+    block_size: BlockSizeOpt = 16,
+    kv_cache_dtype: KvCacheDtypeOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
+    seq_len: SeqLenOpt = 4096,
+    global_batch_size: GlobalBatchSizeOpt = 512,
+    optimizer: OptimizerOpt = Optimizer.ADAMW,
+    framework: FrameworkOpt = Framework.ZERO,
+    flash_attention: FlashAttentionOpt = True,
+    json_out: JsonOpt = False,
+) -> None:
+    """How much hardware does this model need? Serving: the fewest GPUs (and nodes) for each
+    weight format (bf16, fp8, int8, int4) to hold --concurrency sequences of --context tokens,
+    with the layout and its per-GPU memory; and for each tensor-parallel size, the longest
+    context and the most sequences. Says when quantizing removes the need to shard.
+    Training (--workload training): the fewest GPUs for each ZeRO stage and offload choice at
+    --seq-len and --global-batch-size, with the fastest layout there.
+
+    GPU counts are those recommend searches (powers of two in a node, then whole nodes) up to
+    --max-gpus. Exit 0; 3 when nothing fits within --max-gpus."""
+    loaded = loading.load_model(model)
+    base = loading.load_hardware(hardware)
+    hw = base.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1)
+    limit = max_gpus or default_max_gpus(hw)
+    if workload is WorkloadKind.TRAINING:
+        wl_t = options.training_workload(seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer.value,
+                                         framework=framework.value, flash_attention=flash_attention, dropout=False)
+        result = training_capacity(loaded.spec, hw, wl_t, max_gpus=limit)
+        found = any(r["min_num_gpus"] for r in result["rows"])
+    else:
+        if concurrency > max_num_seqs:
+            raise ShardplanError(f"--concurrency {concurrency} exceeds --max-num-seqs {max_num_seqs}, the most the engine runs at once",
+                                 field="--concurrency", hint=f"add --max-num-seqs {concurrency}")
+        wl_s = options.inference_workload(
+            max_model_len=context, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
+            weight_dtype=None, quantization=None, enforce_eager=enforce_eager, input_len=1024, output_len=128, batch_size=None,
+        )
+        result = serving_capacity(loaded.spec, hw, wl_s, concurrency=concurrency, max_gpus=limit)
+        found = any(r["min_num_gpus"] for r in result["formats"])
+    if json_out:
+        render.print_json(result)
+    else:
+        render.capacity_report(result)
+    if not found:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 
@@ -409,6 +482,64 @@ def export_cmd(
         render.export_report(result, written=output is not None)
 
 
+@app.command("checkpoint")
+def checkpoint_cmd(
+    plan: Annotated[Path, typer.Argument(help="A manifest written by `shardplan recommend -o`.")],
+    checkpoint_dir: Annotated[Path, typer.Argument(help="A safetensors checkpoint: a folder with model.safetensors.index.json or one .safetensors file (or that file).")],
+    dtype: Annotated[Optional[str], typer.Option(help="The tensors' dtype (default: the model spec's, e.g. bf16).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Which bytes of a safetensors checkpoint each rank reads for this plan. Reads the index and
+    the file headers only (never tensor data), checks every tensor's name, shape and dtype
+    against the model, and reports per rank the files, byte ranges and total bytes, and the
+    total per node. A missing, extra or mis-shaped tensor, or an index entry outside the
+    folder, exits 2 naming it."""
+    from shardplan.checkpoint import plan_checkpoint
+
+    result = plan_checkpoint(plan, checkpoint_dir, dtype=dtype)
+    if json_out:
+        render.print_json(result)
+    else:
+        render.checkpoint_report(result)
+
+
+@app.command("replan")
+def replan_cmd(
+    plan: Annotated[Path, typer.Argument(help="The current plan (a manifest written by `shardplan recommend -o`).")],
+    gpus: Annotated[Optional[int], typer.Option(min=1, help="GPUs of the changed cluster.")] = None,
+    nodes: Annotated[Optional[int], typer.Option(min=1, help="Nodes of the changed cluster (the plan's GPUs per node).")] = None,
+    hardware: Annotated[Optional[str], typer.Option("--hardware", "-H", help="Hardware profile (default: the plan's).")] = None,
+    margin: Annotated[float, typer.Option(min=0, max=0.99, help="Take the layout that moves least among those within this fraction of the best objective.")] = 0.05,
+    objective: Annotated[Optional[ObjectiveChoice], typer.Option(help="Rank by this instead of the plan's objective.")] = None,
+    top_k: Annotated[int, typer.Option("--top", min=1, help="Candidate layouts to cost the move of.")] = 5,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the chosen plan's manifest here (and its move list beside it).")] = None,
+    moves: Annotated[Optional[Path], typer.Option(help="Write the move list here (.json, or .yaml); default: beside -o as NAME.moves.json.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """A new plan for a changed cluster (--gpus N or --nodes N), ranked like recommend, with the
+    cost of getting there: for each candidate, the bytes of weights (training: and optimizer
+    states) each new rank must receive from the old ranks. Chooses the layout that moves least
+    among those within --margin of the best, writes its manifest and the move list (which
+    tensor slice goes from which old rank to which new rank). Exit 3 when nothing fits."""
+    from shardplan.replan import plan_hardware, replan
+
+    if (gpus is None) == (nodes is None):
+        raise ShardplanError("give the changed cluster as --gpus N or --nodes N", field="--gpus", hint="give one of them")
+    old = load_manifest(plan)
+    base = plan_hardware(old, str(plan), hardware)
+    gpn = old.hardware.gpus_per_node if old.hardware.num_nodes > 1 else base.gpus_per_node
+    n = options.cluster(base, gpus=gpus, nodes=nodes, gpus_per_node=gpn).num_gpus
+    hw = base.with_topology(gpus_per_node=gpn, num_nodes=1)
+    result = replan(old, source=str(plan), hw=hw, num_gpus=n, margin=margin, top_k=top_k,
+                    objective=objective.value if objective else None, manifest_path=output, moves_path=moves)
+    if json_out:
+        render.print_json(result)
+    else:
+        render.replan_report(result)
+    if result["chosen"] is None:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
 class BackendChoice(str, Enum):
     AUTO = "auto"
     NCCL = "nccl"
@@ -454,6 +585,42 @@ def verify_cmd(
         render.verify_report(result)
     if result["status"] == "mismatch":
         raise typer.Exit(EXIT_VERIFY_MISMATCH)
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    report: Annotated[Path, typer.Argument(help="A report written by `shardplan verify --report` on GPUs.")],
+    hardware: HardwareOpt = "h100-sxm-80gb",
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the calibrated profile (YAML).")] = Path("my-hw.yaml"),
+    name: Annotated[Optional[str], typer.Option(help="The new profile's name (default: the file's stem).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Turn a GPU verify report's measured matmul FLOP/s, memory bandwidth and all-reduce bus
+    bandwidth into a copy of a hardware profile whose efficiencies are the measured ones (each
+    with its source line); pass the file to --hardware and later estimates use it.
+
+    Exit 2 for a report from a CPU run, a failed run, or one without probes."""
+    from shardplan.calibrate import calibrate, parse_report
+
+    parsed = parse_report(loading.read_structured(report), str(report))
+    base_path = loading.hardware_path(hardware)
+    data, rows, notes = calibrate(parsed, loading.read_structured(base_path), name=name or output.stem,
+                                  report_source=str(report))
+    text = f"# calibrated by `shardplan calibrate {report}` from {base_path.name}\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    loading.hardware_from_data(yaml.safe_load(text), str(output))  # loads as written
+    fileio.write_text_atomic(output, text)
+    result = {"profile": str(output), "name": data["name"], "base": base_path.name, "changes": rows, "notes": notes}
+    if json_out:
+        render.print_json(result)
+    else:
+        render.calibrate_report(result)
+
+
+def _check_plot(path: Optional[Path]) -> None:
+    """Before any work: the format is known and matplotlib is installed."""
+    if path is not None:
+        plots.plot_format(path)
+        plots.require_matplotlib()
 
 
 def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:

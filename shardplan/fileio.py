@@ -14,8 +14,12 @@ from shardplan.errors import ShardplanError
 def write_text_atomic(path: str | Path, text: str, *, executable: bool = False) -> None:
     """Write `text` (UTF-8) to a new file beside `path`, fsync it, then rename it over `path`
     and fsync the folder. `executable`: mode 0o777 before the umask (scripts), else 0o666."""
+    write_bytes_atomic(path, text.encode("utf-8"), executable=executable)  # encoded before touching the disk
+
+
+def write_bytes_atomic(path: str | Path, data: bytes, *, executable: bool = False) -> None:
+    """write_text_atomic for bytes already rendered (images)."""
     path = Path(path)
-    data = text.encode("utf-8")  # before touching the disk
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o777 if executable else 0o666)

@@ -15,7 +15,7 @@ from shardplan.manifest import build_manifest, write_manifest
 from shardplan.options import offload_pair
 from shardplan.search import Goal, SearchResult, Space, search
 from shardplan.search import explain
-from shardplan.search.space import Progress
+from shardplan.search.space import BUDGET_SPENT, Progress
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import LoadedModel
 from shardplan.units import DType
@@ -85,11 +85,18 @@ def recommend(
         "num_costed": res.num_costed,
         "num_feasible": res.num_feasible,
         "elapsed_seconds": res.elapsed_seconds,
+        "search_budget": {  # bounded work: what the search left out when its budget ran out
+            "max_steps": space.max_search_steps, "num_steps": res.num_steps,
+            "spent": bool(res.rejected.get(BUDGET_SPENT) or res.unsearched_gpu_counts),
+            "num_layouts_not_searched": res.rejected.get(BUDGET_SPENT, 0),
+            "gpu_counts_not_searched": res.unsearched_gpu_counts,
+        },
         "evaluated_per_second": res.num_evaluated / res.elapsed_seconds if res.elapsed_seconds > 0 else None,
         "rejected": dict(sorted(res.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
         "invalid_degree_combinations": dict(sorted(res.invalid.items(), key=lambda kv: (-kv[1], kv[0]))),
         "top": top,
         "pareto": [explain.pareto_point(e) for e in res.pareto],
+        "best_per_num_gpus": _best_per_num_gpus(res) if res.training else [],
         "binding_constraint": binding,
         "runner_up_gap_fraction": explain.gap(top[0], top[1]) if len(top) > 1 else None,
         "why": explain.why(top, goal, binding),
@@ -125,6 +132,19 @@ def recommend(
         write_manifest(m, manifest_path)
         out["manifest"] = str(manifest_path)
     return out
+
+
+def _best_per_num_gpus(res: SearchResult) -> list[dict[str, Any]]:
+    """Training: the best plan found at each GPU count, by the objective (what `--plot` draws
+    as step time against GPUs)."""
+    best: dict[int, Any] = {}
+    for e in sorted(res.feasible, key=lambda e: (e.objective_value, e.key)):
+        best.setdefault(e.num_gpus, e)
+    return [
+        {"num_gpus": n, "step_seconds": e.figures["step_seconds"],
+         "tokens_per_second_per_gpu": e.figures["tokens_per_second_per_gpu"], "objective_value": e.objective_value}
+        for n, e in sorted(best.items())
+    ]
 
 
 def with_allowed_dtypes(space: Space, allowed: list[str]) -> Space:

@@ -153,6 +153,11 @@ def error_line(text: str) -> None:
     err_console.print(Text.assemble(("error:", "red"), " ", text), highlight=False, soft_wrap=True)
 
 
+def file_written(path: Any, what: str) -> None:
+    """A side file (a plot) was written: a log line on stderr, so stdout stays data."""
+    err_console.print(f"{what} written to {path}", markup=False, highlight=False, soft_wrap=True)
+
+
 _COMPONENTS = ("weights", "kv_cache", "activations", "gradients", "optimizer_states", "temporary", "overhead")
 
 
@@ -342,6 +347,13 @@ def recommend_report(r: dict[str, Any]) -> None:
         for reason, n in r["rejected"].items():
             t.add_row(reason, f"{n:,}")
         console.print(t)
+    b = r.get("search_budget")
+    if b and b["spent"]:
+        skipped = b["gpu_counts_not_searched"]
+        console.print(f"[yellow]search budget of {b['max_steps']:,} steps spent[/yellow]: "
+                      f"{b['num_layouts_not_searched']:,} layouts not searched"
+                      + (f", GPU counts not searched: {', '.join(map(str, skipped))}" if skipped else "")
+                      + " (the best shown is the best found; narrow --max-gpus or pin degrees to search the rest)")
     if r["smallest_num_gpus"] is not None and len(r["gpu_counts"]) > 1:
         console.print(f"smallest GPU count that meets the goal: {r['smallest_num_gpus']}")
     console.print(f"[bold]why[/bold]: {r['why']}")
@@ -367,6 +379,74 @@ def recommend_report(r: dict[str, Any]) -> None:
         console.print("[red]no layout fits[/red]" + ("" if r["suggestions"] else " (no single change found that makes one fit)"))
     if r["manifest"]:
         console.print(f"manifest written to {r['manifest']}")
+
+
+# ----- capacity -------------------------------------------------------------------------------
+
+
+def _fmt_gpus(row: dict[str, Any]) -> list[str]:
+    if row["min_num_gpus"] is None:
+        return ["-", "-"]
+    return [str(row["min_num_gpus"]), str(row["num_nodes"])]
+
+
+def capacity_report(r: dict[str, Any]) -> None:
+    from shardplan.search.explain import describe
+
+    counts = r["gpu_counts_considered"]
+    searched = f"GPU counts considered: {', '.join(map(str, counts[:6]))}{', ...' if len(counts) > 6 else ''} up to {r['max_gpus']} ({r['gpus_per_node']} per node)"
+    if r["workload"] == "training":
+        t = Table(title=f"{r['model']} on {r['hardware']}, training {r['seq_len']:,} tokens x {r['global_batch_size']} sequences: "
+                        "fewest GPUs per ZeRO stage and offload", title_justify="left")
+        for c in ("ZeRO", "offload", "GPUs", "nodes", "fastest layout there", "GiB/GPU", "free", "step"):
+            t.add_column(c, justify="left" if c in ("offload", "fastest layout there") else "right")
+        for row in r["rows"]:
+            cells = [str(row["zero_stage"]), row["offload"], *_fmt_gpus(row)]
+            if row["min_num_gpus"] is None:
+                cells += ["not found", "-", "-", "-"]
+            else:
+                cells += [describe(row["plan"]), f"{units.bytes_to_gib(row['per_gpu_bytes']['total']):.1f}",
+                          f"{units.bytes_to_gib(row['headroom_bytes']):.1f}", fmt_seconds(row["step_seconds"])]
+            t.add_row(*cells)
+        console.print(t)
+        for row in r["rows"]:
+            if row["not_found"]:
+                console.print(f"ZeRO {row['zero_stage']}, offload {row['offload']}: {row['not_found']}")
+        console.print(searched)
+        return
+    tps = [p["tp"] for p in r["formats"][0]["per_tp"]]
+    t = Table(title=f"{r['model']} on {r['hardware']}, serving {r['concurrency']} sequence(s) of {r['max_model_len']:,} tokens: "
+                    "fewest GPUs per weight format", title_justify="left",
+              caption=f"tp=N: one replica of N GPUs (pp=1): longest context at {r['concurrency']} sequence(s) / "
+                      f"most sequences of {r['max_model_len']:,} tokens", caption_justify="left")
+    for c in ("weights", "GPUs", "nodes", "layout", "weights/GPU", "KV cache/GPU", "seqs held"):
+        t.add_column(c, justify="left" if c in ("weights", "layout") else "right")
+    for tp in tps:
+        t.add_column(f"tp={tp}", justify="right")
+    for row in r["formats"]:
+        cells = [row["weight_dtype"], *_fmt_gpus(row)]
+        if row["min_num_gpus"] is None:
+            cells += ["not found", "-", "-", "-"]
+        else:
+            p, b = row["plan"], row["per_gpu_bytes"]
+            cells += [f"tp={p['tp']} pp={p['pp']}" + (f" ep={p['ep']}" if p["ep"] > 1 else ""),
+                      fmt_gib(b["weights"]), fmt_gib(b["kv_cache"]), f"{row['kv_cache']['max_concurrency']:.1f}"]
+        by_tp = {p["tp"]: p for p in row["per_tp"]}
+        for tp in tps:
+            p = by_tp.get(tp)
+            cells.append("-" if p is None or not p["longest_context_tokens"] else f"{p['longest_context_tokens']:,} / {p['most_sequences']:,}")
+        t.add_row(*cells)
+    console.print(t)
+    q = r["quantization_removes_sharding"]
+    if q:
+        dense = f"{q['dense_min_num_gpus']} GPUs" if q["dense_min_num_gpus"] else f"more than {r['max_gpus']} GPUs"
+        console.print(f"[green]{q['weight_dtype']} weights fit on one GPU: quantization removes the need to shard[/green] "
+                      f"({q['dense_weight_dtype']} needs {dense})")
+    for row in r["formats"]:
+        if row["not_found"]:
+            console.print(f"{row['weight_dtype']}: {row['not_found']}")
+    console.print(f"{searched}; memory budget {r['gpu_memory_utilization']:g} x device memory (vLLM); "
+                  f"KV cache {r['kv_cache_dtype']}", highlight=False)
 
 
 def manifest_report(m: dict[str, Any]) -> None:
@@ -459,7 +539,98 @@ def verify_report(r: dict[str, Any]) -> None:
     predicted = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in tm["predicted"].items())
     console.print(f"time: measured {measured}; predicted {predicted}" +
                   ("" if tm["compared"] else f" (not compared: {tm['reason']})"), highlight=False)
+    probes = [p for p in r.get("probes", []) if "error" not in p]
+    if probes:
+        first = probes[0]
+        parts = [f"{first['matmul_dtype']} matmul {max(p['matmul_flops_per_second'] for p in probes) / 1e12:.1f} TFLOP/s",
+                 f"memory {max(p['memory_bytes_per_second'] for p in probes) / 1e9:.0f} GB/s"]
+        if first.get("all_reduce_bus_bytes_per_second"):
+            parts.append(f"all-reduce bus {first['all_reduce_bus_bytes_per_second'] / 1e9:.1f} GB/s")
+        console.print(f"hardware probes ({first['device_name']}, best rank): {', '.join(parts)}; "
+                      "`shardplan calibrate REPORT` makes a profile of them", highlight=False)
     for note in run["notes"]:
         console.print(f"note: {note}", highlight=False)
     for mm in r["mismatches"]:
         console.print(f"[red]out of tolerance:[/red] {mm}", highlight=False)
+
+
+def calibrate_report(r: dict[str, Any]) -> None:
+    t = Table(title=f"{r['name']}: efficiencies measured (base {r['base']})", title_justify="left")
+    for c in ("field", "base", "measured", "what", "figure"):
+        t.add_column(c, justify="right" if c in ("base", "measured") else "left")
+    for c in r["changes"]:
+        scale = 1e12 if c["unit"] == "TFLOP/s" else 1e9
+        t.add_row(c["field"], f"{c['old']:.3f}", f"{c['new']:.3f}", c["what"],
+                  f"{c['measured'] / scale:.4g} of {c['peak'] / scale:.4g} {c['unit']}")
+    console.print(t)
+    for note in r["notes"]:
+        console.print(f"note: {note}", highlight=False)
+    console.print(f"profile written to {r['profile']}; use it with --hardware {r['profile']}", highlight=False)
+
+
+# ----- checkpoint and replan -------------------------------------------------------------------
+
+
+def checkpoint_report(r: dict[str, Any]) -> None:
+    console.print(
+        f"[bold]{r['model']}[/bold] checkpoint {r['checkpoint']}: {r['num_tensors']} tensors ({r['dtype']}) in "
+        f"{len(r['files'])} file(s), {fmt_bytes(r['checkpoint_tensor_bytes'])} of tensors; names, shapes and dtypes "
+        "match the model", highlight=False)
+    t = Table(title=f"What each rank of {r['plan']} reads", title_justify="left")
+    for c in ("rank", "node", "tensors", "files", "reads", "runs", "bytes"):
+        t.add_column(c, justify="right", no_wrap=True)
+    for rk in r["ranks"]:
+        t.add_row(str(rk["rank"]), str(rk["node"]), str(rk["num_tensors"]), str(len(rk["files"])),
+                  f"{sum(f['num_reads'] for f in rk['files']):,}", f"{sum(f['num_runs'] for f in rk['files']):,}",
+                  fmt_bytes(rk["bytes"]))
+    console.print(t)
+    nodes = ", ".join(f"node {n['node']} {fmt_bytes(n['bytes'])}" for n in r["nodes"])
+    console.print(f"per node: {nodes}; all ranks {fmt_bytes(r['total_read_bytes'])} = {r['replication']:.4f} x the "
+                  "checkpoint (the plan's replication); byte ranges per file in --json", highlight=False)
+
+
+def _degrees(plan: dict[str, Any]) -> str:
+    """A layout's degrees in a few characters: tp, pp, dp, and what else is on."""
+    parts = [f"tp{plan['tp']}", f"pp{plan['pp']}", f"dp{plan.get('dp', plan.get('replicas', 1))}"]
+    parts += [f"{k}{plan[k]}" for k in ("cp", "ep") if plan.get(k, 1) > 1]
+    if plan.get("zero_stage"):
+        parts.append(f"zero{plan['zero_stage']}")
+    return " ".join(parts)
+
+
+def replan_report(r: dict[str, Any]) -> None:
+    f = r["from"]
+    console.print(
+        f"[bold]{r['model']}[/bold] on {r['hardware']}, {r['workload']}: {f['num_gpus']} -> {r['to_num_gpus']} GPUs, "
+        f"objective {r['objective']}; {r['num_evaluated']:,} layouts evaluated, {r['num_feasible']:,} fit", highlight=False)
+    if r["candidates"]:
+        t = Table(title=f"Candidates (* chosen: the least moved within {r['margin']:.0%} of the best; dim: outside)",
+                  title_justify="left")
+        for c in ("#", "layout", "gap", "moved", "intra-node", "inter-node", "max/rank"):
+            t.add_column(c, justify="left" if c == "layout" else "right", no_wrap=c != "layout")
+        for c in r["candidates"]:
+            route = c["moved_bytes_by_route"]
+            t.add_row(f"{c['rank']}{'*' if c['chosen'] else ''}", _degrees(c["plan"]), f"{100 * c['gap_fraction']:.1f}%",
+                      fmt_bytes(c["moved_bytes"]), fmt_bytes(route["intra_node"]), fmt_bytes(route["inter_node"]),
+                      fmt_bytes(c["max_received_bytes_per_rank"]), style=None if c["within_margin"] else "dim")
+        console.print(t)
+    mv = r["moves"]
+    if mv is None:
+        console.print(f"[red]no layout fits on {r['to_num_gpus']} GPUs[/red]")
+        return
+    states = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in mv["moved_bytes_by_state"].items()) or "nothing"
+    console.print(f"chosen #{r['chosen']}: {mv['num_moves']:,} slices move ({states}); {fmt_bytes(mv['kept_bytes'])} "
+                  "stays on its GPU", highlight=False)
+    t = Table(title="Per new rank", title_justify="left")
+    for c in ("rank", "node", "kept", "received", "from other nodes", "from old ranks"):
+        t.add_column(c, justify="left" if c == "from old ranks" else "right", no_wrap=c != "from old ranks")
+    for rk in mv["ranks"]:
+        src = rk["sources"]
+        t.add_row(str(rk["rank"]), str(rk["node"]), fmt_bytes(rk["kept_bytes"]), fmt_bytes(rk["received_bytes"]),
+                  fmt_bytes(rk["received_inter_node_bytes"]),
+                  ", ".join(map(str, src[:8])) + (f" (+{len(src) - 8})" if len(src) > 8 else ""))
+    console.print(t)
+    if r["manifest"]:
+        console.print(f"manifest written to {r['manifest']}")
+    if r["moves_file"]:
+        console.print(f"move list written to {r['moves_file']}")
