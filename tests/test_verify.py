@@ -186,6 +186,40 @@ def test_a_hung_rank_ends_within_the_timeout(cli, tmp_path, monkeypatch):
 
 # ----- refused up front -----------------------------------------------------------------------
 
+@pytest.mark.parametrize("rank,words", [(0, "1/2 clients joined"), (1, "connect")])
+def test_a_rendezvous_that_never_completes_ends_within_the_timeout(tmp_path, rank, words):
+    """Under a launcher (RANK/WORLD_SIZE set) with the peer never started: rank 0's store waits
+    for it, rank 1 cannot reach the head. Both end within --timeout, exit 5, one line."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = os.environ | {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "shardplan", "verify", str(_plan(tmp_path, 2, TRAIN, tp=2)),
+                           "--timeout", "20"], env=env, capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t0 < 20 + 15
+    assert proc.returncode == EXIT_VERIFY_FAILED, proc.stderr
+    assert "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]  # before it, torch's own C++ log may say why it could not connect
+    assert line.startswith("error: ") and f"rank {rank}: the rendezvous of 2 ranks did not complete" in line and words in line
+
+
+def test_a_single_node_run_listens_on_loopback_only(tmp_path, monkeypatch):
+    from shardplan.verify.launch import local_command
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")  # a user's cluster setting must not open the local run
+    cmd, env = local_command(tmp_path / "plan.yaml", 4, 29555, tmp_path, backend="gloo", scale="proxy", steps=1,
+                             timeout_seconds=30)
+    assert cmd[cmd.index("--rdzv-endpoint") + 1] == "127.0.0.1:29555"
+    assert cmd[cmd.index("--nnodes") + 1] == "1" and cmd[cmd.index("--nproc-per-node") + 1] == "4"
+    assert env["GLOO_SOCKET_IFNAME"] == "lo"
+
+
 def test_nccl_without_gpus_is_refused(cli, tmp_path):
     res = cli("verify", str(_plan(tmp_path, 2, TRAIN, tp=2)), "--backend", "nccl")
     assert res.exit_code == EXIT_BAD_INPUT

@@ -157,11 +157,11 @@ def failure_report(plan: str, run: RunSpec, statuses: list[dict[str, Any]], *, t
     }
 
 
-def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: int, timeout_seconds: float) -> dict[str, Any]:
-    """Start every rank here through torchrun and return rank 0's report, or a failure report."""
-    world = run.world_size
-    run_dir = Path(tempfile.mkdtemp(prefix="shardplan-verify-"))
-    port = _free_port()
+def local_command(plan: Path, world: int, port: int, run_dir: Path, *, backend: str, scale: str, steps: int,
+                  timeout_seconds: float) -> tuple[list[str], dict[str, str]]:
+    """torchrun's command line and environment for a single-node run. Everything listens on the
+    loopback interface only: the c10d rendezvous endpoint is 127.0.0.1 and gloo's sockets
+    are bound to `lo`, so no other host can join or talk to the ranks."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "0",
            "-m", "shardplan", "verify", str(plan), "--backend", backend, "--scale", scale, "--steps", str(steps),
@@ -169,7 +169,16 @@ def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: i
     env = dict(os.environ, **{RUN_DIR_ENV: str(run_dir)})
     if backend == "gloo":
         env.setdefault("OMP_NUM_THREADS", "1")  # many ranks on few cores: one thread each
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    return cmd, env
+
+
+def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: int, timeout_seconds: float) -> dict[str, Any]:
+    """Start every rank here through torchrun and return rank 0's report, or a failure report."""
+    world = run.world_size
+    run_dir = Path(tempfile.mkdtemp(prefix="shardplan-verify-"))
+    cmd, env = local_command(plan, world, _free_port(), run_dir, backend=backend, scale=scale, steps=steps,
+                             timeout_seconds=timeout_seconds)
     log_path = run_dir / "torchrun.log"
     timed_out = False
     with open(log_path, "wb") as log:

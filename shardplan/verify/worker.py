@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from shardplan.errors import VerifyRunFailed
 from shardplan.fileio import write_text_atomic
 from shardplan.verify import measure, parallel, probes
 from shardplan.verify.launch import RUN_DIR_ENV
@@ -354,8 +355,16 @@ def run_rank(run: RunSpec, splits: dict[str, str], gpus_per_node: int, backend: 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     write_status(rank, state="started")
     device = device_for(backend, local_rank)
-    dist.init_process_group(backend, timeout=timedelta(seconds=collective_timeout_seconds),
-                            device_id=device if device.type == "cuda" else None)
+    try:
+        dist.init_process_group(backend, timeout=timedelta(seconds=collective_timeout_seconds),
+                                device_id=device if device.type == "cuda" else None)
+    except dist.DistError as e:  # the store timed out waiting for peers, or the head cannot be reached
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        write_status(rank, state="error", error=f"rendezvous: {first}"[:2000])
+        raise VerifyRunFailed(f"rank {rank}: the rendezvous of {os.environ.get('WORLD_SIZE', '?')} ranks did not complete "
+                              f"within {collective_timeout_seconds:.0f} s ({type(e).__name__}: {first})",
+                              hint="start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
+                              "or raise --timeout") from None
     try:
         c = parallel.coords(rank, run.layout)
         mesh = parallel.build_mesh(device.type, run.layout, gpus_per_node, run.training)
