@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from shardplan.errors import InputFileError, ShardplanError
+from shardplan.exporting import read_source_model
 from shardplan.manifest import load_manifest, spec_sha256
 from shardplan.manifest_schema import DeploymentManifest
 from shardplan.placement import Box, check_nameable, model_tensors, rank_holdings
-from shardplan.specs import loading
 from shardplan.specs.loading import LoadedModel
 from shardplan.specs.model import ModelSpec
 from shardplan.units import parse_dtype
@@ -227,8 +227,9 @@ def check_tensors(spec: ModelSpec, stored: list[StoredTensor], dtype: str, sourc
 
 
 def plan_model(m: DeploymentManifest, source: str) -> LoadedModel:
-    """The plan's model, which must still hash to what the plan recorded."""
-    loaded = loading.load_model(m.model.source.removeprefix("bundled:"))
+    """The plan's model (read as export reads it), which must still hash to what the plan
+    recorded."""
+    loaded = read_source_model(m, source)
     if spec_sha256(loaded.spec) != m.model.spec_sha256:
         raise ShardplanError(f"the model spec at {m.model.source} changed since the plan was written", source=source,
                              field="model.spec_sha256", hint="re-plan from the spec with shardplan recommend")

@@ -71,10 +71,7 @@ def models_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     if ctx.invoked_subcommand is not None:
         return
     rows = [model_report(m) for m in loading.list_models()]
-    if json_out:
-        render.print_json(rows)
-    else:
-        render.models_table(rows)
+    render.emit(rows, json_out, render.models_table)
 
 
 @models_app.command("show")
@@ -84,10 +81,7 @@ def models_show(
 ) -> None:
     """Parameter breakdown, total and active counts, KV bytes per token and head/expert facts."""
     r = model_report(loading.load_model(model))
-    if json_out:
-        render.print_json(r)
-    else:
-        render.model_detail(r)
+    render.emit(r, json_out, render.model_detail)
 
 
 @hardware_app.callback(invoke_without_command=True)
@@ -96,10 +90,7 @@ def hardware_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     if ctx.invoked_subcommand is not None:
         return
     rows = [hardware_report(h) for h in loading.list_hardware()]
-    if json_out:
-        render.print_json(rows)
-    else:
-        render.hardware_table(rows)
+    render.emit(rows, json_out, render.hardware_table)
 
 
 @hardware_app.command("show")
@@ -112,10 +103,7 @@ def hardware_show(
     """GPU, node and link figures of one profile, with their sources in --json."""
     hw = loading.load_hardware(hardware).with_topology(gpus_per_node=gpus_per_node, num_nodes=nodes)
     r = hardware_report(hw)
-    if json_out:
-        render.print_json(r)
-    else:
-        render.hardware_detail(r)
+    render.emit(r, json_out, render.hardware_detail)
 
 
 class WorkloadKind(str, Enum):
@@ -226,10 +214,7 @@ def estimate(
     )
     wl = _workload(locals())
     report = run_estimate(loaded.spec, hw, layout, wl).as_dict()
-    if json_out:
-        render.print_json(report)
-    else:
-        render.estimate_report(report)
+    render.emit(report, json_out, render.estimate_report)
     if plot is not None:
         plots.write_plot(plot, plots.estimate_figure(report))
         render.file_written(plot, "plot")
@@ -424,10 +409,7 @@ def capacity(
         )
         result = serving_capacity(loaded.spec, hw, wl_s, concurrency=concurrency, max_gpus=limit)
         found = any(r["min_num_gpus"] for r in result["formats"])
-    if json_out:
-        render.print_json(result)
-    else:
-        render.capacity_report(result)
+    render.emit(result, json_out, render.capacity_report)
     if not found:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -446,10 +428,7 @@ def show(
     """Re-render a deployment manifest: model, hardware, layout, placement, predicted memory and
     time. A manifest from a newer schema or with an impossible layout is rejected (exit 2)."""
     m = load_manifest(plan).model_dump(mode="json")
-    if json_out:
-        render.print_json(m)
-    else:
-        render.manifest_report(m)
+    render.emit(m, json_out, render.manifest_report)
 
 
 ToOpt = Annotated[str, typer.Option("--to", help=f"Target: {', '.join(TARGETS)}.", show_default=False)]
@@ -497,10 +476,7 @@ def checkpoint_cmd(
     from shardplan.checkpoint import plan_checkpoint
 
     result = plan_checkpoint(plan, checkpoint_dir, dtype=dtype)
-    if json_out:
-        render.print_json(result)
-    else:
-        render.checkpoint_report(result)
+    render.emit(result, json_out, render.checkpoint_report)
 
 
 @app.command("replan")
@@ -532,10 +508,7 @@ def replan_cmd(
     hw = base.with_topology(gpus_per_node=gpn, num_nodes=1)
     result = replan(old, source=str(plan), hw=hw, num_gpus=n, margin=margin, top_k=top_k,
                     objective=objective.value if objective else None, manifest_path=output, moves_path=moves)
-    if json_out:
-        render.print_json(result)
-    else:
-        render.replan_report(result)
+    render.emit(result, json_out, render.replan_report)
     if result["chosen"] is None:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -579,10 +552,7 @@ def verify_cmd(
     launched = is_worker() and os.environ.get(RUN_DIR_ENV)
     if launched:
         return  # the local launcher reads the report and renders it
-    if json_out:
-        render.print_json(result)
-    else:
-        render.verify_report(result)
+    render.emit(result, json_out, render.verify_report)
     if result["status"] == "mismatch":
         raise typer.Exit(EXIT_VERIFY_MISMATCH)
 
@@ -610,10 +580,7 @@ def calibrate_cmd(
     loading.hardware_from_data(yaml.safe_load(text), str(output))  # loads as written
     fileio.write_text_atomic(output, text)
     result = {"profile": str(output), "name": data["name"], "base": base_path.name, "changes": rows, "notes": notes}
-    if json_out:
-        render.print_json(result)
-    else:
-        render.calibrate_report(result)
+    render.emit(result, json_out, render.calibrate_report)
 
 
 def _check_plot(path: Optional[Path]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shardplan.errors import InputFileError, ShardplanError
+from shardplan.errors import InputFileError, ShardplanError, UnknownNameError
 from shardplan.exporters import ExportOptions, export
 from shardplan.fileio import write_text_atomic
 from shardplan.manifest import load_manifest, spec_sha256
@@ -15,18 +15,24 @@ from shardplan.specs import loading
 from shardplan.specs.model import ModelSpec
 
 
-def source_spec(m: DeploymentManifest) -> ModelSpec | None:
-    """The spec at the plan's `model.source`, when it can be read: a bundled name (`bundled:<name>`
-    names the catalog only, never a path), or a model file. The plan may be anyone's, so the path is
-    read as a model spec and nothing else (regular files, size-limited, errors swallowed)."""
+def read_source_model(m: DeploymentManifest, plan: str | None = None) -> loading.LoadedModel:
+    """The model spec at the plan's `model.source`: a bundled name (`bundled:<name>` names the catalog
+    only, never a path), or a model file. The plan may be anyone's, so the path is read as a
+    model spec and nothing else (regular files, size-limited). Raises ShardplanError."""
     src = m.model.source
     if src.startswith("bundled:"):
         name = src.removeprefix("bundled:")
         if name not in loading.bundled_names(loading.model_specs_dir()):
-            return None
+            raise UnknownNameError(f"no bundled model named {name!r}", source=plan, field="model.source",
+                                   hint="run `shardplan models` for the list, or re-plan")
         src = name
+    return loading.load_model(src)
+
+
+def source_spec(m: DeploymentManifest) -> ModelSpec | None:
+    """The spec at the plan's `model.source`, when it can be read (see read_source_model)."""
     try:
-        return loading.load_model(src).spec
+        return read_source_model(m).spec
     except ShardplanError:
         return None
 

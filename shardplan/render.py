@@ -24,6 +24,14 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def emit(obj: Any, as_json: bool, table: Callable[[Any], None]) -> None:
+    """A command's result: the JSON object with --json, else its rich rendering."""
+    if as_json:
+        print_json(obj)
+    else:
+        table(obj)
+
+
 def fmt_count(n: float | None) -> str:
     if n is None:
         return "-"

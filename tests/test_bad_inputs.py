@@ -19,7 +19,6 @@ from conftest import REPO, build_plan
 
 from shardplan.cost.layout import Layout
 from shardplan.cost.workload import InferenceWorkload
-from shardplan.manifest import write_manifest
 
 LLAMA = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
          "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 256}

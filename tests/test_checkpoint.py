@@ -198,6 +198,16 @@ def test_index_entries_may_not_leave_the_folder(tmp_path, cli):
     _expect_error(cli, plan, ckpt, "links outside the checkpoint folder")
 
 
+def test_a_bundled_source_names_the_catalog_never_a_path(tmp_path, cli):
+    """`bundled:` in a plan made by someone else must not reach a file outside the catalog."""
+    plan = _plan(tmp_path, 1, Layout())
+    (tmp_path / "evil.yaml").write_text(plan.read_text())  # any readable YAML would do
+    text = plan.read_text()
+    source = next(line for line in text.splitlines() if line.strip().startswith("source:"))
+    plan.write_text(text.replace(source, source.split("source:")[0] + f"source: bundled:{tmp_path / 'evil'}"))
+    _expect_error(cli, plan, _one_file(tmp_path / "ckpt"), str(plan), "field 'model.source'", "no bundled model")
+
+
 def test_hostile_headers_are_refused_without_reading_on(tmp_path, cli):
     plan = _plan(tmp_path, 1, Layout())
     (tmp_path / "tb").mkdir()

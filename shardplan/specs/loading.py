@@ -358,14 +358,7 @@ def load_model(name_or_path: str) -> LoadedModel:
     elif not path.exists():
         if looks_like_path:
             raise InputFileError("file not found", source=str(path), hint="check the path")
-        folder = model_specs_dir()
-        candidate = folder / f"{name_or_path}.yaml"
-        if not candidate.is_file():
-            names = bundled_names(folder)
-            close = difflib.get_close_matches(name_or_path, names, n=3, cutoff=0.4)
-            hint = f"did you mean {', '.join(close)}?" if close else "run `shardplan models` for the list"
-            raise UnknownNameError(f"unknown model '{name_or_path}'", hint=hint)
-        path = candidate
+        path = _bundled_file(model_specs_dir(), name_or_path, "model", "shardplan models")
     data = read_structured(path)
     return model_from_data(data, str(path), _name_from_path(path))
 
@@ -410,13 +403,16 @@ def hardware_path(name_or_path: str) -> Path:
         return path
     if os.sep in name_or_path or path.suffix.lower() in (".yaml", ".yml", ".json"):
         raise InputFileError("file not found", source=str(path), hint="check the path")
-    folder = hardware_profiles_dir()
-    candidate = folder / f"{name_or_path}.yaml"
+    return _bundled_file(hardware_profiles_dir(), name_or_path, "hardware", "shardplan hardware")
+
+
+def _bundled_file(folder: Path, name: str, kind: str, list_command: str) -> Path:
+    """A bundled catalog entry by name, or an error suggesting the closest names."""
+    candidate = folder / f"{name}.yaml"
     if not candidate.is_file():
-        names = bundled_names(folder)
-        close = difflib.get_close_matches(name_or_path, names, n=3, cutoff=0.4)
-        hint = f"did you mean {', '.join(close)}?" if close else "run `shardplan hardware` for the list"
-        raise UnknownNameError(f"unknown hardware '{name_or_path}'", hint=hint)
+        close = difflib.get_close_matches(name, bundled_names(folder), n=3, cutoff=0.4)
+        hint = f"did you mean {', '.join(close)}?" if close else f"run `{list_command}` for the list"
+        raise UnknownNameError(f"unknown {kind} '{name}'", hint=hint)
     return candidate
 
 
