@@ -171,6 +171,20 @@ def test_a_failed_rank_ends_the_run_and_is_named(cli, tmp_path, monkeypatch, fau
     assert len(data["pids"]) == 2 and _pids_gone(data["pids"])
 
 
+def test_of_ranks_gone_without_a_word_the_first_to_die_is_the_root_cause(tmp_path):
+    """A killed rank's peers are terminated by torchrun before they can say why; on a busy
+    machine they are all silent, and only the order the launcher saw them go names the cause."""
+    from shardplan.verify.launch import failure_report, load_plan
+
+    _, run = load_plan(_plan(tmp_path, 2, TRAIN, tp=2), "proxy", 1)
+    silent = [{"rank": 0, "pid": 11, "state": "started"}, {"rank": 1, "pid": 12, "state": "started"}]
+    report = failure_report("plan.yaml", run, silent, timed_out=False, timeout_seconds=60, exit_code=1, log_tail="",
+                            died_at={1: 100.0, 0: 100.4})
+    assert report["failed_ranks"] == [1] and "rank 1 died without an error" in report["cause"][0]
+    unordered = failure_report("plan.yaml", run, silent, timed_out=False, timeout_seconds=60, exit_code=1, log_tail="")
+    assert unordered["failed_ranks"] == [0, 1]
+
+
 def test_a_hung_rank_ends_within_the_timeout(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("SHARDPLAN_VERIFY_FAULT", "hang:1")
     plan = _plan(tmp_path, 2, TRAIN, tp=2)

@@ -33,6 +33,7 @@ RUN_DIR_ENV = "SHARDPLAN_VERIFY_RUN_DIR"  # also read by the worker
 CPU_RANKS_PER_CORE = 4  # gloo ranks per CPU core this machine may start (8 ranks on 2 cores)
 MIN_CPU_RANKS = 8
 KILL_GRACE_SECONDS = 3.0
+WATCH_INTERVAL_SECONDS = 0.05  # how often the launcher looks for ranks that died
 # Messages peers raise when another rank died or hung: not the root cause.
 COLLATERAL = ("Connection closed by peer", "Connection reset", "Timed out", "timed out", "timeout", "Broken pipe",
               "NCCL", "gloo", "ProcessGroup", "DistBackendError", "SIGTERM", "Signal 15")
@@ -119,20 +120,25 @@ def _statuses(run_dir: Path, world: int) -> list[dict[str, Any]]:
 
 
 def _alive(pid: int) -> bool:
+    """The process runs (a zombie, dead but not yet reaped by torchrun, does not: Linux /proc)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def failure_report(plan: str, run: RunSpec, statuses: list[dict[str, Any]], *, timed_out: bool, timeout_seconds: float,
-                   exit_code: int | None, log_tail: str) -> dict[str, Any]:
+                   exit_code: int | None, log_tail: str, died_at: dict[int, float] | None = None) -> dict[str, Any]:
     """Who failed and how. The root cause is a rank whose own error is not a peer's collateral
-    one; else a rank that vanished without a word (killed); else, on a timeout, the ranks that
-    never finished (hung)."""
+    one; else a rank that vanished without a word (killed), the first seen gone when several
+    did (`died_at`: rank -> when); else, on a timeout, the ranks that never finished (hung)."""
     errors = [s for s in statuses if s.get("state") == "error"]
     own = [s for s in errors if not any(c in s.get("error", "") for c in COLLATERAL)]
     silent = [s for s in statuses if s.get("state") in ("started", "not started")]
@@ -140,7 +146,8 @@ def failure_report(plan: str, run: RunSpec, statuses: list[dict[str, Any]], *, t
         failed = sorted(own, key=lambda s: s.get("time", 0))
         how = [f"rank {s['rank']} raised {s['error']}" for s in failed]
     elif silent and not timed_out:
-        failed = silent
+        seen = {s["rank"]: died_at[s["rank"]] for s in silent if died_at and s["rank"] in died_at}
+        failed = [s for s in silent if s["rank"] in seen and seen[s["rank"]] == min(seen.values())] if seen else silent
         how = [f"rank {s['rank']} died without an error (killed by a signal or the OS)" for s in failed]
     elif timed_out:
         failed = silent or errors
@@ -173,6 +180,24 @@ def local_command(plan: Path, world: int, port: int, run_dir: Path, *, backend: 
     return cmd, env
 
 
+def _watch(proc: subprocess.Popen, run_dir: Path, world: int, timeout_seconds: float) -> tuple[int | None, dict[int, float]]:
+    """Wait for torchrun (exit code, or None past the timeout), noting when each rank's process
+    was first seen gone: when a rank is killed, torchrun then terminates its peers before they
+    can say why, and only the order of the deaths tells the root cause from the collateral."""
+    deadline = time.monotonic() + timeout_seconds
+    died_at: dict[int, float] = {}
+    while True:
+        try:
+            return proc.wait(timeout=WATCH_INTERVAL_SECONDS), died_at
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if now >= deadline:
+                return None, died_at
+            for st in _statuses(run_dir, world):
+                if st.get("pid") and st["rank"] not in died_at and not _alive(st["pid"]):
+                    died_at[st["rank"]] = now
+
+
 def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: int, timeout_seconds: float) -> dict[str, Any]:
     """Start every rank here through torchrun and return rank 0's report, or a failure report."""
     world = run.world_size
@@ -184,9 +209,8 @@ def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: i
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
-            code: int | None = proc.wait(timeout=timeout_seconds)
-        except subprocess.TimeoutExpired:
-            timed_out, code = True, None
+            code, died_at = _watch(proc, run_dir, world, timeout_seconds)
+            timed_out = code is None
         finally:
             _kill_session(proc.pid)
             proc.wait()
@@ -202,7 +226,7 @@ def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: i
         report = json.loads(report_path.read_text())
     else:
         report = failure_report(str(plan), run, statuses, timed_out=timed_out, timeout_seconds=timeout_seconds,
-                                exit_code=code, log_tail=log_path.read_text(errors="replace"))
+                                exit_code=code, log_tail=log_path.read_text(errors="replace"), died_at=died_at)
     report["pids"] = [s["pid"] for s in statuses if s.get("pid")]
     report["run_dir"] = str(run_dir)
     return report
