@@ -1,5 +1,6 @@
 """`shardplan verify` on the `debug` model with gloo: every required layout at world sizes 2, 4
-and 8, training and serving, then Mixtral's MoE proxy. Prints one Markdown row per run: status, wall seconds of the whole
+and 8, training and serving (sequence and context parallelism and CPU offload included), then
+Mixtral's MoE proxy (experts split by tp, or whole experts over ep ranks). Prints one Markdown row per run: status, wall seconds of the whole
 command (torchrun start-up included), the largest |relative error| of the model states and of
 the activations over all ranks, and the numerics error.
 
@@ -30,12 +31,22 @@ CASES = [
     ("FSDP", 2, dict(dp=2, zero_stage=3)), ("FSDP", 4, dict(dp=4, zero_stage=3)), ("FSDP", 8, dict(dp=8, zero_stage=3)),
     ("FSDP x TP", 4, dict(tp=2, dp=2, zero_stage=3)), ("FSDP x TP", 8, dict(tp=2, dp=4, zero_stage=3)),
     ("TP x PP x DP interleaved", 8, dict(tp=2, pp=2, dp=2, zero_stage=3, pp_schedule="interleaved", virtual_stages=2)),
+    ("TP + SP", 2, dict(tp=2, sequence_parallel=True)), ("TP x PP + SP", 4, dict(tp=2, pp=2, sequence_parallel=True)),
+    ("FSDP x TP + SP", 4, dict(tp=2, dp=2, zero_stage=3, sequence_parallel=True)),
+    ("TP x PP x DP interleaved + SP", 8, dict(tp=2, pp=2, dp=2, zero_stage=3, pp_schedule="interleaved",
+                                              virtual_stages=2, sequence_parallel=True)),
+    ("CP", 2, dict(cp=2)), ("CP x TP", 4, dict(cp=2, tp=2)), ("CP x FSDP", 4, dict(cp=2, dp=2, zero_stage=3)),
+    ("CP x TP + SP", 4, dict(cp=2, tp=2, sequence_parallel=True)),
+    ("FSDP + CPU offload", 2, dict(dp=2, zero_stage=3, offload_params="cpu", offload_optimizer="cpu")),
+    ("FSDP x TP + CPU offload", 4, dict(tp=2, dp=2, zero_stage=3, offload_params="cpu", offload_optimizer="cpu")),
 ]
 SERVE_CASES = [("TP", 2, dict(tp=2)), ("PP", 2, dict(pp=2)), ("TP x PP", 4, dict(tp=2, pp=2)),
                ("DP x PP", 4, dict(dp=2, pp=2)), ("TP x PP x DP", 8, dict(tp=2, pp=2, dp=2))]
 MOE = "mixtral-8x7b"  # its proxy: 8 experts, top-2, tensor-parallel experts
-MOE_CASES = [("MoE TP", 2, dict(tp=2)), ("MoE FSDP x TP", 4, dict(tp=2, dp=2, zero_stage=3))]
-MOE_SERVE_CASES = [("MoE TP", 2, dict(tp=2)), ("MoE TP x PP", 4, dict(tp=2, pp=2))]
+MOE_CASES = [("MoE TP", 2, dict(tp=2)), ("MoE FSDP x TP", 4, dict(tp=2, dp=2, zero_stage=3)),
+             ("MoE DP x EP", 2, dict(dp=2, ep=2)), ("MoE FSDP x EP", 4, dict(dp=4, ep=2, zero_stage=3)),
+             ("MoE PP x DP x EP", 4, dict(pp=2, dp=2, ep=2))]
+MOE_SERVE_CASES = [("MoE TP", 2, dict(tp=2)), ("MoE TP x PP", 4, dict(tp=2, pp=2)), ("MoE TP x EP", 2, dict(tp=2, ep=2))]
 
 
 def run(kind: str, name: str, gpus: int, layout: dict, folder: Path, model: str = "debug") -> str:

@@ -523,13 +523,15 @@ def verify_report(r: dict[str, Any]) -> None:
                   f"{mdl['num_attention_heads']}/{mdl['num_kv_heads']} heads, vocab {mdl['vocab_size']}; {run['dtype']})")
     console.print("work: " + ", ".join(f"{k} {v}" for k, v in run["work"].items()), highlight=False)
     t = Table(title="memory per rank: measured vs the cost model applied to what ran", title_justify="left")
-    for col in ("rank", "pp/dp/tp", "component", "measured", "predicted", "error", "tolerance", ""):
+    axes = ("pp", "dp", "cp", "tp") if r["world_size"] > 1 and any(rank.get("cp") for rank in r["ranks"]) else ("pp", "dp", "tp")
+    for col in ("rank", "/".join(axes), "component", "measured", "predicted", "error", "tolerance", ""):
         t.add_column(col, justify="right" if col in ("measured", "predicted", "error", "tolerance") else "left")
     for rank in r["ranks"]:
+        coords = "/".join(str(rank.get(a, 0)) for a in axes)
         for i, c in enumerate(rank["components"]):
             mark = "[green]ok[/green]" if c["ok"] else "[red]OUT[/red]"
             tol = "-" if c["tolerance"] is None else f"{c['tolerance']:.0%}"
-            t.add_row(str(rank["rank"]) if i == 0 else "", f"{rank['pp']}/{rank['dp']}/{rank['tp']}" if i == 0 else "",
+            t.add_row(str(rank["rank"]) if i == 0 else "", coords if i == 0 else "",
                       c["component"], fmt_bytes(c["measured_bytes"]), fmt_bytes(c["predicted_bytes"]),
                       _pct(c["relative_error"]), tol, mark)
         t.add_section()

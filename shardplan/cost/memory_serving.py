@@ -73,8 +73,15 @@ def activation_peak_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload
     if spec.moe is not None:
         moe = spec.moe
         etp = layout.expert_tp
-        # vLLM fused_moe: intermediate caches (T, k, 2N), (T*k, N), (T, k, hidden).
-        routed = tokens * moe.num_experts_per_token * (width_factor * moe.expert_intermediate_size / etp + h) * a
+        # vLLM fused_moe (model_executor/layers/fused_moe/fused_moe.py, `fused_experts_impl`,
+        # `TritonExperts.workspace_shapes`): one workspace (T, k, max(2N, hidden)) holds the
+        # gate/up outputs (cache1) and then the expert outputs (cache3, the same memory, as
+        # cache1 is dead by then), beside the activation output (T*k, N) (cache2). Every
+        # (token, slot) row is in every rank's buffers, under expert parallelism too (rows of
+        # other ranks' experts are written as zeros: `expert_map`, `write_zeros_to_output`),
+        # so the caches shrink with etp, not with ep.
+        n = moe.expert_intermediate_size / etp
+        routed = tokens * moe.num_experts_per_token * (max((width_factor - 1) * n, h) + n) * a
         router = tokens * moe.num_experts * FP32_BYTES
         shared = tokens * width_factor * moe.shared_intermediate_size * moe.num_shared_experts / tp * a
         mlp = max(mlp, routed + router + shared)

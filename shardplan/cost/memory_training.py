@@ -117,6 +117,9 @@ def activation_bytes_per_layer(
     attention, context parallelism (s -> s / cp), tensor and sequence parallelism (terms
     outside the tensor-parallel region are divided by t only with sequence parallelism),
     and recomputation (selective drops the attention core; full keeps the layer input).
+    Under context parallelism K and V are s / cp too: ring and all-gather attention keep the
+    rank's own K/V and exchange them again in backward (torch's `_templated_ring_attention_
+    backward`; TransformerEngine's AttnFuncWithCPAndKVAllGather); `shardplan verify` measures it.
     """
     s = wl.seq_len / layout.cp
     b = micro_batch_size
@@ -159,14 +162,21 @@ def activation_bytes_per_layer(
     if moe_layer and spec.moe is not None:
         moe = spec.moe
         k = moe.num_experts_per_token
-        tokens = s * b * rep  # tokens of this rank entering the router, spread evenly over experts
+        tokens = s * b * rep  # tokens of this rank entering the router
+        # Rows this rank's experts run, spread evenly over the experts: each rank's k copies of
+        # its tokens go to the experts' owners (all-to-all over ep, balanced on average); under
+        # sequence parallelism each rank of an expert-tensor-parallel group holds other tokens,
+        # so they are gathered over the etp ranks first (Megatron-core token_dispatcher.py:
+        # "num_global_tokens: num_local_tokens*TP*EP", gather_from_sequence_parallel_region).
+        # Without sequence parallelism the tp ranks already hold the same tokens.
+        rows = tokens * k * (layout.expert_tp if layout.sequence_parallel else 1)
         total += FP32_BYTES * tokens * moe.num_experts  # router logits
-        total += a_bytes * tokens * k * h  # permuted (dispatched) tokens
-        total += a_bytes * tokens * k * width_factor * moe.expert_intermediate_size / layout.expert_tp
+        total += a_bytes * rows * h  # permuted (dispatched) tokens, the experts' input
+        total += a_bytes * rows * width_factor * moe.expert_intermediate_size / layout.expert_tp
         # expert outputs, kept by the multiplication with the router probabilities for the
         # probabilities' gradient (Megatron-core moe_utils.unpermute; HF Mixtral's
         # `expert_layer(x) * routing_weights`); measured by `shardplan verify` on a Mixtral proxy
-        total += a_bytes * tokens * k * h
+        total += a_bytes * rows * h
         if moe.num_shared_experts:
             total += a_bytes * s * b * width_factor * moe.shared_intermediate_size * moe.num_shared_experts / t
     else:

@@ -22,6 +22,7 @@ TOLERANCES: dict[str, float | None] = {
     "gradients": 0.02,
     "optimizer_states": 0.02,
     "kv_cache": 0.02,
+    "offloaded_states": 0.02,
     "activations": 0.15,
     "temporary": None,
 }
@@ -49,8 +50,9 @@ def _component(name: str, measured: float, predicted: float, note: str | None = 
     return out
 
 
-def _training_components(run: RunSpec, predicted: dict[str, float], m: dict[str, int]) -> list[dict[str, Any]]:
-    zero = run.layout.zero_stage if run.layout.dp > 1 else 0
+def _training_components(run: RunSpec, predicted: dict[str, float], m: dict[str, int],
+                         host_predicted: float = 0.0) -> list[dict[str, Any]]:
+    zero = run.layout.zero_stage if run.layout.dp * run.layout.cp > 1 else 0
     out = []
     if zero == 2:
         out.append(_component("weights", m["gathered_params_peak_bytes"], predicted["weights"],
@@ -62,6 +64,9 @@ def _training_components(run: RunSpec, predicted: dict[str, float], m: dict[str,
         out.append(_component("optimizer_states", m["optimizer_states_bytes"], predicted["optimizer_states"]))
     out.insert(1, _component("gradients", m["gradients_bytes"], predicted["gradients"]))
     out.append(_component("activations", m["activations_bytes"], predicted["activations"]))
+    if m.get("offloaded_states_bytes") or host_predicted:
+        out.append(_component("offloaded_states", m.get("offloaded_states_bytes", 0), host_predicted,
+                              "host memory: sharded parameters, gradients and optimizer states (CPU offload)"))
     if zero == 3:
         out.append(_component("temporary", m["gathered_params_peak_bytes"], predicted["temporary"],
                               "peak of gathered parameters at block boundaries"))
@@ -133,18 +138,19 @@ def compare(run: RunSpec, hw: HardwareProfile, results: list[dict[str, Any]], re
     workload = run.training_workload() if run.training else run.inference_workload()
     report = estimate(run.spec, hw, run.layout, workload).as_dict()
     per_stage = {r["stage"]: r["per_gpu_bytes"] for r in report["memory"]["per_rank"]}
+    host_per_stage = {r["stage"]: r["host_offload_bytes"] for r in report["memory"]["per_rank"]}
     ranks = []
     mismatches: list[str] = []
     for r in sorted(results, key=lambda r: r["rank"]):
         predicted = per_stage[r["stage"]]
-        comps = (_training_components(run, predicted, r["measured"]) if run.training
+        comps = (_training_components(run, predicted, r["measured"], host_per_stage[r["stage"]]) if run.training
                  else _serving_components(run, r["stage"], predicted, r["measured"]))
         for c in comps:
             if not c["ok"]:
                 err = c["relative_error"]
                 how = f"{err:+.1%}" if err is not None else "measured where none was predicted"
                 mismatches.append(f"rank {r['rank']} {c['component']}: {how} (tolerance {c['tolerance']:.0%})")
-        ranks.append({k: r[k] for k in ("rank", "pp", "dp", "tp", "stage")} | {
+        ranks.append({k: r[k] for k in ("rank", "pp", "dp", "tp", "stage")} | {"cp": r.get("cp", 0),
             "components": comps, "step_seconds": r["step_seconds"], "wall_seconds": r["wall_seconds"],
             "extra_measured_bytes": {k: v for k, v in r["measured"].items() if k == "cuda_max_allocated_bytes"},
         })

@@ -14,13 +14,15 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+from torch.utils.checkpoint import CheckpointPolicy
 
-from shardplan.cost.layout import Layout, Recompute, stage_layer_ranges
-from shardplan.verify.model import Decoder, rope_cache
+from shardplan.cost.layout import Layout, Offload, Recompute, stage_layer_ranges
+from shardplan.verify.model import Decoder, RMSNorm, rope_cache
 
 INIT_STD = 0.02
 CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
@@ -33,12 +35,13 @@ class Coords:
     pp: int
     dp: int
     tp: int
+    cp: int = 0
 
 
 def coords(rank: int, layout: Layout) -> Coords:
     tp_i = rank % layout.tp
     rest = rank // (layout.tp * layout.cp)
-    return Coords(pp=rest // layout.dp, dp=rest % layout.dp, tp=tp_i)
+    return Coords(pp=rest // layout.dp, dp=rest % layout.dp, tp=tp_i, cp=rank // layout.tp % layout.cp)
 
 
 def dp_split(layout: Layout, gpus_per_node: int, training: bool) -> tuple[int, int]:
@@ -53,9 +56,11 @@ def dp_split(layout: Layout, gpus_per_node: int, training: bool) -> tuple[int, i
 
 
 def build_mesh(device_type: str, layout: Layout, gpus_per_node: int, training: bool) -> DeviceMesh:
+    """Axes pp, dp_replicate, dp_shard, cp, tp, slowest to fastest (the rank order of `coords`;
+    torchtitan's order, with cp between the data and tensor axes)."""
     rep, shard = dp_split(layout, gpus_per_node, training)
-    return init_device_mesh(device_type, (layout.pp, rep, shard, layout.tp),
-                            mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+    return init_device_mesh(device_type, (layout.pp, rep, shard, layout.cp, layout.tp),
+                            mesh_dim_names=("pp", "dp_replicate", "dp_shard", "cp", "tp"))
 
 
 def chunk_ids(layout: Layout, pp_rank: int) -> list[int]:
@@ -88,12 +93,23 @@ def _split_key(module_path: str) -> str:
     return ".".join(parts) + ".weight"
 
 
-def apply_tp(chunk: Decoder, tp_mesh: DeviceMesh, tp_splits: dict[str, str], *, loss_parallel: bool) -> None:
+def apply_tp(chunk: Decoder, tp_mesh: DeviceMesh, tp_splits: dict[str, str], *, loss_parallel: bool,
+             sequence_parallel: bool = False) -> None:
     """Column/row-wise DTensor sharding of every linear and the vocabulary, as the manifest's
     `tp_splits` say (column and kv_column: ColwiseParallel; row: RowwiseParallel; vocab:
     embedding rows / lm_head columns). Training keeps the logits vocabulary-sharded for
-    loss parallelism; serving gathers them for the sampler (as vLLM does)."""
+    loss parallelism; serving gathers them for the sampler (as vLLM does).
+
+    Sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2; torchtitan's plan): the
+    residual stream and the norms hold a 1/tp share of the sequence (SequenceParallel), the
+    row-parallel outputs are reduce-scattered into it (RowwiseParallel to Shard(1)), and the
+    column-parallel projections gather it first (`SequenceParallelRegion`)."""
     plan: dict[str, object] = {}
+    seq = Shard(1)
+    if sequence_parallel:
+        for path, mod in chunk.named_modules():
+            if isinstance(mod, RMSNorm):
+                plan[path] = SequenceParallel()
     reduce_in_place: list[nn.Module] = []
     for path, mod in chunk.named_modules():
         if not isinstance(mod, (nn.Linear, nn.Embedding)):
@@ -104,12 +120,15 @@ def apply_tp(chunk: Decoder, tp_mesh: DeviceMesh, tp_splits: dict[str, str], *, 
         if split == "replicated":
             continue
         if path == "embed_tokens":
-            plan[path] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+            plan[path] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq if sequence_parallel else Replicate(),
+                                         use_local_output=not sequence_parallel)
         elif path == "lm_head":
             plan[path] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1) if loss_parallel else Replicate(),
                                          use_local_output=not loss_parallel)
         elif split in ("column", "kv_column"):
             plan[path] = ColwiseParallel()
+        elif split == "row" and sequence_parallel:
+            plan[path] = RowwiseParallel(output_layouts=seq, use_local_output=False)
         elif split == "row" and not loss_parallel:
             # Serving: the partial sums are reduced in place (vLLM's RowParallelLinear), not
             # into a new tensor as DTensor's redistribute does.
@@ -125,8 +144,62 @@ def apply_tp(chunk: Decoder, tp_mesh: DeviceMesh, tp_splits: dict[str, str], *, 
         else:
             raise KeyError(f"unknown split {split!r} for {path}")
     parallelize_module(chunk, tp_mesh, plan)
+    if sequence_parallel:
+        region = SequenceParallelRegion(tp_mesh)
+        for mod in chunk.modules():
+            if hasattr(mod, "sequence_parallel"):
+                mod.sequence_parallel = region
     for mod in reduce_in_place:  # after the style's own hooks, which hand over the local partial sums
         mod.register_forward_hook(_all_reduce_in_place(tp_mesh.get_group()))
+
+
+def _keep_matmul_outputs(_ctx, op, *_args, **_kwargs) -> CheckpointPolicy:
+    if op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class SequenceParallelRegion:
+    """Where the sequence-sharded residual stream meets the column-parallel projections.
+
+    Megatron (`ColumnParallelLinear` with `sequence_parallel`, Korthikanti et al. 2022, Sec.
+    4.2.2) all-gathers the sequence before the projections and keeps for backward only this
+    rank's share, gathering it again in backward. DTensor's ColwiseParallel alone would keep
+    the gathered input (torchtitan does). Here the gather and the projections run under
+    torch's selective activation checkpointing: the projections' outputs are saved, the
+    gather is recomputed, so backward holds the share, as Megatron does, at the cost of the
+    second all-gather Megatron also pays."""
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        self.mesh = mesh
+
+    def enter(self, local: torch.Tensor) -> DTensor:
+        """A pipeline stage's received share of the sequence, as the sharded residual stream."""
+        return DTensor.from_local(local, self.mesh, [Shard(1)], run_check=False)
+
+    def leave(self, h: torch.Tensor) -> torch.Tensor:
+        """The share this rank sends to the next pipeline stage."""
+        return h.to_local() if isinstance(h, DTensor) else h
+
+    def vocab_sharded(self, logits: torch.Tensor) -> DTensor:
+        """This rank's vocabulary columns of the logits, as loss parallelism takes them."""
+        return DTensor.from_local(logits, self.mesh, [Shard(-1)], run_check=False)
+
+    def project(self, x: torch.Tensor, linears: tuple[nn.Module, ...]) -> tuple[torch.Tensor, ...]:
+        from functools import partial
+
+        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+        def run(share: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            # Each rank's columns give a partial sum of the input's gradient: reduce-scattered
+            # back into the sequence share (Megatron's backward of the gather).
+            full = share.redistribute(self.mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+            # ColwiseParallel's own matmul on this rank's columns, without its output hook,
+            # whose view of the result could not be rotated in place (model.apply_rope).
+            return tuple(F.linear(full, lin.weight.to_local()) for lin in linears)
+
+        return checkpoint(run, x, use_reentrant=False,
+                          context_fn=partial(create_selective_checkpoint_contexts, _keep_matmul_outputs))
 
 
 def _all_reduce_in_place(group: dist.ProcessGroup):
@@ -223,17 +296,29 @@ def materialise(chunk: Decoder, device: torch.device, seed: int, shard=None) -> 
 
 def fsdp_sharder(mesh: DeviceMesh, layout: Layout, gpus_per_node: int):
     """fully_shard over the data-parallel mesh (HSDP when it replicates too), resharding
-    parameters after forward only for ZeRO-3; None when nothing is sharded."""
+    parameters after forward only for ZeRO-3; None when nothing is sharded. Offloaded states
+    (ZeRO-3 with parameters and optimizer on the CPU, as DeepSpeed's offload_param and
+    offload_optimizer) use FSDP2's CPUOffloadPolicy: sharded parameters, gradients and
+    optimizer states live in host memory, each unit is copied to the device and gathered for
+    its forward and backward, even over one data-parallel rank (ZeRO-Infinity on one GPU)."""
     rep, shard = dp_split(layout, gpus_per_node, True)
-    if shard == 1:
+    offload = layout.offload_params is not Offload.NONE
+    if layout.zero_stage == 0 or (shard * layout.cp == 1 and not offload):
         return None
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-    dp_mesh = mesh["dp_replicate", "dp_shard"] if rep > 1 else mesh["dp_shard"]
+    # pin_memory=False: pinning needs a GPU (VERIFY-NOTES); on GPUs pinned buffers copy faster.
+    policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
+
+    shard_dim = "dp_shard"
+    if layout.cp > 1:  # torchtitan's dp_shard_cp: the context ranks hold the same replica, so shard over them too
+        shard_dim = "dp_shard_cp"
+        mesh["dp_shard", "cp"]._flatten(shard_dim)
+    dp_mesh = mesh["dp_replicate", shard_dim] if rep > 1 else mesh[shard_dim]
     reshard = layout.zero_stage >= 3
 
     def apply(module: nn.Module) -> None:
-        fsdp = fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
+        fsdp = fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=policy)
         # gloo has no PREMUL_SUM; divide before a plain SUM instead (the same average).
         fsdp.set_force_sum_reduction_for_comms(True)
 

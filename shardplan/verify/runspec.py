@@ -33,6 +33,7 @@ SERVING_MAX_BATCH = 4
 SERVING_MAX_PROMPT = 32
 SERVING_MAX_DECODE = 4
 DEFAULT_STEPS = 3
+CP_CHUNKS_PER_RANK = 2  # context parallelism: a head and a tail chunk per rank (context.CHUNKS_PER_RANK)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class RunSpec:
     batch_size: int = 1
     prompt_len: int = 1
     decode_steps: int = 1
+    force_load_balance: bool = False  # MoE routing round-robin over experts (model.route), here and in the reference
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -96,7 +98,8 @@ class RunSpec:
         }
         if self.training:
             out["work"] = {"steps": self.steps, "seq_len": self.seq_len, "micro_batch_size": self.layout.micro_batch_size,
-                           "num_microbatches": self.num_microbatches, "optimizer": self.optimizer.value}
+                           "num_microbatches": self.num_microbatches, "optimizer": self.optimizer.value,
+                           "moe_routing": "round-robin" if self.force_load_balance else "top-k"}
         else:
             out["work"] = {"batch_size": self.batch_size, "prompt_len": self.prompt_len, "decode_steps": self.decode_steps}
         return out
@@ -116,7 +119,7 @@ def _refuse(field: str, what: str, hint: str) -> CannotVerify:
     return CannotVerify(f"verify does not run {what} yet", field=field, hint=hint)
 
 
-def check_runnable(spec: ModelSpec, layout: Layout) -> None:
+def check_runnable(spec: ModelSpec, layout: Layout, *, training: bool = True) -> None:
     """Refuse, before any process starts, what the verify model or its parallel set-up does not run."""
     unsupported = [
         (spec.mla is not None, "model", "multi-head latent attention (MLA)"),
@@ -136,19 +139,57 @@ def check_runnable(spec: ModelSpec, layout: Layout) -> None:
         if bad:
             raise _refuse(fld, what, "verify runs Llama-style dense and MoE decoders; check this model with estimate")
     L = layout
-    if L.cp > 1:
-        raise _refuse("layout.cp", "context parallelism", "verify the plan with cp=1")
-    if L.ep > 1 or (spec.moe is not None and L.expert_tp != L.tp):
-        raise _refuse("layout.ep", "expert parallelism", "verify the plan with ep=1 (experts split by tp)")
-    if L.sequence_parallel:
-        raise _refuse("layout.sequence_parallel", "sequence parallelism", "verify the plan without it")
+    _check_experts(spec, L, training)
+    if spec.moe is not None and L.sequence_parallel:
+        raise _refuse("layout.sequence_parallel", "sequence parallelism with MoE blocks (Megatron's dispatcher gathers "
+                      "the routed tokens over tp)", "verify the plan without sequence parallelism")
     if L.tp > spec.kv_heads:
         raise _refuse("layout.tp", f"tp={L.tp} over {spec.kv_heads} KV heads (replicated KV heads)",
                       "use tp <= the KV heads")
     if spec.tie_word_embeddings and L.tp > 1:
         raise _refuse("layout.tp", "tied embeddings under tensor parallelism", "verify the plan with tp=1")
-    if L.offload_optimizer is not Offload.NONE or L.offload_params is not Offload.NONE:
-        raise _refuse("layout.offload_optimizer", "offloaded states", "verify the plan without offload")
+    offload = (L.offload_optimizer, L.offload_params)
+    if not training and L.offload_params is not Offload.NONE:
+        raise _refuse("layout.offload_params", "serving with offloaded weights (vLLM's --cpu-offload-gb)",
+                      "verify the plan without offload_params")
+    if Offload.NVME in offload:
+        field = "layout.offload_params" if L.offload_params is Offload.NVME else "layout.offload_optimizer"
+        raise _refuse(field, "NVMe offload", "verify the plan with offload to cpu")
+    if offload == (Offload.CPU, Offload.NONE):
+        raise _refuse("layout.offload_optimizer", "optimizer-only offload (DeepSpeed's ZeRO-Offload; FSDP2's "
+                      "CPUOffloadPolicy moves parameters, gradients and optimizer states together)",
+                      "verify the plan with offload_params: cpu and zero_stage: 3")
+    if offload == (Offload.NONE, Offload.CPU):
+        raise _refuse("layout.offload_optimizer", "parameter offload with the optimizer on the GPU",
+                      "verify the plan with offload_optimizer: cpu too (FSDP2's CPUOffloadPolicy)")
+
+
+def _check_experts(spec: ModelSpec, L: Layout, training: bool) -> None:
+    """Expert layouts verify runs: experts split by tp (ep = 1, etp = tp), or whole experts
+    over ep ranks (etp = 1): in training with tp = 1 (Megatron-core's all-to-all dispatcher),
+    in serving with ep = tp (vLLM's expert parallelism inside one server)."""
+    if spec.moe is None:
+        return
+    if L.ep == 1:
+        if L.expert_tp != L.tp:
+            raise _refuse("layout.etp", f"experts split over etp={L.expert_tp} ranks with tp={L.tp}",
+                          "verify the plan with etp = tp")
+        return
+    if L.expert_tp != 1:
+        raise _refuse("layout.etp", f"expert tensor parallelism inside expert parallelism (ep={L.ep}, etp={L.expert_tp})",
+                      "verify the plan with etp=1 (whole experts)")
+    if training and L.tp > 1:
+        raise _refuse("layout.ep", f"expert parallelism with tensor parallelism in training (ep={L.ep}, tp={L.tp})",
+                      "Megatron-core requires sequence parallelism when ep > 1 and tp > 1 (TransformerConfig); "
+                      "verify runs expert-parallel training with tp=1")
+    if training and L.cp > 1:
+        raise _refuse("layout.cp", "expert parallelism with context parallelism", "verify the plan with cp=1")
+    if training and L.hybrid_shard:
+        raise _refuse("layout.hybrid_shard", "hybrid sharding with expert parallelism",
+                      "verify the plan without hybrid_shard")
+    if not training and L.ep != L.tp:
+        raise _refuse("layout.ep", f"serving expert parallelism across replicas (ep={L.ep}, tp={L.tp})",
+                      "vLLM's expert parallelism in one server spans its tp ranks: verify a plan with ep = tp")
 
 
 def _round_up(x: float, multiple: int) -> int:
@@ -188,17 +229,29 @@ def proxy_spec(spec: ModelSpec, layout: Layout) -> ModelSpec:
     ))
 
 
+def _context_parallel_seq_len(seq: int, cp: int, *, shrink: bool) -> int:
+    """The sequence cut into CP_CHUNKS_PER_RANK x cp equal chunks (the proxy's shortened to a
+    multiple); CannotVerify when it cannot be."""
+    chunks = CP_CHUNKS_PER_RANK * cp
+    fitted = seq - seq % chunks if shrink else seq
+    if fitted == 0 or fitted % chunks:
+        raise _refuse("layout.cp", f"a sequence of {seq} tokens over cp={cp} (it must split into {chunks} equal chunks)",
+                      f"use a seq_len that is a multiple of {chunks}")
+    return fitted
+
+
 def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int = DEFAULT_STEPS) -> RunSpec:
     """The run for plan `m` of model `spec`. Raises CannotVerify for what verify does not run."""
     layout = layout_of(m)
     training = m.workload.kind == "training"
-    check_runnable(spec, layout)
+    check_runnable(spec, layout, training=training)
     notes: list[str] = []
     run_spec = proxy_spec(spec, layout) if scale == "proxy" else spec.model_copy(update=dict(dtype="float32"))
-    if layout.zero_stage and layout.dp == 1:
+    batch_ranks = layout.dp * layout.cp  # ZeRO shards over the data and context ranks (torchtitan's dp_shard_cp)
+    if layout.zero_stage and batch_ranks == 1 and layout.offload_params is Offload.NONE:
         layout = replace(layout, zero_stage=0)
         notes.append("ZeRO over one data-parallel rank shards nothing: it runs, and is predicted, as stage 0")
-    if layout.zero_stage == 1 and layout.dp > 1:
+    if layout.zero_stage == 1 and batch_ranks > 1:
         layout = replace(layout, zero_stage=2)
         notes.append("ZeRO-1 runs as FSDP2 without resharding after forward (ZeRO-2): gradients are sharded too; "
                      "the prediction is for stage 2")
@@ -206,6 +259,8 @@ def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int =
         layout = replace(layout, recompute=Recompute.NONE)
         notes.append("selective recomputation runs as none: flash attention already recomputes the scores; "
                      "the prediction is for none")
+    if not training and layout.cp > 1:
+        raise _refuse("layout.cp", "context parallelism for serving", "verify the plan with cp=1")
     if not training:
         wl = m.workload
         batch = min(m.predicted.time.batch_size, SERVING_MAX_BATCH)
@@ -223,6 +278,16 @@ def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int =
         num_micro = min(num_micro, 2 * layout.pp) if layout.pp > 1 else min(num_micro, 2)
     if layout.pp_schedule is PipelineSchedule.INTERLEAVED:
         num_micro = _round_up(num_micro, layout.pp)
+    if layout.cp > 1:
+        seq = _context_parallel_seq_len(seq, layout.cp, shrink=scale == "proxy")
+        notes.append(f"context parallelism: each cp rank runs {seq // layout.cp} of the {seq} tokens of every sequence "
+                     f"(load-balanced head and tail chunks), attention all-gathers K and V")
+    balanced = layout.ep > 1 and spec.moe is not None
+    if balanced:
+        notes.append("expert parallelism: tokens are routed round-robin over the experts (torchtitan's "
+                     "moe_force_load_balance), as the prediction spreads them evenly; top-k routing on an untrained "
+                     "model sent one expert-parallel rank 0.4x to 1.6x its share of tokens")
     run_spec = run_spec.model_copy(update=dict(max_position_embeddings=max(seq, 1)))
     return RunSpec(kind="training", scale=scale, spec=run_spec, layout=layout, steps=steps, seq_len=seq,
-                   num_microbatches=num_micro, optimizer=Optimizer(wl.optimizer), notes=tuple(notes))
+                   num_microbatches=num_micro, optimizer=Optimizer(wl.optimizer), force_load_balance=balanced,
+                   notes=tuple(notes))

@@ -21,9 +21,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from shardplan.cost.layout import Offload
 from shardplan.errors import VerifyRunFailed
 from shardplan.fileio import write_text_atomic
-from shardplan.verify import measure, parallel, probes
+from shardplan.verify import context, experts, measure, parallel, probes
 from shardplan.verify.launch import RUN_DIR_ENV
 from shardplan.verify.model import Decoder
 from shardplan.verify.runspec import RunSpec
@@ -105,17 +106,26 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
     L = run.layout
     tracker = measure.StorageTracker()
     peak = measure.Peak()
+    gloo = dist.get_backend() == "gloo"
     with tracker:
         chunks = parallel.build_chunks(run.spec, L, c.pp)
+        ep = experts.ExpertParallel.build(device.type, L, run.spec) if L.ep > 1 else None
         for ch in chunks:
+            if ep is not None:
+                ep.apply(ch, run.spec, serving=False, force_load_balance=run.force_load_balance)
             if L.tp > 1:
-                parallel.apply_tp(ch, mesh["tp"], splits, loss_parallel=True)
+                parallel.apply_tp(ch, mesh["tp"], splits, loss_parallel=True, sequence_parallel=L.sequence_parallel)
             parallel.apply_checkpointing(ch, L)
         sharder = parallel.fsdp_sharder(mesh, L, gpus_per_node)
+        if ep is not None and sharder is not None:
+            sharder = ep.sharder(sharder)
+        positions = context.token_positions(run.seq_len, c.cp, L.cp) if L.cp > 1 else None  # this rank's tokens
         for ch in chunks:
             parallel.materialise(ch, device, SEED, sharder)
             if L.tp > 1 and sharder is None:
                 parallel.keep_grads_sharded(ch)
+            if L.cp > 1:
+                context.apply_cp(ch, mesh["cp"], positions)
     at_rest = measure.param_storage_keys(chunks)
     params = [p for ch in chunks for p in ch.parameters()]
     optimizer = _make_optimizer(run, params)
@@ -125,7 +135,8 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
 
     def chunk_post(_m, _a, _o):
         exclude = measure.param_storage_keys(chunks) | {measure.storage_key(p.grad) for p in params if p.grad is not None}
-        peak.offer("activations", tracker.live_bytes(measure.FORWARD, exclude))
+        sample = lambda: tracker.live_bytes(measure.FORWARD, exclude)  # noqa: E731
+        peak.offer("activations", measure.settled(sample) if gloo else sample())
         tracker.phase = measure.OTHER
 
     def block_sample(*_):
@@ -138,18 +149,23 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
             for blk in ch.layers.values():
                 blk.register_forward_pre_hook(block_sample)
                 blk.register_forward_hook(block_sample)
+                for unit in experts.local_experts(blk):  # an FSDP unit of its own, gathered inside the block
+                    unit.register_forward_pre_hook(block_sample)
 
     first = c.pp == 0
     last = c.pp == L.pp - 1
     schedule = _schedule(run, chunks, mesh, device) if L.pp > 1 else None
     loss_ctx = _loss_parallel if L.tp > 1 else nullcontext
-    dp_group = mesh["dp_replicate", "dp_shard"]._flatten().get_group() if L.dp > 1 else None
+    dp_group = context.batch_group(mesh, L)  # dp x cp: gradients and the loss are averaged over it
     rows = L.micro_batch_size * run.num_microbatches
     losses, step_seconds = [], []
     grads_bytes = opt_bytes = 0
+    host = measure.HostBytes(offloaded=L.offload_params is not Offload.NONE)
     for step in range(run.steps):
         batch = training_batch(run)[c.dp * rows:(c.dp + 1) * rows].to(device)
         x, y = batch[:, :-1], batch[:, 1:]
+        if L.cp > 1:  # every rank's loss is the mean over its tokens; their mean is the reference's
+            x, y = x[:, positions], y[:, positions]
         _sync(device)
         t0 = time.perf_counter()
         step_losses: list[torch.Tensor] = []
@@ -167,10 +183,14 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
                     (loss / run.num_microbatches).backward()
                     step_losses.append(loss.detach())
             if sharder is None and dp_group is not None:
-                parallel.all_reduce_grads(chunks, dp_group)
-            grads_bytes = max(grads_bytes, measure.tensors_bytes(p.grad for p in params if p.grad is not None))
+                (ep.all_reduce_grads if ep is not None else parallel.all_reduce_grads)(chunks, dp_group)
+            grads = [p.grad for p in params if p.grad is not None]
+            grads_bytes = max(grads_bytes, host.device_bytes(grads))
+            host.offer("gradients", grads)
             optimizer.step()
-            opt_bytes = max(opt_bytes, measure.tensors_bytes(measure.optimizer_state_tensors(optimizer)))
+            states = measure.optimizer_state_tensors(optimizer)
+            opt_bytes = max(opt_bytes, host.device_bytes(states))
+            host.offer("optimizer", states)
             optimizer.zero_grad(set_to_none=True)
         _sync(device)
         step_seconds.append(time.perf_counter() - t0)
@@ -180,19 +200,21 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
     if last and dp_group is not None:
         t = torch.tensor(losses, dtype=torch.float64, device=device)
         dist.all_reduce(t, group=dp_group)
-        losses = (t / L.dp).tolist()
-    weights = measure.tensors_bytes(params)
+        losses = (t / dist.get_world_size(dp_group)).tolist()
+    weights = host.device_bytes(params)
+    host.offer("weights", params)
     measured = {
         "weights_at_rest_bytes": weights,
         "gathered_params_peak_bytes": peak.get("gathered"),
         "gradients_bytes": grads_bytes,
         "optimizer_states_bytes": opt_bytes,
+        "offloaded_states_bytes": host.total(),
         "activations_bytes": peak.get("activations"),
     }
     if device.type == "cuda":
         measured["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
     return {
-        "stage": c.pp, "measured": measured, "losses": losses if last and c.tp == 0 and c.dp == 0 else None,
+        "stage": c.pp, "measured": measured, "losses": losses if last and c.tp == 0 and c.dp == 0 and c.cp == 0 else None,
         "step_seconds": step_seconds,
     }
 
@@ -241,6 +263,9 @@ def run_serving(run: RunSpec, splits: dict[str, str], mesh, c: parallel.Coords, 
     tracker = measure.StorageTracker()
     with tracker:
         (chunk,) = parallel.build_chunks(spec, L, c.pp)
+        if L.ep > 1:  # ep = tp: whole experts, their partial sums all-reduced over the tp ranks
+            experts.ExpertParallel.build(device.type, L, spec).apply(chunk, spec, serving=True)
+            splits = experts.ExpertParallel.whole_experts(splits)
         if L.tp > 1:
             parallel.apply_tp(chunk, mesh["tp"], splits, loss_parallel=False)
         parallel.materialise(chunk, device, SEED)
@@ -308,6 +333,8 @@ def reference_training(run: RunSpec) -> list[float]:
     model = Decoder(run.spec)
     parallel.init_module(model, "", torch.device("cpu"), SEED)
     model.reset_buffers()
+    if run.force_load_balance:
+        experts.force_load_balance(model)
     optimizer = _make_optimizer(run, model.parameters())
     losses = []
     for step in range(run.steps):
@@ -373,7 +400,7 @@ def run_rank(run: RunSpec, splits: dict[str, str], gpus_per_node: int, backend: 
             result = run_training(run, splits, gpus_per_node, mesh, c, device, rank)
         else:
             result = run_serving(run, splits, mesh, c, device, rank)
-        result.update(rank=rank, pp=c.pp, dp=c.dp, tp=c.tp, wall_seconds=time.perf_counter() - t0)
+        result.update(rank=rank, pp=c.pp, dp=c.dp, tp=c.tp, cp=c.cp, wall_seconds=time.perf_counter() - t0)
         if device.type == "cuda":  # what `shardplan calibrate` turns into efficiencies
             result["probes"] = _probes(device)
         gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
