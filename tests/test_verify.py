@@ -187,6 +187,15 @@ def test_of_ranks_gone_without_a_word_the_first_to_die_is_the_root_cause(tmp_pat
     assert report["failed_ranks"] == [1] and "rank 1 died without an error" in report["cause"][0]
     unordered = failure_report("plan.yaml", run, silent, timed_out=False, timeout_seconds=60, exit_code=1, log_tail="")
     assert unordered["failed_ranks"] == [0, 1]
+    # Both seen gone in the same poll (a loaded machine, CI at 0ca455c+2): torchrun's own summary
+    # names the first it saw fail, the killed rank (SIGKILL), not the one it terminated (SIGTERM).
+    summary = ("Failures:\n[1]:\n  time      : 2026-11-23_04:02:06\n  rank      : 0 (local_rank: 0)\n"
+               "  exitcode  : -15 (pid: 22530)  (SIGTERM)\n-----\nRoot Cause (first observed failure):\n[0]:\n"
+               "  time      : 2026-11-23_04:02:05\n  host      : localhost\n  rank      : 1 (local_rank: 1)\n"
+               "  exitcode  : -9 (pid: 22531)  (SIGKILL)\n")
+    tied = failure_report("plan.yaml", run, silent, timed_out=False, timeout_seconds=60, exit_code=1, log_tail=summary,
+                          died_at={0: 100.0, 1: 100.0})
+    assert tied["failed_ranks"] == [1]
 
 
 def test_a_hung_rank_ends_within_the_timeout(cli, tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -134,6 +135,17 @@ def _alive(pid: int) -> bool:
         return True
 
 
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:.*?rank\s*:\s*(\d+)", re.S)
+
+
+def torchrun_root_cause(log: str) -> int | None:
+    """The rank torchrun's agent saw fail first ("Root Cause (first observed failure)" in its
+    summary): it watches its workers' exit codes and terminates the others only after that, so
+    it knows the order even when a loaded machine lets our own polling see both gone at once."""
+    m = _ROOT_CAUSE.search(log)
+    return int(m.group(1)) if m else None
+
+
 def failure_report(plan: str, run: RunSpec, statuses: list[dict[str, Any]], *, timed_out: bool, timeout_seconds: float,
                    exit_code: int | None, log_tail: str, died_at: dict[int, float] | None = None) -> dict[str, Any]:
     """Who failed and how. The root cause is a rank whose own error is not a peer's collateral
@@ -146,8 +158,12 @@ def failure_report(plan: str, run: RunSpec, statuses: list[dict[str, Any]], *, t
         failed = sorted(own, key=lambda s: s.get("time", 0))
         how = [f"rank {s['rank']} raised {s['error']}" for s in failed]
     elif silent and not timed_out:
+        root = torchrun_root_cause(log_tail)
         seen = {s["rank"]: died_at[s["rank"]] for s in silent if died_at and s["rank"] in died_at}
-        failed = [s for s in silent if s["rank"] in seen and seen[s["rank"]] == min(seen.values())] if seen else silent
+        if root is not None and any(s["rank"] == root for s in silent):
+            failed = [s for s in silent if s["rank"] == root]
+        else:
+            failed = [s for s in silent if s["rank"] in seen and seen[s["rank"]] == min(seen.values())] if seen else silent
         how = [f"rank {s['rank']} died without an error (killed by a signal or the OS)" for s in failed]
     elif timed_out:
         failed = silent or errors
