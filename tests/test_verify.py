@@ -274,29 +274,15 @@ def test_what_verify_does_not_run_is_refused_with_the_field(cli, tmp_path, model
 def test_sequence_parallel_keeps_a_share_of_the_sequence_four_ranks(cli, tmp_path):
     """Megatron's sequence parallelism under FSDP x TP: the norms and the residual stream hold
     1/tp of the sequence, and backward keeps the share, not the all-gathered sequence, before
-    the column-parallel projections. Without sequence parallelism the same plan keeps the
-    full-sequence terms on every rank, so the activations must come out smaller by about the
-    share the formula divides by tp."""
+    the column-parallel projections. Keeping the gathered input instead (DTensor's
+    ColwiseParallel alone, as torchtitan) measured +15.5% on this plan, and a selective
+    checkpoint that also kept the unrotated q and k +10.4%; the bound here is 5%."""
     res, report = _verify(cli, _plan(tmp_path, 4, TRAIN, tp=2, dp=2, zero_stage=3, sequence_parallel=True), tmp_path)
     assert res.exit_code == EXIT_OK, res.stderr
     _assert_matches(report, 4, training=True)
     assert report["layout"]["sequence_parallel"] is True
-    sp_acts = [c["measured_bytes"] for r in report["ranks"] for c in r["components"] if c["component"] == "activations"]
-    from shardplan.cost.memory_training import activation_bytes_per_layer
-    from shardplan.exporting import plan_spec
-    from shardplan.verify.runspec import plan_run
-
-    m = mf.load_manifest(tmp_path / "plan.yaml")
-    run = plan_run(m, plan_spec(m), scale="proxy")
-    wl, b = run.training_workload(), run.layout.micro_batch_size
-    from dataclasses import replace
-    saved = run.spec.num_layers * (activation_bytes_per_layer(run.spec, replace(run.layout, sequence_parallel=False), wl, False, b)
-                                   - activation_bytes_per_layer(run.spec, run.layout, wl, False, b))
-    h_share = 4 * run.seq_len * b * run.spec.hidden_size / 2  # the head's two sbh terms, halved
-    assert saved > 0
-    for measured in sp_acts:
-        without_sp = measured + saved + 2 * h_share
-        assert measured / without_sp < 0.8  # a real saving, not a relabelling
+    acts = [c for r in report["ranks"] for c in r["components"] if c["component"] == "activations"]
+    assert all(abs(c["relative_error"]) <= 0.05 for c in acts), acts
 
 
 def test_cpu_offload_keeps_the_states_in_host_memory_two_ranks(cli, tmp_path):

@@ -325,6 +325,19 @@ def fsdp_sharder(mesh: DeviceMesh, layout: Layout, gpus_per_node: int):
     return apply
 
 
+def fsdp_offloads(modules: list[nn.Module]) -> bool:
+    """Whether FSDP2 keeps these modules' states in host memory: a CPUOffloadPolicy is in
+    force on one of their parameter groups (asked of FSDP itself, not of the plan)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+
+    for sub in (s for m in modules for s in m.modules()):
+        if isinstance(sub, FSDPModule):
+            group = sub._get_fsdp_state()._fsdp_param_group
+            if group is not None and isinstance(group.offload_policy, CPUOffloadPolicy):
+                return True
+    return False
+
+
 def all_reduce_grads(modules: list[nn.Module], group: dist.ProcessGroup) -> None:
     """ZeRO-0 data parallelism: average every gradient over the data-parallel ranks (what DDP's
     buckets do, without the buckets)."""

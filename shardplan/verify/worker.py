@@ -21,7 +21,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from shardplan.cost.layout import Offload
 from shardplan.errors import VerifyRunFailed
 from shardplan.fileio import write_text_atomic
 from shardplan.verify import context, experts, measure, parallel, probes
@@ -160,7 +159,7 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
     rows = L.micro_batch_size * run.num_microbatches
     losses, step_seconds = [], []
     grads_bytes = opt_bytes = 0
-    host = measure.HostBytes(offloaded=L.offload_params is not Offload.NONE)
+    host = measure.HostBytes(offloaded=parallel.fsdp_offloads(chunks))
     for step in range(run.steps):
         batch = training_batch(run)[c.dp * rows:(c.dp + 1) * rows].to(device)
         x, y = batch[:, :-1], batch[:, 1:]
