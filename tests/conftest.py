@@ -51,9 +51,9 @@ def validation_file(name: str) -> Path:
 def build_plan(model: str, gpus: int, layout, workload, gpus_per_node: int | None = None,
                hardware: str = "h100-sxm-80gb", **extra):
     """A manifest for a pinned layout, from a real estimate (no search): (manifest, report)."""
-    from shardplan import manifest as mf
+    from shardplan.plan import manifest as mf
     from shardplan.cost.estimate import estimate
-    from shardplan.options import cluster
+    from shardplan.specs.cluster import cluster
     from shardplan.specs.loading import load_hardware, load_model
 
     loaded = load_model(model)

@@ -287,7 +287,7 @@ def test_a_stale_spec_hash_is_refused_on_export(cli, tmp_path):
     data = _plan_data()
     spec = tmp_path / "m.yaml"
     spec.write_text(ARCH)
-    from shardplan.manifest import spec_sha256
+    from shardplan.plan.manifest import spec_sha256
     from shardplan.specs.loading import load_model
 
     data = _edit(data, "model.source", str(spec))
@@ -304,8 +304,8 @@ def test_a_stale_spec_hash_is_refused_on_export(cli, tmp_path):
 def test_a_plan_source_is_read_only_as_a_model_spec(cli, tmp_path, monkeypatch):
     """A hostile plan naming a device, a pipe or a path dressed as a bundled name: export neither
     hangs nor reads it, and still exports (the spec is simply unavailable)."""
-    from shardplan import exporting
-    from shardplan.manifest import load_manifest
+    from shardplan.plan import readback
+    from shardplan.plan.manifest import load_manifest
     from shardplan.specs import loading
 
     fifo = tmp_path / "pipe.yaml"
@@ -316,7 +316,7 @@ def test_a_plan_source_is_read_only_as_a_model_spec(cli, tmp_path, monkeypatch):
     for source in ("/dev/zero", "/dev/stdin", str(fifo), "bundled:../../etc/passwd", "bundled:/etc/passwd"):
         p = tmp_path / "plan.yaml"
         p.write_text(yaml.safe_dump(_edit(_plan_data(), "model.source", source), sort_keys=False))
-        assert exporting.source_spec(load_manifest(p)) is None
+        assert readback.source_spec(load_manifest(p)) is None
         res = cli("export", str(p), "--to", "vllm")
         assert res.exit_code == 0 and "vllm serve" in res.stdout, res.stderr
     assert not any("passwd" in s for s in read), read  # a bundled: name is looked up in the catalog only

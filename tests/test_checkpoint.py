@@ -15,12 +15,12 @@ from conftest import build_plan
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from shardplan.checkpoint import box_read, read_checkpoint
+from shardplan.tasks.checkpoint import box_read, read_checkpoint
 from shardplan.cost.layout import Layout
 from shardplan.cost.params import count_params
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
-from shardplan.manifest import write_manifest
-from shardplan.placement import model_tensors, rank_holdings
+from shardplan.plan.manifest import write_manifest
+from shardplan.plan.placement import model_tensors, rank_holdings
 from shardplan.specs.loading import load_model
 
 SPEC = load_model("debug").spec
@@ -122,7 +122,7 @@ def test_dp_replicas_each_read_a_full_copy_and_zero3_reads_it_once(tmp_path, cli
 def test_byte_ranges_read_exactly_the_ranks_slice(tmp_path):
     """Read each rank's ranges from the file and compare with slicing the tensor itself."""
     plan = _plan(tmp_path, 4, Layout(tp=4), gpus_per_node=4)
-    from shardplan.manifest import load_manifest
+    from shardplan.plan.manifest import load_manifest
 
     m = load_manifest(plan)
     tensors = _tensors()

@@ -22,7 +22,7 @@ from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import ShardplanError
 from shardplan.exporters import TARGETS, CannotExpress, ExportOptions, PlanDoesNotFit, export
 from shardplan.exporters.base import GIB, argv, flag_table
-from shardplan.manifest import write_manifest
+from shardplan.plan.manifest import write_manifest
 from shardplan.specs.loading import load_model
 
 SNAPSHOTS = Path(__file__).parent / "snapshots" / "exports"
@@ -476,7 +476,7 @@ def test_export_error_is_a_shardplan_error_subclass():
 
 
 def test_kubernetes_training_job_carries_the_plan_that_verify_reads():
-    from shardplan.manifest_schema import DeploymentManifest
+    from shardplan.plan.schema import DeploymentManifest
 
     objs = list(yaml.safe_load_all(files("kubernetes", "train-2node")["job.yaml"]))
     cm, job = objs[0], objs[1]

@@ -28,7 +28,7 @@ from test_export import GOLDEN, any_plan
 from shardplan.errors import ShardplanError
 from shardplan.exporters import ExportOptions, export
 from shardplan.exporters.base import argv
-from shardplan.manifest import write_manifest
+from shardplan.plan.manifest import write_manifest
 from shardplan.specs.loading import load_model
 
 # A model name may hold anything: it reaches comments, job names and k8s object names.

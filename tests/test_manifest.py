@@ -19,8 +19,8 @@ import yaml
 import shardplan
 from conftest import build_plan
 from shardplan import fileio
-from shardplan import manifest as mf
-from shardplan import manifest_schema as schema
+from shardplan.plan import manifest as mf
+from shardplan.plan import schema as schema
 from shardplan.cost.layout import Layout, PipelineSchedule
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import InputFileError, ShardplanError

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shardplan.plots import DPI, SIZE_INCHES
+from shardplan.cli.plots import DPI, SIZE_INCHES
 from shardplan.search.explain import describe
 
 SVG = "{http://www.w3.org/2000/svg}"

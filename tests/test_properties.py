@@ -24,9 +24,9 @@ from shardplan.cost.estimate import estimate
 from shardplan.cost.layout import Layout, Recompute
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import LayoutError, ShardplanError
-from shardplan.manifest import load_manifest
-from shardplan.manifest_schema import DeploymentManifest
-from shardplan.options import cluster
+from shardplan.plan.manifest import load_manifest
+from shardplan.plan.schema import DeploymentManifest
+from shardplan.specs.cluster import cluster
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import hardware_from_data, load_hardware, model_from_data, read_structured
 from shardplan.specs.model import MAX_LAYERS, MAX_WIDTH, ModelSpec, MoESpec

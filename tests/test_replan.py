@@ -16,9 +16,9 @@ from safetensors.torch import save_file
 
 from shardplan.cost.layout import Layout
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
-from shardplan.manifest import load_manifest, write_manifest
-from shardplan.placement import box_numel, model_tensors, rank_holdings
-from shardplan.replan import intersect, subtract
+from shardplan.plan.manifest import load_manifest, write_manifest
+from shardplan.plan.placement import box_numel, model_tensors, rank_holdings
+from shardplan.tasks.replan import intersect, subtract
 from shardplan.specs.loading import load_model
 
 SPEC = load_model("debug").spec

@@ -12,7 +12,7 @@ from shardplan.cost.layout import Recompute
 from shardplan.cost.memory_training import activation_bytes_lower_bound, stage_states_bytes, training_memory
 from shardplan.cost.time_training import layers_seconds_lower_bound, pipeline_seconds, step_seconds_lower_bound, training_time
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
-from shardplan.recommend import recommend
+from shardplan.tasks.recommend import recommend
 from shardplan.search import Goal, Objective, Space, search
 from shardplan.search.space import SearchResult, gpu_counts, topology
 from shardplan.search.training import _degrees, _degrees_bound, _shapes, objective_value, state_variants, with_variant

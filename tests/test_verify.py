@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import build_plan
-from shardplan import manifest as mf
+from shardplan.plan import manifest as mf
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_training import state_bytes
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
@@ -75,7 +75,7 @@ def test_fsdp_zero3_by_tensor_parallel_four_ranks(cli, tmp_path):
     # ZeRO-3 over dp=2 halves each rank's share of the tp=2 shard: weights are a quarter of the model.
     from shardplan.cost.params import count_params
     from shardplan.verify.runspec import plan_run
-    from shardplan.exporting import plan_spec
+    from shardplan.plan.readback import plan_spec
 
     m = mf.load_manifest(tmp_path / "plan.yaml")
     run = plan_run(m, plan_spec(m), scale="proxy")
@@ -294,7 +294,7 @@ def test_cpu_offload_keeps_the_states_in_host_memory_two_ranks(cli, tmp_path):
     assert res.exit_code == EXIT_OK, res.stderr
     assert report["status"] == "ok" and report["numerics"]["ok"] and report["numerics"]["checked"]
     from shardplan.cost.params import count_params
-    from shardplan.exporting import plan_spec
+    from shardplan.plan.readback import plan_spec
     from shardplan.verify.runspec import plan_run
 
     m = mf.load_manifest(plan)
@@ -326,7 +326,7 @@ def test_proxy_keeps_every_divisibility_the_layout_needs():
 # ----- the pure comparison -------------------------------------------------------------------
 
 def test_a_component_beyond_tolerance_and_nan_numerics_are_mismatches():
-    from shardplan.options import cluster
+    from shardplan.specs.cluster import cluster
     from shardplan.specs.loading import load_hardware
     from shardplan.verify.compare import compare
     from shardplan.verify.runspec import RunSpec

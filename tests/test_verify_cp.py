@@ -102,9 +102,9 @@ def test_context_parallel_combined_four_ranks(cli, tmp_path, layout):
     if "tp" in layout:
         assert [(r["tp"], r["cp"]) for r in sorted(report["ranks"], key=lambda r: r["rank"])] == [(0, 0), (1, 0), (0, 1), (1, 1)]
     else:
-        from shardplan import manifest as mf
+        from shardplan.plan import manifest as mf
         from shardplan.cost.params import count_params
-        from shardplan.exporting import plan_spec
+        from shardplan.plan.readback import plan_spec
         from shardplan.verify.runspec import plan_run
 
         m = mf.load_manifest(tmp_path / "plan.yaml")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from shardplan import manifest as mf
+from shardplan.plan import manifest as mf
 from shardplan.cost.workload import TrainingWorkload
 from shardplan.errors import EXIT_BAD_INPUT, EXIT_OK
-from shardplan.exporting import plan_spec
+from shardplan.plan.readback import plan_spec
 from shardplan.verify.model import Decoder
 from shardplan.verify.parallel import _split_key
 from shardplan.verify.runspec import plan_run

@@ -3,6 +3,9 @@ each a pure function `ExportContext -> list[ExportFile]`; the CLI writes the fil
 
     from shardplan.exporters import export, ExportOptions
     files = export(manifest, "vllm", spec=spec, options=ExportOptions())
+
+Rules (tests/test_architecture.py): exporters import no rich, typer, torch, `tasks` or `cli`,
+and form no import circle (the Kubernetes pod builders are the leaf `k8s_objects`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 
 from shardplan.exporters.base import CannotExpress, ExportContext, ExportFile, ExportOptions, PlanDoesNotFit
 from shardplan.errors import ShardplanError
-from shardplan.manifest_schema import DeploymentManifest
+from shardplan.plan.schema import DeploymentManifest
 from shardplan.specs.model import ModelSpec
 
 

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 import yaml
 
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
-from shardplan.manifest_schema import DeploymentManifest, InferenceWorkloadSection, TrainingWorkloadSection
+from shardplan.plan.schema import DeploymentManifest, InferenceWorkloadSection, TrainingWorkloadSection
 from shardplan.specs.model import ModelSpec
 
 FLAGS_DIR = Path(__file__).parent / "flags"

@@ -14,7 +14,7 @@ taken from that version's source (the file says which). Mapping:
 
 from __future__ import annotations
 
-from shardplan.exporters import kubernetes as k8s
+from shardplan.exporters import k8s_objects as k8s
 from shardplan.exporters.base import (
     memory_utilization as base_memory_utilization,
     Arg,
@@ -136,7 +136,7 @@ def _multi_node(ctx: ExportContext, header: list[str], port: int) -> list[Export
     serve = script([serve_command(ctx, data_parallel=1, port=port, ray=True)], header=header)
     return [ExportFile("ray-head.sh", head, executable=True), ExportFile("ray-worker.sh", worker, executable=True),
             ExportFile("serve.sh", serve, executable=True),
-            ExportFile("lws.yaml", k8s.dump(k8s.leader_worker_set(ctx, engine=TARGET)))]
+            ExportFile("lws.yaml", k8s.dump(k8s.leader_worker_set(ctx, image=IMAGE, pod_commands=pod_commands)))]
 
 
 def pod_commands(ctx: ExportContext, *, port: int, multi_node: bool) -> tuple[str, str | None]:

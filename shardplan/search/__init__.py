@@ -1,6 +1,7 @@
 """recommend's search: candidate generators -> structural and bound prunes -> full cost -> ranking.
 
-Pure: no yaml, rich or typer; the CLI passes a progress callback and renders the result.
+Rules (tests/test_architecture.py): pure, imports no yaml, rich, typer or torch, and nothing
+from `plan`, `exporters`, `tasks`, `verify` or `cli`; the CLI passes a progress callback and renders the result.
 `serving.py` costs every replica and batch; `training.py` is an exact branch and bound over
 tp, cp, pp, dp, ep, micro-batch, virtual stages, SP, recomputation, ZeRO and offload. Ties
 break on a fixed key (fewer GPUs, smaller degrees, ...), so results are deterministic.

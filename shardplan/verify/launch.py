@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from shardplan.errors import CannotVerify, ShardplanError, VerifyRunFailed
-from shardplan.exporting import plan_spec
+from shardplan.plan.readback import plan_spec
 from shardplan.fileio import write_text_atomic
-from shardplan.manifest import load_manifest
-from shardplan.manifest_schema import DeploymentManifest
-from shardplan.verify.runspec import RunSpec, plan_run
+from shardplan.plan.manifest import load_manifest
+from shardplan.plan.schema import DeploymentManifest
+from shardplan.verify.runspec import RUN_DIR_ENV, RunSpec, plan_run
 
-RUN_DIR_ENV = "SHARDPLAN_VERIFY_RUN_DIR"  # also read by the worker
 CPU_RANKS_PER_CORE = 4  # gloo ranks per CPU core this machine may start (8 ranks on 2 cores)
 MIN_CPU_RANKS = 8
 KILL_GRACE_SECONDS = 3.0

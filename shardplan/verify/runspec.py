@@ -19,9 +19,13 @@ from typing import Any
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, TrainingWorkload
 from shardplan.errors import CannotVerify
-from shardplan.manifest_schema import DeploymentManifest
+from shardplan.plan.readback import plan_layout
+from shardplan.plan.schema import DeploymentManifest
 from shardplan.specs.model import ModelSpec, NormType, PositionEmbedding, QKNorm
 from shardplan.units import DType
+
+# The folder the launcher gives each rank for its result file (launch writes it, worker reads it).
+RUN_DIR_ENV = "SHARDPLAN_VERIFY_RUN_DIR"
 
 PROXY_HIDDEN_SIZE = 512  # at most this many hidden elements: heads x head_dim
 PROXY_MAX_VOCAB = 1024
@@ -103,16 +107,6 @@ class RunSpec:
         else:
             out["work"] = {"batch_size": self.batch_size, "prompt_len": self.prompt_len, "decode_steps": self.decode_steps}
         return out
-
-
-def layout_of(m: DeploymentManifest) -> Layout:
-    L = m.layout
-    return Layout(
-        tp=L.tp, pp=L.pp, dp=L.dp, cp=L.cp, ep=L.ep, etp=L.etp if L.ep > 1 else None, zero_stage=L.zero_stage, hybrid_shard=L.hybrid_shard,
-        sequence_parallel=L.sequence_parallel, recompute=Recompute(L.recompute), pp_schedule=PipelineSchedule(L.pp_schedule),
-        virtual_stages=L.virtual_stages, micro_batch_size=L.micro_batch_size,
-        offload_optimizer=Offload(L.offload_optimizer), offload_params=Offload(L.offload_params),
-    )
 
 
 def _refuse(field: str, what: str, hint: str) -> CannotVerify:
@@ -242,7 +236,7 @@ def _context_parallel_seq_len(seq: int, cp: int, *, shrink: bool) -> int:
 
 def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int = DEFAULT_STEPS) -> RunSpec:
     """The run for plan `m` of model `spec`. Raises CannotVerify for what verify does not run."""
-    layout = layout_of(m)
+    layout = plan_layout(m)
     training = m.workload.kind == "training"
     check_runnable(spec, layout, training=training)
     notes: list[str] = []

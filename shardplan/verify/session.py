@@ -8,8 +8,8 @@ from typing import Any
 
 from shardplan.cost.params import count_params
 from shardplan.errors import ShardplanError
-from shardplan.manifest_schema import DeploymentManifest
-from shardplan.options import cluster
+from shardplan.plan.schema import DeploymentManifest
+from shardplan.specs.cluster import cluster
 from shardplan.specs import loading
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.verify import worker

@@ -24,9 +24,8 @@ from torch.distributed.tensor import DTensor
 from shardplan.errors import VerifyRunFailed
 from shardplan.fileio import write_text_atomic
 from shardplan.verify import context, experts, measure, parallel, probes
-from shardplan.verify.launch import RUN_DIR_ENV
 from shardplan.verify.model import Decoder
-from shardplan.verify.runspec import RunSpec
+from shardplan.verify.runspec import RUN_DIR_ENV, RunSpec
 
 SEED = 1234
 LEARNING_RATE = 1e-3

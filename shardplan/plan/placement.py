@@ -42,7 +42,7 @@ from shardplan.cost.params import (
 from shardplan.cost.weights import bytes_per_weight_element
 from shardplan.cost.workload import Framework, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import ShardplanError
-from shardplan.manifest_schema import DeploymentManifest
+from shardplan.plan.schema import DeploymentManifest
 from shardplan.specs.model import ModelSpec
 from shardplan.units import DType
 

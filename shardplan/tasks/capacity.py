@@ -25,7 +25,7 @@ from shardplan.cost.estimate import estimate
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import ServingMemory, serving_memory
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
-from shardplan.options import OFFLOAD_CHOICES, offload_pair
+from shardplan.cost.inputs import OFFLOAD_CHOICES, offload_pair
 from shardplan.search import Goal, Objective, Space, search
 from shardplan.search.space import check_layout, gpu_counts, topology, tp_choices
 from shardplan.specs.hardware import HardwareProfile

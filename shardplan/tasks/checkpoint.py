@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from shardplan.errors import InputFileError, ShardplanError
-from shardplan.exporting import read_source_model
-from shardplan.manifest import load_manifest, spec_sha256
-from shardplan.manifest_schema import DeploymentManifest
-from shardplan.placement import Box, check_nameable, model_tensors, rank_holdings
-from shardplan.specs.loading import LoadedModel
+from shardplan.plan import readback
+from shardplan.plan.manifest import load_manifest
+from shardplan.plan.schema import DeploymentManifest
+from shardplan.plan.placement import Box, check_nameable, model_tensors, rank_holdings
 from shardplan.specs.model import ModelSpec
 from shardplan.units import parse_dtype
 
@@ -226,16 +225,6 @@ def check_tensors(spec: ModelSpec, stored: list[StoredTensor], dtype: str, sourc
     return by_name
 
 
-def plan_model(m: DeploymentManifest, source: str) -> LoadedModel:
-    """The plan's model (read as export reads it), which must still hash to what the plan
-    recorded."""
-    loaded = read_source_model(m, source)
-    if spec_sha256(loaded.spec) != m.model.spec_sha256:
-        raise ShardplanError(f"the model spec at {m.model.source} changed since the plan was written", source=source,
-                             field="model.spec_sha256", hint="re-plan from the spec with shardplan recommend")
-    return loaded
-
-
 # ----- byte ranges --------------------------------------------------------------------------
 
 
@@ -337,7 +326,7 @@ def plan_checkpoint(plan: Path, checkpoint: Path, *, dtype: str | None = None) -
     """The I/O edge of `shardplan checkpoint`: read the plan, its model and the checkpoint's
     headers, check them against each other, and return the loading plan."""
     m = load_manifest(plan)
-    spec = plan_model(m, str(plan)).spec
+    spec = readback.checked_model(m, str(plan)).spec
     check_nameable(spec, str(plan))
     folder, stored, sizes = read_checkpoint(checkpoint)
     return loading_plan(m, spec, folder, stored, sizes, dtype=expected_dtype(spec, dtype), source=str(plan))

@@ -14,19 +14,22 @@ import yaml
 
 from enum import Enum
 
-from shardplan import __version__, fileio, options, plots, render
-from shardplan.capacity import default_max_gpus, serving_capacity, training_capacity
+from shardplan import __version__, fileio
+from shardplan.cli import plots, render
+from shardplan.cost import inputs as options
+from shardplan.specs import cluster
+from shardplan.tasks.capacity import default_max_gpus, serving_capacity, training_capacity
 from shardplan.cost.estimate import estimate as run_estimate
 from shardplan.cost.layout import PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_INTERNAL, EXIT_VERIFY_MISMATCH, ShardplanError
 from shardplan.exporters import TARGETS, ExportOptions
-from shardplan.exporting import export_plan
-from shardplan.manifest import load_manifest, manifest_json_schema
-from shardplan.recommend import recommend as run_recommend
-from shardplan.recommend import with_allowed_dtypes
+from shardplan.tasks.export import export_plan
+from shardplan.plan.manifest import load_manifest, manifest_json_schema
+from shardplan.tasks.recommend import recommend as run_recommend
+from shardplan.tasks.recommend import with_allowed_dtypes
 from shardplan.search import Goal, Objective, Space
-from shardplan.report import hardware_report, model_report
+from shardplan.tasks.catalog import hardware_report, model_report
 from shardplan.specs import loading
 
 EXIT_CODES_HELP = (
@@ -205,7 +208,7 @@ def estimate(
     that cannot exist."""
     _check_plot(plot)
     loaded = loading.load_model(model)
-    hw = options.cluster(loading.load_hardware(hardware), gpus=gpus, nodes=nodes, gpus_per_node=gpus_per_node)
+    hw = cluster.cluster(loading.load_hardware(hardware), gpus=gpus, nodes=nodes, gpus_per_node=gpus_per_node)
     layout = options.layout_from_options(
         num_gpus=hw.num_gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero_stage=zero_stage,
         hybrid_shard=hybrid_shard, sequence_parallel=sequence_parallel, recompute=recompute.value,
@@ -305,14 +308,14 @@ def recommend(
     loaded = loading.load_model(model)
     base = loading.load_hardware(hardware)
     if max_gpus is None:
-        hw = options.cluster(base, gpus=gpus, nodes=nodes, gpus_per_node=gpus_per_node)
+        hw = cluster.cluster(base, gpus=gpus, nodes=nodes, gpus_per_node=gpus_per_node)
         num_gpus: Optional[int] = hw.num_gpus
         hw = hw.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1)
     else:
         if gpus is not None or nodes is not None:
             raise ShardplanError("give either --gpus/--nodes or --max-gpus", field="--max-gpus", hint="drop one of them")
-        options.at_most(max_gpus, options.MAX_GPUS, "--max-gpus")
-        options.at_most(gpus_per_node, options.MAX_GPUS, "--gpus-per-node")
+        cluster.at_most(max_gpus, cluster.MAX_GPUS, "--max-gpus")
+        cluster.at_most(gpus_per_node, cluster.MAX_GPUS, "--gpus-per-node")
         hw, num_gpus = base.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1), None
     wl = _workload(locals())
     training = isinstance(wl, TrainingWorkload)
@@ -473,7 +476,7 @@ def checkpoint_cmd(
     against the model, and reports per rank the files, byte ranges and total bytes, and the
     total per node. A missing, extra or mis-shaped tensor, or an index entry outside the
     folder, exits 2 naming it."""
-    from shardplan.checkpoint import plan_checkpoint
+    from shardplan.tasks.checkpoint import plan_checkpoint
 
     result = plan_checkpoint(plan, checkpoint_dir, dtype=dtype)
     render.emit(result, json_out, render.checkpoint_report)
@@ -497,14 +500,15 @@ def replan_cmd(
     states) each new rank must receive from the old ranks. Chooses the layout that moves least
     among those within --margin of the best, writes its manifest and the move list (which
     tensor slice goes from which old rank to which new rank). Exit 3 when nothing fits."""
-    from shardplan.replan import plan_hardware, replan
+    from shardplan.plan.readback import plan_hardware
+    from shardplan.tasks.replan import replan
 
     if (gpus is None) == (nodes is None):
         raise ShardplanError("give the changed cluster as --gpus N or --nodes N", field="--gpus", hint="give one of them")
     old = load_manifest(plan)
     base = plan_hardware(old, str(plan), hardware)
     gpn = old.hardware.gpus_per_node if old.hardware.num_nodes > 1 else base.gpus_per_node
-    n = options.cluster(base, gpus=gpus, nodes=nodes, gpus_per_node=gpn).num_gpus
+    n = cluster.cluster(base, gpus=gpus, nodes=nodes, gpus_per_node=gpn).num_gpus
     hw = base.with_topology(gpus_per_node=gpn, num_nodes=1)
     result = replan(old, source=str(plan), hw=hw, num_gpus=n, margin=margin, top_k=top_k,
                     objective=objective.value if objective else None, manifest_path=output, moves_path=moves)
@@ -543,7 +547,8 @@ def verify_cmd(
     WORLD_SIZE set, e.g. the torchrun or slurm export on a cluster) it runs as one rank.
     Exit 4 when a component or the numerics are out of tolerance, 5 when a rank raised, died or
     hung (the report names it), 2 for a plan it cannot run here."""
-    from shardplan.verify.launch import RUN_DIR_ENV, is_worker, verify_plan
+    from shardplan.verify.launch import is_worker, verify_plan
+    from shardplan.verify.runspec import RUN_DIR_ENV
 
     result = verify_plan(plan, backend=backend.value, scale=scale.value if scale else None, steps=steps,
                          timeout_seconds=timeout, report_path=report)
@@ -570,7 +575,7 @@ def calibrate_cmd(
     with its source line); pass the file to --hardware and later estimates use it.
 
     Exit 2 for a report from a CPU run, a failed run, or one without probes."""
-    from shardplan.calibrate import calibrate, parse_report
+    from shardplan.tasks.calibrate import calibrate, parse_report
 
     parsed = parse_report(loading.read_structured(report), str(report))
     base_path = loading.hardware_path(hardware)

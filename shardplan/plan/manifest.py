@@ -26,7 +26,7 @@ from shardplan.cost.params import block_weights, embedding_weights, head_weights
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import InputFileError
 from shardplan.fileio import write_text_atomic
-from shardplan.manifest_schema import (
+from shardplan.plan.schema import (
     MESH_AXIS_ORDER,
     SCHEMA_VERSION,
     DeploymentManifest,

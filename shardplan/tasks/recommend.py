@@ -11,8 +11,8 @@ from shardplan.cost.estimate import estimate
 from shardplan.cost.layout import PipelineSchedule, Recompute
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
 from shardplan.errors import ShardplanError
-from shardplan.manifest import build_manifest, write_manifest
-from shardplan.options import offload_pair
+from shardplan.plan.manifest import build_manifest, write_manifest
+from shardplan.cost.inputs import offload_pair
 from shardplan.search import Goal, SearchResult, Space, search
 from shardplan.search import explain
 from shardplan.search.space import BUDGET_SPENT, Progress

@@ -24,18 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from shardplan.cost.estimate import estimate
-from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
+from shardplan.cost.workload import InferenceWorkload
 from shardplan.errors import ShardplanError
 from shardplan.fileio import write_text_atomic
-from shardplan.checkpoint import plan_model
-from shardplan.manifest import DeploymentManifest, build_manifest, write_manifest
-from shardplan.placement import Box, box_numel, bytes_per_element, check_nameable, rank_holdings, states
+from shardplan.plan import readback
+from shardplan.plan.manifest import DeploymentManifest, build_manifest, write_manifest
+from shardplan.plan.placement import Box, box_numel, bytes_per_element, check_nameable, rank_holdings, states
 from shardplan.search import Goal, Objective, Space, search
 from shardplan.search import explain
-from shardplan.specs import loading
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
-from shardplan.units import DType
 
 ROUTES = ("local", "intra_node", "inter_node")
 
@@ -165,27 +163,6 @@ def move_summary(moves: list[Move], num_ranks: int, gpus_per_node: int) -> dict[
 # ----- the old plan's inputs ---------------------------------------------------------------------
 
 
-def plan_hardware(m: DeploymentManifest, source: str, override: str | None) -> HardwareProfile:
-    hw = loading.load_hardware(override or m.hardware.profile_name)
-    if hw.gpu_model != m.hardware.gpu_model:
-        raise ShardplanError(f"profile '{hw.name}' is a {hw.gpu_model}, the plan's GPUs are {m.hardware.gpu_model}",
-                             source=source, field="hardware.profile_name", hint="pass --hardware with the plan's profile")
-    return hw
-
-
-def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload:
-    w = m.workload.model_dump()
-    w.pop("kind")
-    if m.workload.kind == "training":
-        return TrainingWorkload(**{**w, "optimizer": Optimizer(w["optimizer"]), "framework": Framework(w["framework"]),
-                                   "param_dtype": DType(w["param_dtype"]),
-                                   "activation_dtype": DType(w["activation_dtype"])})
-    kv = w["kv_cache_dtype"]
-    return InferenceWorkload(**{**w, "kv_cache_dtype": DType(kv) if kv else None,
-                                "activation_dtype": DType(w["activation_dtype"]),
-                                "quantization": Quantization(w["quantization"])})
-
-
 def _default_objective(m: DeploymentManifest) -> Objective:
     if m.objective is not None:
         return Objective(m.objective)
@@ -203,10 +180,10 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
     nothing fits on the new count (the CLI exits 3)."""
     if not 0 <= margin < 1:
         raise ShardplanError(f"margin {margin} is not a fraction in [0, 1)", field="--margin", hint="e.g. 0.05")
-    loaded = plan_model(old, source)
+    loaded = readback.checked_model(old, source)
     spec = loaded.spec
     check_nameable(spec, source)
-    workload = plan_workload(old)
+    workload = readback.plan_workload(old)
     goal = Goal(objective=Objective(objective) if objective else _default_objective(old), top_k=top_k * 8)
     space = Space()
     if isinstance(workload, InferenceWorkload):
@@ -284,5 +261,5 @@ def write_moves(path: Path, old: DeploymentManifest, new: DeploymentManifest, so
     write_text_atomic(path, text)
 
 
-__all__ = ["Move", "moves_between", "move_summary", "replan", "intersect", "subtract", "plan_workload",
-           "plan_hardware", "plan_model", "write_moves"]
+__all__ = ["Move", "moves_between", "move_summary", "replan", "intersect", "subtract", 
+           "write_moves"]

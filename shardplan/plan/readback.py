@@ -1,0 +1,142 @@
+"""The one place a plan file turns back into inputs: its model (the spec at `model.source`,
+hash-checked against `model.spec_sha256`), hardware profile, workload and layout.
+
+Export, checkpoint, replan and verify all read plans through here, so a plan means the same
+thing to each of them. This module does no parsing of its own: files are read through
+`specs.loading` (bounded, regular files only) and `plan.manifest`; it imports no yaml, rich
+or typer (tests/test_architecture.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
+from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
+from shardplan.errors import ShardplanError, UnknownNameError
+from shardplan.plan.manifest import load_manifest, spec_sha256
+from shardplan.plan.schema import DeploymentManifest
+from shardplan.specs import loading
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import ModelSpec
+from shardplan.units import DType
+
+BUNDLED_PREFIX = "bundled:"
+
+
+def source_model(m: DeploymentManifest, plan: str | None = None) -> loading.LoadedModel:
+    """The model at the plan's `model.source`: a bundled name (`bundled:<name>` names the catalog
+    only, never a path), or a model file. The plan may be anyone's, so the path is read as a
+    model spec and nothing else (regular files, size-limited). Raises ShardplanError."""
+    src = m.model.source
+    if src.startswith(BUNDLED_PREFIX):
+        name = src.removeprefix(BUNDLED_PREFIX)
+        if name not in loading.bundled_names(loading.model_specs_dir()):
+            raise UnknownNameError(f"no bundled model named {name!r}", source=plan, field="model.source",
+                                   hint="run `shardplan models` for the list, or re-plan")
+        src = name
+    return loading.load_model(src)
+
+
+def source_spec(m: DeploymentManifest) -> ModelSpec | None:
+    """The spec at the plan's `model.source` when it can be read, else None (it may live on
+    another machine: exporters that need only the manifest still work)."""
+    try:
+        return source_model(m).spec
+    except ShardplanError:
+        return None
+
+
+def matches_plan(spec: ModelSpec, m: DeploymentManifest) -> bool:
+    """The spec hashes to what the plan recorded when it was written."""
+    return spec_sha256(spec) == m.model.spec_sha256
+
+
+def _changed(m: DeploymentManifest, plan: str | None) -> ShardplanError:
+    return ShardplanError(f"the model spec at {m.model.source} has changed since this plan was made", source=plan,
+                          field="model.spec_sha256", hint="re-plan from the spec with shardplan recommend")
+
+
+def plan_spec(m: DeploymentManifest) -> ModelSpec | None:
+    """The plan's model spec when its source still exists and hashes to what the plan recorded;
+    None when it is missing or changed."""
+    spec = source_spec(m)
+    return spec if spec is not None and matches_plan(spec, m) else None
+
+
+def checked_model(m: DeploymentManifest, plan: str | None = None) -> loading.LoadedModel:
+    """The plan's model, which must be readable and still hash to what the plan recorded."""
+    loaded = source_model(m, plan)
+    if not matches_plan(loaded.spec, m):
+        raise _changed(m, plan)
+    return loaded
+
+
+def optional_checked_spec(m: DeploymentManifest, plan: str | None = None) -> ModelSpec | None:
+    """The plan's spec if it can be read (None if not), refusing one that changed since."""
+    spec = source_spec(m)
+    if spec is not None and not matches_plan(spec, m):
+        raise _changed(m, plan)
+    return spec
+
+
+def plan_hardware(m: DeploymentManifest, plan: str | None = None, override: str | None = None) -> HardwareProfile:
+    """The plan's hardware profile (or `override`, which must describe the same GPU), at the
+    profile's own size: callers size it to a cluster with `specs.cluster.cluster`."""
+    hw = loading.load_hardware(override or m.hardware.profile_name)
+    if hw.gpu_model != m.hardware.gpu_model:
+        raise ShardplanError(f"profile '{hw.name}' is a {hw.gpu_model}, the plan's GPUs are {m.hardware.gpu_model}",
+                             source=plan, field="hardware.profile_name", hint="pass --hardware with the plan's profile")
+    return hw
+
+
+def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload:
+    """The workload the plan was costed for, as the cost model's own type."""
+    w = m.workload.model_dump()
+    w.pop("kind")
+    if m.workload.kind == "training":
+        return TrainingWorkload(**{**w, "optimizer": Optimizer(w["optimizer"]), "framework": Framework(w["framework"]),
+                                   "param_dtype": DType(w["param_dtype"]),
+                                   "activation_dtype": DType(w["activation_dtype"])})
+    kv = w["kv_cache_dtype"]
+    return InferenceWorkload(**{**w, "kv_cache_dtype": DType(kv) if kv else None,
+                                "activation_dtype": DType(w["activation_dtype"]),
+                                "quantization": Quantization(w["quantization"])})
+
+
+def plan_layout(m: DeploymentManifest) -> Layout:
+    """The plan's parallel layout as the cost model's `Layout`."""
+    L = m.layout
+    return Layout(
+        tp=L.tp, pp=L.pp, dp=L.dp, cp=L.cp, ep=L.ep, etp=L.etp if L.ep > 1 else None, zero_stage=L.zero_stage,
+        hybrid_shard=L.hybrid_shard, sequence_parallel=L.sequence_parallel, recompute=Recompute(L.recompute),
+        pp_schedule=PipelineSchedule(L.pp_schedule), virtual_stages=L.virtual_stages,
+        micro_batch_size=L.micro_batch_size, offload_optimizer=Offload(L.offload_optimizer),
+        offload_params=Offload(L.offload_params),
+    )
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything a plan file stands for, read back and checked."""
+
+    manifest: DeploymentManifest
+    source: str
+    model: loading.LoadedModel
+    hardware: HardwareProfile
+    workload: InferenceWorkload | TrainingWorkload
+    layout: Layout
+
+
+def read_plan(path: Path, *, hardware_override: str | None = None) -> PlanInputs:
+    """Load a manifest and everything it names; the model must still hash to the plan's."""
+    m = load_manifest(path)
+    source = str(path)
+    return PlanInputs(manifest=m, source=source, model=checked_model(m, source),
+                      hardware=plan_hardware(m, source, hardware_override), workload=plan_workload(m),
+                      layout=plan_layout(m))
+
+
+__all__ = ["PlanInputs", "read_plan", "source_model", "source_spec", "plan_spec", "checked_model",
+           "optional_checked_spec", "matches_plan", "plan_hardware", "plan_workload", "plan_layout"]
