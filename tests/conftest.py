@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-VALIDATION = SHARED / "validation"
+VALIDATION = REPO / "tests" / "data" / "validation"  # published figures, each with its source
 
 
 @dataclass
@@ -44,7 +43,7 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
 def validation_file(name: str) -> Path:
     path = VALIDATION / name
     if not path.is_file():
-        pytest.fail(f"validation data missing: {path} (CI runs with ../shared beside the repo)")
+        pytest.fail(f"validation data missing: {path} (tests/data/validation is part of the repository)")
     return path
 
 

@@ -25,7 +25,7 @@ from shardplan.exporters.base import GIB, argv, flag_table
 from shardplan.plan.manifest import write_manifest
 from shardplan.specs.loading import load_model
 
-SNAPSHOTS = Path(__file__).parent / "snapshots" / "exports"
+SNAPSHOTS = Path(__file__).parents[1] / "snapshots" / "exports"
 UPDATE = os.environ.get("SHARDPLAN_UPDATE_SNAPSHOTS") == "1"
 
 
@@ -208,7 +208,7 @@ def test_every_engine_flag_is_in_the_pinned_versions_list(target):
 
 
 def test_flag_lists_name_their_version_and_source():
-    for path in (Path(__file__).parents[1] / "shardplan" / "exporters" / "flags").glob("*.yaml"):
+    for path in (Path(__file__).parents[2] / "shardplan" / "exporters" / "flags").glob("*.yaml"):
         t = flag_table(path.stem)
         assert t.version and t.version[0].isdigit(), path.name
         assert all(s.startswith("https://") for s in t.sources), path.name

@@ -26,7 +26,7 @@ from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import InputFileError, ShardplanError
 from shardplan.specs.loading import load_model
 
-SNAPSHOT = Path(__file__).parent / "snapshots" / "manifest_schema.json"
+SNAPSHOT = Path(__file__).parents[1] / "snapshots" / "manifest_schema.json"
 
 
 def _build(model: str, gpus: int, layout: Layout, workload, gpus_per_node: int | None = None, **extra):
@@ -219,11 +219,11 @@ def test_same_inputs_give_same_bytes_in_this_and_another_process():
     first = mf.dump_manifest(_build("llama-3.1-70b", 16, Layout(tp=8, pp=2, zero_stage=1), TrainingWorkload())[0])
     assert first == mf.dump_manifest(training_70b()[0])
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import test_manifest as t; "
+        "import sys; sys.path[:0] = sys.argv[1:3]; import test_manifest as t; "
         "sys.stdout.write(t.mf.dump_manifest(t.training_70b()[0]))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(Path(__file__).parents[1])], capture_output=True, text=True,
                          env=env, check=True).stdout
     assert out == first
 
