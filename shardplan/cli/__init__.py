@@ -5,6 +5,6 @@ console; nothing else under `shardplan/` imports `shardplan.cli`. Commands parse
 call one task, and hand its typed result to a renderer (`render_*.py`) or to `--json`.
 """
 
-from shardplan.cli.app import app, main
+from shardplan.cli.main import app, main
 
 __all__ = ["app", "main"]

@@ -1,0 +1,93 @@
+"""`shardplan capacity`: how much hardware a model needs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+
+from shardplan.cli import render_capacity, render_common
+from shardplan.cost import inputs as options
+from shardplan.tasks.capacity import default_max_gpus, serving_capacity, training_capacity
+from shardplan.cost.workload import Framework, Optimizer
+from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
+from shardplan.specs import loading
+
+from shardplan.cli.app import app, JsonOpt
+from shardplan.cli.options import (
+    SEARCH,
+    BlockSizeOpt,
+    EnforceEagerOpt,
+    FlashAttentionOpt,
+    FrameworkOpt,
+    GlobalBatchSizeOpt,
+    GpuMemoryUtilizationOpt,
+    GpusPerNodeOpt,
+    HardwareOpt,
+    KvCacheDtypeOpt,
+    MaxNumBatchedTokensOpt,
+    MaxNumSeqsOpt,
+    ModelOpt,
+    OptimizerOpt,
+    SERVE,
+    SeqLenOpt,
+    WorkloadKind,
+    WorkloadOpt,
+)
+
+
+@app.command()
+def capacity(
+    model: ModelOpt,
+    hardware: HardwareOpt = "h100-sxm-80gb",
+    gpus_per_node: GpusPerNodeOpt = None,
+    workload: WorkloadOpt = WorkloadKind.INFERENCE,
+    max_gpus: Annotated[Optional[int], typer.Option(min=1, help="Largest GPU count to consider (default: 64 nodes' worth).", rich_help_panel=SEARCH)] = None,
+    context: Annotated[int, typer.Option(min=1, help="Serving: tokens per sequence (vLLM's max_model_len) the GPUs must hold.", rich_help_panel=SERVE)] = 8192,
+    concurrency: Annotated[int, typer.Option(min=1, help="Serving: sequences of --context tokens held at once.", rich_help_panel=SERVE)] = 1,
+    max_num_seqs: MaxNumSeqsOpt = 256,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = 8192,
+    gpu_memory_utilization: GpuMemoryUtilizationOpt = 0.9,
+    block_size: BlockSizeOpt = 16,
+    kv_cache_dtype: KvCacheDtypeOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
+    seq_len: SeqLenOpt = 4096,
+    global_batch_size: GlobalBatchSizeOpt = 512,
+    optimizer: OptimizerOpt = Optimizer.ADAMW,
+    framework: FrameworkOpt = Framework.ZERO,
+    flash_attention: FlashAttentionOpt = True,
+    json_out: JsonOpt = False,
+) -> None:
+    """How much hardware does this model need? Serving: the fewest GPUs (and nodes) for each
+    weight format (bf16, fp8, int8, int4) to hold --concurrency sequences of --context tokens,
+    with the layout and its per-GPU memory; and for each tensor-parallel size, the longest
+    context and the most sequences. Says when quantizing removes the need to shard.
+    Training (--workload training): the fewest GPUs for each ZeRO stage and offload choice at
+    --seq-len and --global-batch-size, with the fastest layout there.
+
+    GPU counts are those recommend searches (powers of two in a node, then whole nodes) up to
+    --max-gpus. Exit 0; 3 when nothing fits within --max-gpus."""
+    loaded = loading.load_model(model)
+    base = loading.load_hardware(hardware)
+    hw = base.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1)
+    limit = max_gpus or default_max_gpus(hw)
+    if workload is WorkloadKind.TRAINING:
+        wl_t = options.training_workload(seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer.value,
+                                         framework=framework.value, flash_attention=flash_attention, dropout=False)
+        result = training_capacity(loaded.spec, hw, wl_t, max_gpus=limit)
+        found = any(r["min_num_gpus"] for r in result["rows"])
+    else:
+        if concurrency > max_num_seqs:
+            raise ShardplanError(f"--concurrency {concurrency} exceeds --max-num-seqs {max_num_seqs}, the most the engine runs at once",
+                                 field="--concurrency", hint=f"add --max-num-seqs {concurrency}")
+        wl_s = options.inference_workload(
+            max_model_len=context, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
+            weight_dtype=None, quantization=None, enforce_eager=enforce_eager, input_len=1024, output_len=128, batch_size=None,
+        )
+        result = serving_capacity(loaded.spec, hw, wl_s, concurrency=concurrency, max_gpus=limit)
+        found = any(r["min_num_gpus"] for r in result["formats"])
+    render_common.emit(result, json_out, render_capacity.capacity_report)
+    if not found:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)

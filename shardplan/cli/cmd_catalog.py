@@ -1,0 +1,55 @@
+"""`shardplan models` and `shardplan hardware`: the bundled catalogs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+
+from shardplan.cli import render_catalog, render_common
+from shardplan.tasks.catalog import hardware_report, model_report
+from shardplan.specs import loading
+
+from shardplan.cli.app import models_app, hardware_app, JsonOpt
+
+
+@models_app.callback(invoke_without_command=True)
+def models_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """List the bundled model specs with their parameter counts."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = [model_report(m) for m in loading.list_models()]
+    render_common.emit(rows, json_out, render_catalog.models_table)
+
+
+@models_app.command("show")
+def models_show(
+    model: Annotated[str, typer.Argument(help="Bundled name (e.g. llama-3.1-70b), config.json, a directory, or a YAML spec.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Parameter breakdown, total and active counts, KV bytes per token and head/expert facts."""
+    r = model_report(loading.load_model(model))
+    render_common.emit(r, json_out, render_catalog.model_detail)
+
+
+@hardware_app.callback(invoke_without_command=True)
+def hardware_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """List the bundled hardware profiles."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = [hardware_report(h) for h in loading.list_hardware()]
+    render_common.emit(rows, json_out, render_catalog.hardware_table)
+
+
+@hardware_app.command("show")
+def hardware_show(
+    hardware: Annotated[str, typer.Argument(help="Bundled name (e.g. h100-sxm-80gb) or a YAML profile.")],
+    gpus_per_node: Annotated[Optional[int], typer.Option(min=1, help="Override GPUs per node.")] = None,
+    nodes: Annotated[Optional[int], typer.Option(min=1, help="Number of nodes.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """GPU, node and link figures of one profile, with their sources in --json."""
+    hw = loading.load_hardware(hardware).with_topology(gpus_per_node=gpus_per_node, num_nodes=nodes)
+    r = hardware_report(hw)
+    render_common.emit(r, json_out, render_catalog.hardware_detail)

@@ -1,0 +1,102 @@
+"""`export`, `checkpoint` and `replan`: from a plan to a running deployment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+from shardplan.cli import render_common, render_deploy
+from shardplan.specs import cluster
+from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
+from shardplan.exporters import TARGETS, ExportOptions
+from shardplan.tasks.export import export_plan
+from shardplan.plan.manifest import load_manifest
+
+from shardplan.cli.app import app, JsonOpt
+from shardplan.cli.options import ObjectiveChoice
+
+
+ToOpt = Annotated[str, typer.Option("--to", help=f"Target: {', '.join(TARGETS)}.", show_default=False)]
+
+
+@app.command("export")
+def export_cmd(
+    plan: Annotated[Path, typer.Argument(help="A manifest written by `shardplan recommend -o`.")],
+    to: ToOpt,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Folder to write the files into (created if missing); default: print them.")] = None,
+    model_path: Annotated[Optional[str], typer.Option(help="Checkpoint path or Hugging Face id the engine loads (default: the plan's hf_id).")] = None,
+    script: Annotated[Optional[str], typer.Option(help="Training: the script and arguments each rank runs (default: `shardplan verify PLAN`; deepspeed/accelerate: train.py).")] = None,
+    image: Annotated[Optional[str], typer.Option(help="kubernetes: container image (default: the engine's release image).")] = None,
+    port: Annotated[Optional[int], typer.Option(min=1, max=65535, help="Serving port (first replica) or rendezvous port.")] = None,
+    nvme_path: Annotated[str, typer.Option(help="deepspeed: folder NVMe offload writes to.")] = "/local_nvme",
+    engine: Annotated[str, typer.Option(help="kubernetes: serving engine the pods run (vllm, sglang, tgi, trtllm).")] = "vllm",
+    json_out: JsonOpt = False,
+) -> None:
+    """Turn a plan into what a deployment tool takes: engine command lines (vllm, sglang, tgi,
+    trtllm), training configs and launchers (deepspeed, torchrun, slurm, accelerate), Kubernetes
+    objects, or a JAX mesh. Flags are pinned to a stated version of each tool. A plan the target
+    cannot express (e.g. pipeline stages for TGI, ZeRO for a serving engine) exits 2 saying why;
+    a plan that does not fit exits 3. Files are written atomically."""
+    opts = ExportOptions(model_path=model_path, script=script, plan_file=str(plan), image=image, port=port,
+                         nvme_path=nvme_path, engine=engine)
+    result = export_plan(plan, to, opts, output)
+    if json_out:
+        render_common.print_json(result)
+    else:
+        render_deploy.export_report(result, written=output is not None)
+
+
+@app.command("checkpoint")
+def checkpoint_cmd(
+    plan: Annotated[Path, typer.Argument(help="A manifest written by `shardplan recommend -o`.")],
+    checkpoint_dir: Annotated[Path, typer.Argument(help="A safetensors checkpoint: a folder with model.safetensors.index.json or one .safetensors file (or that file).")],
+    dtype: Annotated[Optional[str], typer.Option(help="The tensors' dtype (default: the model spec's, e.g. bf16).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Which bytes of a safetensors checkpoint each rank reads for this plan. Reads the index and
+    the file headers only (never tensor data), checks every tensor's name, shape and dtype
+    against the model, and reports per rank the files, byte ranges and total bytes, and the
+    total per node. A missing, extra or mis-shaped tensor, or an index entry outside the
+    folder, exits 2 naming it."""
+    from shardplan.tasks.checkpoint import plan_checkpoint
+
+    result = plan_checkpoint(plan, checkpoint_dir, dtype=dtype)
+    render_common.emit(result, json_out, render_deploy.checkpoint_report)
+
+
+@app.command("replan")
+def replan_cmd(
+    plan: Annotated[Path, typer.Argument(help="The current plan (a manifest written by `shardplan recommend -o`).")],
+    gpus: Annotated[Optional[int], typer.Option(min=1, help="GPUs of the changed cluster.")] = None,
+    nodes: Annotated[Optional[int], typer.Option(min=1, help="Nodes of the changed cluster (the plan's GPUs per node).")] = None,
+    hardware: Annotated[Optional[str], typer.Option("--hardware", "-H", help="Hardware profile (default: the plan's).")] = None,
+    margin: Annotated[float, typer.Option(min=0, max=0.99, help="Take the layout that moves least among those within this fraction of the best objective.")] = 0.05,
+    objective: Annotated[Optional[ObjectiveChoice], typer.Option(help="Rank by this instead of the plan's objective.")] = None,
+    top_k: Annotated[int, typer.Option("--top", min=1, help="Candidate layouts to cost the move of.")] = 5,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the chosen plan's manifest here (and its move list beside it).")] = None,
+    moves: Annotated[Optional[Path], typer.Option(help="Write the move list here (.json, or .yaml); default: beside -o as NAME.moves.json.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """A new plan for a changed cluster (--gpus N or --nodes N), ranked like recommend, with the
+    cost of getting there: for each candidate, the bytes of weights (training: and optimizer
+    states) each new rank must receive from the old ranks. Chooses the layout that moves least
+    among those within --margin of the best, writes its manifest and the move list (which
+    tensor slice goes from which old rank to which new rank). Exit 3 when nothing fits."""
+    from shardplan.plan.readback import plan_hardware
+    from shardplan.tasks.replan import replan
+
+    if (gpus is None) == (nodes is None):
+        raise ShardplanError("give the changed cluster as --gpus N or --nodes N", field="--gpus", hint="give one of them")
+    old = load_manifest(plan)
+    base = plan_hardware(old, str(plan), hardware)
+    gpn = old.hardware.gpus_per_node if old.hardware.num_nodes > 1 else base.gpus_per_node
+    n = cluster.cluster(base, gpus=gpus, nodes=nodes, gpus_per_node=gpn).num_gpus
+    hw = base.with_topology(gpus_per_node=gpn, num_nodes=1)
+    result = replan(old, source=str(plan), hw=hw, num_gpus=n, margin=margin, top_k=top_k,
+                    objective=objective.value if objective else None, manifest_path=output, moves_path=moves)
+    render_common.emit(result, json_out, render_deploy.replan_report)
+    if result["chosen"] is None:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)

@@ -1,0 +1,302 @@
+"""`estimate`, `recommend`, `show` and `schema`: one layout, the search, and the plan file."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+from shardplan.cli import plots, render_common, render_deploy, render_plan
+from shardplan.cost import inputs as options
+from shardplan.specs import cluster
+from shardplan.cost.estimate import estimate as run_estimate
+from shardplan.cost.layout import PipelineSchedule, Recompute
+from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, TrainingWorkload
+from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
+from shardplan.exporters import TARGETS, ExportOptions
+from shardplan.tasks.export import export_plan
+from shardplan.plan.manifest import load_manifest, manifest_json_schema
+from shardplan.tasks.recommend import recommend as run_recommend
+from shardplan.tasks.recommend import with_allowed_dtypes
+from shardplan.search import Goal, Objective, Space
+from shardplan.specs import loading
+
+from shardplan.cli.app import app, JsonOpt
+from shardplan.cli.options import (
+    PIN,
+    SEARCH,
+    ObjectiveChoice,
+    BatchSizeOpt,
+    BlockSizeOpt,
+    DropoutOpt,
+    EnforceEagerOpt,
+    FlashAttentionOpt,
+    FrameworkOpt,
+    GlobalBatchSizeOpt,
+    GpuMemoryUtilizationOpt,
+    GpusOpt,
+    GpusPerNodeOpt,
+    HardwareOpt,
+    InputLenOpt,
+    KvCacheDtypeOpt,
+    LAYOUT,
+    MaxModelLenOpt,
+    MaxNumBatchedTokensOpt,
+    MaxNumSeqsOpt,
+    ModelOpt,
+    NodesOpt,
+    OffloadChoice,
+    OptimizerOpt,
+    OutputLenOpt,
+    OverlapGradReduceOpt,
+    QuantizationOpt,
+    SeqLenOpt,
+    WeightDtypeOpt,
+    WorkloadKind,
+    WorkloadOpt,
+)
+
+
+@app.command()
+def estimate(
+    model: ModelOpt,
+    hardware: HardwareOpt = "h100-sxm-80gb",
+    gpus: GpusOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    workload: WorkloadOpt = WorkloadKind.INFERENCE,
+    tp: Annotated[int, typer.Option(min=1, help="Tensor-parallel degree.", rich_help_panel=LAYOUT)] = 1,
+    pp: Annotated[int, typer.Option(min=1, help="Pipeline-parallel stages.", rich_help_panel=LAYOUT)] = 1,
+    dp: Annotated[Optional[int], typer.Option(min=1, help="Data-parallel degree (default: GPUs / (tp x pp x cp)).", rich_help_panel=LAYOUT)] = None,
+    ep: Annotated[int, typer.Option(min=1, help="Expert-parallel degree (folds over dp x cp x tp).", rich_help_panel=LAYOUT)] = 1,
+    etp: Annotated[Optional[int], typer.Option(min=1, help="Expert tensor-parallel degree (default: tp without EP, 1 with).", rich_help_panel=LAYOUT)] = None,
+    cp: Annotated[int, typer.Option(min=1, help="Context-parallel degree (training).", rich_help_panel=LAYOUT)] = 1,
+    zero_stage: Annotated[int, typer.Option(min=0, max=3, help="ZeRO stage: 1 optimizer, 2 +gradients, 3 +parameters (FSDP full shard).", rich_help_panel=LAYOUT)] = 0,
+    hybrid_shard: Annotated[bool, typer.Option(help="Shard ZeRO/FSDP states only within a node (HSDP).", rich_help_panel=LAYOUT)] = False,
+    sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallelism (needs tp > 1).", rich_help_panel=LAYOUT)] = False,
+    recompute: Annotated[Recompute, typer.Option(help="Activation recomputation.", rich_help_panel=LAYOUT)] = Recompute.NONE,
+    pp_schedule: Annotated[PipelineSchedule, typer.Option(help="Pipeline schedule.", rich_help_panel=LAYOUT)] = PipelineSchedule.ONE_F_ONE_B,
+    virtual_stages: Annotated[int, typer.Option(min=1, help="Model chunks per GPU (interleaved schedule).", rich_help_panel=LAYOUT)] = 1,
+    micro_batch_size: Annotated[int, typer.Option(min=1, help="Sequences per micro-batch.", rich_help_panel=LAYOUT)] = 1,
+    offload: Annotated[OffloadChoice, typer.Option(help="Offload optimizer states (and parameters) to CPU or NVMe.", rich_help_panel=LAYOUT)] = OffloadChoice.NONE,
+    max_model_len: MaxModelLenOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = 256,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = 8192,
+    gpu_memory_utilization: GpuMemoryUtilizationOpt = 0.9,
+    block_size: BlockSizeOpt = 16,
+    kv_cache_dtype: KvCacheDtypeOpt = None,
+    weight_dtype: WeightDtypeOpt = None,
+    quantization: QuantizationOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
+    input_len: InputLenOpt = 1024,
+    output_len: OutputLenOpt = 128,
+    batch_size: BatchSizeOpt = None,
+    seq_len: SeqLenOpt = 4096,
+    global_batch_size: GlobalBatchSizeOpt = 512,
+    optimizer: OptimizerOpt = Optimizer.ADAMW,
+    framework: FrameworkOpt = Framework.ZERO,
+    flash_attention: FlashAttentionOpt = True,
+    dropout: DropoutOpt = False,
+    overlap_grad_reduce: OverlapGradReduceOpt = True,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw each pipeline stage's per-GPU memory as stacked bars against the device's capacity, to FILE.png or FILE.svg (needs the plot extra).", show_default=False)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Per-GPU memory and time of one layout: weights, KV cache, activations, gradients,
+    optimizer states, overhead, for every pipeline stage; whether it fits and what binds;
+    serving: time to first token, time per output token, throughput and the best batch;
+    training: step time, tokens/s per GPU, MFU/HFU, and where the time goes.
+
+    Exit 0 when it fits, 3 when it does not (the report is still printed), 2 for a layout
+    that cannot exist."""
+    _check_plot(plot)
+    loaded = loading.load_model(model)
+    hw = cluster.cluster(loading.load_hardware(hardware), gpus=gpus, nodes=nodes, gpus_per_node=gpus_per_node)
+    layout = options.layout_from_options(
+        num_gpus=hw.num_gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero_stage=zero_stage,
+        hybrid_shard=hybrid_shard, sequence_parallel=sequence_parallel, recompute=recompute.value,
+        pp_schedule=pp_schedule.value, virtual_stages=virtual_stages, micro_batch_size=micro_batch_size,
+        offload=offload.value,
+    )
+    wl = _workload(locals())
+    report = run_estimate(loaded.spec, hw, layout, wl).as_dict()
+    render_common.emit(report, json_out, render_plan.estimate_report)
+    if plot is not None:
+        plots.write_plot(plot, plots.estimate_figure(report))
+        render_common.file_written(plot, "plot")
+    if not report["fits"]:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+
+
+
+
+@app.command()
+def recommend(
+    model: ModelOpt,
+    hardware: HardwareOpt = "h100-sxm-80gb",
+    gpus: GpusOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    workload: WorkloadOpt = WorkloadKind.INFERENCE,
+    max_gpus: Annotated[Optional[int], typer.Option(min=1, help="Search every GPU count up to this and report the smallest that meets the goal.", rich_help_panel=SEARCH)] = None,
+    objective: Annotated[Optional[ObjectiveChoice], typer.Option(help="Serving: latency | throughput | cost; training: step-time | cost. Default: throughput / step-time.", rich_help_panel=SEARCH)] = None,
+    max_ttft_ms: Annotated[Optional[float], typer.Option(min=0, help="Serving: longest time to first token allowed.", rich_help_panel=SEARCH)] = None,
+    max_tpot_ms: Annotated[Optional[float], typer.Option(min=0, help="Serving: longest time per output token allowed.", rich_help_panel=SEARCH)] = None,
+    min_throughput: Annotated[Optional[float], typer.Option(min=0, help="Serving: least output tokens/s over all GPUs.", rich_help_panel=SEARCH)] = None,
+    gpu_hour_price: Annotated[Optional[float], typer.Option(min=0, help="USD per GPU-hour for --objective cost (default: the profile's).", rich_help_panel=SEARCH)] = None,
+    allow_quantization: Annotated[Optional[str], typer.Option(help="Serving: formats the search may use, e.g. fp8,int8,int4 (fp8 also allows an fp8 KV cache).", rich_help_panel=SEARCH)] = None,
+    allow_cross_node_tp: Annotated[bool, typer.Option(help="Let tensor parallelism span nodes.", rich_help_panel=SEARCH)] = False,
+    allow_offload: Annotated[bool, typer.Option(help="Training: let the search offload optimizer states/parameters to CPU or NVMe.", rich_help_panel=SEARCH)] = True,
+    top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.", rich_help_panel=SEARCH)] = 5,
+    compare: Annotated[Optional[str], typer.Option(help="A layout to compare with the winner, e.g. tp=8,pp=16,dp=128 (a published one).", rich_help_panel=SEARCH)] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the winner's deployment manifest (YAML) here.", rich_help_panel=SEARCH)] = None,
+    export_to: Annotated[Optional[str], typer.Option("--export", help=f"Also export the winner for this target ({', '.join(TARGETS)}), beside the -o manifest.", rich_help_panel=SEARCH)] = None,
+    tp: Annotated[Optional[int], typer.Option(min=1, help="Tensor-parallel degree.", rich_help_panel=PIN)] = None,
+    pp: Annotated[Optional[int], typer.Option(min=1, help="Pipeline stages.", rich_help_panel=PIN)] = None,
+    dp: Annotated[Optional[int], typer.Option(min=1, help="Data-parallel degree (serving: replicas).", rich_help_panel=PIN)] = None,
+    ep: Annotated[Optional[int], typer.Option(min=1, help="Expert-parallel degree.", rich_help_panel=PIN)] = None,
+    cp: Annotated[Optional[int], typer.Option(min=1, help="Context-parallel degree (training).", rich_help_panel=PIN)] = None,
+    zero_stage: Annotated[Optional[int], typer.Option(min=0, max=3, help="ZeRO stage (training).", rich_help_panel=PIN)] = None,
+    hybrid_shard: Annotated[Optional[bool], typer.Option("--hybrid-shard/--no-hybrid-shard", help="HSDP (training).", show_default=False, rich_help_panel=PIN)] = None,
+    sequence_parallel: Annotated[Optional[bool], typer.Option("--sequence-parallel/--no-sequence-parallel", help="Sequence parallelism.", show_default=False, rich_help_panel=PIN)] = None,
+    recompute: Annotated[Optional[Recompute], typer.Option(help="Activation recomputation.", rich_help_panel=PIN)] = None,
+    pp_schedule: Annotated[Optional[PipelineSchedule], typer.Option(help="Pipeline schedule.", rich_help_panel=PIN)] = None,
+    virtual_stages: Annotated[Optional[int], typer.Option(min=1, help="Model chunks per GPU.", rich_help_panel=PIN)] = None,
+    micro_batch_size: Annotated[Optional[int], typer.Option(min=1, help="Sequences per micro-batch.", rich_help_panel=PIN)] = None,
+    offload: Annotated[Optional[OffloadChoice], typer.Option(help="Offload (training).", rich_help_panel=PIN)] = None,
+    max_model_len: MaxModelLenOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = 256,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = 8192,
+    gpu_memory_utilization: GpuMemoryUtilizationOpt = 0.9,
+    block_size: BlockSizeOpt = 16,
+    kv_cache_dtype: KvCacheDtypeOpt = None,
+    weight_dtype: WeightDtypeOpt = None,
+    quantization: QuantizationOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
+    input_len: InputLenOpt = 1024,
+    output_len: OutputLenOpt = 128,
+    batch_size: BatchSizeOpt = None,
+    seq_len: SeqLenOpt = 4096,
+    global_batch_size: GlobalBatchSizeOpt = 512,
+    optimizer: OptimizerOpt = Optimizer.ADAMW,
+    framework: FrameworkOpt = Framework.ZERO,
+    flash_attention: FlashAttentionOpt = True,
+    dropout: DropoutOpt = False,
+    overlap_grad_reduce: OverlapGradReduceOpt = True,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw the serving Pareto frontier (time per output token against tokens/s per GPU) or, training, step time against GPU count, the pick marked, to FILE.png or FILE.svg (needs the plot extra).", show_default=False, rich_help_panel=SEARCH)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Search every valid layout (tp, pp, dp/replicas, ep, cp, ZeRO, SP, recompute, micro-batch,
+    virtual stages, offload, weight/KV formats, batch) and rank those that fit by the objective.
+
+    Shows the top plans with memory, headroom, time and cost; the serving Pareto frontier
+    (latency vs throughput per GPU); rejected layouts by reason; the binding constraint and the
+    runner-up's gap. When nothing fits it lists the smallest changes that would (each found by
+    searching again) and exits 3. `-o plan.yaml` writes the winner's deployment manifest."""
+    if export_to is not None and output is None:
+        raise ShardplanError("--export needs -o PLAN.yaml: the export is written beside the plan", field="--export",
+                             hint="add -o plan.yaml")
+    if export_to is not None and export_to not in TARGETS:
+        raise ShardplanError(f"unknown export target '{export_to}'", field="--export", hint=f"use one of {', '.join(TARGETS)}")
+    _check_plot(plot)
+    loaded = loading.load_model(model)
+    base = loading.load_hardware(hardware)
+    if max_gpus is None:
+        hw = cluster.cluster(base, gpus=gpus, nodes=nodes, gpus_per_node=gpus_per_node)
+        num_gpus: Optional[int] = hw.num_gpus
+        hw = hw.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1)
+    else:
+        if gpus is not None or nodes is not None:
+            raise ShardplanError("give either --gpus/--nodes or --max-gpus", field="--max-gpus", hint="drop one of them")
+        cluster.at_most(max_gpus, cluster.MAX_GPUS, "--max-gpus")
+        cluster.at_most(gpus_per_node, cluster.MAX_GPUS, "--gpus-per-node")
+        hw, num_gpus = base.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1), None
+    wl = _workload(locals())
+    training = isinstance(wl, TrainingWorkload)
+    obj = objective.value if objective else ("step-time" if training else "throughput")
+    goal = Goal(
+        objective=Objective(obj),
+        max_ttft_seconds=max_ttft_ms / 1e3 if max_ttft_ms is not None else None,
+        max_tpot_seconds=max_tpot_ms / 1e3 if max_tpot_ms is not None else None,
+        min_throughput_tokens_per_second=min_throughput,
+        gpu_hour_price_usd=gpu_hour_price,
+        top_k=top_k,
+    )
+    space = Space(
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero_stage=zero_stage, hybrid_shard=hybrid_shard,
+        sequence_parallel=sequence_parallel, recompute=recompute, pp_schedule=pp_schedule,
+        virtual_stages=virtual_stages, micro_batch_size=micro_batch_size,
+        offload=options.offload_pair(offload.value) if offload else None,
+        allow_cross_node_tp=allow_cross_node_tp, allow_offload=allow_offload,
+    )
+    if not training:
+        space = replace(space, quantizations=(wl.quantization,), kv_cache_dtypes=(wl.kv_cache_dtype,))
+        if allow_quantization and not (weight_dtype or quantization or kv_cache_dtype):
+            space = with_allowed_dtypes(space, allow_quantization.split(","))
+    with render_common.progress("searching layouts") as progress:
+        result = run_recommend(
+            loaded, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, compare_layout=compare,
+            manifest_path=output, progress=progress,
+        )
+    if result["top"] and export_to is not None:
+        assert output is not None
+        exported = export_plan(output, export_to, ExportOptions(plan_file=str(output)), output.parent)
+        result["export"] = {"target": export_to, "files": [f["path"] for f in exported["files"]]}
+    if json_out:
+        render_common.print_json(result)
+    else:
+        render_plan.recommend_report(result)
+        if "export" in result:
+            render_deploy.export_report(exported, written=True)
+    if plot is not None and result["top"]:
+        plots.write_plot(plot, plots.recommend_figure(result))
+        render_common.file_written(plot, "plot")
+    if not result["top"]:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the deployment manifest that `recommend -o` writes."""
+    render_common.print_json(manifest_json_schema())
+
+
+@app.command()
+def show(
+    plan: Annotated[Path, typer.Argument(help="A manifest written by `shardplan recommend -o`.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Re-render a deployment manifest: model, hardware, layout, placement, predicted memory and
+    time. A manifest from a newer schema or with an impossible layout is rejected (exit 2)."""
+    m = load_manifest(plan).model_dump(mode="json")
+    render_common.emit(m, json_out, render_plan.manifest_report)
+
+
+
+def _check_plot(path: Optional[Path]) -> None:
+    """Before any work: the format is known and matplotlib is installed."""
+    if path is not None:
+        plots.plot_format(path)
+        plots.require_matplotlib()
+
+
+def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
+    """The workload from the shared workload options of a command (its locals)."""
+    if o["workload"] is WorkloadKind.TRAINING:
+        return options.training_workload(
+            seq_len=o["seq_len"], global_batch_size=o["global_batch_size"], optimizer=o["optimizer"].value,
+            framework=o["framework"].value, flash_attention=o["flash_attention"], dropout=o["dropout"],
+            overlap_grad_reduce=o["overlap_grad_reduce"],
+        )
+    q = o["quantization"]
+    return options.inference_workload(
+        max_model_len=o["max_model_len"], max_num_seqs=o["max_num_seqs"], max_num_batched_tokens=o["max_num_batched_tokens"],
+        gpu_memory_utilization=o["gpu_memory_utilization"], block_size=o["block_size"], kv_cache_dtype=o["kv_cache_dtype"],
+        weight_dtype=o["weight_dtype"], quantization=q.value if q else None, enforce_eager=o["enforce_eager"],
+        input_len=o["input_len"], output_len=o["output_len"], batch_size=o["batch_size"],
+    )

@@ -1,0 +1,67 @@
+"""Options shared by several commands, declared once: choice enums, help panels and
+`Annotated` aliases."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from enum import Enum
+
+from shardplan.cost.workload import Framework, Optimizer, Quantization
+
+
+class WorkloadKind(str, Enum):
+    INFERENCE = "inference"
+    TRAINING = "training"
+
+
+class OffloadChoice(str, Enum):
+    NONE = "none"
+    OPTIMIZER_CPU = "optimizer-cpu"
+    OPTIMIZER_NVME = "optimizer-nvme"
+    ALL_CPU = "all-cpu"
+    ALL_NVME = "all-nvme"
+
+
+LAYOUT = "Layout (a degree of 1 means not used)"
+SERVE = "Inference workload (vLLM semantics and defaults)"
+TRAIN = "Training workload"
+CLUSTER = "Model and cluster"
+SEARCH = "Search and goal"
+PIN = "Pinned degrees (given: fixed; left out: searched)"
+
+# Options shared by estimate and recommend, declared once.
+ModelOpt = Annotated[str, typer.Argument(help="Bundled name, config.json, directory or YAML spec.")]
+HardwareOpt = Annotated[str, typer.Option("--hardware", "-H", help="Bundled profile name or YAML.", rich_help_panel=CLUSTER)]
+GpusOpt = Annotated[Optional[int], typer.Option(min=1, help="GPUs in the plan (default: one node).", rich_help_panel=CLUSTER)]
+NodesOpt = Annotated[Optional[int], typer.Option(min=1, help="Nodes (default: as many as --gpus needs).", rich_help_panel=CLUSTER)]
+GpusPerNodeOpt = Annotated[Optional[int], typer.Option(min=1, help="Override the profile's GPUs per node.", rich_help_panel=CLUSTER)]
+WorkloadOpt = Annotated[WorkloadKind, typer.Option(help="What the GPUs do.", rich_help_panel=CLUSTER)]
+MaxModelLenOpt = Annotated[Optional[int], typer.Option(min=1, help="Longest sequence (default: the model's context).", rich_help_panel=SERVE)]
+MaxNumSeqsOpt = Annotated[int, typer.Option(min=1, help="Sequences in flight.", rich_help_panel=SERVE)]
+MaxNumBatchedTokensOpt = Annotated[int, typer.Option(min=1, help="Tokens per forward pass.", rich_help_panel=SERVE)]
+GpuMemoryUtilizationOpt = Annotated[float, typer.Option(help="Share of device memory the engine may use.", rich_help_panel=SERVE)]
+BlockSizeOpt = Annotated[int, typer.Option(min=1, help="Tokens per KV block.", rich_help_panel=SERVE)]
+KvCacheDtypeOpt = Annotated[Optional[str], typer.Option(help="auto, bf16, fp16, fp8.", rich_help_panel=SERVE)]
+WeightDtypeOpt = Annotated[Optional[str], typer.Option(help="bf16, fp16, fp8, int8, int4.", rich_help_panel=SERVE)]
+QuantizationOpt = Annotated[Optional[Quantization], typer.Option(help="Weight quantization of the linear layers.", rich_help_panel=SERVE)]
+EnforceEagerOpt = Annotated[bool, typer.Option(help="No CUDA graphs.", rich_help_panel=SERVE)]
+InputLenOpt = Annotated[int, typer.Option(min=1, help="Prompt tokens per request (time to first token, throughput).", rich_help_panel=SERVE)]
+OutputLenOpt = Annotated[int, typer.Option(min=1, help="Generated tokens per request.", rich_help_panel=SERVE)]
+BatchSizeOpt = Annotated[Optional[int], typer.Option(min=1, help="Concurrent sequences for the time figures (default: as many as the KV cache holds, up to --max-num-seqs).", rich_help_panel=SERVE)]
+SeqLenOpt = Annotated[int, typer.Option(min=1, help="Training sequence length.", rich_help_panel=TRAIN)]
+GlobalBatchSizeOpt = Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.", rich_help_panel=TRAIN)]
+OptimizerOpt = Annotated[Optimizer, typer.Option(help="Optimizer (states in fp32).", rich_help_panel=TRAIN)]
+FrameworkOpt = Annotated[Framework, typer.Option(help="Model-state bookkeeping: ZeRO paper, DeepSpeed, or Megatron (fp32 grads).", rich_help_panel=TRAIN)]
+FlashAttentionOpt = Annotated[bool, typer.Option(help="Flash attention (no s^2 scores kept).", rich_help_panel=TRAIN)]
+DropoutOpt = Annotated[bool, typer.Option(help="Dropout masks kept for backward.", rich_help_panel=TRAIN)]
+OverlapGradReduceOpt = Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)]
+
+
+class ObjectiveChoice(str, Enum):
+    LATENCY = "latency"
+    THROUGHPUT = "throughput"
+    COST = "cost"
+    STEP_TIME = "step-time"

@@ -1,0 +1,137 @@
+"""Shared rendering: the console (stdout) and err_console (stderr), `--json` output,
+number formats, progress, error lines. Renderers take a command's result and print it; they
+compute nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from shardplan import units
+
+console = Console()
+err_console = Console(stderr=True)
+PROGRESS_AFTER_SECONDS = 0.5  # searches shorter than this show no bar
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def emit(obj: Any, as_json: bool, table: Callable[[Any], None]) -> None:
+    """A command's result: the JSON object with --json, else its rich rendering."""
+    if as_json:
+        print_json(obj)
+    else:
+        table(obj)
+
+
+def fmt_count(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{suffix}"
+    return f"{n:.0f}"
+
+
+def fmt_gib(n_bytes: float | None) -> str:
+    if n_bytes is None:
+        return "-"
+    return f"{units.bytes_to_gib(n_bytes):.2f} GiB"
+
+
+def fmt_rate_gb(n_bytes_per_second: float) -> str:
+    return f"{n_bytes_per_second / units.BYTES_PER_GB:,.0f} GB/s"
+
+
+def error_line(text: str) -> None:
+    # The message is plain text: brackets in it (a pip extra, a list) are not rich markup.
+    err_console.print(Text.assemble(("error:", "red"), " ", text), highlight=False, soft_wrap=True)
+
+
+def file_written(path: Any, what: str) -> None:
+    """A side file (a plot) was written: a log line on stderr, so stdout stays data."""
+    err_console.print(f"{what} written to {path}", markup=False, highlight=False, soft_wrap=True)
+
+
+def fmt_seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:,.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:,.2f} ms"
+    return f"{s * 1e6:,.1f} us"
+
+
+def breakdown_table(title: str, columns: dict[str, dict[str, float]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    t.add_column("")
+    for name in columns:
+        t.add_column(name, justify="right")
+        t.add_column("share", justify="right")
+    keys = [k for k in next(iter(columns.values())) if k != "total"]
+    for k in keys:
+        if not any(col[k] for col in columns.values()):
+            continue
+        cells: list[str] = []
+        for col in columns.values():
+            cells += [fmt_seconds(col[k]), f"{100 * col[k] / col['total']:.1f}%" if col["total"] else "-"]
+        t.add_row(k.replace("_", " "), *cells)
+    total_cells: list[str] = []
+    for col in columns.values():
+        total_cells += [f"[bold]{fmt_seconds(col['total'])}[/bold]", "100%"]
+    t.add_row("[bold]total[/bold]", *total_cells)
+    return t
+
+
+@contextmanager
+def progress(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress callback for long searches: a transient bar on stderr that appears only once
+    the search has run for PROGRESS_AFTER_SECONDS (quick searches print nothing)."""
+    start = time.monotonic()
+    bar: Progress | None = None
+    task = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar, task
+        if bar is None:
+            if time.monotonic() - start < PROGRESS_AFTER_SECONDS or not err_console.is_terminal:
+                return
+            bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True)
+            bar.start()
+            task = bar.add_task(label, total=total)
+        bar.update(task, completed=done, total=total)  # type: ignore[arg-type]
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def fmt_bytes(n_bytes: float) -> str:
+    """GiB from 1 GiB up, else MiB (a proxy model's tensors are megabytes)."""
+    if n_bytes >= units.BYTES_PER_GIB:
+        return fmt_gib(n_bytes)
+    return f"{n_bytes / units.BYTES_PER_MIB:.2f} MiB"
+
+
+def fmt_pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
+
+
+def fmt_degrees(plan: dict[str, Any]) -> str:
+    """A layout's degrees in a few characters: tp, pp, dp, and what else is on."""
+    parts = [f"tp{plan['tp']}", f"pp{plan['pp']}", f"dp{plan.get('dp', plan.get('replicas', 1))}"]
+    parts += [f"{k}{plan[k]}" for k in ("cp", "ep") if plan.get(k, 1) > 1]
+    if plan.get("zero_stage"):
+        parts.append(f"zero{plan['zero_stage']}")
+    return " ".join(parts)
