@@ -187,4 +187,4 @@ def test_only_the_plot_module_imports_matplotlib():
     pkg = Path(__file__).resolve().parents[2] / "shardplan"
     imports = re.compile(r"^\s*(import|from) matplotlib\b", re.M)
     users = sorted(p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py") if imports.search(p.read_text()))
-    assert users == ["plots.py"]
+    assert users == ["cli/plots.py"]
