@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from conftest import build_plan  # noqa: E402
-from shardplan import manifest as mf  # noqa: E402
+from shardplan.plan import manifest as mf  # noqa: E402
 from shardplan.cost.layout import Layout  # noqa: E402
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload  # noqa: E402
 

@@ -1,13 +1,6 @@
 """Shardplan's own errors and the exit codes the CLI maps them to.
 
-Exit codes (documented in the README and `shardplan --help`):
-  0  success (for estimate/recommend: the plan fits)
-  1  internal error (a bug: please report it; SHARDPLAN_DEBUG=1 shows the traceback)
-  2  bad input: a command-line value, a file that cannot be read or parsed, an unknown
-     key, an impossible field or layout, an unknown model or hardware name
-  3  the plan does not fit (the JSON/table is still printed)
-  4  verify: a measurement or the numerics disagree with the prediction beyond tolerance
-  5  verify: the run did not complete (a rank raised, was killed, or hung past --timeout)
+`EXIT_CODES` below is the one list of exit codes: `shardplan --help` and the README print it.
 """
 
 from __future__ import annotations
@@ -18,6 +11,17 @@ EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
 EXIT_VERIFY_MISMATCH = 4
 EXIT_VERIFY_FAILED = 5
+
+# code -> meaning; `shardplan --help` prints exactly this list.
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "ok (estimate: the plan fits; recommend/capacity: one was found)",
+    EXIT_INTERNAL: "internal error (a bug; SHARDPLAN_DEBUG=1 shows the traceback)",
+    EXIT_BAD_INPUT: "bad input: an option, a file that cannot be read or parsed, an unknown key or name, "
+                    "an impossible field or layout",
+    EXIT_DOES_NOT_FIT: "the plan does not fit (the result is still printed); recommend, capacity, replan: nothing fits",
+    EXIT_VERIFY_MISMATCH: "verify: a measurement or the numerics disagree with the prediction beyond tolerance",
+    EXIT_VERIFY_FAILED: "verify: the run did not complete (a rank raised, was killed, or hung past --timeout)",
+}
 
 
 class ShardplanError(Exception):

@@ -9,13 +9,10 @@ import typer
 
 
 from shardplan import __version__
+from shardplan.errors import EXIT_CODES
 
-
-EXIT_CODES_HELP = (
-    "Exit codes: 0 ok (the plan fits; recommend found one); 1 internal error; 2 bad input (option, file, field, "
-    "layout or name); 3 the plan does not fit (recommend: nothing fits); 4 verify disagrees with the prediction. "
-    "SHARDPLAN_DEBUG=1 shows tracebacks."
-)
+EXIT_CODES_HELP = "Exit codes:\n\n" + "\n\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items())
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 app = typer.Typer(
     name="shardplan",
@@ -23,11 +20,14 @@ app = typer.Typer(
     "and training layouts (TP, PP, DP/ZeRO, EP, CP).\n\n" + EXIT_CODES_HELP,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     rich_markup_mode="rich",
+    context_settings=CONTEXT,
 )
-models_app = typer.Typer(help="List bundled model specs, or show one (name, config.json, directory or YAML).")
-hardware_app = typer.Typer(help="List bundled hardware profiles, or show one (name or YAML path).")
+models_app = typer.Typer(help="List bundled model specs, or show one (name, config.json, directory or YAML).",
+                         context_settings=CONTEXT)
+hardware_app = typer.Typer(help="List bundled hardware profiles, or show one (name or YAML path).",
+                           context_settings=CONTEXT)
 app.add_typer(models_app, name="models")
 app.add_typer(hardware_app, name="hardware")
 

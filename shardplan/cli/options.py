@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+import difflib
+from enum import Enum
+from typing import Annotated, Callable, Optional
 
 import typer
 
-from enum import Enum
-
 from shardplan.cost.workload import Framework, Optimizer, Quantization
+from shardplan.errors import ShardplanError
+from shardplan.exporters import TARGETS
 
 
 class WorkloadKind(str, Enum):
@@ -65,3 +67,31 @@ class ObjectiveChoice(str, Enum):
     THROUGHPUT = "throughput"
     COST = "cost"
     STEP_TIME = "step-time"
+
+
+def choice(option: str, choices: list[str]) -> Callable[[Optional[str]], Optional[str]]:
+    """An option callback: the value, case-insensitive, must be one of `choices`; otherwise a
+    one-line error naming the option, the closest choice and the list."""
+
+    def check(value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return None
+        by_lower = {c.lower(): c for c in choices}
+        if value.lower() in by_lower:
+            return by_lower[value.lower()]
+        close = difflib.get_close_matches(value.lower(), list(by_lower), n=1)
+        guess = f"did you mean '{by_lower[close[0]]}'? " if close else ""
+        raise ShardplanError(f"unknown value '{value}'", field=option,
+                             hint=f"{guess}choose one of {', '.join(choices)}")
+
+    return check
+
+
+TARGET_NAMES = list(TARGETS)
+TARGET_METAVAR = "[" + "|".join(TARGET_NAMES) + "]"
+ToOpt = Annotated[str, typer.Option(
+    "--to", help="The deployment tool to export for.", metavar=TARGET_METAVAR, show_default=False,
+    callback=choice("--to", TARGET_NAMES), autocompletion=lambda: TARGET_NAMES)]
+ExportToOpt = Annotated[Optional[str], typer.Option(
+    "--export", help="Also export the winner for this target, beside the -o manifest.", metavar=TARGET_METAVAR,
+    callback=choice("--export", TARGET_NAMES), autocompletion=lambda: TARGET_NAMES, rich_help_panel=SEARCH)]

@@ -5,6 +5,7 @@ compute nothing."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -17,8 +18,20 @@ from rich.text import Text
 
 from shardplan import units
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped output (`| tee`, `| less`, CI logs) is read later, at any width: render it at a fixed
+# wide width, not rich's 80-column default, so tables keep one row per line. COLUMNS, when
+# exported, still wins; a terminal uses its own width.
+PIPED_WIDTH_COLUMNS = 200
+
+
+def _console(*, stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, width=PIPED_WIDTH_COLUMNS if piped else None)
+
+
+console = _console()
+err_console = _console(stderr=True)
 PROGRESS_AFTER_SECONDS = 0.5  # searches shorter than this show no bar
 
 
