@@ -25,7 +25,12 @@ class CliResult:
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     """Run the real console entry point in-process (error mapping and exit codes included)."""
-    from shardplan.cli import main
+    from shardplan.cli import main, render_common
+
+    # Output as it is piped, whatever the runner's environment (pytest-xdist exports COLUMNS=80):
+    # tests that want a narrow terminal set the width themselves.
+    monkeypatch.setattr(render_common.console, "width", render_common.PIPED_WIDTH_COLUMNS)
+    monkeypatch.setattr(render_common.err_console, "width", render_common.PIPED_WIDTH_COLUMNS)
 
     def run(*args: str) -> CliResult:
         monkeypatch.setattr(sys, "argv", ["shardplan", *map(str, args)])
@@ -49,7 +54,7 @@ def validation_file(name: str) -> Path:
 
 def build_plan(model: str, gpus: int, layout, workload, gpus_per_node: int | None = None,
                hardware: str = "h100-sxm-80gb", **extra):
-    """A manifest for a pinned layout, from a real estimate (no search): (manifest, report)."""
+    """A manifest for a pinned layout, from a real estimate (no search): (manifest, its report's JSON)."""
     from shardplan.plan import manifest as mf
     from shardplan.cost.estimate import estimate
     from shardplan.specs.cluster import cluster
@@ -57,5 +62,6 @@ def build_plan(model: str, gpus: int, layout, workload, gpus_per_node: int | Non
 
     loaded = load_model(model)
     hw = cluster(load_hardware(hardware), gpus=gpus, nodes=None, gpus_per_node=gpus_per_node)
-    report = estimate(loaded.spec, hw, layout, workload).as_dict()
-    return mf.build_manifest(loaded=loaded, hw=hw, layout=layout, workload=workload, report=report, **extra), report
+    report = estimate(loaded.spec, hw, layout, workload)
+    manifest = mf.build_manifest(loaded=loaded, hw=hw, layout=layout, workload=workload, report=report, **extra)
+    return manifest, report.model_dump(mode="json")  # the report as `estimate --json` prints it

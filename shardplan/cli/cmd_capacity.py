@@ -9,7 +9,7 @@ import typer
 
 from shardplan.cli import render_capacity, render_common
 from shardplan.cost import inputs as options
-from shardplan.tasks.capacity import default_max_gpus, serving_capacity, training_capacity
+from shardplan.tasks.capacity import CapacityResult, default_max_gpus, serving_capacity, training_capacity
 from shardplan.cost.workload import Framework, Optimizer
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
 from shardplan.specs import loading
@@ -75,8 +75,8 @@ def capacity(
     if workload is WorkloadKind.TRAINING:
         wl_t = options.training_workload(seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer.value,
                                          framework=framework.value, flash_attention=flash_attention, dropout=False)
-        result = training_capacity(loaded.spec, hw, wl_t, max_gpus=limit)
-        found = any(r["min_num_gpus"] for r in result["rows"])
+        with render_common.progress("finding the fewest GPUs per ZeRO stage and offload") as progress:
+            result = CapacityResult(training_capacity(loaded.spec, hw, wl_t, max_gpus=limit, progress=progress))
     else:
         if concurrency > max_num_seqs:
             raise ShardplanError(f"--concurrency {concurrency} exceeds --max-num-seqs {max_num_seqs}, the most the engine runs at once",
@@ -86,8 +86,7 @@ def capacity(
             gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
             weight_dtype=None, quantization=None, enforce_eager=enforce_eager, input_len=1024, output_len=128, batch_size=None,
         )
-        result = serving_capacity(loaded.spec, hw, wl_s, concurrency=concurrency, max_gpus=limit)
-        found = any(r["min_num_gpus"] for r in result["formats"])
-    render_common.emit(result, json_out, render_capacity.capacity_report)
-    if not found:
+        result = CapacityResult(serving_capacity(loaded.spec, hw, wl_s, concurrency=concurrency, max_gpus=limit))
+    render_common.emit(result.model_dump(mode="json") if json_out else result.root, json_out, render_capacity.capacity_report)
+    if not result.found:
         raise typer.Exit(EXIT_DOES_NOT_FIT)

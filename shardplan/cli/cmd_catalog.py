@@ -8,7 +8,7 @@ import typer
 
 
 from shardplan.cli import render_catalog, render_common
-from shardplan.tasks.catalog import hardware_report, model_report
+from shardplan.tasks.catalog import hardware_list as hardware_list_report, hardware_report, model_list, model_report
 from shardplan.specs import loading
 
 from shardplan.cli.app import models_app, hardware_app, JsonOpt
@@ -19,18 +19,18 @@ def models_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     """List the bundled model specs with their parameter counts."""
     if ctx.invoked_subcommand is not None:
         return
-    rows = [model_report(m) for m in loading.list_models()]
-    render_common.emit(rows, json_out, render_catalog.models_table)
+    rows = model_list(loading.list_models())
+    render_common.emit(rows.model_dump(mode="json") if json_out else rows.root, json_out, render_catalog.models_table)
 
 
 @models_app.command("show")
 def models_show(
-    model: Annotated[str, typer.Argument(help="Bundled name (e.g. llama-3.1-70b), config.json, a directory, or a YAML spec.")],
+    model: Annotated[str, typer.Argument(help="Bundled name (e.g. llama-3.1-70b, any case), config.json, a directory, or a YAML spec.")],
     json_out: JsonOpt = False,
 ) -> None:
     """Parameter breakdown, total and active counts, KV bytes per token and head/expert facts."""
     r = model_report(loading.load_model(model))
-    render_common.emit(r, json_out, render_catalog.model_detail)
+    render_common.emit(r.model_dump(mode="json") if json_out else r, json_out, render_catalog.model_detail)
 
 
 @hardware_app.callback(invoke_without_command=True)
@@ -38,13 +38,13 @@ def hardware_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     """List the bundled hardware profiles."""
     if ctx.invoked_subcommand is not None:
         return
-    rows = [hardware_report(h) for h in loading.list_hardware()]
-    render_common.emit(rows, json_out, render_catalog.hardware_table)
+    rows = hardware_list_report(loading.list_hardware())
+    render_common.emit(rows.model_dump(mode="json") if json_out else rows.root, json_out, render_catalog.hardware_table)
 
 
 @hardware_app.command("show")
 def hardware_show(
-    hardware: Annotated[str, typer.Argument(help="Bundled name (e.g. h100-sxm-80gb) or a YAML profile.")],
+    hardware: Annotated[str, typer.Argument(help="Bundled name (e.g. h100-sxm-80gb, any case) or a YAML profile.")],
     gpus_per_node: Annotated[Optional[int], typer.Option(min=1, help="Override GPUs per node.")] = None,
     nodes: Annotated[Optional[int], typer.Option(min=1, help="Number of nodes.")] = None,
     json_out: JsonOpt = False,
@@ -52,4 +52,4 @@ def hardware_show(
     """GPU, node and link figures of one profile, with their sources in --json."""
     hw = loading.load_hardware(hardware).with_topology(gpus_per_node=gpus_per_node, num_nodes=nodes)
     r = hardware_report(hw)
-    render_common.emit(r, json_out, render_catalog.hardware_detail)
+    render_common.emit(r.model_dump(mode="json") if json_out else r, json_out, render_catalog.hardware_detail)

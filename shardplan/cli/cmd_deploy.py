@@ -11,15 +11,14 @@ import typer
 from shardplan.cli import render_common, render_deploy
 from shardplan.specs import cluster
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
-from shardplan.exporters import TARGETS, ExportOptions
+from shardplan.exporters import ExportOptions
 from shardplan.tasks.export import export_plan
 from shardplan.plan.manifest import load_manifest
 
 from shardplan.cli.app import app, JsonOpt
-from shardplan.cli.options import ObjectiveChoice
+from shardplan.cli.options import ObjectiveChoice, ToOpt
 
 
-ToOpt = Annotated[str, typer.Option("--to", help=f"Target: {', '.join(TARGETS)}.", show_default=False)]
 
 
 @app.command("export")
@@ -44,7 +43,7 @@ def export_cmd(
                          nvme_path=nvme_path, engine=engine)
     result = export_plan(plan, to, opts, output)
     if json_out:
-        render_common.print_json(result)
+        render_common.print_json(result.model_dump(mode="json"))
     else:
         render_deploy.export_report(result, written=output is not None)
 
@@ -64,7 +63,7 @@ def checkpoint_cmd(
     from shardplan.tasks.checkpoint import plan_checkpoint
 
     result = plan_checkpoint(plan, checkpoint_dir, dtype=dtype)
-    render_common.emit(result, json_out, render_deploy.checkpoint_report)
+    render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_deploy.checkpoint_report)
 
 
 @app.command("replan")
@@ -95,8 +94,11 @@ def replan_cmd(
     gpn = old.hardware.gpus_per_node if old.hardware.num_nodes > 1 else base.gpus_per_node
     n = cluster.cluster(base, gpus=gpus, nodes=nodes, gpus_per_node=gpn).num_gpus
     hw = base.with_topology(gpus_per_node=gpn, num_nodes=1)
-    result = replan(old, source=str(plan), hw=hw, num_gpus=n, margin=margin, top_k=top_k,
-                    objective=objective.value if objective else None, manifest_path=output, moves_path=moves)
-    render_common.emit(result, json_out, render_deploy.replan_report)
-    if result["chosen"] is None:
+    with render_common.progress(f"replanning for {n} GPUs") as progress:
+        result = replan(old, source=str(plan), hw=hw, num_gpus=n, margin=margin, top_k=top_k,
+                        objective=objective.value if objective else None, manifest_path=output, moves_path=moves,
+                        progress=progress)
+    render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_deploy.replan_report)
+    render_deploy.replan_files_written(result)
+    if result.chosen is None:
         raise typer.Exit(EXIT_DOES_NOT_FIT)

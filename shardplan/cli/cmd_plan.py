@@ -9,23 +9,25 @@ from typing import Annotated, Optional
 import typer
 
 
-from shardplan.cli import plots, render_common, render_deploy, render_plan
+from shardplan.cli import plots, render_common, render_deploy, render_plan, schemas
 from shardplan.cost import inputs as options
 from shardplan.specs import cluster
 from shardplan.cost.estimate import estimate as run_estimate
 from shardplan.cost.layout import PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, TrainingWorkload
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
-from shardplan.exporters import TARGETS, ExportOptions
+from shardplan.exporters import ExportOptions
 from shardplan.tasks.export import export_plan
 from shardplan.plan.manifest import load_manifest, manifest_json_schema
 from shardplan.tasks.recommend import recommend as run_recommend
 from shardplan.tasks.recommend import with_allowed_dtypes
 from shardplan.search import Goal, Objective, Space
+from shardplan.search.results import ExportSummary
 from shardplan.specs import loading
 
 from shardplan.cli.app import app, JsonOpt
 from shardplan.cli.options import (
+    ExportToOpt,
     PIN,
     SEARCH,
     ObjectiveChoice,
@@ -121,12 +123,12 @@ def estimate(
         offload=offload.value,
     )
     wl = _workload(locals())
-    report = run_estimate(loaded.spec, hw, layout, wl).as_dict()
-    render_common.emit(report, json_out, render_plan.estimate_report)
+    report = run_estimate(loaded.spec, hw, layout, wl)
+    render_common.emit(report.model_dump(mode="json"), json_out, lambda _: render_plan.estimate_report(report))
     if plot is not None:
         plots.write_plot(plot, plots.estimate_figure(report))
         render_common.file_written(plot, "plot")
-    if not report["fits"]:
+    if not report.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 
@@ -154,7 +156,7 @@ def recommend(
     top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.", rich_help_panel=SEARCH)] = 5,
     compare: Annotated[Optional[str], typer.Option(help="A layout to compare with the winner, e.g. tp=8,pp=16,dp=128 (a published one).", rich_help_panel=SEARCH)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the winner's deployment manifest (YAML) here.", rich_help_panel=SEARCH)] = None,
-    export_to: Annotated[Optional[str], typer.Option("--export", help=f"Also export the winner for this target ({', '.join(TARGETS)}), beside the -o manifest.", rich_help_panel=SEARCH)] = None,
+    export_to: ExportToOpt = None,
     tp: Annotated[Optional[int], typer.Option(min=1, help="Tensor-parallel degree.", rich_help_panel=PIN)] = None,
     pp: Annotated[Optional[int], typer.Option(min=1, help="Pipeline stages.", rich_help_panel=PIN)] = None,
     dp: Annotated[Optional[int], typer.Option(min=1, help="Data-parallel degree (serving: replicas).", rich_help_panel=PIN)] = None,
@@ -200,8 +202,6 @@ def recommend(
     if export_to is not None and output is None:
         raise ShardplanError("--export needs -o PLAN.yaml: the export is written beside the plan", field="--export",
                              hint="add -o plan.yaml")
-    if export_to is not None and export_to not in TARGETS:
-        raise ShardplanError(f"unknown export target '{export_to}'", field="--export", hint=f"use one of {', '.join(TARGETS)}")
     _check_plot(plot)
     loaded = loading.load_model(model)
     base = loading.load_hardware(hardware)
@@ -242,28 +242,35 @@ def recommend(
             loaded, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, compare_layout=compare,
             manifest_path=output, progress=progress,
         )
-    if result["top"] and export_to is not None:
+    if result.top and export_to is not None:
         assert output is not None
         exported = export_plan(output, export_to, ExportOptions(plan_file=str(output)), output.parent)
-        result["export"] = {"target": export_to, "files": [f["path"] for f in exported["files"]]}
+        summary = ExportSummary(target=export_to, files=[f.path for f in exported.files if f.path is not None])
+        result = result.model_copy(update={"export": summary})
     if json_out:
-        render_common.print_json(result)
+        render_common.print_json(result.model_dump(mode="json"))
     else:
         render_plan.recommend_report(result)
-        if "export" in result:
+        if result.export is not None:
             render_deploy.export_report(exported, written=True)
-    if plot is not None and result["top"]:
+    if plot is not None and result.top:
         plots.write_plot(plot, plots.recommend_figure(result))
         render_common.file_written(plot, "plot")
-    if not result["top"]:
+    if not result.top:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 
 
 @app.command()
-def schema() -> None:
-    """Print the JSON Schema of the deployment manifest that `recommend -o` writes."""
-    render_common.print_json(manifest_json_schema())
+def schema(
+    output: Annotated[str, typer.Option("--output", help=f"Whose --json output: {', '.join(schemas.OUTPUTS)}.")] = "manifest",
+) -> None:
+    """Print the JSON Schema of a command's `--json` output (default: the deployment manifest
+    that `recommend -o` writes)."""
+    model = schemas.OUTPUTS.get(output)
+    if model is None:
+        raise ShardplanError(f"no output named {output!r}", field="--output", hint="use one of " + ", ".join(schemas.OUTPUTS))
+    render_common.print_json(manifest_json_schema() if output == "manifest" else model.model_json_schema())
 
 
 @app.command()
@@ -273,8 +280,8 @@ def show(
 ) -> None:
     """Re-render a deployment manifest: model, hardware, layout, placement, predicted memory and
     time. A manifest from a newer schema or with an impossible layout is rejected (exit 2)."""
-    m = load_manifest(plan).model_dump(mode="json")
-    render_common.emit(m, json_out, render_plan.manifest_report)
+    m = load_manifest(plan)
+    render_common.emit(m.model_dump(mode="json"), json_out, lambda _: render_plan.manifest_report(m))
 
 
 

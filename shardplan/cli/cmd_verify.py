@@ -7,14 +7,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-import yaml
 
 from enum import Enum
 
-from shardplan import fileio
 from shardplan.cli import render_common, render_verify
 from shardplan.errors import EXIT_VERIFY_MISMATCH
-from shardplan.specs import loading
 
 from shardplan.cli.app import app, JsonOpt
 from shardplan.cli.options import (
@@ -55,16 +52,22 @@ def verify_cmd(
     from shardplan.verify.launch import is_worker, verify_plan
     from shardplan.verify.runspec import RUN_DIR_ENV
 
+    launched = is_worker() and os.environ.get(RUN_DIR_ENV)  # a rank the local launcher started
+    on_event = _progress_line if render_common.err_console.is_terminal and not launched else None
     result = verify_plan(plan, backend=backend.value, scale=scale.value if scale else None, steps=steps,
-                         timeout_seconds=timeout, report_path=report)
+                         timeout_seconds=timeout, report_path=report, on_event=on_event)
     if result is None:
         return  # a rank other than 0: rank 0 reports
-    launched = is_worker() and os.environ.get(RUN_DIR_ENV)
     if launched:
         return  # the local launcher reads the report and renders it
-    render_common.emit(result, json_out, render_verify.verify_report)
-    if result["status"] == "mismatch":
+    render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_verify.verify_report)
+    if result.status == "mismatch":
         raise typer.Exit(EXIT_VERIFY_MISMATCH)
+
+
+def _progress_line(text: str) -> None:
+    """A verify progress line on stderr (only when stderr is a terminal): never in stdout."""
+    render_common.err_console.print(f"verify: {text}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("calibrate")
@@ -80,14 +83,7 @@ def calibrate_cmd(
     with its source line); pass the file to --hardware and later estimates use it.
 
     Exit 2 for a report from a CPU run, a failed run, or one without probes."""
-    from shardplan.tasks.calibrate import calibrate, parse_report
+    from shardplan.tasks.calibrate import calibrate_profile
 
-    parsed = parse_report(loading.read_structured(report), str(report))
-    base_path = loading.hardware_path(hardware)
-    data, rows, notes = calibrate(parsed, loading.read_structured(base_path), name=name or output.stem,
-                                  report_source=str(report))
-    text = f"# calibrated by `shardplan calibrate {report}` from {base_path.name}\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
-    loading.hardware_from_data(yaml.safe_load(text), str(output))  # loads as written
-    fileio.write_text_atomic(output, text)
-    result = {"profile": str(output), "name": data["name"], "base": base_path.name, "changes": rows, "notes": notes}
-    render_common.emit(result, json_out, render_verify.calibrate_report)
+    result = calibrate_profile(report, hardware, output, name=name)
+    render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_verify.calibrate_report)

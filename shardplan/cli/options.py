@@ -69,7 +69,7 @@ class ObjectiveChoice(str, Enum):
     STEP_TIME = "step-time"
 
 
-def choice(option: str, choices: list[str]) -> Callable[[Optional[str]], Optional[str]]:
+def choice(option: str, choices: list[str], what: str) -> Callable[[Optional[str]], Optional[str]]:
     """An option callback: the value, case-insensitive, must be one of `choices`; otherwise a
     one-line error naming the option, the closest choice and the list."""
 
@@ -81,7 +81,7 @@ def choice(option: str, choices: list[str]) -> Callable[[Optional[str]], Optiona
             return by_lower[value.lower()]
         close = difflib.get_close_matches(value.lower(), list(by_lower), n=1)
         guess = f"did you mean '{by_lower[close[0]]}'? " if close else ""
-        raise ShardplanError(f"unknown value '{value}'", field=option,
+        raise ShardplanError(f"unknown {what} '{value}'", field=option,
                              hint=f"{guess}choose one of {', '.join(choices)}")
 
     return check
@@ -91,7 +91,7 @@ TARGET_NAMES = list(TARGETS)
 TARGET_METAVAR = "[" + "|".join(TARGET_NAMES) + "]"
 ToOpt = Annotated[str, typer.Option(
     "--to", help="The deployment tool to export for.", metavar=TARGET_METAVAR, show_default=False,
-    callback=choice("--to", TARGET_NAMES), autocompletion=lambda: TARGET_NAMES)]
+    callback=choice("--to", TARGET_NAMES, "export target"), autocompletion=lambda: TARGET_NAMES)]
 ExportToOpt = Annotated[Optional[str], typer.Option(
     "--export", help="Also export the winner for this target, beside the -o manifest.", metavar=TARGET_METAVAR,
-    callback=choice("--export", TARGET_NAMES), autocompletion=lambda: TARGET_NAMES, rich_help_panel=SEARCH)]
+    callback=choice("--export", TARGET_NAMES, "export target"), autocompletion=lambda: TARGET_NAMES, rich_help_panel=SEARCH)]

@@ -2,76 +2,77 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.table import Table
 
 from shardplan import units
 
 
 from shardplan.cli.render_common import console, fmt_gib, fmt_seconds
+from shardplan.tasks.capacity import FormatRow, ServingCapacity, TrainingCapacity, TrainingRow
 
 
-def _fmt_gpus(row: dict[str, Any]) -> list[str]:
-    if row["min_num_gpus"] is None:
+def _fmt_gpus(row: FormatRow | TrainingRow) -> list[str]:
+    if row.min_num_gpus is None:
         return ["-", "-"]
-    return [str(row["min_num_gpus"]), str(row["num_nodes"])]
+    return [str(row.min_num_gpus), str(row.num_nodes)]
 
 
-def capacity_report(r: dict[str, Any]) -> None:
+def capacity_report(r: ServingCapacity | TrainingCapacity) -> None:
     from shardplan.search.explain import describe
 
-    counts = r["gpu_counts_considered"]
-    searched = f"GPU counts considered: {', '.join(map(str, counts[:6]))}{', ...' if len(counts) > 6 else ''} up to {r['max_gpus']} ({r['gpus_per_node']} per node)"
-    if r["workload"] == "training":
-        t = Table(title=f"{r['model']} on {r['hardware']}, training {r['seq_len']:,} tokens x {r['global_batch_size']} sequences: "
+    counts = r.gpu_counts_considered
+    searched = f"GPU counts considered: {', '.join(map(str, counts[:6]))}{', ...' if len(counts) > 6 else ''} up to {r.max_gpus} ({r.gpus_per_node} per node)"
+    if isinstance(r, TrainingCapacity):
+        t = Table(title=f"{r.model} on {r.hardware}, training {r.seq_len:,} tokens x {r.global_batch_size} sequences: "
                         "fewest GPUs per ZeRO stage and offload", title_justify="left")
         for c in ("ZeRO", "offload", "GPUs", "nodes", "fastest layout there", "GiB/GPU", "free", "step"):
-            t.add_column(c, justify="left" if c in ("offload", "fastest layout there") else "right")
-        for row in r["rows"]:
-            cells = [str(row["zero_stage"]), row["offload"], *_fmt_gpus(row)]
-            if row["min_num_gpus"] is None:
+            t.add_column(c, justify="left" if c in ("offload", "fastest layout there") else "right",
+                         no_wrap=c in ("offload", "fastest layout there"))  # identifiers stay whole
+        for row in r.rows:
+            cells = [str(row.zero_stage), row.offload, *_fmt_gpus(row)]
+            if row.min_num_gpus is None:
                 cells += ["not found", "-", "-", "-"]
             else:
-                cells += [describe(row["plan"]), f"{units.bytes_to_gib(row['per_gpu_bytes']['total']):.1f}",
-                          f"{units.bytes_to_gib(row['headroom_bytes']):.1f}", fmt_seconds(row["step_seconds"])]
+                cells += [describe(row.plan), f"{units.bytes_to_gib(row.per_gpu_bytes['total']):.1f}",
+                          f"{units.bytes_to_gib(row.headroom_bytes):.1f}", fmt_seconds(row.step_seconds)]
             t.add_row(*cells)
         console.print(t)
-        for row in r["rows"]:
-            if row["not_found"]:
-                console.print(f"ZeRO {row['zero_stage']}, offload {row['offload']}: {row['not_found']}")
+        for row in r.rows:
+            if row.not_found:
+                console.print(f"ZeRO {row.zero_stage}, offload {row.offload}: {row.not_found}")
         console.print(searched)
         return
-    tps = [p["tp"] for p in r["formats"][0]["per_tp"]]
-    t = Table(title=f"{r['model']} on {r['hardware']}, serving {r['concurrency']} sequence(s) of {r['max_model_len']:,} tokens: "
+    tps = [p.tp for p in r.formats[0].per_tp]
+    t = Table(title=f"{r.model} on {r.hardware}, serving {r.concurrency} sequence(s) of {r.max_model_len:,} tokens: "
                     "fewest GPUs per weight format", title_justify="left",
-              caption=f"tp=N: one replica of N GPUs (pp=1): longest context at {r['concurrency']} sequence(s) / "
-                      f"most sequences of {r['max_model_len']:,} tokens", caption_justify="left")
+              caption=f"tp=N: one replica of N GPUs (pp=1): longest context at {r.concurrency} sequence(s) / "
+                      f"most sequences of {r.max_model_len:,} tokens", caption_justify="left")
     for c in ("weights", "GPUs", "nodes", "layout", "weights/GPU", "KV cache/GPU", "seqs held"):
-        t.add_column(c, justify="left" if c in ("weights", "layout") else "right")
+        t.add_column(c, justify="left" if c in ("weights", "layout") else "right",
+                     no_wrap=c in ("weights", "layout"))  # identifiers stay whole
     for tp in tps:
         t.add_column(f"tp={tp}", justify="right")
-    for row in r["formats"]:
-        cells = [row["weight_dtype"], *_fmt_gpus(row)]
-        if row["min_num_gpus"] is None:
+    for row in r.formats:
+        cells = [row.weight_dtype, *_fmt_gpus(row)]
+        if row.min_num_gpus is None:
             cells += ["not found", "-", "-", "-"]
         else:
-            p, b = row["plan"], row["per_gpu_bytes"]
+            p, b = row.plan, row.per_gpu_bytes
             cells += [f"tp={p['tp']} pp={p['pp']}" + (f" ep={p['ep']}" if p["ep"] > 1 else ""),
-                      fmt_gib(b["weights"]), fmt_gib(b["kv_cache"]), f"{row['kv_cache']['max_concurrency']:.1f}"]
-        by_tp = {p["tp"]: p for p in row["per_tp"]}
+                      fmt_gib(b["weights"]), fmt_gib(b["kv_cache"]), f"{row.kv_cache['max_concurrency']:.1f}"]
+        by_tp = {p.tp: p for p in row.per_tp}
         for tp in tps:
             p = by_tp.get(tp)
-            cells.append("-" if p is None or not p["longest_context_tokens"] else f"{p['longest_context_tokens']:,} / {p['most_sequences']:,}")
+            cells.append("-" if p is None or not p.longest_context_tokens else f"{p.longest_context_tokens:,} / {p.most_sequences:,}")
         t.add_row(*cells)
     console.print(t)
-    q = r["quantization_removes_sharding"]
+    q = r.quantization_removes_sharding
     if q:
-        dense = f"{q['dense_min_num_gpus']} GPUs" if q["dense_min_num_gpus"] else f"more than {r['max_gpus']} GPUs"
-        console.print(f"[green]{q['weight_dtype']} weights fit on one GPU: quantization removes the need to shard[/green] "
-                      f"({q['dense_weight_dtype']} needs {dense})")
-    for row in r["formats"]:
-        if row["not_found"]:
-            console.print(f"{row['weight_dtype']}: {row['not_found']}")
-    console.print(f"{searched}; memory budget {r['gpu_memory_utilization']:g} x device memory (vLLM); "
-                  f"KV cache {r['kv_cache_dtype']}", highlight=False)
+        dense = f"{q.dense_min_num_gpus} GPUs" if q.dense_min_num_gpus else f"more than {r.max_gpus} GPUs"
+        console.print(f"[green]{q.weight_dtype} weights fit on one GPU: quantization removes the need to shard[/green] "
+                      f"({q.dense_weight_dtype} needs {dense})")
+    for row in r.formats:
+        if row.not_found:
+            console.print(f"{row.weight_dtype}: {row.not_found}")
+    console.print(f"{searched}; memory budget {r.gpu_memory_utilization:g} x device memory (vLLM); "
+                  f"KV cache {r.kv_cache_dtype}", highlight=False)

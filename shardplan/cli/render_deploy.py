@@ -3,81 +3,86 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from rich.table import Table
 
+from shardplan.cli.render_common import console, err_console, file_written, fmt_bytes, fmt_degrees
+from shardplan.tasks.checkpoint import CheckpointResult
+from shardplan.tasks.export import ExportResult
+from shardplan.tasks.replan import ReplanResult
 
 
-from shardplan.cli.render_common import console, fmt_bytes, fmt_degrees
-
-
-def export_report(result: dict[str, Any], *, written: bool) -> None:
+def export_report(result: ExportResult, *, written: bool) -> None:
     """Written: one line per file. Not written: the files' text on stdout, raw (no markup), each
     under a `==> name <==` line when there are several (as `head` prints several files)."""
-    files = result["files"]
-    if written:
+    files = result.files
+    if written:  # a log of what was written: stderr, so stdout stays data
         for f in files:
-            console.print(f"{result['target']}: wrote {f['path']} ({f['bytes']:,} bytes)", markup=False, highlight=False)
+            err_console.print(f"{result.target}: wrote {f.path} ({f.bytes:,} bytes)", markup=False, highlight=False,
+                              soft_wrap=True)
         return
     for i, f in enumerate(files):
         if len(files) > 1:
-            sys.stdout.write(("\n" if i else "") + f"==> {f['name']} <==\n")
-        sys.stdout.write(f["text"])
+            sys.stdout.write(("\n" if i else "") + f"==> {f.name} <==\n")
+        sys.stdout.write(f.text)
     sys.stdout.flush()
 
 
-def checkpoint_report(r: dict[str, Any]) -> None:
+def checkpoint_report(r: CheckpointResult) -> None:
     console.print(
-        f"[bold]{r['model']}[/bold] checkpoint {r['checkpoint']}: {r['num_tensors']} tensors ({r['dtype']}) in "
-        f"{len(r['files'])} file(s), {fmt_bytes(r['checkpoint_tensor_bytes'])} of tensors; names, shapes and dtypes "
+        f"[bold]{r.model}[/bold] checkpoint {r.checkpoint}: {r.num_tensors} tensors ({r.dtype}) in "
+        f"{len(r.files)} file(s), {fmt_bytes(r.checkpoint_tensor_bytes)} of tensors; names, shapes and dtypes "
         "match the model", highlight=False)
-    t = Table(title=f"What each rank of {r['plan']} reads", title_justify="left")
+    t = Table(title=f"What each rank of {r.plan} reads", title_justify="left")
     for c in ("rank", "node", "tensors", "files", "reads", "runs", "bytes"):
         t.add_column(c, justify="right", no_wrap=True)
-    for rk in r["ranks"]:
-        t.add_row(str(rk["rank"]), str(rk["node"]), str(rk["num_tensors"]), str(len(rk["files"])),
-                  f"{sum(f['num_reads'] for f in rk['files']):,}", f"{sum(f['num_runs'] for f in rk['files']):,}",
-                  fmt_bytes(rk["bytes"]))
+    for rk in r.ranks:
+        t.add_row(str(rk.rank), str(rk.node), str(rk.num_tensors), str(len(rk.files)),
+                  f"{sum(f.num_reads for f in rk.files):,}", f"{sum(f.num_runs for f in rk.files):,}",
+                  fmt_bytes(rk.bytes))
     console.print(t)
-    nodes = ", ".join(f"node {n['node']} {fmt_bytes(n['bytes'])}" for n in r["nodes"])
-    console.print(f"per node: {nodes}; all ranks {fmt_bytes(r['total_read_bytes'])} = {r['replication']:.4f} x the "
+    nodes = ", ".join(f"node {n.node} {fmt_bytes(n.bytes)}" for n in r.nodes)
+    console.print(f"per node: {nodes}; all ranks {fmt_bytes(r.total_read_bytes)} = {r.replication:.4f} x the "
                   "checkpoint (the plan's replication); byte ranges per file in --json", highlight=False)
 
 
-def replan_report(r: dict[str, Any]) -> None:
-    f = r["from"]
+def replan_report(r: ReplanResult) -> None:
+    f = r.from_
     console.print(
-        f"[bold]{r['model']}[/bold] on {r['hardware']}, {r['workload']}: {f['num_gpus']} -> {r['to_num_gpus']} GPUs, "
-        f"objective {r['objective']}; {r['num_evaluated']:,} layouts evaluated, {r['num_feasible']:,} fit", highlight=False)
-    if r["candidates"]:
-        t = Table(title=f"Candidates (* chosen: the least moved within {r['margin']:.0%} of the best; dim: outside)",
+        f"[bold]{r.model}[/bold] on {r.hardware}, {r.workload}: {f.num_gpus} -> {r.to_num_gpus} GPUs, "
+        f"objective {r.objective}; {r.num_evaluated:,} layouts evaluated, {r.num_feasible:,} fit", highlight=False)
+    if r.candidates:
+        t = Table(title=f"Candidates (* chosen: the least moved within {r.margin:.0%} of the best; dim: outside)",
                   title_justify="left")
         for c in ("#", "layout", "gap", "moved", "intra-node", "inter-node", "max/rank"):
-            t.add_column(c, justify="left" if c == "layout" else "right", no_wrap=c != "layout")
-        for c in r["candidates"]:
-            route = c["moved_bytes_by_route"]
-            t.add_row(f"{c['rank']}{'*' if c['chosen'] else ''}", fmt_degrees(c["plan"]), f"{100 * c['gap_fraction']:.1f}%",
-                      fmt_bytes(c["moved_bytes"]), fmt_bytes(route["intra_node"]), fmt_bytes(route["inter_node"]),
-                      fmt_bytes(c["max_received_bytes_per_rank"]), style=None if c["within_margin"] else "dim")
+            t.add_column(c, justify="left" if c == "layout" else "right", no_wrap=True)  # the layout stays whole
+        for c in r.candidates:
+            route = c.moved_bytes_by_route
+            t.add_row(f"{c.rank}{'*' if c.chosen else ''}", fmt_degrees(c.plan), f"{100 * c.gap_fraction:.1f}%",
+                      fmt_bytes(c.moved_bytes), fmt_bytes(route["intra_node"]), fmt_bytes(route["inter_node"]),
+                      fmt_bytes(c.max_received_bytes_per_rank), style=None if c.within_margin else "dim")
         console.print(t)
-    mv = r["moves"]
+    mv = r.moves
     if mv is None:
-        console.print(f"[red]no layout fits on {r['to_num_gpus']} GPUs[/red]")
+        console.print(f"[red]no layout fits on {r.to_num_gpus} GPUs[/red]")
         return
-    states = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in mv["moved_bytes_by_state"].items()) or "nothing"
-    console.print(f"chosen #{r['chosen']}: {mv['num_moves']:,} slices move ({states}); {fmt_bytes(mv['kept_bytes'])} "
+    states = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in mv.moved_bytes_by_state.items()) or "nothing"
+    console.print(f"chosen #{r.chosen}: {mv.num_moves:,} slices move ({states}); {fmt_bytes(mv.kept_bytes)} "
                   "stays on its GPU", highlight=False)
     t = Table(title="Per new rank", title_justify="left")
     for c in ("rank", "node", "kept", "received", "from other nodes", "from old ranks"):
         t.add_column(c, justify="left" if c == "from old ranks" else "right", no_wrap=c != "from old ranks")
-    for rk in mv["ranks"]:
-        src = rk["sources"]
-        t.add_row(str(rk["rank"]), str(rk["node"]), fmt_bytes(rk["kept_bytes"]), fmt_bytes(rk["received_bytes"]),
-                  fmt_bytes(rk["received_inter_node_bytes"]),
+    for rk in mv.ranks:
+        src = rk.sources
+        t.add_row(str(rk.rank), str(rk.node), fmt_bytes(rk.kept_bytes), fmt_bytes(rk.received_bytes),
+                  fmt_bytes(rk.received_inter_node_bytes),
                   ", ".join(map(str, src[:8])) + (f" (+{len(src) - 8})" if len(src) > 8 else ""))
     console.print(t)
-    if r["manifest"]:
-        console.print(f"manifest written to {r['manifest']}")
-    if r["moves_file"]:
-        console.print(f"move list written to {r['moves_file']}")
+
+
+def replan_files_written(r: ReplanResult) -> None:
+    """Where the manifest and move list went: log lines on stderr (with or without --json)."""
+    if r.manifest:
+        file_written(r.manifest, "manifest")
+    if r.moves_file:
+        file_written(r.moves_file, "move list")

@@ -7,199 +7,238 @@ from typing import Any
 from rich.table import Table
 
 from shardplan import units
-
-
-from shardplan.cli.render_common import console, breakdown_table, fmt_count, fmt_gib, fmt_seconds
+from shardplan.cli.render_common import breakdown_table, console, file_written, fmt_count, fmt_gib, fmt_seconds
+from shardplan.cost.report import CostReport, TrainingMemoryReport, TrainingTimeReport
+from shardplan.plan.schema import DeploymentManifest, ServingTime
+from shardplan.search.explain import describe
+from shardplan.search.results import ParetoPoint, RecommendEntry, RecommendResult
 
 _COMPONENTS = ("weights", "kv_cache", "activations", "gradients", "optimizer_states", "temporary", "overhead")
 
 
-def estimate_report(r: dict[str, Any]) -> None:
-    p = r["plan"]
-    hw = r["hardware"]
-    m = r["model"]
+def _chunks(pairs: Any) -> str:
+    """Layer chunks as `0-9, 40-49`: an interleaved stage's layers are not one range."""
+    return ", ".join(f"{a}-{b}" for a, b in pairs)
+
+
+def estimate_report(r: CostReport) -> None:
+    p, hw, m = r.plan, r.hardware, r.model
     console.print(
-        f"[bold]{m['name']}[/bold] ({fmt_count(m['num_params'])} params) on {hw['num_gpus']} x {hw['name']} "
-        f"({hw['num_nodes']} node(s)), {r['workload']['kind']}: tp={p['tp']} pp={p['pp']} dp={p['dp']} "
-        f"cp={p['cp']} ep={p['ep']} zero={p['zero_stage']} recompute={p['recompute']}"
+        f"[bold]{m.name}[/bold] ({fmt_count(m.num_params)} params) on {hw.num_gpus} x {hw.name} "
+        f"({hw.num_nodes} node(s)), {r.workload.kind}: tp={p.tp} pp={p.pp} dp={p.dp} "
+        f"cp={p.cp} ep={p.ep} zero={p.zero_stage} recompute={p.recompute}"
+        + (f" virtual-stages={p.virtual_stages}" if p.virtual_stages > 1 else "")
     )
-    cap = hw["memory_capacity_bytes"]
+    cap = hw.memory_capacity_bytes
     t = Table(title="Memory per GPU by pipeline stage (GiB)", title_justify="left")
-    t.add_column("")
-    ranks = r["memory"]["per_rank"]
+    t.add_column("", no_wrap=True)
+    ranks = r.memory.per_rank
     for rank in ranks:
-        lo, hi = rank["layers"]
-        t.add_column(f"stage {rank['stage']}\nlayers {lo}-{hi}", justify="right")
+        t.add_column(f"stage {rank.stage}\nlayers {_chunks(rank.layer_chunks)}", justify="right")
     for c in _COMPONENTS:
-        if any(rank["per_gpu_bytes"][c] for rank in ranks):
-            t.add_row(c.replace("_", " "), *[f"{units.bytes_to_gib(rank['per_gpu_bytes'][c]):.2f}" for rank in ranks])
-    t.add_row("[bold]total[/bold]", *[f"[bold]{units.bytes_to_gib(rank['per_gpu_bytes']['total']):.2f}[/bold]" for rank in ranks])
-    t.add_row("headroom", *[f"{units.bytes_to_gib(cap - rank['per_gpu_bytes']['total']):.2f}" for rank in ranks])
+        if any(rank.per_gpu_bytes[c] for rank in ranks):
+            t.add_row(c.replace("_", " "), *[f"{units.bytes_to_gib(rank.per_gpu_bytes[c]):.2f}" for rank in ranks])
+    t.add_row("[bold]total[/bold]", *[f"[bold]{units.bytes_to_gib(rank.per_gpu_bytes['total']):.2f}[/bold]" for rank in ranks])
+    t.add_row("headroom", *[f"{units.bytes_to_gib(cap - rank.per_gpu_bytes['total']):.2f}" for rank in ranks])
     console.print(t)
-    mem = r["memory"]
+    mem = r.memory
     console.print(
-        f"capacity {fmt_gib(cap)} per GPU; budget {fmt_gib(mem['budget_bytes'])}; "
-        f"binding: stage {mem['binding_stage']}, largest part {mem['binding_component']}"
+        f"capacity {fmt_gib(cap)} per GPU; budget {fmt_gib(mem.budget_bytes)}; "
+        f"binding: stage {mem.binding_stage}, largest part {mem.binding_component}"
     )
-    if "kv_cache" in r:
-        kv = r["kv_cache"]
+    if r.kv_cache is not None:
+        kv = r.kv_cache
         console.print(
-            f"KV cache: {kv['bytes_per_token_per_gpu']:,.0f} B/token/GPU; capacity {kv['capacity_tokens']:,} tokens "
-            f"({kv['num_blocks']:,} blocks of {kv['block_size']}); max concurrency at {kv['max_model_len']:,} tokens: "
-            f"{kv['max_concurrency']:.2f}x"
+            f"KV cache: {kv.bytes_per_token_per_gpu:,.0f} B/token/GPU; capacity {kv.capacity_tokens:,} tokens "
+            f"({kv.num_blocks:,} blocks of {kv.block_size}); max concurrency at {kv.max_model_len:,} tokens: "
+            f"{kv.max_concurrency:.2f}x"
         )
-    else:
-        if mem.get("host_offload_bytes_per_node"):
-            console.print(f"host RAM for offloaded states: {fmt_gib(mem['host_offload_bytes_per_node'])} per node")
-        if mem.get("nvme_offload_bytes_per_node"):
-            console.print(f"NVMe for offloaded states: {fmt_gib(mem['nvme_offload_bytes_per_node'])} per node")
-    if "time" in r:
-        _time_report(r)
-    if r["fits"]:
+    elif isinstance(mem, TrainingMemoryReport):
+        if mem.host_offload_bytes_per_node:
+            console.print(f"host RAM for offloaded states: {fmt_gib(mem.host_offload_bytes_per_node)} per node")
+        if mem.nvme_offload_bytes_per_node:
+            console.print(f"NVMe for offloaded states: {fmt_gib(mem.nvme_offload_bytes_per_node)} per node")
+    _time_report(r)
+    if r.fits:
         console.print("[green]fits[/green]")
     else:
-        console.print(f"[red]does not fit[/red]: {r['reason']}")
+        console.print(f"[red]does not fit[/red]: {r.reason}")
 
 
-def _time_report(r: dict[str, Any]) -> None:
-    tm = r["time"]
-    if "step_seconds" in tm:
-        console.print(breakdown_table("Time per training step", {"step": tm["breakdown"]}))
+def _time_report(r: CostReport) -> None:
+    tm = r.time
+    if isinstance(tm, TrainingTimeReport):
+        console.print(breakdown_table("Time per training step", {"step": tm.breakdown}))
         console.print(
-            f"step {fmt_seconds(tm['step_seconds'])}; {tm['tokens_per_second_per_gpu']:,.0f} tokens/s per GPU "
-            f"({tm['tokens_per_second']:,.0f} in all); MFU {100 * tm['mfu']:.1f}%, HFU {100 * tm['hfu']:.1f}%"
+            f"step {fmt_seconds(tm.step_seconds)}; {tm.tokens_per_second_per_gpu:,.0f} tokens/s per GPU "
+            f"({tm.tokens_per_second:,.0f} in all); MFU {100 * tm.mfu:.1f}%, HFU {100 * tm.hfu:.1f}%"
         )
         return
     console.print(
         breakdown_table(
-            f"Serving time at batch {tm['batch_size']} ({tm['input_len']} prompt + {tm['output_len']} output tokens)",
-            {"prefill (TTFT)": tm["breakdown"]["prefill"], "decode step (TPOT)": tm["breakdown"]["decode_step"]},
+            f"Serving time at batch {tm.batch_size} ({tm.input_len} prompt + {tm.output_len} output tokens)",
+            {"prefill (TTFT)": tm.breakdown.prefill, "decode step (TPOT)": tm.breakdown.decode_step},
         )
     )
     console.print(
-        f"TTFT {fmt_seconds(tm['ttft_seconds'])}, TPOT {fmt_seconds(tm['tpot_seconds'])}, "
-        f"{tm['throughput_tokens_per_second']:,.0f} output tokens/s ({tm['throughput_tokens_per_second_per_gpu']:,.0f} per GPU)"
+        f"TTFT {fmt_seconds(tm.ttft_seconds)}, TPOT {fmt_seconds(tm.tpot_seconds)}, "
+        f"{_throughput(tm.throughput_tokens_per_second, tm.throughput_tokens_per_second_per_gpu, tm.throughput_tokens_per_second_per_replica, r.plan.dp)}"
     )
-    if tm["best_batch_size"]:
+    if tm.best_batch_size and tm.best_throughput_tokens_per_second is not None:
         console.print(
-            f"best throughput within the KV cache: batch {tm['best_batch_size']} at "
-            f"{tm['best_throughput_tokens_per_second']:,.0f} output tokens/s"
+            f"best throughput within the KV cache: batch {tm.best_batch_size} per replica at "
+            f"{tm.best_throughput_tokens_per_second:,.0f} output tokens/s over all GPUs"
         )
-    if not tm["batch_fits_kv_cache"]:
+    if not tm.batch_fits_kv_cache:
         console.print(
-            f"[yellow]batch {tm['batch_size']} needs more KV cache than the {tm['max_batch_in_kv_cache']} "
-            f"sequences of {tm['input_len'] + tm['output_len']} tokens it holds[/yellow]"
+            f"[yellow]batch {tm.batch_size} needs more KV cache than the {tm.max_batch_in_kv_cache} "
+            f"sequences of {tm.input_len + tm.output_len} tokens it holds[/yellow]"
         )
 
 
-def _plan_cells(e: dict[str, Any]) -> list[str]:
-    from shardplan.search.explain import describe
+def _throughput(total: float, per_gpu: float, per_replica: float | None, replicas: int) -> str:
+    """The plan's output tokens/s (all replicas), per GPU and per replica: the same three everywhere."""
+    text = f"{total:,.0f} output tokens/s over all GPUs ({per_gpu:,.0f} per GPU"
+    if per_replica is not None and replicas > 1:
+        text += f"; {replicas} replicas of {per_replica:,.0f}"
+    return text + ")"
 
-    return [str(e["rank"]), str(e["num_gpus"]), describe(e["plan"])]
+
+def fitted_table(title: str, columns: list[tuple[str, str, int]], rows: list[list[str]]) -> Table:
+    """A table that fits the console: each column is (header, justify, priority); columns are
+    never truncated to `...`; instead the highest-priority-number ones are dropped until the
+    rest fit (priority 0 is never dropped: identifiers such as the layout)."""
+    def width(i: int) -> int:
+        return max([len(columns[i][0])] + [len(row[i]) for row in rows]) + 3  # padding and a border
+
+    keep = list(range(len(columns)))
+    for i in sorted(keep, key=lambda i: (-columns[i][2], -i)):
+        if sum(width(j) for j in keep) + 1 <= console.width or columns[i][2] == 0:
+            break
+        keep.remove(i)
+    t = Table(title=title, title_justify="left")
+    for i in keep:
+        t.add_column(columns[i][0], justify=columns[i][1], no_wrap=True, min_width=width(i) - 3)  # type: ignore[arg-type]
+    for row in rows:
+        t.add_row(*[row[i] for i in keep])
+    return t
 
 
-def recommend_report(r: dict[str, Any]) -> None:
+def _top_table(top: list[RecommendEntry]) -> Table:
+    training = isinstance(top[0].time, TrainingTimeReport)
+    # (header, justify, priority): 0 never dropped; larger numbers go first when it is narrow.
+    cols = [("#", "right", 0), ("GPUs", "right", 0), ("layout", "left", 0), ("GiB", "right", 4), ("free", "right", 6)]
+    if training:
+        cols += [("step", "right", 1), ("tok/s/GPU", "right", 2), ("MFU", "right", 3)]
+    else:
+        cols += [("TTFT", "right", 3), ("TPOT", "right", 2), ("tok/s", "right", 1), ("tok/s/GPU", "right", 5)]
+    cols.append(("$/Mtok", "right", 7))
+    rows = []
+    for e in top:
+        mem, tm, usd = e.memory, e.time, e.cost.usd_per_million_tokens
+        cells = [str(e.rank), str(e.num_gpus), describe(e.plan),
+                 f"{units.bytes_to_gib(mem.per_gpu_bytes['total']):.1f}", f"{units.bytes_to_gib(mem.headroom_bytes):.1f}"]
+        if isinstance(tm, TrainingTimeReport):
+            cells += [fmt_seconds(tm.step_seconds), f"{tm.tokens_per_second_per_gpu:,.0f}", f"{100 * tm.mfu:.1f}%"]
+        else:
+            cells += [fmt_seconds(tm.ttft_seconds), fmt_seconds(tm.tpot_seconds),
+                      f"{tm.throughput_tokens_per_second:,.0f}", f"{tm.throughput_tokens_per_second_per_gpu:,.0f}"]
+        cells.append("-" if usd is None else f"{usd:,.3f}")
+        rows.append(cells)
+    return fitted_table("Best plans", cols, rows)
+
+
+def _pareto_table(points: list[ParetoPoint]) -> Table:
+    cols = [("GPUs", "right", 0), ("tp", "right", 0), ("pp", "right", 0), ("replicas", "right", 0),
+            ("weights", "right", 0), ("kv", "right", 0), ("batch", "right", 0), ("latency", "right", 0),
+            ("TTFT", "right", 2), ("TPOT", "right", 1), ("tokens/s/GPU", "right", 0)]
+    rows = [[str(p.num_gpus), str(p.tp), str(p.pp), str(p.replicas), p.quantization, p.kv_cache_dtype,
+             str(p.batch_size), fmt_seconds(p.e2e_latency_seconds), fmt_seconds(p.ttft_seconds),
+             fmt_seconds(p.tpot_seconds), f"{p.throughput_tokens_per_second_per_gpu:,.0f}"] for p in points]
+    return fitted_table("Pareto frontier: request latency vs throughput per GPU", cols, rows)
+
+
+def recommend_report(r: RecommendResult) -> None:
+    console.print(r.assumptions, markup=False, highlight=False, soft_wrap=True)  # one line: the terminal wraps it
     console.print(
-        f"[bold]{r['model']}[/bold] on {r['hardware']}, {r['workload']}, objective {r['objective']}: "
-        f"{r['num_evaluated']:,} layouts evaluated ({r['num_costed']:,} costed in full) in {r['elapsed_seconds']:.2f} s; "
-        f"{r['num_feasible']:,} fit"
+        f"[bold]{r.model}[/bold] on {r.hardware}, {r.workload}, objective {r.objective}: "
+        f"{r.num_evaluated:,} layouts evaluated ({r.num_costed:,} costed in full) in {r.elapsed_seconds:.2f} s; "
+        f"{r.num_feasible:,} fit"
     )
-    top = r["top"]
-    if top:
-        t = Table(title="Best plans", title_justify="left")
-        for c in ("#", "GPUs", "layout", "GiB", "free"):
-            t.add_column(c, justify="left" if c == "layout" else "right", no_wrap=c != "layout")
-        training = "step_seconds" in top[0]["time"]
-        cols = ("step", "tok/s/GPU", "MFU") if training else ("TTFT", "TPOT", "tok/s", "tok/s/GPU")
-        for c in cols + ("$/Mtok",):
-            t.add_column(c, justify="right", no_wrap=True)
-        for e in top:
-            mem, tm, cost = e["memory"], e["time"], e["cost"]
-            cells = _plan_cells(e) + [f"{units.bytes_to_gib(mem['per_gpu_bytes']['total']):.1f}", f"{units.bytes_to_gib(mem['headroom_bytes']):.1f}"]
-            if training:
-                cells += [fmt_seconds(tm["step_seconds"]), f"{tm['tokens_per_second_per_gpu']:,.0f}", f"{100 * tm['mfu']:.1f}%"]
-            else:
-                cells += [fmt_seconds(tm["ttft_seconds"]), fmt_seconds(tm["tpot_seconds"]),
-                          f"{e['throughput_tokens_per_second_all_replicas']:,.0f}", f"{tm['throughput_tokens_per_second_per_gpu']:,.0f}"]
-            usd = cost["usd_per_million_tokens"]
-            cells.append("-" if usd is None else f"{usd:,.3f}")
-            t.add_row(*cells)
-        console.print(t)
-    if r["pareto"]:
-        t = Table(title="Pareto frontier: request latency vs throughput per GPU", title_justify="left")
-        for c in ("GPUs", "tp", "pp", "replicas", "weights", "kv", "batch", "latency", "TTFT", "TPOT", "tokens/s/GPU"):
-            t.add_column(c, justify="right")
-        for p in r["pareto"]:
-            t.add_row(str(p["num_gpus"]), str(p["tp"]), str(p["pp"]), str(p["replicas"]), p["quantization"], p["kv_cache_dtype"],
-                      str(p["batch_size"]), fmt_seconds(p["e2e_latency_seconds"]), fmt_seconds(p["ttft_seconds"]),
-                      fmt_seconds(p["tpot_seconds"]), f"{p['throughput_tokens_per_second_per_gpu']:,.0f}")
-        console.print(t)
-    if r["rejected"]:
+    if r.top:
+        console.print(_top_table(r.top))
+    if r.pareto:
+        console.print(_pareto_table(r.pareto))
+    if r.rejected:
         t = Table(title="Rejected layouts by reason", title_justify="left")
         t.add_column("reason")
-        t.add_column("layouts", justify="right")
-        for reason, n in r["rejected"].items():
+        t.add_column("layouts", justify="right", no_wrap=True)
+        for reason, n in r.rejected.items():
             t.add_row(reason, f"{n:,}")
         console.print(t)
-    b = r.get("search_budget")
-    if b and b["spent"]:
-        skipped = b["gpu_counts_not_searched"]
-        console.print(f"[yellow]search budget of {b['max_steps']:,} steps spent[/yellow]: "
-                      f"{b['num_layouts_not_searched']:,} layouts not searched"
+    b = r.search_budget
+    if b.spent:
+        skipped = b.gpu_counts_not_searched
+        console.print(f"[yellow]search budget of {b.max_steps:,} steps spent[/yellow]: "
+                      f"{b.num_layouts_not_searched:,} layouts not searched"
                       + (f", GPU counts not searched: {', '.join(map(str, skipped))}" if skipped else "")
                       + " (the best shown is the best found; narrow --max-gpus or pin degrees to search the rest)")
-    if r["smallest_num_gpus"] is not None and len(r["gpu_counts"]) > 1:
-        console.print(f"smallest GPU count that meets the goal: {r['smallest_num_gpus']}")
-    console.print(f"[bold]why[/bold]: {r['why']}")
-    c = r.get("compare")
+    if r.smallest_num_gpus is not None and len(r.gpu_counts) > 1:
+        console.print(f"smallest GPU count that meets the goal: {r.smallest_num_gpus}")
+    console.print(f"[bold]why[/bold]: {r.why}")
+    c = r.compare
     if c:
-        from shardplan.search.explain import describe
-
-        pins = ", ".join(f"{k}={v}" for k, v in c["pins"].items())
-        if not c["fits"]:
-            reasons = "; ".join(f"{k}: {v:,}" for k, v in list(c["rejected"].items())[:3]) or "no such layout can exist"
+        pins = ", ".join(f"{k}={v}" for k, v in c.pins.items())
+        if not c.fits:
+            reasons = "; ".join(f"{k}: {v:,}" for k, v in list((c.rejected or {}).items())[:3]) or "no such layout can exist"
             console.print(f"compared ({pins}): nothing with these settings fits ({reasons})")
-        else:
-            line = f"compared ({pins}): best is {describe(c['plan'])}"
-            if "gap_fraction" in c:
-                line += f", {100 * c['gap_fraction']:.1f}% behind the winner"
-                parts = [f"{d['component'].replace('_', ' ')} {d['delta_seconds'] * 1e3:+.1f} ms" for d in c["differences"][:3]]
+        elif c.plan is not None:
+            line = f"compared ({pins}): best is {describe(c.plan)}"
+            if c.gap_fraction is not None:
+                line += f", {100 * c.gap_fraction:.1f}% behind the winner"
+                parts = [f"{d.component.replace('_', ' ')} {d.delta_seconds * 1e3:+.1f} ms" for d in (c.differences or [])[:3]]
                 if parts:
                     line += " (" + ", ".join(parts) + ")"
             console.print(line)
-    for s in r["suggestions"]:
-        console.print(f"[yellow]would fit with[/yellow] {s['change']}: {s['detail']}")
-    if not top:
-        console.print("[red]no layout fits[/red]" + ("" if r["suggestions"] else " (no single change found that makes one fit)"))
-    if r["manifest"]:
-        console.print(f"manifest written to {r['manifest']}")
+    for s in r.suggestions:
+        console.print(f"[yellow]would fit with[/yellow] {s.change}: {s.detail}")
+    if not r.top:
+        console.print("[red]no layout fits[/red]" + ("" if r.suggestions else " (no single change found that makes one fit)"))
+    if r.manifest:
+        file_written(r.manifest, "manifest")
 
 
-def manifest_report(m: dict[str, Any]) -> None:
-    mo, hw, lay, pl, pr = m["model"], m["hardware"], m["layout"], m["placement"], m["predicted"]
+def manifest_report(m: DeploymentManifest) -> None:
+    mo, hw, lay, pl, pr = m.model, m.hardware, m.layout, m.placement, m.predicted
     console.print(
-        f"[bold]{mo['name']}[/bold] ({fmt_count(mo['num_params'])} params, spec {mo['spec_sha256'][:12]}) on "
-        f"{hw['num_gpus']} x {hw['gpu_model']} ({hw['num_nodes']} node(s) of {hw['gpus_per_node']}), "
-        f"{m['workload']['kind']}; schema {m['schema_version']}, shardplan {m['shardplan_version']}"
+        f"[bold]{mo.name}[/bold] ({fmt_count(mo.num_params)} params, spec {mo.spec_sha256[:12]}) on "
+        f"{hw.num_gpus} x {hw.gpu_model} ({hw.num_nodes} node(s) of {hw.gpus_per_node}), "
+        f"{m.workload.kind}; schema {m.schema_version}, shardplan {m.shardplan_version}"
     )
     console.print(
-        "layout: " + " ".join(f"{a['axis']}={a['size']}" for a in pl["mesh_shape"])
-        + f" ep={lay['ep']} zero={lay['zero_stage']} recompute={lay['recompute']} schedule={lay['pp_schedule']}"
-        + f" v={lay['virtual_stages']} micro-batch={lay['micro_batch_size']}; rank order (outer to inner) {', '.join(pl['mesh_axis_order'])}"
+        "layout: " + " ".join(f"{a.axis}={a.size}" for a in pl.mesh_shape)
+        + f" ep={lay.ep} zero={lay.zero_stage} recompute={lay.recompute} schedule={lay.pp_schedule}"
+        + f" v={lay.virtual_stages} micro-batch={lay.micro_batch_size}; rank order (outer to inner) {', '.join(pl.mesh_axis_order)}"
     )
     t = Table(title="Pipeline stages", title_justify="left")
     for c in ("stage", "layers", "ranks", "nodes", "GiB/GPU"):
-        t.add_column(c, justify="right")
-    per_stage = {s["stage"]: s for s in pr["memory"]["stages"]}
-    for s in pl["stages"]:
-        layers = ", ".join(f"{a}-{b}" for a, b in s["layer_ranges"])
-        mem = per_stage.get(s["stage"])
-        t.add_row(str(s["stage"]), layers, f"{s['first_rank']}-{s['last_rank']}", f"{s['nodes'][0]}-{s['nodes'][1]}",
-                  f"{units.bytes_to_gib(mem['per_gpu_bytes']['total']):.2f}" if mem else "-")
+        t.add_column(c, justify="right", no_wrap=c != "layers")
+    per_stage = {s.stage: s for s in pr.memory.stages}
+    for s in pl.stages:
+        mem = per_stage.get(s.stage)
+        t.add_row(str(s.stage), _chunks(s.layer_ranges), f"{s.first_rank}-{s.last_rank}", f"{s.nodes[0]}-{s.nodes[1]}",
+                  f"{units.bytes_to_gib(mem.per_gpu_bytes['total']):.2f}" if mem else "-")
     console.print(t)
-    if pl.get("experts"):
-        ex = pl["experts"]
-        console.print(f"experts: {ex['experts_per_rank']} per expert-parallel rank")
-    console.print("predicted: " + ("[green]fits[/green]" if pr["fits"] else f"[red]does not fit[/red]: {pr['reason']}")
-                  + f"; headroom {fmt_gib(pr['memory']['headroom_bytes'])}")
-    console.print("time: " + ", ".join(f"{k} {v:.4g}" for k, v in pr["time"].items() if isinstance(v, (int, float))))
+    if pl.experts is not None:
+        console.print(f"experts: {pl.experts.experts_per_rank} per expert-parallel rank")
+    console.print("predicted: " + ("[green]fits[/green]" if pr.fits else f"[red]does not fit[/red]: {pr.reason}")
+                  + f"; headroom {fmt_gib(pr.memory.headroom_bytes)}")
+    tm = pr.time
+    if isinstance(tm, ServingTime):
+        console.print(f"time: batch {tm.batch_size} per replica, TTFT {fmt_seconds(tm.ttft_seconds)}, TPOT "
+                      f"{fmt_seconds(tm.tpot_seconds)}, "
+                      + _throughput(tm.throughput_tokens_per_second, tm.throughput_tokens_per_second_per_gpu,
+                                    tm.throughput_tokens_per_second_per_replica, lay.dp))
+    else:
+        console.print(f"time: step {fmt_seconds(tm.step_seconds)}, {tm.tokens_per_second:,.0f} tokens/s over all GPUs "
+                      f"({tm.tokens_per_second_per_gpu:,.0f} per GPU), MFU {100 * tm.mfu:.1f}%, HFU {100 * tm.hfu:.1f}%")

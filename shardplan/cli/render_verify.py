@@ -2,39 +2,38 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.table import Table
 
+from shardplan.cli.render_common import console, err_console, fmt_bytes, fmt_pct, fmt_seconds
+from shardplan.tasks.calibrate import CalibrateResult
+from shardplan.verify.report import VerifyReport
 
 
-from shardplan.cli.render_common import console, fmt_bytes, fmt_pct, fmt_seconds
-
-
-def verify_report(r: dict[str, Any]) -> None:
+def verify_report(r: VerifyReport) -> None:
     """Predicted against measured per rank and memory component, the numerics check, time."""
-    run = r["run"]
+    run = r.run
     mdl = run["model"]
-    status = "[green]ok[/green]" if r["status"] == "ok" else "[red]mismatch[/red]"
-    console.print(f"verify {r['plan']}: {status} ({r['backend']} on {r['device']}, {r['world_size']} ranks, "
+    status = "[green]ok[/green]" if r.status == "ok" else "[red]mismatch[/red]"
+    console.print(f"verify {r.plan}: {status} ({r.backend} on {r.device}, {r.world_size} ranks, "
                   f"{run['scale']} model: hidden {mdl['hidden_size']}, {mdl['num_layers']} layers, "
                   f"{mdl['num_attention_heads']}/{mdl['num_kv_heads']} heads, vocab {mdl['vocab_size']}; {run['dtype']})")
     console.print("work: " + ", ".join(f"{k} {v}" for k, v in run["work"].items()), highlight=False)
     t = Table(title="memory per rank: measured vs the cost model applied to what ran", title_justify="left")
-    axes = ("pp", "dp", "cp", "tp") if r["world_size"] > 1 and any(rank.get("cp") for rank in r["ranks"]) else ("pp", "dp", "tp")
+    axes = ("pp", "dp", "cp", "tp") if r.world_size > 1 and any(rank.cp for rank in r.ranks) else ("pp", "dp", "tp")
     for col in ("rank", "/".join(axes), "component", "measured", "predicted", "error", "tolerance", ""):
-        t.add_column(col, justify="right" if col in ("measured", "predicted", "error", "tolerance") else "left")
-    for rank in r["ranks"]:
-        coords = "/".join(str(rank.get(a, 0)) for a in axes)
-        for i, c in enumerate(rank["components"]):
-            mark = "[green]ok[/green]" if c["ok"] else "[red]OUT[/red]"
-            tol = "-" if c["tolerance"] is None else f"{c['tolerance']:.0%}"
-            t.add_row(str(rank["rank"]) if i == 0 else "", coords if i == 0 else "",
-                      c["component"], fmt_bytes(c["measured_bytes"]), fmt_bytes(c["predicted_bytes"]),
-                      fmt_pct(c["relative_error"]), tol, mark)
+        t.add_column(col, justify="right" if col in ("measured", "predicted", "error", "tolerance") else "left",
+                     no_wrap=col == "component")  # the identifier stays whole
+    for rank in r.ranks:
+        coords = "/".join(str(getattr(rank, a)) for a in axes)
+        for i, c in enumerate(rank.components):
+            mark = "[green]ok[/green]" if c.ok else "[red]OUT[/red]"
+            tol = "-" if c.tolerance is None else f"{c.tolerance:.0%}"
+            t.add_row(str(rank.rank) if i == 0 else "", coords if i == 0 else "",
+                      c.component, fmt_bytes(c.measured_bytes), fmt_bytes(c.predicted_bytes),
+                      fmt_pct(c.relative_error), tol, mark)
         t.add_section()
     console.print(t)
-    n = r["numerics"]
+    n = r.numerics
     if not n.get("checked", True):
         console.print(f"numerics: {n['check']}")
     else:
@@ -42,12 +41,12 @@ def verify_report(r: dict[str, Any]) -> None:
         mark = "[green]match[/green]" if n["ok"] else "[red]DIFFER[/red]"
         console.print(f"numerics ({n['check']}) vs the unsharded reference: {mark}, max error {err:.2e} "
                       f"(tolerance {n['tolerance']:.0e})")
-    tm = r["time"]
+    tm = r.time
     measured = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in tm["measured"].items())
     predicted = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in tm["predicted"].items())
     console.print(f"time: measured {measured}; predicted {predicted}" +
                   ("" if tm["compared"] else f" (not compared: {tm['reason']})"), highlight=False)
-    probes = [p for p in r.get("probes", []) if "error" not in p]
+    probes = [p for p in r.probes if "error" not in p]
     if probes:
         first = probes[0]
         parts = [f"{first['matmul_dtype']} matmul {max(p['matmul_flops_per_second'] for p in probes) / 1e12:.1f} TFLOP/s",
@@ -58,19 +57,20 @@ def verify_report(r: dict[str, Any]) -> None:
                       "`shardplan calibrate REPORT` makes a profile of them", highlight=False)
     for note in run["notes"]:
         console.print(f"note: {note}", highlight=False)
-    for mm in r["mismatches"]:
+    for mm in r.mismatches:
         console.print(f"[red]out of tolerance:[/red] {mm}", highlight=False)
 
 
-def calibrate_report(r: dict[str, Any]) -> None:
-    t = Table(title=f"{r['name']}: efficiencies measured (base {r['base']})", title_justify="left")
+def calibrate_report(r: CalibrateResult) -> None:
+    t = Table(title=f"{r.name}: efficiencies measured (base {r.base})", title_justify="left")
     for c in ("field", "base", "measured", "what", "figure"):
-        t.add_column(c, justify="right" if c in ("base", "measured") else "left")
-    for c in r["changes"]:
-        scale = 1e12 if c["unit"] == "TFLOP/s" else 1e9
-        t.add_row(c["field"], f"{c['old']:.3f}", f"{c['new']:.3f}", c["what"],
-                  f"{c['measured'] / scale:.4g} of {c['peak'] / scale:.4g} {c['unit']}")
+        t.add_column(c, justify="right" if c in ("base", "measured") else "left", no_wrap=c == "field")
+    for c in r.changes:
+        scale = 1e12 if c.unit == "TFLOP/s" else 1e9
+        t.add_row(c.field, f"{c.old:.3f}", f"{c.new:.3f}", c.what,
+                  f"{c.measured / scale:.4g} of {c.peak / scale:.4g} {c.unit}")
     console.print(t)
-    for note in r["notes"]:
+    for note in r.notes:
         console.print(f"note: {note}", highlight=False)
-    console.print(f"profile written to {r['profile']}; use it with --hardware {r['profile']}", highlight=False)
+    err_console.print(f"profile written to {r.profile}; use it with --hardware {r.profile}", markup=False,
+                      highlight=False, soft_wrap=True)

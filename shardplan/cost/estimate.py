@@ -1,17 +1,32 @@
-"""estimate(): one layout of one model on one cluster -> a CostReport (plain data)."""
+"""estimate(): one layout of one model on one cluster -> a typed CostReport (cost/report.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from shardplan.cost.breakdown import RankMemory
 from shardplan.cost.kv import kv_cache_bytes_per_token
-from shardplan.cost.layout import Layout, PipelineSchedule, validate_layout
+from shardplan.cost.layout import Layout, PipelineSchedule, stage_layer_ranges, validate_layout
 from shardplan.errors import LayoutError
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.memory_training import training_memory
 from shardplan.cost.params import count_params
+from shardplan.cost.report import (
+    CostReport,
+    HardwareReport,
+    InferenceWorkloadReport,
+    KvCacheReport,
+    MemoryReport,
+    ModelReport,
+    OffloadReport,
+    PlanReport,
+    RankMemoryReport,
+    ServingBreakdown,
+    ServingTimeReport,
+    TrainingMemoryReport,
+    TrainingTimeReport,
+    TrainingWorkloadReport,
+)
 from shardplan.cost.time_serving import SERVING_OVERLAP, best_batch, serving_time
 from shardplan.cost.time_training import OVERLAP, training_time
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
@@ -20,42 +35,32 @@ from shardplan.specs.model import ModelSpec
 from shardplan.units import bytes_per_element
 
 
-@dataclass(frozen=True)
-class CostReport:
-    """What `estimate --json` prints; `as_dict()` is that object."""
-
-    data: dict[str, Any]
-
-    @property
-    def fits(self) -> bool:
-        return bool(self.data["fits"])
-
-    def as_dict(self) -> dict[str, Any]:
-        return self.data
-
-
-def _rank_dict(r: RankMemory, capacity: float) -> dict[str, Any]:
-    return {
-        "stage": r.stage,
-        "layers": list(r.layers),
-        "num_ranks": r.num_ranks,
-        "per_gpu_bytes": r.breakdown.as_dict(),
-        "headroom_bytes": capacity - r.breakdown.total,
-        "detail_bytes": r.detail,
-        "host_offload_bytes": r.host_bytes,
-        "nvme_offload_bytes": r.nvme_bytes,
-    }
+def _rank_report(r: RankMemory, capacity: float, chunks: tuple[range, ...]) -> RankMemoryReport:
+    return RankMemoryReport(
+        stage=r.stage,
+        layers=r.layers,
+        layer_chunks=[(c.start, c.stop - 1) for c in chunks],
+        num_ranks=r.num_ranks,
+        per_gpu_bytes=r.breakdown.as_dict(),
+        headroom_bytes=capacity - r.breakdown.total,
+        detail_bytes=r.detail,
+        host_offload_bytes=r.host_bytes,
+        nvme_offload_bytes=r.nvme_bytes,
+    )
 
 
-def _memory_dict(ranks: list[RankMemory], worst: RankMemory, budget: float, capacity: float) -> dict[str, Any]:
-    return {
-        "per_gpu_bytes": worst.breakdown.as_dict(),
-        "binding_stage": worst.stage,
-        "binding_component": _binding_component(worst),
-        "budget_bytes": budget,
-        "headroom_bytes": capacity - worst.breakdown.total,
-        "per_rank": [_rank_dict(r, capacity) for r in ranks],
-    }
+def _memory_fields(ranks: list[RankMemory], worst: RankMemory, budget: float, capacity: float, layout: Layout,
+                   num_layers: int) -> dict[str, Any]:
+    # A stage's `layers` is its first and last layer; interleaved stages hold several chunks.
+    chunks = stage_layer_ranges(num_layers, layout.pp, layout.virtual_stages)
+    return dict(
+        per_gpu_bytes=worst.breakdown.as_dict(),
+        binding_stage=worst.stage,
+        binding_component=_binding_component(worst),
+        budget_bytes=budget,
+        headroom_bytes=capacity - worst.breakdown.total,
+        per_rank=[_rank_report(r, capacity, chunks[r.stage]) for r in ranks],
+    )
 
 
 def _binding_component(r: RankMemory) -> str:
@@ -63,23 +68,23 @@ def _binding_component(r: RankMemory) -> str:
     return max(parts, key=lambda k: parts[k])
 
 
-def _plan_dict(layout: Layout) -> dict[str, Any]:
-    return {
-        "tp": layout.tp,
-        "pp": layout.pp,
-        "dp": layout.dp,
-        "ep": layout.ep,
-        "etp": layout.expert_tp,
-        "cp": layout.cp,
-        "zero_stage": layout.zero_stage,
-        "hybrid_shard": layout.hybrid_shard,
-        "sequence_parallel": layout.sequence_parallel,
-        "recompute": layout.recompute.value,
-        "pp_schedule": layout.pp_schedule.value,
-        "virtual_stages": layout.virtual_stages,
-        "micro_batch_size": layout.micro_batch_size,
-        "offload": {"optimizer": layout.offload_optimizer.value, "params": layout.offload_params.value},
-    }
+def _plan_report(layout: Layout) -> PlanReport:
+    return PlanReport(
+        tp=layout.tp,
+        pp=layout.pp,
+        dp=layout.dp,
+        ep=layout.ep,
+        etp=layout.expert_tp,
+        cp=layout.cp,
+        zero_stage=layout.zero_stage,
+        hybrid_shard=layout.hybrid_shard,
+        sequence_parallel=layout.sequence_parallel,
+        recompute=layout.recompute.value,
+        pp_schedule=layout.pp_schedule.value,
+        virtual_stages=layout.virtual_stages,
+        micro_batch_size=layout.micro_batch_size,
+        offload=OffloadReport(optimizer=layout.offload_optimizer.value, params=layout.offload_params.value),
+    )
 
 
 def estimate(
@@ -92,76 +97,68 @@ def estimate(
     validate_layout(spec, layout, hw.num_gpus, training=training)
     counts = count_params(spec)
     capacity = float(hw.memory_capacity_bytes)
-    data: dict[str, Any] = {
-        "model": {"name": spec.name, "num_params": counts.total, "num_active_params": counts.active_per_token},
-        "hardware": {
-            "name": hw.name,
-            "num_gpus": hw.num_gpus,
-            "gpus_per_node": hw.gpus_per_node,
-            "num_nodes": hw.num_nodes,
-            "memory_capacity_bytes": hw.memory_capacity_bytes,
-        },
-        "workload": {"kind": "training" if training else "inference", **_workload_dict(workload)},
-        "plan": _plan_dict(layout),
-    }
+    common: dict[str, Any] = dict(
+        model=ModelReport(name=spec.name, num_params=counts.total, num_active_params=counts.active_per_token),
+        hardware=HardwareReport(name=hw.name, num_gpus=hw.num_gpus, gpus_per_node=hw.gpus_per_node,
+                                num_nodes=hw.num_nodes, memory_capacity_bytes=hw.memory_capacity_bytes),
+        workload=(TrainingWorkloadReport(kind="training", **_workload_dict(workload)) if training
+                  else InferenceWorkloadReport(kind="inference", **_workload_dict(workload))),
+        plan=_plan_report(layout),
+    )
     if training:
         _check_batch(layout, workload)  # type: ignore[arg-type]
         tm = training_memory(spec, hw, layout, workload)  # type: ignore[arg-type]
-        ranks = tm.ranks
-        worst = max(ranks, key=lambda r: r.breakdown.total)
-        data["fits"] = tm.fits
-        data["reason"] = tm.reason
-        data["memory"] = _memory_dict(ranks, worst, capacity, capacity)
-        data["memory"].update(
+        worst = max(tm.ranks, key=lambda r: r.breakdown.total)
+        memory = TrainingMemoryReport(
+            **_memory_fields(tm.ranks, worst, capacity, capacity, layout, spec.num_layers),
             host_offload_bytes_per_node=tm.host_bytes_per_node,
             nvme_offload_bytes_per_node=tm.nvme_bytes_per_node,
             num_microbatches=tm.num_microbatches,
         )
-        data["time"] = _training_time_dict(spec, hw, layout, workload, tm.num_microbatches)  # type: ignore[arg-type]
-    else:
-        sm = serving_memory(spec, hw, layout, workload)  # type: ignore[arg-type]
-        ranks = sm.ranks
-        # The binding rank is the one with the least KV room.
-        worst = min(ranks, key=lambda r: r.breakdown.kv_cache)
-        data["fits"] = sm.fits
-        data["reason"] = sm.reason
-        data["memory"] = _memory_dict(ranks, worst, sm.budget_bytes, capacity)
-        kv_elt = bytes_per_element(workload.kv_cache_dtype or workload.activation_dtype)  # type: ignore[union-attr]
-        data["kv_cache"] = {
-            "bytes_per_token": kv_cache_bytes_per_token(spec, kv_elt),
-            "bytes_per_token_per_gpu": max(sm.kv_bytes_per_token_per_rank),
-            "capacity_tokens": sm.kv_capacity_tokens,
-            "num_blocks": sm.kv_num_blocks,
-            "block_size": workload.block_size,  # type: ignore[union-attr]
-            "max_model_len": sm.max_model_len,
-            "bytes_per_sequence": sm.kv_bytes_per_sequence,
-            "max_concurrency": sm.max_concurrency,
-        }
-        data["time"] = _serving_time_dict(spec, hw, layout, workload, sm)  # type: ignore[arg-type]
-    return CostReport(data)
+        time = _training_time(spec, hw, layout, workload, tm.num_microbatches)  # type: ignore[arg-type]
+        return CostReport(**common, fits=tm.fits, reason=tm.reason, memory=memory, time=time)
+    sm = serving_memory(spec, hw, layout, workload)  # type: ignore[arg-type]
+    # The binding rank is the one with the least KV room.
+    worst = min(sm.ranks, key=lambda r: r.breakdown.kv_cache)
+    kv_elt = bytes_per_element(workload.kv_cache_dtype or workload.activation_dtype)  # type: ignore[union-attr]
+    kv = KvCacheReport(
+        bytes_per_token=kv_cache_bytes_per_token(spec, kv_elt),
+        bytes_per_token_per_gpu=max(sm.kv_bytes_per_token_per_rank),
+        capacity_tokens=sm.kv_capacity_tokens,
+        num_blocks=sm.kv_num_blocks,
+        block_size=workload.block_size,  # type: ignore[union-attr]
+        max_model_len=sm.max_model_len,
+        bytes_per_sequence=sm.kv_bytes_per_sequence,
+        max_concurrency=sm.max_concurrency,
+    )
+    return CostReport(
+        **common, fits=sm.fits, reason=sm.reason,
+        memory=MemoryReport(**_memory_fields(sm.ranks, worst, sm.budget_bytes, capacity, layout, spec.num_layers)),
+        kv_cache=kv, time=_serving_time(spec, hw, layout, workload, sm),  # type: ignore[arg-type]
+    )
 
 
-def _training_time_dict(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, num_micro: int) -> dict[str, Any]:
+def _training_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, num_micro: int) -> TrainingTimeReport:
     t = training_time(spec, hw, layout, wl, num_micro)
-    return {
-        "step_seconds": t.step_seconds,
-        "tokens_per_second_per_gpu": t.tokens_per_second_per_gpu,
-        "tokens_per_second": t.tokens_per_second_per_gpu * layout.world_size,
-        "mfu": t.mfu,
-        "hfu": t.hfu,
-        "flop_convention": (
+    return TrainingTimeReport(
+        step_seconds=t.step_seconds,
+        tokens_per_second_per_gpu=t.tokens_per_second_per_gpu,
+        tokens_per_second=t.tokens_per_second_per_gpu * layout.world_size,
+        mfu=t.mfu,
+        hfu=t.hfu,
+        flop_convention=(
             "MFU: model FLOPs = 3 x the forward's FLOPs (every GEMM: 2 x active weights per token; attention "
             "scores and weighted sum as the kernel computes them, causal half with flash attention) per step, "
             "over the dense bf16/fp16 peak; HFU adds recomputation"
         ),
-        "model_flops_per_step": t.model_flops_per_step,
-        "hardware_flops_per_step": t.hardware_flops_per_step,
-        "breakdown": t.breakdown.as_dict(),
-        "overlap_assumptions": OVERLAP,
-    }
+        model_flops_per_step=t.model_flops_per_step,
+        hardware_flops_per_step=t.hardware_flops_per_step,
+        breakdown=t.breakdown.as_dict(),
+        overlap_assumptions=OVERLAP,
+    )
 
 
-def _serving_time_dict(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: Any) -> dict[str, Any]:
+def _serving_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: Any) -> ServingTimeReport:
     # The batch: as asked, else the most sequences of input_len + output_len the KV cache holds.
     ctx = wl.input_len + wl.output_len
     fit_batch = int(sm.kv_capacity_tokens // ctx)
@@ -169,22 +166,26 @@ def _serving_time_dict(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl:
     batch = wl.batch_size if wl.batch_size is not None else max(1, limit)
     t = serving_time(spec, hw, layout, wl, batch)
     best = best_batch(spec, hw, layout, wl, limit)
-    return {
-        "batch_size": batch,
-        "input_len": wl.input_len,
-        "output_len": wl.output_len,
-        "batch_fits_kv_cache": batch <= fit_batch,
-        "max_batch_in_kv_cache": fit_batch,
-        "ttft_seconds": t.ttft_seconds,
-        "tpot_seconds": t.tpot_seconds,
-        "e2e_latency_seconds": t.e2e_latency_seconds,
-        "throughput_tokens_per_second": t.throughput_tokens_per_second,
-        "throughput_tokens_per_second_per_gpu": t.throughput_tokens_per_second_per_gpu,
-        "best_batch_size": best.batch_size if best else None,
-        "best_throughput_tokens_per_second": best.throughput_tokens_per_second if best else None,
-        "breakdown": {"prefill": t.prefill.as_dict(), "decode_step": t.decode.as_dict()},
-        "overlap_assumptions": SERVING_OVERLAP,
-    }
+    # serving_time costs one replica; the dp replicas serve independently, so the plan's
+    # throughput is dp times one replica's, and per GPU it is that over all the plan's GPUs.
+    total = t.throughput_tokens_per_second * layout.dp
+    return ServingTimeReport(
+        batch_size=batch,
+        input_len=wl.input_len,
+        output_len=wl.output_len,
+        batch_fits_kv_cache=batch <= fit_batch,
+        max_batch_in_kv_cache=fit_batch,
+        ttft_seconds=t.ttft_seconds,
+        tpot_seconds=t.tpot_seconds,
+        e2e_latency_seconds=t.e2e_latency_seconds,
+        throughput_tokens_per_second=total,
+        throughput_tokens_per_second_per_gpu=total / layout.world_size,
+        throughput_tokens_per_second_per_replica=t.throughput_tokens_per_second,
+        best_batch_size=best.batch_size if best else None,
+        best_throughput_tokens_per_second=best.throughput_tokens_per_second * layout.dp if best else None,
+        breakdown=ServingBreakdown(prefill=t.prefill.as_dict(), decode_step=t.decode.as_dict()),
+        overlap_assumptions=SERVING_OVERLAP,
+    )
 
 
 def _check_batch(layout: Layout, wl: TrainingWorkload) -> None:

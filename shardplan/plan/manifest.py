@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from shardplan import __version__
 from shardplan.cost.layout import Layout, stage_layer_ranges
+from shardplan.cost.report import CostReport, TrainingMemoryReport, TrainingTimeReport
 from shardplan.cost.params import block_weights, embedding_weights, head_weights, tied_lm_head_copy
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import InputFileError
@@ -107,41 +108,47 @@ def _floats(d: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in d.items()}
 
 
-def _predicted(report: dict[str, Any]) -> PredictedSection:
-    mem, t = report["memory"], report["time"]
-    stages = [StageMemory(stage=r["stage"], num_ranks=r["num_ranks"], per_gpu_bytes=_floats(r["per_gpu_bytes"]),
-                          headroom_bytes=float(r["headroom_bytes"]), host_offload_bytes=float(r["host_offload_bytes"]),
-                          nvme_offload_bytes=float(r["nvme_offload_bytes"])) for r in mem["per_rank"]]
-    memory = MemorySection(per_gpu_bytes=_floats(mem["per_gpu_bytes"]), headroom_bytes=float(mem["headroom_bytes"]),
-                           budget_bytes=float(mem["budget_bytes"]), binding_stage=mem["binding_stage"],
-                           binding_component=mem["binding_component"], stages=stages)
+def _predicted(report: CostReport) -> PredictedSection:
+    mem, t = report.memory, report.time
+    stages = [StageMemory(stage=r.stage, num_ranks=r.num_ranks, per_gpu_bytes=_floats(r.per_gpu_bytes),
+                          headroom_bytes=float(r.headroom_bytes), host_offload_bytes=float(r.host_offload_bytes),
+                          nvme_offload_bytes=float(r.nvme_offload_bytes)) for r in mem.per_rank]
+    memory = MemorySection(per_gpu_bytes=_floats(mem.per_gpu_bytes), headroom_bytes=float(mem.headroom_bytes),
+                           budget_bytes=float(mem.budget_bytes), binding_stage=mem.binding_stage,
+                           binding_component=mem.binding_component, stages=stages)
     kv = None
-    if "step_seconds" in t:
+    if isinstance(t, TrainingTimeReport):
+        assert isinstance(mem, TrainingMemoryReport)  # the estimate builds them together
         time: TrainingTime | ServingTime = TrainingTime(
-            kind="training", num_microbatches=mem["num_microbatches"], breakdown_seconds=_floats(t["breakdown"]),
-            **{k: float(t[k]) for k in ("step_seconds", "tokens_per_second_per_gpu", "tokens_per_second", "mfu", "hfu",
-                                        "model_flops_per_step")})
+            kind="training", num_microbatches=mem.num_microbatches, breakdown_seconds=_floats(t.breakdown),
+            step_seconds=float(t.step_seconds), tokens_per_second_per_gpu=float(t.tokens_per_second_per_gpu),
+            tokens_per_second=float(t.tokens_per_second), mfu=float(t.mfu), hfu=float(t.hfu),
+            model_flops_per_step=float(t.model_flops_per_step))
     else:
         time = ServingTime(
-            kind="inference", batch_size=t["batch_size"], batch_fits_kv_cache=t["batch_fits_kv_cache"],
-            best_batch_size=t["best_batch_size"], prefill_breakdown_seconds=_floats(t["breakdown"]["prefill"]),
-            decode_step_breakdown_seconds=_floats(t["breakdown"]["decode_step"]),
-            **{k: float(t[k]) for k in ("ttft_seconds", "tpot_seconds", "e2e_latency_seconds",
-                                        "throughput_tokens_per_second", "throughput_tokens_per_second_per_gpu")})
-        c = report["kv_cache"]
+            kind="inference", batch_size=t.batch_size, batch_fits_kv_cache=t.batch_fits_kv_cache,
+            best_batch_size=t.best_batch_size, prefill_breakdown_seconds=_floats(t.breakdown.prefill),
+            decode_step_breakdown_seconds=_floats(t.breakdown.decode_step),
+            ttft_seconds=float(t.ttft_seconds), tpot_seconds=float(t.tpot_seconds),
+            e2e_latency_seconds=float(t.e2e_latency_seconds),
+            throughput_tokens_per_second=float(t.throughput_tokens_per_second),
+            throughput_tokens_per_second_per_gpu=float(t.throughput_tokens_per_second_per_gpu),
+            throughput_tokens_per_second_per_replica=float(t.throughput_tokens_per_second_per_replica))
+        c = report.kv_cache
+        assert c is not None  # serving reports always carry the KV cache
         kv = KvCacheSection(
-            bytes_per_token=float(c["bytes_per_token"]), bytes_per_token_per_gpu=float(c["bytes_per_token_per_gpu"]),
-            capacity_tokens=int(c["capacity_tokens"]), num_blocks=int(c["num_blocks"]), block_size_tokens=c["block_size"],
-            max_model_len_tokens=c["max_model_len"], bytes_per_sequence=float(c["bytes_per_sequence"]),
-            max_concurrent_sequences=float(c["max_concurrency"]))
-    return PredictedSection(fits=bool(report["fits"]), reason=report["reason"], memory=memory, time=time, kv_cache=kv)
+            bytes_per_token=float(c.bytes_per_token), bytes_per_token_per_gpu=float(c.bytes_per_token_per_gpu),
+            capacity_tokens=int(c.capacity_tokens), num_blocks=int(c.num_blocks), block_size_tokens=c.block_size,
+            max_model_len_tokens=c.max_model_len, bytes_per_sequence=float(c.bytes_per_sequence),
+            max_concurrent_sequences=float(c.max_concurrency))
+    return PredictedSection(fits=report.fits, reason=report.reason, memory=memory, time=time, kv_cache=kv)
 
 
-def _assumptions(report: dict[str, Any], hw: HardwareProfile) -> list[str]:
-    t = report["time"]
-    out = [f"{k}: {v}" for k, v in t["overlap_assumptions"].items()]
-    if "flop_convention" in t:
-        out.append(f"flop_convention: {t['flop_convention']}")
+def _assumptions(report: CostReport, hw: HardwareProfile) -> list[str]:
+    t = report.time
+    out = [f"{k}: {v}" for k, v in t.overlap_assumptions.items()]
+    if isinstance(t, TrainingTimeReport):
+        out.append(f"flop_convention: {t.flop_convention}")
     out.append(
         f"hardware_efficiency: profile '{hw.name}' attains matmul {hw.matmul_efficiency:g}, attention "
         f"{hw.attention_efficiency:g}, HBM bandwidth {hw.memory_bandwidth_efficiency:g}, intra-node link "
@@ -151,9 +158,9 @@ def _assumptions(report: dict[str, Any], hw: HardwareProfile) -> list[str]:
 
 
 def build_manifest(*, loaded: LoadedModel, hw: HardwareProfile, layout: Layout,
-                   workload: InferenceWorkload | TrainingWorkload, report: dict[str, Any],
+                   workload: InferenceWorkload | TrainingWorkload, report: CostReport,
                    objective: str | None = None, search: dict[str, Any] | None = None) -> DeploymentManifest:
-    """The manifest of one estimated plan; `report` is `estimate(...).as_dict()` for these inputs."""
+    """The manifest of one estimated plan; `report` is `estimate(...)` for these inputs."""
     spec, serving = loaded.spec, isinstance(workload, InferenceWorkload)
     chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)
     ranges = [[[r.start, r.stop - 1] for r in stage] for stage in chunks]
@@ -163,7 +170,7 @@ def build_manifest(*, loaded: LoadedModel, hw: HardwareProfile, layout: Layout,
         shardplan_version=__version__,
         model=ModelSection(
             name=spec.name, source=_source(loaded.origin), hf_id=loaded.hf_id, spec_sha256=spec_sha256(spec),
-            num_params=report["model"]["num_params"], num_active_params=report["model"]["num_active_params"],
+            num_params=report.model.num_params, num_active_params=report.model.num_active_params,
             num_layers=spec.num_layers, num_attention_heads=spec.num_attention_heads,
             num_kv_heads=spec.num_attention_heads if spec.mla is not None else spec.kv_heads, num_experts=num_experts),
         hardware=HardwareSection(profile_name=hw.name, gpu_model=hw.gpu_model, num_nodes=hw.num_nodes,

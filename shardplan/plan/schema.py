@@ -198,8 +198,10 @@ class ServingTime(_Section):
     ttft_seconds: float = Field(ge=0, description="time to first token")
     tpot_seconds: float = Field(ge=0, description="time per output token")
     e2e_latency_seconds: float = Field(ge=0, description="one request, end to end")
-    throughput_tokens_per_second: float = Field(ge=0, description="generated tokens per second, one replica")
-    throughput_tokens_per_second_per_gpu: float = Field(ge=0, description="the same per GPU")
+    throughput_tokens_per_second: float = Field(ge=0, description="generated tokens per second of the whole plan (all dp replicas)")
+    throughput_tokens_per_second_per_gpu: float = Field(ge=0, description="the same over the plan's GPUs")
+    throughput_tokens_per_second_per_replica: float | None = Field(
+        default=None, ge=0, description="generated tokens per second of one replica; null in plans written before it was recorded")
     best_batch_size: int | None = Field(ge=1, description="batch with the highest throughput; null: none fits")
     prefill_breakdown_seconds: dict[str, float] = Field(description="prefill time by part; `total` is their sum")
     decode_step_breakdown_seconds: dict[str, float] = Field(description="one decode step by part")

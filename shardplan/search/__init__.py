@@ -34,6 +34,16 @@ from shardplan.specs.model import ModelSpec
 __all__ = ["Evaluated", "Goal", "Objective", "SearchResult", "Space", "search"]
 
 
+PROGRESS_STEPS = 1000  # progress units per GPU count
+
+
+def _within(progress: Progress | None, offset: int, total: int) -> Progress | None:
+    """One GPU count's (done, of its layouts) as a share of its PROGRESS_STEPS, on the fixed total."""
+    if progress is None:
+        return None
+    return lambda done, count: progress(offset + PROGRESS_STEPS * min(done, count) // max(1, count), total)
+
+
 def search(
     spec: ModelSpec,
     hw: HardwareProfile,
@@ -62,6 +72,9 @@ def search(
     start = time.perf_counter()
     counts = gpu_counts(hw, num_gpus=num_gpus, max_gpus=max_gpus)
     res = SearchResult(training=training, goal=goal, gpu_counts=counts)
+    # The bar counts GPU counts, each split into PROGRESS_STEPS by its share of layouts decided:
+    # its layouts are only known once it starts, so counting layouts would move the total.
+    total = len(counts) * PROGRESS_STEPS
     for i, c in enumerate(counts):
         if res.num_steps >= space.max_search_steps:  # bounded work: say which counts were left out
             res.unsearched_gpu_counts = counts[i:]
@@ -71,10 +84,13 @@ def search(
         share = 1 if first_fit else len(counts) - i
         res.step_limit = res.num_steps + (space.max_search_steps - res.num_steps) // share
         hwc = topology(hw, c)
+        within = _within(progress, i * PROGRESS_STEPS, total)
         if training:
-            search_training(spec, hwc, workload, space, goal, res, progress)  # type: ignore[arg-type]
+            search_training(spec, hwc, workload, space, goal, res, within)  # type: ignore[arg-type]
         else:
             search_serving(spec, hwc, workload, space, goal, res)  # type: ignore[arg-type]
+        if progress is not None:
+            progress((i + 1) * PROGRESS_STEPS, total)
         if first_fit and res.feasible:
             break
     ranked = sorted(res.feasible, key=lambda e: (e.objective_value, e.key))

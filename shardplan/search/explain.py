@@ -1,7 +1,7 @@
 """What recommend says about a search: the ranked plans with their full estimates, the binding
 constraint, the runner-up's gap and its causes, a comparison with a layout the user names, and,
 when nothing fits, the smallest changes that make something fit, each found by searching again.
-Pure: returns plain data that `--json` prints and render.py draws."""
+Pure: returns the typed models of search/results.py that `--json` prints and the CLI draws."""
 
 from __future__ import annotations
 
@@ -10,7 +10,17 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from shardplan.cost.estimate import estimate
+from shardplan.cost.report import CostReport, PlanReport, ServingPlanReport, ServingTimeReport, TrainingTimeReport
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
+from shardplan.search.results import (
+    BindingConstraint,
+    Comparison,
+    CostFigures,
+    Difference,
+    ParetoPoint,
+    RecommendEntry,
+    Suggestion,
+)
 from shardplan.search.space import Evaluated, Goal, Objective, SearchResult, Space, cost_figures
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -20,57 +30,64 @@ SUGGESTION_MAX_NODES = 64  # "more GPUs" looks this far (whole nodes)
 MIN_SUGGESTED_SEQ_LEN_TOKENS = 128  # "shorter sequences" stops halving here
 
 
-def plan_dict(e: Evaluated, report: dict[str, Any]) -> dict[str, Any]:
-    plan = dict(report["plan"])
-    if isinstance(e.workload, InferenceWorkload):
-        plan.update(
-            replicas=e.layout.dp,
-            quantization=e.workload.quantization.value,
-            kv_cache_dtype=(e.workload.kv_cache_dtype.value if e.workload.kv_cache_dtype else "auto"),
-            batch_size=e.workload.batch_size,
-        )
-    return plan
+def plan_report(e: Evaluated, report: CostReport) -> PlanReport:
+    """The estimate's layout, plus (serving) the replicas, formats and batch the search chose."""
+    if not isinstance(e.workload, InferenceWorkload):
+        return report.plan
+    return ServingPlanReport(
+        **dict(report.plan),
+        replicas=e.layout.dp,
+        quantization=e.workload.quantization.value,
+        kv_cache_dtype=(e.workload.kv_cache_dtype.value if e.workload.kv_cache_dtype else "auto"),
+        batch_size=e.workload.batch_size,
+    )
 
 
-def entry(spec: ModelSpec, e: Evaluated, goal: Goal, rank: int) -> dict[str, Any]:
+def plan_dict(e: Evaluated, report: CostReport) -> dict[str, Any]:
+    """`plan_report` as its JSON object."""
+    return plan_report(e, report).model_dump(mode="json")
+
+
+def entry(spec: ModelSpec, e: Evaluated, goal: Goal, rank: int) -> RecommendEntry:
     """One ranked plan: the estimate's memory and time for it, its cost and objective."""
-    report = estimate(spec, e.hw, e.layout, e.workload).as_dict()
-    t = report["time"]
-    tokens_per_second = t["tokens_per_second"] if "tokens_per_second" in t else t["throughput_tokens_per_second"] * e.layout.dp
-    return {
-        "rank": rank,
-        "num_gpus": e.num_gpus,
-        "num_nodes": e.hw.num_nodes,
-        "plan": plan_dict(e, report),
-        "objective_value": e.objective_value,
-        "memory": report["memory"],
-        **({"kv_cache": report["kv_cache"]} if "kv_cache" in report else {}),
-        "time": t,
-        "throughput_tokens_per_second_all_replicas": tokens_per_second,
-        "cost": cost_figures(e.hw, goal, e.num_gpus, tokens_per_second),
-    }
+    report = estimate(spec, e.hw, e.layout, e.workload)
+    t = report.time
+    tokens_per_second = t.tokens_per_second if isinstance(t, TrainingTimeReport) else t.throughput_tokens_per_second
+    return RecommendEntry(
+        rank=rank,
+        num_gpus=e.num_gpus,
+        num_nodes=e.hw.num_nodes,
+        plan=plan_report(e, report),
+        objective_value=e.objective_value,
+        memory=report.memory,
+        kv_cache=report.kv_cache,
+        time=t,
+        cost=CostFigures(**cost_figures(e.hw, goal, e.num_gpus, tokens_per_second)),
+    )
 
 
-def pareto_point(e: Evaluated) -> dict[str, Any]:
+def pareto_point(e: Evaluated) -> ParetoPoint:
     f = e.figures
-    return {
-        "num_gpus": e.num_gpus,
-        "tp": e.layout.tp,
-        "pp": e.layout.pp,
-        "replicas": e.layout.dp,
-        "ep": e.layout.ep,
-        "quantization": e.workload.quantization.value,  # type: ignore[union-attr]
-        "kv_cache_dtype": e.workload.kv_cache_dtype.value if e.workload.kv_cache_dtype else "auto",  # type: ignore[union-attr]
-        "batch_size": int(f["batch_size"]),
-        "ttft_seconds": f["ttft_seconds"],
-        "tpot_seconds": f["tpot_seconds"],
-        "e2e_latency_seconds": f["e2e_latency_seconds"],
-        "throughput_tokens_per_second_per_gpu": f["throughput_tokens_per_second_per_gpu"],
-    }
+    return ParetoPoint(
+        num_gpus=e.num_gpus,
+        tp=e.layout.tp,
+        pp=e.layout.pp,
+        replicas=e.layout.dp,
+        ep=e.layout.ep,
+        quantization=e.workload.quantization.value,  # type: ignore[union-attr]
+        kv_cache_dtype=e.workload.kv_cache_dtype.value if e.workload.kv_cache_dtype else "auto",  # type: ignore[union-attr]
+        batch_size=int(f["batch_size"]),
+        ttft_seconds=f["ttft_seconds"],
+        tpot_seconds=f["tpot_seconds"],
+        e2e_latency_seconds=f["e2e_latency_seconds"],
+        throughput_tokens_per_second_per_gpu=f["throughput_tokens_per_second_per_gpu"],
+    )
 
 
-def describe(plan: dict[str, Any]) -> str:
+def describe(plan: PlanReport | dict[str, Any]) -> str:
     """A layout in one line, leaving out what is off."""
+    if not isinstance(plan, dict):
+        plan = plan.model_dump(mode="json")
     keys = ["tp", "pp", "dp", "cp", "ep", "zero_stage", "virtual_stages", "micro_batch_size"]
     shown = ("tp", "pp", "dp", "micro_batch_size") if "quantization" not in plan else ("tp", "pp", "dp")
     parts = [f"{k}={plan[k]}" for k in keys if k in plan and (plan[k] not in (1, 0) or k in shown)]
@@ -92,34 +109,31 @@ def describe(plan: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def binding_constraint(top: dict[str, Any], goal: Goal) -> dict[str, Any]:
+def binding_constraint(top: RecommendEntry, goal: Goal) -> BindingConstraint:
     """The limit closest to being broken by the winner: memory headroom or a latency/throughput
     limit, as the fraction of slack left."""
-    mem = top["memory"]
-    cap = mem["budget_bytes"] if "kv_cache" in top else None
+    mem, t = top.memory, top.time
     slacks: list[tuple[float, str, str]] = []
-    if "kv_cache" in top:
-        t = top["time"]
-        fill = t["batch_size"] / max(1, t["max_batch_in_kv_cache"])
-        slacks.append((1 - fill, "kv_cache", f"batch {t['batch_size']} uses {100 * fill:.0f}% of the {t['max_batch_in_kv_cache']} sequences the KV cache holds"))
+    if isinstance(t, ServingTimeReport):
+        fill = t.batch_size / max(1, t.max_batch_in_kv_cache)
+        slacks.append((1 - fill, "kv_cache", f"batch {t.batch_size} uses {100 * fill:.0f}% of the {t.max_batch_in_kv_cache} sequences the KV cache holds"))
     else:
-        per_gpu = mem["per_gpu_bytes"]["total"]
-        cap = per_gpu + mem["headroom_bytes"]
+        cap = mem.per_gpu_bytes["total"] + mem.headroom_bytes
         slacks.append((
-            mem["headroom_bytes"] / cap, "memory",
-            f"{bytes_to_gib(mem['headroom_bytes']):.1f} GiB headroom of {bytes_to_gib(cap):.1f} GiB on stage "
-            f"{mem['binding_stage']}; largest part {mem['binding_component']}",
+            mem.headroom_bytes / cap, "memory",
+            f"{bytes_to_gib(mem.headroom_bytes):.1f} GiB headroom of {bytes_to_gib(cap):.1f} GiB on stage "
+            f"{mem.binding_stage}; largest part {mem.binding_component}",
         ))
-    t = top["time"]
-    if goal.max_ttft_seconds is not None:
-        slacks.append((1 - t["ttft_seconds"] / goal.max_ttft_seconds, "max_ttft", f"TTFT {t['ttft_seconds'] * 1e3:.1f} ms of {goal.max_ttft_seconds * 1e3:.0f} ms allowed"))
-    if goal.max_tpot_seconds is not None:
-        slacks.append((1 - t["tpot_seconds"] / goal.max_tpot_seconds, "max_tpot", f"TPOT {t['tpot_seconds'] * 1e3:.2f} ms of {goal.max_tpot_seconds * 1e3:.0f} ms allowed"))
+    if isinstance(t, ServingTimeReport):
+        if goal.max_ttft_seconds is not None:
+            slacks.append((1 - t.ttft_seconds / goal.max_ttft_seconds, "max_ttft", f"TTFT {t.ttft_seconds * 1e3:.1f} ms of {goal.max_ttft_seconds * 1e3:.0f} ms allowed"))
+        if goal.max_tpot_seconds is not None:
+            slacks.append((1 - t.tpot_seconds / goal.max_tpot_seconds, "max_tpot", f"TPOT {t.tpot_seconds * 1e3:.2f} ms of {goal.max_tpot_seconds * 1e3:.0f} ms allowed"))
     if goal.min_throughput_tokens_per_second is not None:
-        have = top["throughput_tokens_per_second_all_replicas"]
+        have = top.throughput_tokens_per_second
         slacks.append((have / goal.min_throughput_tokens_per_second - 1, "min_throughput", f"{have:,.0f} tokens/s of {goal.min_throughput_tokens_per_second:,.0f} required"))
     slack, name, text = min(slacks)
-    return {"constraint": name, "slack_fraction": slack, "detail": text}
+    return BindingConstraint(constraint=name, slack_fraction=slack, detail=text)
 
 
 def _objective_label(goal: Goal) -> str:
@@ -131,67 +145,67 @@ def _objective_label(goal: Goal) -> str:
     }[goal.objective]
 
 
-def _headline(e: dict[str, Any]) -> str:
-    t = e["time"]
-    if "step_seconds" in t:
-        return f"step {t['step_seconds']:.3g} s, MFU {100 * t['mfu']:.1f}%"
+def _headline(e: RecommendEntry) -> str:
+    t = e.time
+    if isinstance(t, TrainingTimeReport):
+        return f"step {t.step_seconds:.3g} s, MFU {100 * t.mfu:.1f}%"
     return (
-        f"TTFT {t['ttft_seconds'] * 1e3:.0f} ms, TPOT {t['tpot_seconds'] * 1e3:.1f} ms, "
-        f"{e['throughput_tokens_per_second_all_replicas']:,.0f} tokens/s"
+        f"TTFT {t.ttft_seconds * 1e3:.0f} ms, TPOT {t.tpot_seconds * 1e3:.1f} ms, "
+        f"{t.throughput_tokens_per_second:,.0f} tokens/s"
     )
 
 
-def differences(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+def differences(a: RecommendEntry, b: RecommendEntry) -> list[Difference]:
     """Where the time of plan `b` differs from plan `a`'s, largest first (seconds, b - a)."""
-    ta, tb = a["time"], b["time"]
-    if "step_seconds" in ta:
-        pairs = [(k, ta["breakdown"][k], tb["breakdown"][k]) for k in ta["breakdown"] if k != "total"]
+    ta, tb = a.time, b.time
+    if isinstance(ta, TrainingTimeReport) and isinstance(tb, TrainingTimeReport):
+        pairs = [(k, ta.breakdown[k], tb.breakdown[k]) for k in ta.breakdown if k != "total"]
     else:
-        pairs = [(k, ta[k], tb[k]) for k in ("ttft_seconds", "tpot_seconds", "e2e_latency_seconds")]
-    out = [{"component": k, "seconds_a": x, "seconds_b": y, "delta_seconds": y - x} for k, x, y in pairs if not math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)]
-    return sorted(out, key=lambda d: -abs(d["delta_seconds"]))
+        pairs = [(k, getattr(ta, k), getattr(tb, k)) for k in ("ttft_seconds", "tpot_seconds", "e2e_latency_seconds")]
+    out = [Difference(component=k, seconds_a=x, seconds_b=y, delta_seconds=y - x)
+           for k, x, y in pairs if not math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)]
+    return sorted(out, key=lambda d: -abs(d.delta_seconds))
 
 
-def gap(a: dict[str, Any], b: dict[str, Any]) -> float:
+def gap(a: RecommendEntry, b: RecommendEntry) -> float:
     """How far b's objective is behind a's, as a fraction (0.05 = 5% worse)."""
-    va, vb = a["objective_value"], b["objective_value"]
+    va, vb = a.objective_value, b.objective_value
     return (vb - va) / abs(va) if va else 0.0
 
 
-def why(top: list[dict[str, Any]], goal: Goal, binding: dict[str, Any] | None) -> str:
+def why(top: list[RecommendEntry], goal: Goal, binding: BindingConstraint | None) -> str:
     if not top:
         return "no layout fits; see the suggestions"
     w = top[0]
-    text = f"{describe(w['plan'])} on {w['num_gpus']} GPUs ranks first by {_objective_label(goal)} ({_headline(w)})"
+    text = f"{describe(w.plan)} on {w.num_gpus} GPUs ranks first by {_objective_label(goal)} ({_headline(w)})"
     if binding:
-        text += f"; binding constraint: {binding['constraint']} ({binding['detail']})"
+        text += f"; binding constraint: {binding.constraint} ({binding.detail})"
     if len(top) > 1:
         r = top[1]
         diffs = differences(w, r)
-        text += f"; the runner-up ({describe(r['plan'])}) is {100 * gap(w, r):.2f}% behind"
+        text += f"; the runner-up ({describe(r.plan)}) is {100 * gap(w, r):.2f}% behind"
         if diffs:
             d = diffs[0]
-            text += f", mostly {d['component'].replace('_', ' ')} ({d['delta_seconds'] * 1e3:+.1f} ms)"
+            text += f", mostly {d.component.replace('_', ' ')} ({d.delta_seconds * 1e3:+.1f} ms)"
     return text
 
 
 def compare(
-    spec: ModelSpec, best: dict[str, Any] | None, pinned: SearchResult, goal: Goal, pins: dict[str, Any],
-) -> dict[str, Any]:
+    spec: ModelSpec, best: RecommendEntry | None, pinned: SearchResult, goal: Goal, pins: dict[str, Any],
+) -> Comparison:
     """The best layout with the degrees the user names (e.g. a published layout: its knobs left
     unnamed are searched) against the overall winner: how far behind it is and which parts of
     the time make the difference; or, when nothing with those degrees fits, why."""
-    out: dict[str, Any] = {"pins": pins, "fits": bool(pinned.top)}
     if not pinned.top:
-        out["rejected"] = dict(sorted(pinned.rejected.items(), key=lambda kv: (-kv[1], kv[0])))
-        out["invalid_degree_combinations"] = dict(pinned.invalid)
-        return out
+        return Comparison(pins=pins, fits=False,
+                          rejected=dict(sorted(pinned.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
+                          invalid_degree_combinations=dict(pinned.invalid))
     mine = entry(spec, pinned.top[0], goal, 0)
-    out.update(plan=mine["plan"], objective_value=mine["objective_value"], memory=mine["memory"], time=mine["time"])
-    if best is not None:
-        out["gap_fraction"] = gap(best, mine)
-        out["differences"] = differences(best, mine)
-    return out
+    return Comparison(
+        pins=pins, fits=True, plan=mine.plan, objective_value=mine.objective_value, memory=mine.memory, time=mine.time,
+        gap_fraction=gap(best, mine) if best is not None else None,
+        differences=differences(best, mine) if best is not None else None,
+    )
 
 
 # ----- when nothing fits ---------------------------------------------------------------------
@@ -200,10 +214,10 @@ def compare(
 def suggestions(
     spec: ModelSpec, hw: HardwareProfile, workload: InferenceWorkload | TrainingWorkload, space: Space, goal: Goal,
     num_gpus: int, run: Any,
-) -> list[dict[str, Any]]:
+) -> list[Suggestion]:
     """Smallest single changes that make a layout fit, each checked by searching again with
     `run(workload, space, num_gpus=..., max_gpus=...) -> SearchResult`."""
-    found: list[dict[str, Any]] = []
+    found: list[Suggestion] = []
     quick = replace(goal, top_k=1)
 
     def fits(res: SearchResult) -> Evaluated | None:
@@ -215,7 +229,7 @@ def suggestions(
     res = run(workload, space, quick, num_gpus=None, max_gpus=limit, first_fit=True)
     if res.smallest_num_gpus is not None and res.smallest_num_gpus > num_gpus:
         n = res.smallest_num_gpus
-        found.append({"change": f"--gpus {n}", "detail": f"{n} GPUs ({max(1, n // gpn)} node(s) of {gpn})", "num_gpus": n})
+        found.append(Suggestion(change=f"--gpus {n}", detail=f"{n} GPUs ({max(1, n // gpn)} node(s) of {gpn})", num_gpus=n))
     if isinstance(workload, InferenceWorkload):
         allowed = set(space.quantizations)
         for q in (Quantization.FP8, Quantization.INT8, Quantization.INT4):
@@ -223,42 +237,42 @@ def suggestions(
                 continue
             r = run(workload, replace(space, quantizations=tuple(space.quantizations) + (q,)), quick, num_gpus=num_gpus, max_gpus=None)
             if fits(r):
-                found.append({"change": f"--allow-quantization {q.value}", "detail": f"{q.value} weights fit on {num_gpus} GPU(s)"})
+                found.append(Suggestion(change=f"--allow-quantization {q.value}", detail=f"{q.value} weights fit on {num_gpus} GPU(s)"))
                 break
         if DType.FP8 not in space.kv_cache_dtypes:
             r = run(workload, replace(space, kv_cache_dtypes=tuple(space.kv_cache_dtypes) + (DType.FP8,)), quick, num_gpus=num_gpus, max_gpus=None)
             if fits(r):
-                found.append({"change": "--kv-cache-dtype fp8", "detail": "an fp8 KV cache holds twice the tokens"})
+                found.append(Suggestion(change="--kv-cache-dtype fp8", detail="an fp8 KV cache holds twice the tokens"))
         length = _largest_halving_that_fits(
             workload.max_model_len or spec.max_position_embeddings, workload.input_len + workload.output_len,
             lambda n: fits(run(replace(workload, max_model_len=n), space, quick, num_gpus=num_gpus, max_gpus=None)),
         )
         if length:
-            found.append({"change": f"--max-model-len {length}", "detail": f"a {length}-token context fits the KV cache"})
+            found.append(Suggestion(change=f"--max-model-len {length}", detail=f"a {length}-token context fits the KV cache"))
         if workload.batch_size is not None:
             b = _largest_halving_that_fits(
                 workload.batch_size, 1,
                 lambda n: fits(run(replace(workload, batch_size=n), space, quick, num_gpus=num_gpus, max_gpus=None)),
             )
             if b:
-                found.append({"change": f"--batch-size {b}", "detail": f"{b} concurrent sequences fit"})
+                found.append(Suggestion(change=f"--batch-size {b}", detail=f"{b} concurrent sequences fit"))
     else:
         if not space.allow_offload and space.offload is None:
             r = run(workload, replace(space, allow_offload=True), quick, num_gpus=num_gpus, max_gpus=None)
             if fits(r):
-                found.append({"change": "--allow-offload", "detail": "offloading optimizer states (or parameters) to host/NVMe fits"})
+                found.append(Suggestion(change="--allow-offload", detail="offloading optimizer states (or parameters) to host/NVMe fits"))
         seq = _largest_halving_that_fits(
             workload.seq_len, MIN_SUGGESTED_SEQ_LEN_TOKENS,
             lambda n: fits(run(replace(workload, seq_len=n), space, quick, num_gpus=num_gpus, max_gpus=None)),
         )
         if seq:
-            found.append({"change": f"--seq-len {seq}", "detail": f"{seq}-token sequences fit"})
+            found.append(Suggestion(change=f"--seq-len {seq}", detail=f"{seq}-token sequences fit"))
         gbs = _largest_halving_that_fits(
             workload.global_batch_size, 1,
             lambda n: fits(run(replace(workload, global_batch_size=n), space, quick, num_gpus=num_gpus, max_gpus=None)),
         )
         if gbs:
-            found.append({"change": f"--global-batch-size {gbs}", "detail": f"a global batch of {gbs} fits"})
+            found.append(Suggestion(change=f"--global-batch-size {gbs}", detail=f"a global batch of {gbs} fits"))
     return found
 
 

@@ -221,6 +221,7 @@ def search_training(
     tokens = wl.global_batch_size * wl.seq_len
     k = max(1, goal.top_k)
     heap: list[tuple[float, tuple[Any, ...], int, Any]] = []
+    candidates_before = res.num_candidates
     for deg in _degrees(spec, hw, wl, space, res):
         count = _num_layouts(spec, hw, wl, space, deg)
         if count == 0:
@@ -231,7 +232,7 @@ def search_training(
         bound = objective_value(goal, hw, n, _degrees_bound(spec, hw, wl, space, deg), tokens)
         heap.append((bound, _key(deg), _DEGREES, (deg, count)))
     heapq.heapify(heap)
-    total = res.num_candidates
+    total = res.num_candidates - candidates_before  # this GPU count's layouts, like `done` below
     best: list[Evaluated] = []
     evaluated_before = res.num_evaluated
     while heap:

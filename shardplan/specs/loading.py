@@ -407,13 +407,15 @@ def hardware_path(name_or_path: str) -> Path:
 
 
 def _bundled_file(folder: Path, name: str, kind: str, list_command: str) -> Path:
-    """A bundled catalog entry by name, or an error suggesting the closest names."""
-    candidate = folder / f"{name}.yaml"
-    if not candidate.is_file():
-        close = difflib.get_close_matches(name, bundled_names(folder), n=3, cutoff=0.4)
-        hint = f"did you mean {', '.join(close)}?" if close else f"run `{list_command}` for the list"
-        raise UnknownNameError(f"unknown {kind} '{name}'", hint=hint)
-    return candidate
+    """A bundled catalog entry by name, matched without regard to case (Llama-3.1-70B is
+    llama-3.1-70b), or an error suggesting the closest names."""
+    by_lower = {n.lower(): n for n in bundled_names(folder)}
+    found = by_lower.get(name.lower())
+    if found is not None:
+        return folder / f"{found}.yaml"
+    close = [by_lower[c] for c in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.4)]
+    hint = f"did you mean {', '.join(close)}?" if close else f"run `{list_command}` for the list"
+    raise UnknownNameError(f"unknown {kind} '{name}'", hint=hint)
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:

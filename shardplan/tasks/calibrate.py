@@ -1,8 +1,9 @@
 """`shardplan calibrate`: a GPU verify report's hardware probes -> a hardware profile whose
 efficiencies are the measured ones, so that later estimates predict this machine's times.
 
-Pure: the report and the base profile come in as plain data, the new profile goes out as
-plain data (the CLI reads, validates and writes). What each probe measures and the convention
+`calibrate` is pure: the report and the base profile come in as plain data, the new profile
+goes out as plain data. `calibrate_profile` is the command's I/O edge: it reads the report and
+the base profile, calibrates, writes the YAML atomically and returns a CalibrateResult. What each probe measures and the convention
 that makes it comparable with a bundled efficiency is in `verify/probes.py`.
 
 - efficiency.matmul = measured FLOP/s / (peak of the probe's dtype x the shape share the cost
@@ -18,13 +19,19 @@ figure above the profile's peak is capped at efficiency 1 and said: the peak is 
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any, Literal
+
+import yaml
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardplan import units
 from shardplan.errors import InputFileError
+from shardplan.fileio import write_text_atomic
+from shardplan.specs import loading
 from shardplan.specs.hardware import HardwareProfileFile
+from shardplan.tasks._results import Result
 
 MAX_EFFICIENCY = 1.0
 
@@ -60,6 +67,28 @@ class CalibrationReport(_Loose):
     world_size: int = Field(ge=1)
     hardware: ReportHardware
     probes: list[ProbeRow] = Field(min_length=1)
+
+
+class CalibrationChange(Result):
+    """One efficiency the measurement replaced."""
+
+    field: str = Field(description="the profile key, e.g. efficiency.matmul")
+    old: float = Field(description="the base profile's efficiency (0-1)")
+    new: float = Field(description="the measured efficiency, capped at 1 (0-1)")
+    measured: float = Field(description="the median over ranks, in SI units (FLOP/s or bytes/s)")
+    peak: float = Field(description="what it is a share of, in SI units (FLOP/s or bytes/s)")
+    unit: str = Field(description="the human unit the table shows measured and peak in (TFLOP/s or GB/s)")
+    what: str = Field(description="what the probe ran")
+
+
+class CalibrateResult(Result):
+    """What `calibrate --json` prints."""
+
+    profile: str = Field(description="the calibrated profile's path")
+    name: str = Field(description="the calibrated profile's name")
+    base: str = Field(description="the base profile's file name")
+    changes: list[CalibrationChange]
+    notes: list[str] = Field(description="what was not calibrated, capped or mismatched, and why")
 
 
 def parse_report(data: Any, source: str) -> CalibrationReport:
@@ -154,3 +183,19 @@ def calibrate(report: CalibrationReport, base: dict[str, Any], *, name: str, rep
     out["sources"] = sources
     HardwareProfileFile.model_validate(out)  # what is written must load
     return out, rows, notes
+
+
+def calibrate_profile(report: Path, hardware: str, output: Path, *, name: str | None = None) -> CalibrateResult:
+    """Read a GPU verify report and a base profile (a bundled name or a YAML file), write a copy
+    of the profile with the measured efficiencies to `output` (atomically; it loads as
+    written), and say what changed. The new profile is named `name`, default the file's stem."""
+    parsed = parse_report(loading.read_structured(report), str(report))
+    base_path = loading.hardware_path(hardware)
+    data, rows, notes = calibrate(parsed, loading.read_structured(base_path), name=name or output.stem,
+                                  report_source=str(report))
+    text = (f"# calibrated by `shardplan calibrate {report}` from {base_path.name}\n"
+            + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    loading.hardware_from_data(yaml.safe_load(text), str(output))  # loads as written
+    write_text_atomic(output, text)
+    return CalibrateResult(profile=str(output), name=data["name"], base=base_path.name,
+                           changes=[CalibrationChange(**r) for r in rows], notes=notes)

@@ -11,7 +11,8 @@ GPUs at which the training search finds any layout that fits.
 Nothing here has its own memory formula: a layout "serves" when vLLM's start-up arithmetic
 (`cost.memory_serving.serving_memory`, what `estimate` reports) fits and its maximum
 concurrency at `max_model_len` is at least `concurrency`; the figures shown for each answer
-are `cost.estimate.estimate(...)` of that layout. Pure: no yaml, rich or typer.
+are `cost.estimate.estimate(...)` of that layout. Pure: no yaml, rich or typer. Results are the
+frozen models ServingCapacity and TrainingCapacity (CapacityResult is either).
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Literal, Union
+
+from pydantic import Field, RootModel
 
 from shardplan.cost.estimate import estimate
+from shardplan.cost.report import TrainingMemoryReport, TrainingTimeReport
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import ServingMemory, serving_memory
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
@@ -30,11 +34,116 @@ from shardplan.search import Goal, Objective, Space, search
 from shardplan.search.space import check_layout, gpu_counts, topology, tp_choices
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
+from shardplan.tasks._results import Result, absent
 
 DEFAULT_MAX_NODES = 64  # --max-gpus defaults to this many whole nodes
 QUANTIZED_FORMATS = (Quantization.FP8, Quantization.INT8, Quantization.INT4)
 ZERO_STAGES = (0, 1, 2, 3)
 PARAM_OFFLOADS = ("all-cpu", "all-nvme")  # parameters offloaded too: ZeRO-3 only
+
+
+Progress = Callable[[int, int], None]  # (done, total)
+
+
+class PerTpRow(Result):
+    """One replica of `tp` GPUs of one node (pp = 1) at the stated concurrency."""
+
+    tp: int = Field(description="tensor-parallel degree (GPUs)")
+    ep: int = Field(description="expert-parallel degree (1: experts not split)")
+    serves: bool = Field(description="holds `concurrency` sequences of max_model_len tokens")
+    reason: str | None = Field(description="why the engine does not start; None when it does")
+    most_sequences: int = Field(description="sequences of max_model_len tokens the KV cache holds at once (count)")
+    longest_context_tokens: int = Field(description="longest max_model_len at `concurrency` sequences (tokens); 0: none")
+    kv_capacity_tokens: int = Field(description="tokens the KV cache holds (tokens)")
+
+
+class FormatRow(Result):
+    """The fewest GPUs for one weight format. The layout's figures (plan .. kv_cache) are
+    present only when a layout was found."""
+
+    weight_dtype: str = Field(description="bf16/fp16 (the model's own) or the quantized format")
+    quantization: str = Field(description="none, fp8, int8 or int4")
+    min_num_gpus: int | None = Field(description="fewest GPUs that serve (count); None: not found up to max_gpus")
+    num_nodes: int | None = Field(description="nodes of that count (count); None: not found")
+    not_found: str | None = Field(description="why nothing was found; None when found")
+    plan: dict[str, int] | None = absent("the layout's degrees: tp, pp, dp, ep")
+    fits: bool | None = absent("the estimate's verdict for the layout")
+    per_gpu_bytes: dict[str, float] | None = absent("the estimate's memory per GPU by component (bytes)")
+    headroom_bytes: float | None = absent("device memory left per GPU (bytes)")
+    budget_bytes: float | None = absent("vLLM's memory budget per GPU (bytes)")
+    kv_cache: dict[str, int | float] | None = absent("the estimate's KV cache figures (see `estimate --json`)")
+    per_tp: list[PerTpRow] = Field(description="per tensor-parallel size of one node")
+
+
+class QuantizationUnshards(Result):
+    """When the model's own weights need more than one GPU and a quantized format fits on one."""
+
+    weight_dtype: str = Field(description="the widest quantized format that fits on one GPU")
+    weight_dtypes: list[str] = Field(description="every quantized format that fits on one GPU")
+    dense_weight_dtype: str = Field(description="the model's own weight format")
+    dense_min_num_gpus: int | None = Field(description="GPUs the own format needs (count); None: more than max_gpus")
+
+
+class ServingCapacity(Result):
+    """`capacity --json` for serving."""
+
+    model: str
+    hardware: str
+    workload: Literal["inference"]
+    gpus_per_node: int = Field(description="GPUs per node (count)")
+    max_gpus: int = Field(description="largest GPU count considered (count)")
+    gpu_counts_considered: list[int] = Field(description="GPU counts tried, ascending (count)")
+    max_model_len: int = Field(description="tokens per sequence the GPUs must hold (tokens)")
+    concurrency: int = Field(description="sequences held at once (count)")
+    kv_cache_dtype: str = Field(description="KV cache dtype; auto: the activation dtype")
+    gpu_memory_utilization: float = Field(description="vLLM's budget as a share of device memory (0-1)")
+    max_num_seqs: int = Field(description="the engine's most sequences at once (count)")
+    formats: list[FormatRow]
+    quantization_removes_sharding: QuantizationUnshards | None
+
+
+class TrainingRow(Result):
+    """The fewest GPUs for one ZeRO stage and offload choice; the layout's figures (plan ..
+    step_seconds) are present only when one was found."""
+
+    zero_stage: int = Field(description="ZeRO stage 0-3")
+    offload: str = Field(description="offload choice (none, optimizer-cpu, ..., all-nvme)")
+    min_num_gpus: int | None = Field(description="fewest GPUs at which a layout fits (count); None: not found")
+    num_nodes: int | None = Field(description="nodes of that count (count); None: not found")
+    not_found: str | None = Field(description="why nothing was found; None when found")
+    plan: dict[str, Any] | None = absent("the fastest layout there (as `estimate --json` prints its plan)")
+    fits: bool | None = absent("the estimate's verdict")
+    per_gpu_bytes: dict[str, float] | None = absent("memory per GPU by component (bytes)")
+    headroom_bytes: float | None = absent("device memory left per GPU (bytes)")
+    host_offload_bytes_per_node: float | None = absent("host memory the offload uses per node (bytes)")
+    nvme_offload_bytes_per_node: float | None = absent("NVMe the offload uses per node (bytes)")
+    step_seconds: float | None = absent("one optimizer step (seconds)")
+
+
+class TrainingCapacity(Result):
+    """`capacity --json` for training."""
+
+    model: str
+    hardware: str
+    workload: Literal["training"]
+    gpus_per_node: int = Field(description="GPUs per node (count)")
+    max_gpus: int = Field(description="largest GPU count considered (count)")
+    gpu_counts_considered: list[int] = Field(description="GPU counts tried, ascending (count)")
+    seq_len: int = Field(description="tokens per sequence (tokens)")
+    global_batch_size: int = Field(description="sequences per optimizer step (count)")
+    framework: str = Field(description="training stack the memory model follows")
+    rows: list[TrainingRow]
+
+
+class CapacityResult(RootModel[Union[ServingCapacity, TrainingCapacity]]):
+    """What `capacity --json` prints: ServingCapacity or TrainingCapacity (by `workload`)."""
+
+    root: Union[ServingCapacity, TrainingCapacity] = Field(discriminator="workload")
+
+    @property
+    def found(self) -> bool:
+        rows = self.root.formats if isinstance(self.root, ServingCapacity) else self.root.rows
+        return any(r.min_num_gpus for r in rows)
 
 
 def default_max_gpus(hw: HardwareProfile) -> int:
@@ -118,19 +227,20 @@ def _format_label(wl: InferenceWorkload, q: Quantization) -> str:
 
 def _serving_figures(spec: ModelSpec, s: Served) -> dict[str, Any]:
     """The estimate's own memory and KV figures for one layout (what `estimate --json` prints)."""
-    report = estimate(spec, s.hw, s.layout, s.workload).as_dict()
-    mem = report["memory"]
+    report = estimate(spec, s.hw, s.layout, s.workload)
+    assert report.kv_cache is not None  # a serving estimate always has one
+    plan = report.plan
     return {
-        "plan": {k: report["plan"][k] for k in ("tp", "pp", "dp", "ep")},
-        "fits": report["fits"],
-        "per_gpu_bytes": mem["per_gpu_bytes"],
-        "headroom_bytes": mem["headroom_bytes"],
-        "budget_bytes": mem["budget_bytes"],
-        "kv_cache": report["kv_cache"],
+        "plan": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "ep": plan.ep},
+        "fits": report.fits,
+        "per_gpu_bytes": report.memory.per_gpu_bytes,
+        "headroom_bytes": report.memory.headroom_bytes,
+        "budget_bytes": report.memory.budget_bytes,
+        "kv_cache": report.kv_cache.model_dump(mode="json"),
     }
 
 
-def _per_tp(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, concurrency: int) -> list[dict[str, Any]]:
+def _per_tp(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, concurrency: int) -> list[PerTpRow]:
     """For each tensor-parallel size inside a node (pp = 1, one replica): the longest context
     at `concurrency` sequences and the most sequences at wl.max_model_len."""
     node = topology(hw, hw.gpus_per_node)
@@ -141,103 +251,109 @@ def _per_tp(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, concurr
         if not options:
             continue
         s = _most_room(options)
-        rows.append({
-            "tp": tp,
-            "ep": s.layout.ep,
-            "serves": s.serves,
-            "reason": None if s.memory.fits else s.memory.reason,
-            "most_sequences": most_sequences(s),
-            "longest_context_tokens": longest_context_tokens(spec, hwt, s.layout, wl, concurrency),
-            "kv_capacity_tokens": s.memory.kv_capacity_tokens,
-        })
+        rows.append(PerTpRow(
+            tp=tp,
+            ep=s.layout.ep,
+            serves=s.serves,
+            reason=None if s.memory.fits else s.memory.reason,
+            most_sequences=most_sequences(s),
+            longest_context_tokens=longest_context_tokens(spec, hwt, s.layout, wl, concurrency),
+            kv_capacity_tokens=s.memory.kv_capacity_tokens,
+        ))
     return rows
 
 
-def serving_capacity(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *, concurrency: int, max_gpus: int) -> dict[str, Any]:
+def serving_capacity(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *, concurrency: int,
+                     max_gpus: int) -> ServingCapacity:
     """What `capacity --json` prints for serving (wl.max_model_len is the stated context)."""
     formats = [Quantization.NONE, *QUANTIZED_FORMATS]
     context = wl.max_model_len or spec.max_position_embeddings
     wl = replace(wl, max_model_len=context)
-    rows: list[dict[str, Any]] = []
+    rows: list[FormatRow] = []
     for q in formats:
         wlq = replace(wl, quantization=q)
         best = min_serving(spec, hw, wlq, concurrency, max_gpus)
-        row: dict[str, Any] = {"weight_dtype": _format_label(wl, q), "quantization": q.value}
         if best is None:
-            row.update(min_num_gpus=None, num_nodes=None, not_found=(
+            found: dict[str, Any] = dict(min_num_gpus=None, num_nodes=None, not_found=(
                 f"no layout of up to {max_gpus} GPUs holds {concurrency} sequence(s) of {context:,} tokens"))
         else:
-            row.update(min_num_gpus=best.hw.num_gpus, num_nodes=best.hw.num_nodes, not_found=None,
-                       **_serving_figures(spec, best))
-        row["per_tp"] = _per_tp(spec, hw, wlq, concurrency)
-        rows.append(row)
-    return {
-        "model": spec.name,
-        "hardware": hw.name,
-        "workload": "inference",
-        "gpus_per_node": hw.gpus_per_node,
-        "max_gpus": max_gpus,
-        "gpu_counts_considered": gpu_counts(hw, num_gpus=None, max_gpus=max_gpus),
-        "max_model_len": context,
-        "concurrency": concurrency,
-        "kv_cache_dtype": wl.kv_cache_dtype.value if wl.kv_cache_dtype else "auto",
-        "gpu_memory_utilization": wl.gpu_memory_utilization,
-        "max_num_seqs": wl.max_num_seqs,
-        "formats": rows,
-        "quantization_removes_sharding": _unsharded_by_quantization(rows),
-    }
+            found = dict(min_num_gpus=best.hw.num_gpus, num_nodes=best.hw.num_nodes, not_found=None,
+                         **_serving_figures(spec, best))
+        rows.append(FormatRow(weight_dtype=_format_label(wl, q), quantization=q.value, **found,
+                              per_tp=_per_tp(spec, hw, wlq, concurrency)))
+    return ServingCapacity(
+        model=spec.name,
+        hardware=hw.name,
+        workload="inference",
+        gpus_per_node=hw.gpus_per_node,
+        max_gpus=max_gpus,
+        gpu_counts_considered=gpu_counts(hw, num_gpus=None, max_gpus=max_gpus),
+        max_model_len=context,
+        concurrency=concurrency,
+        kv_cache_dtype=wl.kv_cache_dtype.value if wl.kv_cache_dtype else "auto",
+        gpu_memory_utilization=wl.gpu_memory_utilization,
+        max_num_seqs=wl.max_num_seqs,
+        formats=rows,
+        quantization_removes_sharding=_unsharded_by_quantization(rows),
+    )
 
 
-def _unsharded_by_quantization(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _unsharded_by_quantization(rows: list[FormatRow]) -> QuantizationUnshards | None:
     """When the 16-bit weights need more than one GPU (or none found) and a quantized format
     fits on one: the widest such format, and every one that does."""
     dense, quantized = rows[0], rows[1:]
-    if dense["min_num_gpus"] == 1:
+    if dense.min_num_gpus == 1:
         return None
-    on_one = [r["weight_dtype"] for r in quantized if r["min_num_gpus"] == 1]
+    on_one = [r.weight_dtype for r in quantized if r.min_num_gpus == 1]
     if not on_one:
         return None
-    return {"weight_dtype": on_one[0], "weight_dtypes": on_one, "dense_weight_dtype": dense["weight_dtype"],
-            "dense_min_num_gpus": dense["min_num_gpus"]}
+    return QuantizationUnshards(weight_dtype=on_one[0], weight_dtypes=on_one, dense_weight_dtype=dense.weight_dtype,
+                                dense_min_num_gpus=dense.min_num_gpus)
 
 
-def training_capacity(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, *, max_gpus: int, space: Space | None = None) -> dict[str, Any]:
+def training_choices() -> list[tuple[int, str]]:
+    """(ZeRO stage, offload choice) pairs the training capacity tries: parameter offload only
+    under ZeRO-3."""
+    return [(z, off) for z in ZERO_STAGES for off in OFFLOAD_CHOICES if not (off in PARAM_OFFLOADS and z != 3)]
+
+
+def training_capacity(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, *, max_gpus: int,
+                      space: Space | None = None, progress: Progress | None = None) -> TrainingCapacity:
     """What `capacity --json` prints for training: per ZeRO stage and offload choice the fewest
-    GPUs at which the training search finds a layout that fits, and the fastest one there."""
+    GPUs at which the training search finds a layout that fits, and the fastest one there.
+    `progress(done, total)` is called after each of the searches (one per row)."""
     base = space or Space()
-    rows: list[dict[str, Any]] = []
-    for z in ZERO_STAGES:
-        for off in OFFLOAD_CHOICES:
-            if off in PARAM_OFFLOADS and z != 3:
-                continue
-            res = search(spec, hw, wl, replace(base, zero_stage=z, offload=offload_pair(off)),
-                         Goal(Objective.STEP_TIME, top_k=1), max_gpus=max_gpus, first_fit=True)
-            row: dict[str, Any] = {"zero_stage": z, "offload": off}
-            if not res.top:
-                row.update(min_num_gpus=None, num_nodes=None,
-                           not_found=f"no layout of up to {max_gpus} GPUs fits at {wl.seq_len:,} tokens x {wl.global_batch_size} sequences")
-                rows.append(row)
-                continue
+    rows: list[TrainingRow] = []
+    choices = training_choices()
+    for done, (z, off) in enumerate(choices, start=1):
+        res = search(spec, hw, wl, replace(base, zero_stage=z, offload=offload_pair(off)),
+                     Goal(Objective.STEP_TIME, top_k=1), max_gpus=max_gpus, first_fit=True)
+        if not res.top:
+            rows.append(TrainingRow(
+                zero_stage=z, offload=off, min_num_gpus=None, num_nodes=None,
+                not_found=f"no layout of up to {max_gpus} GPUs fits at {wl.seq_len:,} tokens x {wl.global_batch_size} sequences"))
+        else:
             best = res.top[0]
-            report = estimate(spec, best.hw, best.layout, best.workload).as_dict()
-            mem = report["memory"]
-            row.update(
-                min_num_gpus=best.num_gpus, num_nodes=best.hw.num_nodes, not_found=None,
-                plan=report["plan"], fits=report["fits"], per_gpu_bytes=mem["per_gpu_bytes"],
-                headroom_bytes=mem["headroom_bytes"], host_offload_bytes_per_node=mem["host_offload_bytes_per_node"],
-                nvme_offload_bytes_per_node=mem["nvme_offload_bytes_per_node"],
-                step_seconds=report["time"]["step_seconds"],
-            )
-            rows.append(row)
-    return {
-        "model": spec.name,
-        "hardware": hw.name,
-        "workload": "training",
-        "gpus_per_node": hw.gpus_per_node,
-        "max_gpus": max_gpus,
-        "gpu_counts_considered": gpu_counts(hw, num_gpus=None, max_gpus=max_gpus),
-        "seq_len": wl.seq_len,
-        "global_batch_size": wl.global_batch_size,
-        "framework": wl.framework.value,
-        "rows": rows,
-    }
+            report = estimate(spec, best.hw, best.layout, best.workload)
+            mem, time = report.memory, report.time
+            assert isinstance(mem, TrainingMemoryReport) and isinstance(time, TrainingTimeReport)
+            rows.append(TrainingRow(
+                zero_stage=z, offload=off, min_num_gpus=best.num_gpus, num_nodes=best.hw.num_nodes, not_found=None,
+                plan=report.plan.model_dump(mode="json"), fits=report.fits, per_gpu_bytes=mem.per_gpu_bytes,
+                headroom_bytes=mem.headroom_bytes, host_offload_bytes_per_node=mem.host_offload_bytes_per_node,
+                nvme_offload_bytes_per_node=mem.nvme_offload_bytes_per_node, step_seconds=time.step_seconds,
+            ))
+        if progress is not None:
+            progress(done, len(choices))
+    return TrainingCapacity(
+        model=spec.name,
+        hardware=hw.name,
+        workload="training",
+        gpus_per_node=hw.gpus_per_node,
+        max_gpus=max_gpus,
+        gpu_counts_considered=gpu_counts(hw, num_gpus=None, max_gpus=max_gpus),
+        seq_len=wl.seq_len,
+        global_batch_size=wl.global_batch_size,
+        framework=wl.framework.value,
+        rows=rows,
+    )

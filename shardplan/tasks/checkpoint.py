@@ -25,12 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from shardplan.errors import InputFileError, ShardplanError
 from shardplan.plan import readback
 from shardplan.plan.manifest import load_manifest
 from shardplan.plan.schema import DeploymentManifest
 from shardplan.plan.placement import Box, check_nameable, model_tensors, rank_holdings
 from shardplan.specs.model import ModelSpec
+from shardplan.tasks._results import Result
 from shardplan.units import parse_dtype
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -58,6 +61,67 @@ class StoredTensor:
     shape: tuple[int, ...]
     data_start: int  # absolute offset of its first byte in the file
     nbytes: int
+
+
+# ----- the result ---------------------------------------------------------------------------
+
+
+class ByteRange(Result):
+    """`count` runs of `length` bytes, `stride` bytes apart, from absolute file offset `start`."""
+
+    start: int = Field(description="absolute offset of the first byte in the file (bytes)")
+    length: int = Field(description="bytes per run")
+    count: int = Field(description="runs (count)")
+    stride: int = Field(description="distance between run starts (bytes); 0 for one run")
+    bytes: int = Field(description="length x count (bytes)")
+    span_bytes: int = Field(description="first byte to last: what one contiguous read would fetch (bytes)")
+
+
+class RankFileReads(Result):
+    """What one rank reads from one file."""
+
+    file: str = Field(description="file name relative to the checkpoint folder")
+    bytes: int = Field(description="bytes read from it")
+    num_reads: int = Field(description="byte ranges (count)")
+    num_runs: int = Field(description="contiguous runs over all ranges (count)")
+    reads: list[ByteRange]
+
+
+class RankReads(Result):
+    """What one rank of the plan reads."""
+
+    rank: int
+    node: int = Field(description="rank // gpus_per_node")
+    num_tensors: int = Field(description="tensor slices it holds (count)")
+    bytes: int = Field(description="bytes it reads in all")
+    files: list[RankFileReads]
+
+
+class CheckpointFile(Result):
+    file: str = Field(description="file name relative to the checkpoint folder")
+    bytes: int = Field(description="file size (bytes)")
+
+
+class NodeReads(Result):
+    node: int
+    bytes: int = Field(description="bytes the node's ranks read (bytes)")
+
+
+class CheckpointResult(Result):
+    """What `checkpoint --json` prints: the check's result and per rank the byte ranges it reads."""
+
+    plan: str = Field(description="the manifest")
+    checkpoint: str = Field(description="the checkpoint folder")
+    model: str
+    dtype: str = Field(description="safetensors dtype of the tensors (e.g. BF16)")
+    num_tensors: int = Field(description="tensors checked (count)")
+    files: list[CheckpointFile]
+    checkpoint_tensor_bytes: int = Field(description="bytes of the model's tensors in the checkpoint")
+    num_ranks: int
+    ranks: list[RankReads]
+    nodes: list[NodeReads]
+    total_read_bytes: int = Field(description="bytes all ranks read")
+    replication: float = Field(description="total_read_bytes / checkpoint_tensor_bytes (the plan's replication)")
 
 
 # ----- reading headers ----------------------------------------------------------------------
@@ -277,7 +341,7 @@ def _merge(reads: list[Read]) -> list[Read]:
 
 
 def loading_plan(m: DeploymentManifest, spec: ModelSpec, folder: Path, stored: list[StoredTensor],
-                 sizes: dict[str, int], *, dtype: str, source: str) -> dict[str, Any]:
+                 sizes: dict[str, int], *, dtype: str, source: str) -> CheckpointResult:
     """What `shardplan checkpoint --json` prints: the check's result, per rank the files and
     byte ranges it reads and their total, totals per node, and how they add up."""
     if m.workload.kind == "inference" and m.workload.quantization != "none":
@@ -286,7 +350,7 @@ def loading_plan(m: DeploymentManifest, spec: ModelSpec, folder: Path, stored: l
                              hint="plan with the checkpoint's own format (no --quantization)")
     by_name = check_tensors(spec, stored, dtype, str(folder))
     checkpoint_bytes = sum(by_name[t.name].nbytes for t in model_tensors(spec))
-    ranks = []
+    ranks: list[RankReads] = []
     gpn = m.placement.gpus_per_node
     per_node: dict[int, int] = {}
     for rank, held in enumerate(rank_holdings(m, spec)):
@@ -297,32 +361,31 @@ def loading_plan(m: DeploymentManifest, spec: ModelSpec, folder: Path, stored: l
         entries = []
         for rel in sorted(files):
             reads = _merge(files[rel])
-            entries.append({"file": rel, "bytes": sum(r.nbytes for r in reads), "num_reads": len(reads),
-                            "num_runs": sum(r.count for r in reads),
-                            "reads": [{"start": r.start, "length": r.length, "count": r.count, "stride": r.stride,
-                                       "bytes": r.nbytes, "span_bytes": r.span_bytes} for r in reads]})
-        total = sum(e["bytes"] for e in entries)
+            entries.append(RankFileReads(
+                file=rel, bytes=sum(r.nbytes for r in reads), num_reads=len(reads), num_runs=sum(r.count for r in reads),
+                reads=[ByteRange(start=r.start, length=r.length, count=r.count, stride=r.stride, bytes=r.nbytes,
+                                 span_bytes=r.span_bytes) for r in reads]))
+        total = sum(e.bytes for e in entries)
         per_node[rank // gpn] = per_node.get(rank // gpn, 0) + total
-        ranks.append({"rank": rank, "node": rank // gpn, "num_tensors": len(held), "bytes": total, "files": entries})
-    total_read = sum(r["bytes"] for r in ranks)
-    return {
-        "plan": source,
-        "checkpoint": str(folder),
-        "model": spec.name,
-        "dtype": dtype,
-        "num_tensors": len(by_name),
-        "files": [{"file": rel, "bytes": sizes[rel]} for rel in sorted(sizes)],
-        "checkpoint_tensor_bytes": checkpoint_bytes,
-        "num_ranks": len(ranks),
-        "ranks": ranks,
-        "nodes": [{"node": n, "bytes": b} for n, b in sorted(per_node.items())],
-        "total_read_bytes": total_read,
-        "replication": total_read / checkpoint_bytes,
-    }
+        ranks.append(RankReads(rank=rank, node=rank // gpn, num_tensors=len(held), bytes=total, files=entries))
+    total_read = sum(r.bytes for r in ranks)
+    return CheckpointResult(
+        plan=source,
+        checkpoint=str(folder),
+        model=spec.name,
+        dtype=dtype,
+        num_tensors=len(by_name),
+        files=[CheckpointFile(file=rel, bytes=sizes[rel]) for rel in sorted(sizes)],
+        checkpoint_tensor_bytes=checkpoint_bytes,
+        num_ranks=len(ranks),
+        ranks=ranks,
+        nodes=[NodeReads(node=n, bytes=b) for n, b in sorted(per_node.items())],
+        total_read_bytes=total_read,
+        replication=total_read / checkpoint_bytes,
+    )
 
 
-
-def plan_checkpoint(plan: Path, checkpoint: Path, *, dtype: str | None = None) -> dict[str, Any]:
+def plan_checkpoint(plan: Path, checkpoint: Path, *, dtype: str | None = None) -> CheckpointResult:
     """The I/O edge of `shardplan checkpoint`: read the plan, its model and the checkpoint's
     headers, check them against each other, and return the loading plan."""
     m = load_manifest(plan)

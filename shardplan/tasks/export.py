@@ -4,16 +4,35 @@ exporter, write its files atomically into a folder (or return them for stdout)."
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from pydantic import Field
 
 from shardplan.errors import ShardplanError
 from shardplan.exporters import ExportOptions, export
 from shardplan.fileio import write_text_atomic
 from shardplan.plan import readback
 from shardplan.plan.manifest import load_manifest
+from shardplan.tasks._results import Result, absent
 
 
-def export_plan(plan: Path, target: str, options: ExportOptions, out_dir: Path | None) -> dict[str, Any]:
+class ExportedFile(Result):
+    """One file the exporter produced."""
+
+    name: str = Field(description="file name (no folder)")
+    bytes: int = Field(description="size of the UTF-8 text (bytes)")
+    text: str = Field(description="the file's content")
+    path: str | None = absent("where it was written (only with -o)")
+
+
+class ExportResult(Result):
+    """What `export --json` prints."""
+
+    target: str = Field(description="the exporter (vllm, torchrun, kubernetes, ...)")
+    plan: str = Field(description="the manifest exported")
+    files: list[ExportedFile]
+
+
+def export_plan(plan: Path, target: str, options: ExportOptions, out_dir: Path | None) -> ExportResult:
     """Export; with `out_dir`, write the files there (created if missing). Returns a summary:
     target, and per file its name, path (when written), bytes and text."""
     m = load_manifest(plan)
@@ -24,7 +43,7 @@ def export_plan(plan: Path, target: str, options: ExportOptions, out_dir: Path |
         if e.source is None and e.field is not None and not e.field.startswith("-"):  # a plan field: name the plan
             e.source = str(plan)
         raise
-    out = {"target": target, "plan": str(plan), "files": []}
+    entries: list[ExportedFile] = []
     if out_dir is not None:
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -32,10 +51,10 @@ def export_plan(plan: Path, target: str, options: ExportOptions, out_dir: Path |
             raise ShardplanError(f"cannot create the folder: {e.strerror}", source=str(out_dir),
                                  hint="pass a writable -o folder") from None
     for f in files:
-        entry: dict[str, Any] = {"name": f.name, "bytes": len(f.text.encode()), "text": f.text}
+        path = None
         if out_dir is not None:
             path = out_dir / f.name
             write_text_atomic(path, f.text, executable=f.executable)
-            entry["path"] = str(path)
-        out["files"].append(entry)
-    return out
+        entries.append(ExportedFile(name=f.name, bytes=len(f.text.encode()), text=f.text,
+                                    path=None if path is None else str(path)))
+    return ExportResult(target=target, plan=str(plan), files=entries)

@@ -1,5 +1,6 @@
 """recommend: search, explain, and (optionally) write the winner's manifest. Returns the
-object `recommend --json` prints; the CLI only parses options and renders it."""
+typed `RecommendResult` (search/results.py) whose dump `recommend --json` prints; the CLI only
+parses options and renders it."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWor
 from shardplan.errors import ShardplanError
 from shardplan.plan.manifest import build_manifest, write_manifest
 from shardplan.cost.inputs import offload_pair
-from shardplan.search import Goal, SearchResult, Space, search
+from shardplan.search import Goal, Objective, SearchResult, Space, search
 from shardplan.search import explain
+from shardplan.search.results import BestAtGpuCount, RecommendResult, SearchBudget
 from shardplan.search.space import BUDGET_SPENT, Progress
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import LoadedModel
@@ -68,42 +70,13 @@ def recommend(
     manifest_path: Path | None = None,
     progress: Progress | None = None,
     suggest: bool = True,
-) -> dict[str, Any]:
+) -> RecommendResult:
     spec = loaded.spec
     res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, progress=progress)
     top = [explain.entry(spec, e, goal, i + 1) for i, e in enumerate(res.top)]
     binding = explain.binding_constraint(top[0], goal) if top else None
-    out: dict[str, Any] = {
-        "model": spec.name,
-        "hardware": hw.name,
-        "workload": "training" if res.training else "inference",
-        "objective": goal.objective.value,
-        "gpu_counts": res.gpu_counts,
-        "smallest_num_gpus": res.smallest_num_gpus,
-        "num_candidates": res.num_candidates,
-        "num_evaluated": res.num_evaluated,
-        "num_costed": res.num_costed,
-        "num_feasible": res.num_feasible,
-        "elapsed_seconds": res.elapsed_seconds,
-        "search_budget": {  # bounded work: what the search left out when its budget ran out
-            "max_steps": space.max_search_steps, "num_steps": res.num_steps,
-            "spent": bool(res.rejected.get(BUDGET_SPENT) or res.unsearched_gpu_counts),
-            "num_layouts_not_searched": res.rejected.get(BUDGET_SPENT, 0),
-            "gpu_counts_not_searched": res.unsearched_gpu_counts,
-        },
-        "evaluated_per_second": res.num_evaluated / res.elapsed_seconds if res.elapsed_seconds > 0 else None,
-        "rejected": dict(sorted(res.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "invalid_degree_combinations": dict(sorted(res.invalid.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "top": top,
-        "pareto": [explain.pareto_point(e) for e in res.pareto],
-        "best_per_num_gpus": _best_per_num_gpus(res) if res.training else [],
-        "binding_constraint": binding,
-        "runner_up_gap_fraction": explain.gap(top[0], top[1]) if len(top) > 1 else None,
-        "why": explain.why(top, goal, binding),
-        "compare": None,
-        "suggestions": [],
-        "manifest": None,
-    }
+    gap = explain.gap(top[0], top[1]) if len(top) > 1 else None
+    comparison = None
     if compare_layout:
         pins = parse_pins(compare_layout)
         n = num_gpus
@@ -111,38 +84,97 @@ def recommend(
             n = pins["dp"] * pins.get("tp", 1) * pins.get("pp", 1) * pins.get("cp", 1)
         pinned = search(spec, hw, workload, replace(space, **pins), replace(goal, top_k=1), num_gpus=n, max_gpus=None if n else max_gpus)
         shown = {k: (v.value if hasattr(v, "value") else [o.value for o in v] if isinstance(v, tuple) else v) for k, v in pins.items()}
-        out["compare"] = explain.compare(spec, top[0] if top else None, pinned, goal, shown)
+        comparison = explain.compare(spec, top[0] if top else None, pinned, goal, shown)
+    suggestions = []
     if not top and suggest:
         n = num_gpus or (res.gpu_counts[-1] if res.gpu_counts else hw.num_gpus)
 
         def run(wl: Any, sp: Space, g: Goal, *, num_gpus: int | None, max_gpus: int | None, first_fit: bool = False) -> SearchResult:
             return search(spec, hw, wl, sp, g, num_gpus=num_gpus, max_gpus=max_gpus, first_fit=first_fit)
 
-        out["suggestions"] = explain.suggestions(spec, hw, workload, space, goal, n, run)
+        suggestions = explain.suggestions(spec, hw, workload, space, goal, n, run)
+    manifest = None
     if manifest_path is not None and res.top:
         best = res.top[0]
-        report = estimate(spec, best.hw, best.layout, best.workload).as_dict()
-        summary = {k: out[k] for k in ("num_candidates", "num_evaluated", "num_costed", "num_feasible")}
-        if out["runner_up_gap_fraction"] is not None:
-            summary["runner_up_gap_fraction"] = out["runner_up_gap_fraction"]
+        report = estimate(spec, best.hw, best.layout, best.workload)
+        summary: dict[str, Any] = {"num_candidates": res.num_candidates, "num_evaluated": res.num_evaluated,
+                                   "num_costed": res.num_costed, "num_feasible": res.num_feasible}
+        if gap is not None:
+            summary["runner_up_gap_fraction"] = gap
         m = build_manifest(
             loaded=loaded, hw=best.hw, layout=best.layout, workload=best.workload, report=report,
             objective=goal.objective.value, search=summary,
         )
         write_manifest(m, manifest_path)
-        out["manifest"] = str(manifest_path)
-    return out
+        manifest = str(manifest_path)
+    return RecommendResult(
+        model=spec.name,
+        hardware=hw.name,
+        workload="training" if res.training else "inference",
+        objective=goal.objective.value,
+        assumptions=assumptions(workload, goal),
+        gpu_counts=res.gpu_counts,
+        smallest_num_gpus=res.smallest_num_gpus,
+        num_candidates=res.num_candidates,
+        num_evaluated=res.num_evaluated,
+        num_costed=res.num_costed,
+        num_feasible=res.num_feasible,
+        elapsed_seconds=res.elapsed_seconds,
+        search_budget=SearchBudget(  # bounded work: what the search left out when its budget ran out
+            max_steps=space.max_search_steps, num_steps=res.num_steps,
+            spent=bool(res.rejected.get(BUDGET_SPENT) or res.unsearched_gpu_counts),
+            num_layouts_not_searched=res.rejected.get(BUDGET_SPENT, 0),
+            gpu_counts_not_searched=res.unsearched_gpu_counts,
+        ),
+        evaluated_per_second=res.num_evaluated / res.elapsed_seconds if res.elapsed_seconds > 0 else None,
+        rejected=dict(sorted(res.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
+        invalid_degree_combinations=dict(sorted(res.invalid.items(), key=lambda kv: (-kv[1], kv[0]))),
+        top=top,
+        pareto=[explain.pareto_point(e) for e in res.pareto],
+        best_per_num_gpus=_best_per_num_gpus(res) if res.training else [],
+        binding_constraint=binding,
+        runner_up_gap_fraction=gap,
+        why=explain.why(top, goal, binding),
+        compare=comparison,
+        suggestions=suggestions,
+        manifest=manifest,
+    )
 
 
-def _best_per_num_gpus(res: SearchResult) -> list[dict[str, Any]]:
+_BEST = {
+    Objective.THROUGHPUT: "most output tokens/s over all GPUs",
+    Objective.LATENCY: "least end-to-end request latency",
+    Objective.STEP_TIME: "shortest optimizer step",
+}
+
+
+def assumptions(workload: InferenceWorkload | TrainingWorkload, goal: Goal) -> str:
+    """What the answer assumes, in one line: the request or batch shape, what "best" means, the limits."""
+    if isinstance(workload, TrainingWorkload):
+        shape = f"training {workload.seq_len}-token sequences, {workload.global_batch_size} per step"
+        per = "trained"
+    else:
+        shape = f"serving {workload.input_len}-token prompts, {workload.output_len} output tokens"
+        per = "output"
+    best = _BEST.get(goal.objective, f"least USD per million {per} tokens")
+    limits = [f"TTFT <= {goal.max_ttft_seconds * 1e3:g} ms" if goal.max_ttft_seconds is not None else "",
+              f"TPOT <= {goal.max_tpot_seconds * 1e3:g} ms" if goal.max_tpot_seconds is not None else "",
+              f">= {goal.min_throughput_tokens_per_second:g} output tokens/s over all GPUs"
+              if goal.min_throughput_tokens_per_second is not None else ""]
+    text = f"{shape}; best = {best}"
+    shown = [x for x in limits if x]
+    return text + ("; limits: " + ", ".join(shown) if shown else "")
+
+
+def _best_per_num_gpus(res: SearchResult) -> list[BestAtGpuCount]:
     """Training: the best plan found at each GPU count, by the objective (what `--plot` draws
     as step time against GPUs)."""
     best: dict[int, Any] = {}
     for e in sorted(res.feasible, key=lambda e: (e.objective_value, e.key)):
         best.setdefault(e.num_gpus, e)
     return [
-        {"num_gpus": n, "step_seconds": e.figures["step_seconds"],
-         "tokens_per_second_per_gpu": e.figures["tokens_per_second_per_gpu"], "objective_value": e.objective_value}
+        BestAtGpuCount(num_gpus=n, step_seconds=e.figures["step_seconds"],
+                       tokens_per_second_per_gpu=e.figures["tokens_per_second_per_gpu"], objective_value=e.objective_value)
         for n, e in sorted(best.items())
     ]
 

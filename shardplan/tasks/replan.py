@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from pydantic import Field
 
 from shardplan.cost.estimate import estimate
 from shardplan.cost.workload import InferenceWorkload
@@ -34,8 +36,86 @@ from shardplan.search import Goal, Objective, Space, search
 from shardplan.search import explain
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
+from shardplan.tasks._results import Result
 
 ROUTES = ("local", "intra_node", "inter_node")
+Progress = Callable[[int, int], None]  # (done, total)
+Number = int | float  # a byte count: an int when whole
+
+
+# ----- the result ----------------------------------------------------------------------------
+
+
+class RankMoves(Result):
+    """What one new rank keeps and receives."""
+
+    rank: int = Field(description="new rank (the same GPU as old rank `rank` where both exist)")
+    node: int = Field(description="rank // gpus_per_node")
+    kept_bytes: Number = Field(description="bytes it already holds as old rank `rank` (bytes)")
+    received_bytes: Number = Field(description="bytes it receives from other GPUs (bytes)")
+    received_intra_node_bytes: Number = Field(description="of which from its own node (bytes)")
+    received_inter_node_bytes: Number = Field(description="of which from other nodes (bytes)")
+    sources: list[int] = Field(description="old ranks it receives from")
+
+
+class MoveSummary(Result):
+    """The chosen candidate's moves: bytes by route and state, and per new rank."""
+
+    num_moves: int = Field(description="slices that move between GPUs (count)")
+    num_pieces: int = Field(description="slices including those kept in place (count)")
+    moved_bytes: Number = Field(description="bytes sent between GPUs (bytes)")
+    kept_bytes: Number = Field(description="bytes that stay on their GPU (bytes)")
+    moved_bytes_by_route: dict[str, Number] = Field(description="intra_node and inter_node (bytes)")
+    moved_bytes_by_state: dict[str, Number] = Field(description="weights, optimizer (bytes)")
+    max_received_bytes_per_rank: Number = Field(description="the most one new rank receives (bytes)")
+    ranks: list[RankMoves]
+
+
+class ReplanCandidate(Result):
+    """One candidate layout on the new GPU count, with the cost of moving to it."""
+
+    rank: int = Field(description="1-based position by objective")
+    plan: dict[str, Any] = Field(description="the layout and workload knobs (as recommend prints them)")
+    objective_value: float = Field(description="the objective, lower-better (throughput negated)")
+    gap_fraction: float = Field(description="(value - best) / |best|: how much worse than the best (fraction)")
+    within_margin: bool = Field(description="gap_fraction <= margin")
+    chosen: bool = Field(description="the one taken")
+    figures: dict[str, Any] = Field(description="the candidate's headline figures (units in the keys)")
+    moved_bytes: Number = Field(description="bytes sent between GPUs to reach it (bytes)")
+    kept_bytes: Number = Field(description="bytes that stay on their GPU (bytes)")
+    moved_bytes_by_route: dict[str, Number] = Field(description="intra_node and inter_node (bytes)")
+    moved_bytes_by_state: dict[str, Number] = Field(description="weights, optimizer (bytes)")
+    max_received_bytes_per_rank: Number = Field(description="the most one new rank receives (bytes)")
+
+
+class OldCluster(Result):
+    """The old plan's cluster and layout."""
+
+    num_gpus: int
+    num_nodes: int
+    layout: dict[str, Any] = Field(description="the old manifest's layout section")
+
+
+class ReplanResult(Result):
+    """What `replan --json` prints. `chosen`, `moves` are None when nothing fits on the new
+    count; `manifest`, `moves_file` are None unless written."""
+
+    plan: str = Field(description="the old manifest")
+    model: str
+    hardware: str
+    workload: str = Field(description="inference or training")
+    objective: str = Field(description="what candidates are ranked by")
+    margin: float = Field(description="objective tolerance within which the least-moving candidate wins (fraction)")
+    from_: OldCluster = Field(alias="from")
+    to_num_gpus: int = Field(description="GPUs of the new cluster (count)")
+    num_evaluated: int = Field(description="layouts the search evaluated (count)")
+    num_feasible: int = Field(description="of which fit (count)")
+    rejected: dict[str, int] = Field(description="layouts rejected per reason (count), most first")
+    candidates: list[ReplanCandidate]
+    chosen: int | None = Field(description="rank of the chosen candidate; None: nothing fits")
+    manifest: str | None = Field(description="where the chosen manifest was written")
+    moves_file: str | None = Field(description="where the move list was written")
+    moves: MoveSummary | None = Field(description="the chosen candidate's moves")
 
 
 @dataclass(frozen=True)
@@ -174,10 +254,11 @@ def _default_objective(m: DeploymentManifest) -> Objective:
 
 def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpus: int, margin: float,
            top_k: int, objective: str | None = None, manifest_path: Path | None = None,
-           moves_path: Path | None = None) -> dict[str, Any]:
+           moves_path: Path | None = None, progress: Progress | None = None) -> ReplanResult:
     """What `shardplan replan --json` prints; writes the chosen manifest and its move list when
     paths are given. Raises ShardplanError (exit 2) for bad input; `chosen` is None when
-    nothing fits on the new count (the CLI exits 3)."""
+    nothing fits on the new count (the CLI exits 3). `progress(done, total)` is passed to the
+    search, then called once per candidate costed."""
     if not 0 <= margin < 1:
         raise ShardplanError(f"margin {margin} is not a fraction in [0, 1)", field="--margin", hint="e.g. 0.05")
     loaded = readback.checked_model(old, source)
@@ -188,7 +269,7 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
     space = Space()
     if isinstance(workload, InferenceWorkload):
         space = replace(space, quantizations=(workload.quantization,), kv_cache_dtypes=(workload.kv_cache_dtype,))
-    res = search(spec, hw, workload, space, goal, num_gpus=num_gpus)
+    res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, progress=progress)
     seen, candidates = set(), []
     for e in res.top:  # serving ranks batch sizes of one layout apart; the moves depend on the layout
         key = (e.layout, getattr(e.workload, "quantization", None), getattr(e.workload, "kv_cache_dtype", None))
@@ -196,48 +277,50 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
             seen.add(key)
             candidates.append(e)
     candidates = candidates[:top_k]
-    out: dict[str, Any] = {
-        "plan": source, "model": spec.name, "hardware": hw.name, "workload": old.workload.kind,
-        "objective": goal.objective.value, "margin": margin,
-        "from": {"num_gpus": old.hardware.num_gpus, "num_nodes": old.hardware.num_nodes,
-                 "layout": old.layout.model_dump(mode="json")},
-        "to_num_gpus": num_gpus, "num_evaluated": res.num_evaluated, "num_feasible": res.num_feasible,
-        "rejected": dict(sorted(res.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "candidates": [], "chosen": None, "manifest": None, "moves_file": None, "moves": None,
-    }
+    head: dict[str, Any] = dict(
+        plan=source, model=spec.name, hardware=hw.name, workload=old.workload.kind,
+        objective=goal.objective.value, margin=margin,
+        from_=OldCluster(num_gpus=old.hardware.num_gpus, num_nodes=old.hardware.num_nodes,
+                         layout=old.layout.model_dump(mode="json")),
+        to_num_gpus=num_gpus, num_evaluated=res.num_evaluated, num_feasible=res.num_feasible,
+        rejected=dict(sorted(res.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
+    )
     if not candidates:
-        return out
+        return ReplanResult(**head, candidates=[], chosen=None, manifest=None, moves_file=None, moves=None)
     best = candidates[0].objective_value
-    built = []
+    built, rows = [], []
     for i, e in enumerate(candidates):
-        report = estimate(spec, e.hw, e.layout, e.workload).as_dict()
+        report = estimate(spec, e.hw, e.layout, e.workload)
         m = build_manifest(loaded=loaded, hw=e.hw, layout=e.layout, workload=e.workload, report=report,
                            objective=goal.objective.value,
                            search={"num_evaluated": res.num_evaluated, "num_feasible": res.num_feasible})
         moves = moves_between(old, m, spec)
         summary = move_summary(moves, m.hardware.num_gpus, node_size(old, m))
-        within = e.objective_value <= best + margin * abs(best)
         built.append((m, moves, summary))
-        out["candidates"].append({
+        rows.append({
             "rank": i + 1, "plan": explain.plan_dict(e, report), "objective_value": e.objective_value,
-            "gap_fraction": (e.objective_value - best) / abs(best) if best else 0.0, "within_margin": within,
-            "chosen": False, "figures": e.figures,
+            "gap_fraction": (e.objective_value - best) / abs(best) if best else 0.0,
+            "within_margin": e.objective_value <= best + margin * abs(best), "figures": e.figures,
             **{k: summary[k] for k in ("moved_bytes", "kept_bytes", "moved_bytes_by_route", "moved_bytes_by_state",
                                        "max_received_bytes_per_rank")},
         })
-    pick = min((c for c in out["candidates"] if c["within_margin"]), key=lambda c: (c["moved_bytes"], c["rank"]))
-    pick["chosen"] = True
-    out["chosen"] = pick["rank"]
-    m, moves, summary = built[pick["rank"] - 1]
-    out["moves"] = summary
+        if progress is not None:
+            progress(i + 1, len(candidates))
+    pick = min((c for c in rows if c["within_margin"]), key=lambda c: (c["moved_bytes"], c["rank"]))["rank"]
+    m, moves, summary = built[pick - 1]
+    manifest = moves_file = None
     if manifest_path is not None:
         write_manifest(m, manifest_path)
-        out["manifest"] = str(manifest_path)
+        manifest = str(manifest_path)
         moves_path = moves_path or manifest_path.with_name(manifest_path.stem + ".moves.json")
     if moves_path is not None:
         write_moves(moves_path, old, m, source, moves, summary)
-        out["moves_file"] = str(moves_path)
-    return out
+        moves_file = str(moves_path)
+    return ReplanResult(
+        **head,
+        candidates=[ReplanCandidate(**c, chosen=c["rank"] == pick) for c in rows],
+        chosen=pick, manifest=manifest, moves_file=moves_file, moves=MoveSummary.model_validate(summary),
+    )
 
 
 def write_moves(path: Path, old: DeploymentManifest, new: DeploymentManifest, source: str, moves: list[Move],
@@ -261,5 +344,5 @@ def write_moves(path: Path, old: DeploymentManifest, new: DeploymentManifest, so
     write_text_atomic(path, text)
 
 
-__all__ = ["Move", "moves_between", "move_summary", "replan", "intersect", "subtract", 
-           "write_moves"]
+__all__ = ["Move", "MoveSummary", "ReplanCandidate", "ReplanResult", "moves_between", "move_summary", "replan",
+           "intersect", "subtract", "write_moves"]

@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from shardplan.cost.estimate import estimate
+from shardplan.cost.report import CostReport, ServingTimeReport, TrainingTimeReport
 from shardplan.cost.layout import stage_layer_ranges
 from shardplan.cost.memory_serving import kv_bytes_per_token_per_layer_per_rank
 from shardplan.specs.hardware import HardwareProfile
@@ -114,16 +115,18 @@ def numerics(run: RunSpec, results: list[dict[str, Any]], reference: Any) -> dic
             "tolerance": LOGIT_ATOL, "tokens_equal": tokens_equal, "ok": ok, "checked": True}
 
 
-def _time(run: RunSpec, results: list[dict[str, Any]], report: dict[str, Any], device: str) -> dict[str, Any]:
-    t = report["time"]
+def _time(run: RunSpec, results: list[dict[str, Any]], report: CostReport, device: str) -> dict[str, Any]:
+    t = report.time
     if run.training:
         steady = [s for r in results for s in (r["step_seconds"][1:] or r["step_seconds"])]
         measured = {"step_seconds": max(steady)}
-        predicted = {"step_seconds": t["step_seconds"]}
+        assert isinstance(t, TrainingTimeReport)
+        predicted = {"step_seconds": t.step_seconds}
     else:
         measured = {"ttft_seconds": max(r["prefill_seconds"] for r in results),
                     "tpot_seconds": max(r["decode_seconds_per_token"] for r in results)}
-        predicted = {"ttft_seconds": t["ttft_seconds"], "tpot_seconds": t["tpot_seconds"]}
+        assert isinstance(t, ServingTimeReport)
+        predicted = {"ttft_seconds": t.ttft_seconds, "tpot_seconds": t.tpot_seconds}
     out: dict[str, Any] = {"measured": measured, "predicted": predicted, "compared": device == "cuda"}
     if device == "cuda":
         out["ratio_measured_over_predicted"] = {k: measured[k] / predicted[k] for k in measured if predicted[k] > 0}
@@ -136,9 +139,9 @@ def compare(run: RunSpec, hw: HardwareProfile, results: list[dict[str, Any]], re
             plan: str, backend: str, device: str) -> dict[str, Any]:
     """The verify report: per rank and component, numerics, time, and the verdict."""
     workload = run.training_workload() if run.training else run.inference_workload()
-    report = estimate(run.spec, hw, run.layout, workload).as_dict()
-    per_stage = {r["stage"]: r["per_gpu_bytes"] for r in report["memory"]["per_rank"]}
-    host_per_stage = {r["stage"]: r["host_offload_bytes"] for r in report["memory"]["per_rank"]}
+    report = estimate(run.spec, hw, run.layout, workload)
+    per_stage = {r.stage: dict(r.per_gpu_bytes) for r in report.memory.per_rank}
+    host_per_stage = {r.stage: r.host_offload_bytes for r in report.memory.per_rank}
     ranks = []
     mismatches: list[str] = []
     for r in sorted(results, key=lambda r: r["rank"]):
@@ -164,7 +167,7 @@ def compare(run: RunSpec, hw: HardwareProfile, results: list[dict[str, Any]], re
         "device": device,
         "world_size": run.world_size,
         "run": run.as_dict(),
-        "layout": report["plan"],
+        "layout": report.plan.model_dump(mode="json"),
         "tolerances": TOLERANCES,
         "ranks": ranks,
         "numerics": num,

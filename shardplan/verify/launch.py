@@ -28,6 +28,7 @@ from shardplan.plan.readback import plan_spec
 from shardplan.fileio import write_text_atomic
 from shardplan.plan.manifest import load_manifest
 from shardplan.plan.schema import DeploymentManifest
+from shardplan.verify.report import Progress, VerifyReport
 from shardplan.verify.runspec import RUN_DIR_ENV, RunSpec, plan_run
 
 CPU_RANKS_PER_CORE = 4  # gloo ranks per CPU core this machine may start (8 ranks on 2 cores)
@@ -94,7 +95,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _kill_session(pgid: int) -> None:
+def _kill_session(proc: subprocess.Popen) -> None:
+    """TERM, then KILL, the launcher's whole process group, each with a grace period. The
+    launcher is our child: it is reaped (`poll`) while we wait, or its zombie would keep the
+    group alive and every grace period would run out in full."""
+    pgid = proc.pid
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pgid, sig)
@@ -102,6 +107,7 @@ def _kill_session(pgid: int) -> None:
             return
         deadline = time.monotonic() + KILL_GRACE_SECONDS
         while time.monotonic() < deadline:
+            proc.poll()
             try:
                 os.killpg(pgid, 0)
             except (ProcessLookupError, PermissionError):
@@ -195,12 +201,45 @@ def local_command(plan: Path, world: int, port: int, run_dir: Path, *, backend: 
     return cmd, env
 
 
-def _watch(proc: subprocess.Popen, run_dir: Path, world: int, timeout_seconds: float) -> tuple[int | None, dict[int, float]]:
+PHASES = {  # a rank's status file `phase` -> what rank 0 is doing then (session.py)
+    "reference": "running the unsharded single-process reference",
+    "compare": "comparing with the cost model",
+}
+
+
+def status_events(seen: dict[int, tuple[Any, Any]], statuses: list[dict[str, Any]], world: int) -> list[str]:
+    """Lines for what changed in the ranks' status files since `seen` (rank -> (state, phase)),
+    which it updates: a rank started, finished its run, raised, or rank 0 entered a phase. A
+    change missed between two looks (started and done at once) still gives its lines."""
+    out: list[str] = []
+    for st in statuses:
+        r = st["rank"]
+        state, phase = st.get("state"), st.get("phase")
+        before_state, before_phase = seen.get(r, ("not started", None))
+        if (state, phase) == (before_state, before_phase):
+            continue
+        seen[r] = (state, phase)
+        if before_state == "not started" and state != "not started":
+            out.append(f"rank {r} started ({sum(1 for k in seen.values() if k[0] != 'not started')}/{world})")
+        if state == "done" and before_state != "done":
+            out.append(f"rank {r} finished its run ({sum(1 for k in seen.values() if k[0] == 'done')}/{world})")
+        if state == "done" and phase is not None and phase != before_phase:
+            out.append(f"rank {r}: {PHASES.get(phase, phase)}")
+        if state == "error":
+            first = str(st.get("error") or "error").splitlines()[0][:200]
+            out.append(f"rank {r} failed: {first}")
+    return out
+
+
+def _watch(proc: subprocess.Popen, run_dir: Path, world: int, timeout_seconds: float,
+           on_event: Progress | None = None) -> tuple[int | None, dict[int, float]]:
     """Wait for torchrun (exit code, or None past the timeout), noting when each rank's process
     was first seen gone: when a rank is killed, torchrun then terminates its peers before they
-    can say why, and only the order of the deaths tells the root cause from the collateral."""
+    can say why, and only the order of the deaths tells the root cause from the collateral.
+    `on_event` gets a line for each change of a rank's status."""
     deadline = time.monotonic() + timeout_seconds
     died_at: dict[int, float] = {}
+    seen: dict[int, tuple[Any, Any]] = {}
     while True:
         try:
             return proc.wait(timeout=WATCH_INTERVAL_SECONDS), died_at
@@ -208,13 +247,19 @@ def _watch(proc: subprocess.Popen, run_dir: Path, world: int, timeout_seconds: f
             now = time.monotonic()
             if now >= deadline:
                 return None, died_at
-            for st in _statuses(run_dir, world):
+            statuses = _statuses(run_dir, world)
+            for st in statuses:
                 if st.get("pid") and st["rank"] not in died_at and not _alive(st["pid"]):
                     died_at[st["rank"]] = now
+            if on_event is not None:
+                for line in status_events(seen, statuses, world):
+                    on_event(line)
 
 
-def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: int, timeout_seconds: float) -> dict[str, Any]:
-    """Start every rank here through torchrun and return rank 0's report, or a failure report."""
+def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: int, timeout_seconds: float,
+                 on_event: Progress | None = None) -> dict[str, Any]:
+    """Start every rank here through torchrun and return rank 0's report, or a failure report.
+    `on_event` gets a line at the launch and for each change of a rank's status."""
     world = run.world_size
     run_dir = Path(tempfile.mkdtemp(prefix="shardplan-verify-"))
     cmd, env = local_command(plan, world, _free_port(), run_dir, backend=backend, scale=scale, steps=steps,
@@ -223,11 +268,13 @@ def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: i
     timed_out = False
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        if on_event is not None:
+            on_event(f"launched {world} rank(s) with torchrun ({backend}, {scale} model); logs in {run_dir}")
         try:
-            code, died_at = _watch(proc, run_dir, world, timeout_seconds)
+            code, died_at = _watch(proc, run_dir, world, timeout_seconds, on_event)
             timed_out = code is None
         finally:
-            _kill_session(proc.pid)
+            _kill_session(proc)
             proc.wait()
     statuses = _statuses(run_dir, world)
     for s in statuses:  # a rank that left the session would still be caught here
@@ -252,9 +299,10 @@ def is_worker() -> bool:
 
 
 def verify_plan(plan: Path, *, backend: str, scale: str | None, steps: int, timeout_seconds: float,
-                report_path: Path | None) -> dict[str, Any] | None:
+                report_path: Path | None, on_event: Progress | None = None) -> VerifyReport | None:
     """Run `verify`. Returns the report (rank 0 or the local launcher), None on other ranks.
-    Raises VerifyRunFailed after writing the report when the run did not complete."""
+    Raises VerifyRunFailed after writing the report when the run did not complete. `on_event`
+    (the local launcher only) gets one line per phase and per rank's status as it arrives."""
     gpus = local_gpu_count()
     backend = resolve_backend(backend, gpus)
     scale = default_scale(scale, gpus)
@@ -269,7 +317,8 @@ def verify_plan(plan: Path, *, backend: str, scale: str | None, steps: int, time
         report = run_worker(m, run, plan=str(plan), backend=backend, timeout_seconds=timeout_seconds)
     else:
         check_hostable(run, backend, gpus)
-        report = launch_local(plan, run, backend=backend, scale=scale, steps=steps, timeout_seconds=timeout_seconds)
+        report = launch_local(plan, run, backend=backend, scale=scale, steps=steps, timeout_seconds=timeout_seconds,
+                              on_event=on_event)
     if report is None:
         return None
     if report_path is not None:
@@ -277,4 +326,6 @@ def verify_plan(plan: Path, *, backend: str, scale: str | None, steps: int, time
     if report["status"] == "failed":
         raise VerifyRunFailed("; ".join(report["cause"]) or "the run failed", source=str(plan),
                               hint=f"see {report.get('run_dir', 'the ranks logs')} and the report's log_tail")
-    return report
+    if on_event is not None:
+        on_event(f"done: {report['status']}")
+    return VerifyReport.model_validate(report)

@@ -17,6 +17,7 @@ from shardplan.verify.compare import compare
 from shardplan.verify.runspec import RunSpec
 
 FALLBACK_PROFILE = "h100-sxm-80gb"
+MIN_COLLECTIVE_TIMEOUT_SECONDS = 5.0  # a gloo collective on a loaded 2-core CPU takes ~1 s
 REFERENCE_BYTES_PER_PARAM = 16.0  # fp32 weights, gradients and two Adam moments
 REFERENCE_MAX_SHARE_OF_RAM = 0.5
 
@@ -42,7 +43,9 @@ def reference_fits(run: RunSpec) -> bool:
 
 def run_worker(m: DeploymentManifest, run: RunSpec, *, plan: str, backend: str,
                timeout_seconds: float) -> dict[str, Any] | None:
-    collective_timeout = max(10.0, timeout_seconds / 2)
+    # A rendezvous that never completes spends up to two of these (the store connect, then its
+    # barrier), so a quarter of --timeout keeps a rank started under a launcher within the bound.
+    collective_timeout = max(MIN_COLLECTIVE_TIMEOUT_SECONDS, timeout_seconds / 4)
     rank, results = worker.run_rank(run, m.placement.tp_splits, m.placement.gpus_per_node, backend, collective_timeout)
     if rank != 0 or results is None:
         return None
@@ -56,12 +59,16 @@ def run_worker(m: DeploymentManifest, run: RunSpec, *, plan: str, backend: str,
 def _report(m: DeploymentManifest, run: RunSpec, results: list[dict[str, Any]], *, plan: str,
             backend: str) -> dict[str, Any]:
     hw, hw_note = hardware_for(m, run)
+    # Phases for the launcher's progress lines; the state stays "done" (the rank's run is over).
     if not reference_fits(run):
         reference = None
-    elif run.training:
-        reference = worker.reference_training(run)
     else:
-        reference = {d: worker.reference_serving(run, d) for d in range(run.layout.dp)}
+        worker.write_status(0, state="done", phase="reference")
+        if run.training:
+            reference = worker.reference_training(run)
+        else:
+            reference = {d: worker.reference_serving(run, d) for d in range(run.layout.dp)}
+    worker.write_status(0, state="done", phase="compare")
     report = compare(run, hw, results, reference, plan=plan, backend=backend,
                      device="cuda" if backend == "nccl" else "cpu")
     if hw_note:

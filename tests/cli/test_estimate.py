@@ -40,7 +40,7 @@ def test_breakdowns_sum_over_a_grid_of_layouts(name):
             )
             wl = TrainingWorkload(seq_len=2048, global_batch_size=64) if training else InferenceWorkload(max_model_len=4096)
             try:
-                rep = estimate(spec, hw, layout, wl).as_dict()
+                rep = estimate(spec, hw, layout, wl).model_dump(mode="json")
             except LayoutError:
                 continue
             _check_sums(rep)
@@ -51,7 +51,7 @@ def test_breakdowns_sum_over_a_grid_of_layouts(name):
 def test_weights_shard_exactly_over_tp_and_pp():
     spec = load_model("llama-3.1-70b").spec
     hw = load_hardware("h100-sxm-80gb").with_topology(gpus_per_node=8, num_nodes=1)
-    rep = estimate(spec, hw, Layout(tp=4, pp=2), InferenceWorkload(max_model_len=8192)).as_dict()
+    rep = estimate(spec, hw, Layout(tp=4, pp=2), InferenceWorkload(max_model_len=8192)).model_dump(mode="json")
     w = sum(r["detail_bytes"][k] for r in rep["memory"]["per_rank"] for k in r["detail_bytes"] if k.startswith("weights.") and "rotary" not in k)
     # TP 4 divides every tensor except norms (replicated, 80 x 2 + 1 of 8192 each): KV heads 8 >= 4.
     norms = (80 * 2 + 1) * 8192
@@ -61,8 +61,8 @@ def test_weights_shard_exactly_over_tp_and_pp():
 def test_kv_heads_replicated_when_tp_exceeds_them():
     spec = load_model("llama-3.1-70b").spec  # 8 KV heads
     hw = load_hardware("h100-sxm-80gb").with_topology(gpus_per_node=8, num_nodes=2)
-    r8 = estimate(spec, hw.with_topology(gpus_per_node=8, num_nodes=1), Layout(tp=8), InferenceWorkload(max_model_len=8192)).as_dict()
-    r16 = estimate(spec, hw, Layout(tp=16), InferenceWorkload(max_model_len=8192)).as_dict()
+    r8 = estimate(spec, hw.with_topology(gpus_per_node=8, num_nodes=1), Layout(tp=8), InferenceWorkload(max_model_len=8192)).model_dump(mode="json")
+    r16 = estimate(spec, hw, Layout(tp=16), InferenceWorkload(max_model_len=8192)).model_dump(mode="json")
     # One KV head of 128 per rank either way: 2 x 128 x 2 bytes x 80 layers.
     assert r8["kv_cache"]["bytes_per_token_per_gpu"] == r16["kv_cache"]["bytes_per_token_per_gpu"] == 2 * 128 * 2 * 80
 
@@ -70,7 +70,7 @@ def test_kv_heads_replicated_when_tp_exceeds_them():
 def test_mla_latent_is_replicated_on_every_tp_rank():
     spec = load_model("deepseek-v3").spec
     hw = load_hardware("h200-sxm-141gb").with_topology(gpus_per_node=8, num_nodes=2)
-    rep = estimate(spec, hw, Layout(tp=8, pp=2, ep=8), InferenceWorkload(max_model_len=8192, quantization=Quantization.FP8)).as_dict()
+    rep = estimate(spec, hw, Layout(tp=8, pp=2, ep=8), InferenceWorkload(max_model_len=8192, quantization=Quantization.FP8)).model_dump(mode="json")
     per_rank = [r["layers"][1] - r["layers"][0] + 1 for r in rep["memory"]["per_rank"]]
     assert rep["kv_cache"]["bytes_per_token_per_gpu"] == (512 + 64) * 2 * max(per_rank)
 
@@ -78,8 +78,8 @@ def test_mla_latent_is_replicated_on_every_tp_rank():
 def test_experts_divide_by_expert_parallelism():
     spec = load_model("mixtral-8x7b").spec
     hw = load_hardware("h100-sxm-80gb")
-    one = estimate(spec, hw, Layout(tp=8), InferenceWorkload(max_model_len=4096)).as_dict()
-    ep8 = estimate(spec, hw, Layout(tp=8, ep=8), InferenceWorkload(max_model_len=4096)).as_dict()
+    one = estimate(spec, hw, Layout(tp=8), InferenceWorkload(max_model_len=4096)).model_dump(mode="json")
+    ep8 = estimate(spec, hw, Layout(tp=8, ep=8), InferenceWorkload(max_model_len=4096)).model_dump(mode="json")
     e1 = one["memory"]["per_rank"][0]["detail_bytes"]["weights.experts"]
     e8 = ep8["memory"]["per_rank"][0]["detail_bytes"]["weights.experts"]
     assert e1 == pytest.approx(e8, rel=1e-12)  # tp 8 slices each expert; ep 8 gives each rank one whole expert
@@ -89,8 +89,8 @@ def test_experts_divide_by_expert_parallelism():
 def test_int4_weights_are_about_a_quarter_of_bf16():
     spec = load_model("llama-3.1-70b").spec
     hw = load_hardware("h100-sxm-80gb").with_topology(gpus_per_node=1)
-    bf16 = estimate(spec, hw, Layout(), InferenceWorkload(max_model_len=4096)).as_dict()["memory"]["per_gpu_bytes"]["weights"]
-    int4 = estimate(spec, hw, Layout(), InferenceWorkload(max_model_len=4096, quantization=Quantization.INT4)).as_dict()
+    bf16 = estimate(spec, hw, Layout(), InferenceWorkload(max_model_len=4096)).model_dump(mode="json")["memory"]["per_gpu_bytes"]["weights"]
+    int4 = estimate(spec, hw, Layout(), InferenceWorkload(max_model_len=4096, quantization=Quantization.INT4)).model_dump(mode="json")
     w4 = int4["memory"]["per_gpu_bytes"]["weights"]
     # Linear layers at 4.156 bits (scales + zeros per 128), embeddings and lm_head stay 16-bit.
     emb = 2 * 128256 * 8192 * 2
@@ -103,8 +103,8 @@ def test_zero3_offload_moves_states_to_host():
     hw = load_hardware("a100-sxm-80gb")
     base = Layout(dp=8, zero_stage=3)
     wl = TrainingWorkload(seq_len=4096, global_batch_size=64)
-    on_gpu = estimate(spec, hw, base, wl).as_dict()
-    off = estimate(spec, hw, Layout(dp=8, zero_stage=3, offload_optimizer=Offload.CPU, offload_params=Offload.CPU), wl).as_dict()
+    on_gpu = estimate(spec, hw, base, wl).model_dump(mode="json")
+    off = estimate(spec, hw, Layout(dp=8, zero_stage=3, offload_optimizer=Offload.CPU, offload_params=Offload.CPU), wl).model_dump(mode="json")
     b = off["memory"]["per_gpu_bytes"]
     assert b["optimizer_states"] == b["gradients"] == b["weights"] == 0
     moved = sum(on_gpu["memory"]["per_gpu_bytes"][k] for k in ("weights", "gradients", "optimizer_states"))

@@ -130,10 +130,23 @@ def test_recommend_serving_svg_draws_the_frontier_and_marks_the_pick(cli, tmp_pa
     texts = _texts(root)
     assert "pick: " + describe(pick["plan"]) in texts
     assert "pick" in texts and any("serving Pareto frontier" in t for t in texts)
-    assert "output tokens/s per GPU" in texts and "time per output token (ms)" in texts
+    # the axes are the two quantities `pareto_front` chooses on: latency and tokens/s per GPU
+    assert "output tokens/s per GPU (all replicas' throughput / GPUs)" in texts
+    assert "request latency, end to end (s)" in texts and "time per output token (ms)" not in texts
     frontier = _group(root, "pareto-frontier")
-    assert len(list(frontier.iter(SVG + "use"))) == len(d["pareto"]) >= 2
-    assert len(list(_group(root, "pick").iter(SVG + "use"))) == 1
+    marks = [(float(u.get("x")), float(u.get("y"))) for u in frontier.iter(SVG + "use")]
+    assert len(marks) == len(d["pareto"]) >= 2
+    for p in d["pareto"]:  # every point says its GPUs and formats
+        assert any(t.startswith(f"{p['num_gpus']} GPUs, tp{p['tp']}, ") and f"b{p['batch_size']}" in t for t in texts)
+    picks = [(float(u.get("x")), float(u.get("y"))) for u in _group(root, "pick").iter(SVG + "use")]
+    assert len(picks) == 1
+    # the pick sits on its own frontier point when it is one (same per-GPU throughput and latency)
+    t = pick["time"]
+    on = [i for i, p in enumerate(sorted(d["pareto"], key=lambda p: p["throughput_tokens_per_second_per_gpu"]))
+          if p["throughput_tokens_per_second_per_gpu"] == pytest.approx(t["throughput_tokens_per_second_per_gpu"], rel=1e-9)
+          and p["e2e_latency_seconds"] == pytest.approx(t["e2e_latency_seconds"], rel=1e-9)]
+    assert on, "the throughput pick of this case is the frontier's highest-throughput point"
+    assert picks[0] == pytest.approx(marks[on[0]], abs=1e-3)
 
 
 def test_recommend_training_png_and_the_best_step_at_each_count(cli, tmp_path):

@@ -64,7 +64,7 @@ def test_one_gpu_serving_ranks_by_throughput_and_reports_a_pareto_frontier(cli):
     _assert_ranked(top)
     # Throughput is stored negated so that lower is better.
     for t in top:
-        assert t["objective_value"] == pytest.approx(-t["throughput_tokens_per_second_all_replicas"], rel=1e-12)
+        assert t["objective_value"] == pytest.approx(-t["time"]["throughput_tokens_per_second"], rel=1e-12)
         assert t["objective_value"] < 0
         assert t["memory"]["headroom_bytes"] >= 0
         assert t["time"]["batch_fits_kv_cache"]
@@ -83,7 +83,7 @@ def test_one_gpu_serving_ranks_by_throughput_and_reports_a_pareto_frontier(cli):
     assert lat == sorted(lat)
     assert all(b > a for a, b in zip(thr, thr[1:])), thr
     # The throughput winner is on the frontier (nothing has more throughput per GPU).
-    assert max(thr) == pytest.approx(top[0]["throughput_tokens_per_second_all_replicas"] / top[0]["num_gpus"], rel=1e-9)
+    assert max(thr) == pytest.approx(top[0]["time"]["throughput_tokens_per_second"] / top[0]["num_gpus"], rel=1e-9)
 
 
 def test_nothing_fits_405b_on_one_node_suggests_two_nodes(cli):
@@ -113,7 +113,7 @@ def test_latency_and_throughput_objectives_pick_different_winners(cli):
         assert t["objective_value"] == pytest.approx(t["time"]["e2e_latency_seconds"], rel=1e-12)
     lw, tw = lat["top"][0], thr["top"][0]
     assert lw["time"]["e2e_latency_seconds"] <= tw["time"]["e2e_latency_seconds"]
-    assert tw["throughput_tokens_per_second_all_replicas"] >= lw["throughput_tokens_per_second_all_replicas"]
+    assert tw["time"]["throughput_tokens_per_second"] >= lw["time"]["throughput_tokens_per_second"]
     # Same search space either way; only the order differs.
     assert lat["num_feasible"] == thr["num_feasible"]
     assert "request latency" in lat["why"] and "throughput" in thr["why"]
@@ -174,7 +174,7 @@ def test_training_pins_zero_stage_and_ranks_by_step_time(cli):
         assert t["objective_value"] == pytest.approx(t["time"]["step_seconds"], rel=1e-12)
         assert t["memory"]["headroom_bytes"] >= 0
         # tokens/s over all GPUs is one global batch of tokens per step.
-        assert t["throughput_tokens_per_second_all_replicas"] == pytest.approx(64 * 2048 / t["time"]["step_seconds"], rel=1e-9)
+        assert t["time"]["tokens_per_second"] == pytest.approx(64 * 2048 / t["time"]["step_seconds"], rel=1e-9)
     assert d["pareto"] == []  # the latency/throughput frontier is a serving thing
     _assert_counts_add_up(d)
 

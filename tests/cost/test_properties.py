@@ -196,7 +196,7 @@ def _hw(num_gpus: int):
 def _train(spec, *, tp=1, pp=1, dp=1, zero=0, mb=1, seq=1024, rc=Recompute.NONE, dtype=DType.BF16):
     layout = Layout(tp=tp, pp=pp, dp=dp, zero_stage=zero, micro_batch_size=mb, recompute=rc)
     wl = TrainingWorkload(seq_len=seq, global_batch_size=8 * dp * mb, param_dtype=dtype)
-    return estimate(spec, _hw(tp * pp * dp), layout, wl).as_dict()
+    return estimate(spec, _hw(tp * pp * dp), layout, wl).model_dump(mode="json")
 
 
 def _peak(report: dict, part: str = "total") -> float:
@@ -247,8 +247,8 @@ def test_a_degree_that_shards_a_component_never_grows_it(spec, tp, zero, mb):
 def test_serving_memory_is_finite_and_kv_per_gpu_never_grows_with_tp(spec, tp, max_len):
     wl = InferenceWorkload(max_model_len=max_len, max_num_batched_tokens=4096)
     try:
-        one = estimate(spec, _hw(tp), Layout(tp=tp), wl).as_dict()
-        two = estimate(spec, _hw(tp * 2), Layout(tp=tp * 2), wl).as_dict()
+        one = estimate(spec, _hw(tp), Layout(tp=tp), wl).model_dump(mode="json")
+        two = estimate(spec, _hw(tp * 2), Layout(tp=tp * 2), wl).model_dump(mode="json")
     except LayoutError:
         assume(False)
     for rep in (one, two):
@@ -259,5 +259,5 @@ def test_serving_memory_is_finite_and_kv_per_gpu_never_grows_with_tp(spec, tp, m
     assert two["kv_cache"]["bytes_per_token_per_gpu"] <= one["kv_cache"]["bytes_per_token_per_gpu"]
     assert two["memory"]["per_gpu_bytes"]["weights"] < one["memory"]["per_gpu_bytes"]["weights"]
     # a longer context never needs less KV cache per sequence
-    longer = estimate(spec, _hw(tp), Layout(tp=tp), InferenceWorkload(max_model_len=max_len * 2, max_num_batched_tokens=4096)).as_dict()
+    longer = estimate(spec, _hw(tp), Layout(tp=tp), InferenceWorkload(max_model_len=max_len * 2, max_num_batched_tokens=4096)).model_dump(mode="json")
     assert longer["kv_cache"]["bytes_per_sequence"] >= one["kv_cache"]["bytes_per_sequence"]

@@ -35,9 +35,9 @@ def test_time_breakdowns_sum_for_every_model(name):
         layout = Layout(tp=tp, pp=pp, dp=16 // (tp * pp), ep=ep, zero_stage=zero, sequence_parallel=tp > 1,
                         recompute=Recompute.SELECTIVE)
         try:
-            train = estimate(spec, hw, layout, TrainingWorkload(seq_len=2048, global_batch_size=64)).as_dict()
+            train = estimate(spec, hw, layout, TrainingWorkload(seq_len=2048, global_batch_size=64)).model_dump(mode="json")
             serve = estimate(spec, hw, Layout(tp=tp, pp=pp, dp=16 // (tp * pp), ep=ep),
-                             InferenceWorkload(max_model_len=4096, input_len=512, output_len=64)).as_dict()
+                             InferenceWorkload(max_model_len=4096, input_len=512, output_len=64)).model_dump(mode="json")
         except LayoutError:
             continue
         tt = train["time"]

@@ -42,7 +42,7 @@ def test_training_time_parts_sum(model, tp, pp, ep, zero, recompute, seq_exp, mb
     layout = Layout(tp=tp, pp=pp, dp=16 // (tp * pp), ep=ep, zero_stage=zero, recompute=recompute,
                     sequence_parallel=tp > 1, micro_batch_size=mb)
     try:
-        rep = estimate(SPECS[model], HW, layout, TrainingWorkload(seq_len=2**seq_exp, global_batch_size=64)).as_dict()
+        rep = estimate(SPECS[model], HW, layout, TrainingWorkload(seq_len=2**seq_exp, global_batch_size=64)).model_dump(mode="json")
     except LayoutError:
         return
     _check(rep["time"]["breakdown"])

@@ -438,8 +438,21 @@ def test_cli_unknown_target_lists_the_known_ones(cli, tmp_path):
     p = _write(tmp_path, "serve-1gpu")
     r = cli("export", str(p), "--to", "vlm")
     assert r.exit_code == 2 and r.stdout == ""
-    assert r.stderr.strip() == ("error: field '--to': unknown export target 'vlm' (fix: use one of "
-                                f"{', '.join(TARGETS)})")
+    assert r.stderr.strip() == ("error: field '--to': unknown export target 'vlm' (fix: did you mean 'vllm'? "
+                                f"choose one of {', '.join(TARGETS)})")
+    far = cli("export", str(p), "--to", "xyzzy")
+    assert far.exit_code == 2 and far.stderr.strip() == ("error: field '--to': unknown export target 'xyzzy' (fix: "
+                                                         f"choose one of {', '.join(TARGETS)})")
+
+
+def test_cli_target_names_are_case_insensitive(cli, tmp_path):
+    p = _write(tmp_path, "serve-1gpu")
+    assert cli("export", str(p), "--to", "VLLM").stdout == cli("export", str(p), "--to", "vllm").stdout != ""
+
+
+def test_recommend_export_target_is_checked_before_the_search(cli, tmp_path):
+    r = cli("recommend", "llama-3.1-8b", "--gpus", "1", "-o", str(tmp_path / "p.yaml"), "--export", "sglng")
+    assert r.exit_code == 2 and "did you mean 'sglang'?" in r.stderr and not (tmp_path / "p.yaml").exists()
 
 
 def test_cli_cannot_express_names_the_plan_file_and_field(cli, tmp_path):

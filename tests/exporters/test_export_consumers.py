@@ -30,6 +30,10 @@ from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.exporters import ExportFile, ExportOptions, export
 from shardplan.specs.loading import load_model
 
+# Each check imports the consumer's own code (kubernetes-validate, deepspeed, accelerate,
+# transformers, torch) or runs bash: the inner loop leaves them to `-m consumers`.
+pytestmark = pytest.mark.consumers
+
 K8S_VERSION = "1.34.0"
 GPU = "nvidia.com/gpu"
 

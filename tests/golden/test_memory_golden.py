@@ -140,7 +140,7 @@ def test_korthikanti_first_stage_activations(cfg, mode, gib):
     )
     hw = load_hardware("a100-sxm-80gb").with_topology(gpus_per_node=8, num_nodes=cfg["gpus"] // 8)
     wl = TrainingWorkload(seq_len=2048, global_batch_size=cfg["global_batch"], flash_attention=False, dropout=True)
-    rep = estimate(spec, hw, layout, wl).as_dict()
+    rep = estimate(spec, hw, layout, wl).model_dump(mode="json")
     stage0 = rep["memory"]["per_rank"][0]
     assert stage0["detail_bytes"]["activations.layers"] / BYTES_PER_GIB == pytest.approx(gib, rel=0.02)
 
@@ -151,7 +151,7 @@ def test_korthikanti_output_layer_term_with_sequence_parallelism():
     layout = Layout(tp=8, sequence_parallel=True, micro_batch_size=4)
     hw = load_hardware("a100-sxm-80gb")
     wl = TrainingWorkload(seq_len=2048, global_batch_size=4, flash_attention=False, dropout=True)
-    rank = estimate(spec, hw, layout, wl).as_dict()["memory"]["per_rank"][0]
+    rank = estimate(spec, hw, layout, wl).model_dump(mode="json")["memory"]["per_rank"][0]
     s, b, h, t, v = 2048, 4, 6144, 8, 51200
     assert rank["detail_bytes"]["activations.head"] == pytest.approx(4 * s * b * h / t * (1 + v / h), rel=1e-9)
 
@@ -172,7 +172,7 @@ def test_vllm_llama3_8b_weights_and_kv_capacity():
         load_hardware("h100-sxm-80gb").with_topology(gpus_per_node=1), memory_capacity_bytes=int(total_gib * BYTES_PER_GIB)
     )
     wl = InferenceWorkload(gpu_memory_utilization=case["gpu_memory_utilization"], max_num_batched_tokens=8192)
-    rep = estimate(spec, hw, Layout(tp=case["tensor_parallel_size"]), wl).as_dict()
+    rep = estimate(spec, hw, Layout(tp=case["tensor_parallel_size"]), wl).model_dump(mode="json")
     mem = rep["memory"]["per_gpu_bytes"]
     reported = case["reported_GiB"]
     assert rep["memory"]["budget_bytes"] / BYTES_PER_GIB == pytest.approx(reported["budget"], rel=0.001)

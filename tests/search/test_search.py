@@ -41,7 +41,9 @@ def _brute_force(spec, hw, wl, space, k):
 
 @pytest.mark.parametrize(
     "model,gpus,seq,gbs",
-    [("llama-3.1-8b", 8, 2048, 32), ("mixtral-8x7b", 8, 1024, 16), ("llama-3.1-70b", 16, 4096, 32)],
+    [("llama-3.1-8b", 8, 2048, 32),
+     pytest.param("mixtral-8x7b", 8, 1024, 16, marks=pytest.mark.slow),  # ~8 s: costs every layout
+     pytest.param("llama-3.1-70b", 16, 4096, 32, marks=pytest.mark.slow)],  # ~4.5 s
 )
 def test_branch_and_bound_matches_brute_force(model, gpus, seq, gbs):
     """The top K of the bounded search equal the K best of costing every layout."""
@@ -58,6 +60,7 @@ def test_branch_and_bound_matches_brute_force(model, gpus, seq, gbs):
     assert res.num_costed < res.num_candidates  # the bounds did prune
 
 
+@pytest.mark.slow  # ~4.5 s: every layout of several models, costed in full
 def test_bounds_never_exceed_the_full_cost():
     """Every bound the search prunes with is below what the full model computes, for every
     layout of a small case (an MoE model, so both layer kinds and EP are exercised)."""
@@ -167,7 +170,7 @@ def test_nothing_fits_suggests_changes_found_by_searching_again():
     out = recommend(
         loaded, H100, InferenceWorkload(max_model_len=8192), Space(), Goal(Objective.THROUGHPUT),
         num_gpus=8, max_gpus=None,
-    )
+    ).model_dump(mode="json")
     assert out["top"] == []
     changes = [s["change"] for s in out["suggestions"]]
     assert "--gpus 16" in changes
@@ -179,7 +182,7 @@ def test_vllm_max_model_len_error_predicted_and_shorter_context_suggested():
     cache (vLLM refuses to start); the search says so and finds a context that fits."""
     loaded = loading.load_model("llama-3.1-8b")
     l4 = loading.load_hardware("l4-24gb")
-    out = recommend(loaded, l4, InferenceWorkload(), Space(), Goal(Objective.THROUGHPUT), num_gpus=1, max_gpus=None)
+    out = recommend(loaded, l4, InferenceWorkload(), Space(), Goal(Objective.THROUGHPUT), num_gpus=1, max_gpus=None).model_dump(mode="json")
     assert out["top"] == []
     assert out["rejected"] == {"KV cache holds no max_model_len sequence": out["num_evaluated"]}
     lens = [int(s["change"].split()[-1]) for s in out["suggestions"] if s["change"].startswith("--max-model-len")]
@@ -204,7 +207,7 @@ def test_published_layouts_rank_close_to_the_top_with_the_reason_visible(model, 
     hw = loading.load_hardware(hw_name)
     wl = TrainingWorkload(seq_len=seq, global_batch_size=gbs, framework="megatron")
     text = ",".join(f"{k}={v}" for k, v in pins.items())
-    out = recommend(loaded, hw, wl, Space(), Goal(Objective.STEP_TIME), num_gpus=gpus, max_gpus=None, compare_layout=text)
+    out = recommend(loaded, hw, wl, Space(), Goal(Objective.STEP_TIME), num_gpus=gpus, max_gpus=None, compare_layout=text).model_dump(mode="json")
     c = out["compare"]
     assert c["fits"]
     assert 0 <= c["gap_fraction"] <= tolerance

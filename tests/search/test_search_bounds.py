@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.search import Goal, Objective, Space, search
 from shardplan.search.space import BUDGET_SPENT
@@ -47,6 +49,7 @@ def test_a_million_gpus_for_serving_is_searched_within_the_budget():
     _consistent(res)
 
 
+@pytest.mark.slow  # ~3 s here, ~5 s on a loaded machine: two full recommend runs
 def test_recommend_reports_the_budget_in_json_and_the_table(cli, tmp_path, monkeypatch):
     import shardplan.search.space as space_mod
 

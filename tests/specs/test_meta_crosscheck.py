@@ -3,13 +3,19 @@ device (no memory, no weights): total, and per block for a dense and an MoE laye
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
-import torch
-import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
 
 from shardplan.cost.params import count_params
 from shardplan.specs.loading import bundled_names, load_model, model_specs_dir, read_structured
+
+if TYPE_CHECKING:
+    import torch
+
+# transformers builds each model; torch and transformers are imported in the tests, so that the
+# inner loop (`-m "not consumers ..."`) does not pay for importing them at collection.
+pytestmark = pytest.mark.consumers
 
 
 def _hf_bundled():
@@ -34,6 +40,8 @@ def _stored_numel(module: torch.nn.Module) -> int:
 
 
 def _layer_list(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList:
+    import torch
+
     for mod in model.modules():
         if isinstance(mod, torch.nn.ModuleList) and len(mod) == num_layers:
             return mod
@@ -41,6 +49,9 @@ def _layer_list(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList:
 
 
 def _build(hf_config: dict) -> torch.nn.Module:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     cfg = dict(hf_config)
     model_type = cfg.pop("model_type")
     cfg.pop("architectures", None)
@@ -54,6 +65,8 @@ def test_bundled_spec_count_matches_meta_model(name, hf_config):
     spec = load_model(name).spec
     counts = count_params(spec)
     model = _build(hf_config)
+    import transformers
+
     assert _stored_numel(model) == counts.total, f"transformers {transformers.__version__}"
     layers = _layer_list(model, spec.num_layers)
     for i in (0, spec.num_layers - 1):

@@ -82,6 +82,7 @@ def _activation_errors(report: dict) -> list[float]:
     return [c["relative_error"] for r in report["ranks"] for c in r["components"] if c["component"] == "activations"]
 
 
+@pytest.mark.dist
 def test_context_parallel_training_two_ranks(cli, tmp_path):
     res, report = _verify(cli, _plan(tmp_path, 2, TRAIN, cp=2), tmp_path)
     assert res.exit_code == EXIT_OK, res.stderr
@@ -91,6 +92,7 @@ def test_context_parallel_training_two_ranks(cli, tmp_path):
     assert report["run"]["work"]["seq_len"] % 4 == 0
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("layout", [dict(cp=2, tp=2), dict(cp=2, dp=2, zero_stage=3)], ids=["cp2xtp2", "cp2xdp2-zero3"])
 def test_context_parallel_combined_four_ranks(cli, tmp_path, layout):
     """tp fastest, then cp: ranks (tp, cp) = (0,0), (1,0), (0,1), (1,1). ZeRO-3 shards over dp x cp

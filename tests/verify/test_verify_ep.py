@@ -7,14 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from shardplan.plan import manifest as mf
 from shardplan.cost.workload import TrainingWorkload
 from shardplan.errors import EXIT_BAD_INPUT, EXIT_OK
 from shardplan.plan.readback import plan_spec
-from shardplan.verify.model import Decoder
-from shardplan.verify.parallel import _split_key
 from shardplan.verify.runspec import plan_run
 from test_verify import SERVE, TRAIN, _assert_matches, _plan, _verify
 
@@ -28,6 +25,11 @@ FP32_BYTES = 4
 def _weight_bytes(plan: Path) -> tuple[float, float]:
     """(dense bytes, bytes of one expert of every MoE layer) of one rank of the plan's proxy:
     dense tensors divided by their tp split, experts whole."""
+    import torch  # here, not at collection: only the real runs need it
+
+    from shardplan.verify.model import Decoder
+    from shardplan.verify.parallel import _split_key
+
     m = mf.load_manifest(plan)
     run = plan_run(m, plan_spec(m), scale="proxy")
     with torch.device("meta"):
@@ -42,6 +44,7 @@ def _weight_bytes(plan: Path) -> tuple[float, float]:
     return dense * FP32_BYTES, expert * FP32_BYTES
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("gpus,layout", [
     (2, dict(dp=2, ep=2, zero_stage=0)),  # experts whole and unsharded: weights show E/ep experts
     (4, dict(dp=4, ep=2, zero_stage=3)),  # experts an FSDP2 unit over the edp=2 ranks, dense over dp=4
@@ -63,6 +66,7 @@ def test_expert_parallel_training(cli, tmp_path, gpus, layout):
             assert held == pytest.approx(8 / 2)  # E / ep whole experts on this rank
 
 
+@pytest.mark.dist
 def test_expert_parallel_serving(cli, tmp_path):
     plan = _plan(tmp_path, 2, SERVE, model="mixtral-8x7b", tp=2, ep=2)
     res, report = _verify(cli, plan, tmp_path)

@@ -1,0 +1,212 @@
+"""The typed result of `estimate(...)`: what `estimate --json` prints is
+`CostReport.model_dump(mode="json")`, and tables, plots and the manifest read the same model.
+
+Pure pydantic: no yaml, rich, typer or torch (cost/ stays importable anywhere). Breakdowns stay
+named mappings (`per_gpu_bytes`, `breakdown`) whose `total` is the sum of the other parts.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+Pair = Annotated[tuple[int, int], Field(description="[first, last], both inclusive")]
+
+
+class Frozen(BaseModel):
+    """Strict, immutable result section."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class OmitNone(Frozen):
+    """A section some of whose keys are absent (not null) from the JSON when they do not apply:
+    the fields named in `OMIT_IF_NONE` are dropped from the dump when None."""
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _omit(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        for name in self.OMIT_IF_NONE:
+            if getattr(self, name) is None:
+                data.pop(name, None)
+        return data
+
+
+class ModelReport(Frozen):
+    name: str = Field(description="the model spec's name")
+    num_params: int = Field(description="stored parameters (count)")
+    num_active_params: int = Field(description="parameters one token uses (count; MoE: routed top-k only)")
+
+
+class HardwareReport(Frozen):
+    name: str = Field(description="hardware profile name")
+    num_gpus: int = Field(description="GPUs in the cluster (count)")
+    gpus_per_node: int = Field(description="GPUs per node (count)")
+    num_nodes: int = Field(description="nodes (count)")
+    memory_capacity_bytes: int = Field(description="memory of one GPU, bytes")
+
+
+class InferenceWorkloadReport(Frozen):
+    kind: Literal["inference"] = Field(description="serving")
+    max_model_len: int | None = Field(description="tokens per sequence the engine admits; null: the model's maximum")
+    max_num_seqs: int = Field(description="sequences the engine schedules at once (count)")
+    max_num_batched_tokens: int = Field(description="tokens in one forward, tokens")
+    gpu_memory_utilization: float = Field(description="fraction of device memory the engine may use")
+    block_size: int = Field(description="tokens per paged KV block")
+    kv_cache_dtype: str | None = Field(description="KV-cache format; null: the activation dtype")
+    activation_dtype: str = Field(description="activation format")
+    quantization: str = Field(description="weight format")
+    enforce_eager: bool = Field(description="no CUDA graphs")
+    input_len: int = Field(description="prompt length, tokens")
+    output_len: int = Field(description="generated length, tokens")
+    batch_size: int | None = Field(description="concurrent sequences per replica; null: the most that fit")
+    kv_read_per_query_head: bool = Field(description="attention reads K/V once per query head")
+
+
+class TrainingWorkloadReport(Frozen):
+    kind: Literal["training"] = Field(description="training")
+    seq_len: int = Field(description="tokens per sequence")
+    global_batch_size: int = Field(description="sequences per optimizer step")
+    optimizer: str = Field(description="optimizer whose states are kept")
+    framework: str = Field(description="whose bookkeeping of model states is followed")
+    param_dtype: str = Field(description="weight and gradient format")
+    activation_dtype: str = Field(description="activation format")
+    flash_attention: bool = Field(description="no seq_len^2 score tensor is stored")
+    dropout: bool = Field(description="dropout masks are stored")
+    loss_fp32_logits: bool = Field(description="the loss works on fp32 logits")
+    overlap_grad_reduce: bool = Field(description="the gradient reduction overlaps the backward")
+
+
+WorkloadReport = Annotated[Union[InferenceWorkloadReport, TrainingWorkloadReport], Field(discriminator="kind")]
+
+
+class OffloadReport(Frozen):
+    optimizer: str = Field(description="where optimizer states live off the GPU (none, cpu, nvme)")
+    params: str = Field(description="where parameters live off the GPU (none, cpu, nvme)")
+
+
+class PlanReport(Frozen):
+    tp: int = Field(description="tensor-parallel degree (1: off)")
+    pp: int = Field(description="pipeline stages")
+    dp: int = Field(description="data-parallel degree; serving: replicas")
+    ep: int = Field(description="expert-parallel degree")
+    etp: int = Field(description="tensor-parallel degree inside each expert")
+    cp: int = Field(description="context-parallel degree")
+    zero_stage: int = Field(description="ZeRO stage, 0 none to 3 parameters")
+    hybrid_shard: bool = Field(description="ZeRO/FSDP shards within a node only")
+    sequence_parallel: bool = Field(description="Megatron sequence parallelism")
+    recompute: str = Field(description="activation recomputation")
+    pp_schedule: str = Field(description="pipeline schedule")
+    virtual_stages: int = Field(description="model chunks per pipeline stage")
+    micro_batch_size: int = Field(description="sequences per micro-batch")
+    offload: OffloadReport = Field(description="offload targets")
+
+
+class ServingPlanReport(PlanReport):
+    """A searched serving plan: the layout plus the formats and batch the search chose."""
+
+    replicas: int = Field(description="model replicas (= dp)")
+    quantization: str = Field(description="weight format")
+    kv_cache_dtype: str = Field(description="KV-cache format; auto: the activation dtype")
+    batch_size: int | None = Field(description="concurrent sequences per replica")
+
+
+class RankMemoryReport(Frozen):
+    stage: int = Field(description="pipeline stage index")
+    layers: Pair = Field(description="first and last layer the stage holds (interleaved: see layer_chunks)")
+    layer_chunks: list[Pair] = Field(description="[first, last] layer of each model chunk the stage holds")
+    num_ranks: int = Field(description="GPUs sharing this memory picture (count)")
+    per_gpu_bytes: dict[str, float] = Field(description="bytes per GPU by component; `total` is their sum")
+    headroom_bytes: float = Field(description="capacity minus total, bytes; negative: does not fit")
+    detail_bytes: dict[str, float] = Field(description="named sub-items, bytes")
+    host_offload_bytes: float = Field(description="bytes this rank keeps in CPU memory")
+    nvme_offload_bytes: float = Field(description="bytes this rank keeps on NVMe")
+
+
+class MemoryReport(Frozen):
+    per_gpu_bytes: dict[str, float] = Field(description="the binding rank's bytes by component; `total` is their sum")
+    binding_stage: int = Field(description="the stage that limits the plan")
+    binding_component: str = Field(description="its largest component")
+    budget_bytes: float = Field(description="bytes a rank may use (serving: gpu_memory_utilization x capacity)")
+    headroom_bytes: float = Field(description="capacity minus the binding rank's total, bytes")
+    per_rank: list[RankMemoryReport] = Field(description="one entry per pipeline stage")
+
+
+class TrainingMemoryReport(MemoryReport):
+    host_offload_bytes_per_node: float = Field(description="CPU memory for offloaded states, bytes per node")
+    nvme_offload_bytes_per_node: float = Field(description="NVMe for offloaded states, bytes per node")
+    num_microbatches: int = Field(description="micro-batches per step and pipeline (count)")
+
+
+class KvCacheReport(Frozen):
+    bytes_per_token: float = Field(description="KV cache of one token, whole model, bytes")
+    bytes_per_token_per_gpu: float = Field(description="the binding rank's share, bytes per token")
+    capacity_tokens: int = Field(description="tokens the cache holds")
+    num_blocks: int = Field(description="paged blocks (count)")
+    block_size: int = Field(description="tokens per block")
+    max_model_len: int = Field(description="tokens of one sequence")
+    bytes_per_sequence: float = Field(description="one max_model_len sequence on the binding rank, bytes")
+    max_concurrency: float = Field(description="max_model_len sequences the cache holds at once (count)")
+
+
+class ServingBreakdown(Frozen):
+    prefill: dict[str, float] = Field(description="prefill time by part, seconds; `total` is their sum")
+    decode_step: dict[str, float] = Field(description="one decode step by part, seconds; `total` is their sum")
+
+
+class ServingTimeReport(Frozen):
+    batch_size: int = Field(description="concurrent sequences per replica the figures are for")
+    input_len: int = Field(description="prompt length, tokens")
+    output_len: int = Field(description="generated length, tokens")
+    batch_fits_kv_cache: bool = Field(description="that batch fits the KV cache")
+    max_batch_in_kv_cache: int = Field(description="sequences of input_len + output_len the cache holds (count)")
+    ttft_seconds: float = Field(description="time to first token, seconds")
+    tpot_seconds: float = Field(description="time per output token, seconds")
+    e2e_latency_seconds: float = Field(description="one request end to end, seconds")
+    throughput_tokens_per_second: float = Field(description="output tokens per second of the whole plan (all dp replicas)")
+    throughput_tokens_per_second_per_gpu: float = Field(description="the plan's output tokens per second / its GPUs")
+    throughput_tokens_per_second_per_replica: float = Field(description="output tokens per second of one replica")
+    best_batch_size: int | None = Field(description="batch per replica with the highest throughput; null: none fits")
+    best_throughput_tokens_per_second: float | None = Field(
+        description="output tokens per second of the whole plan at best_batch_size; null: none fits")
+    breakdown: ServingBreakdown = Field(description="where prefill and decode time go")
+    overlap_assumptions: dict[str, str] = Field(description="what overlaps with compute, per collective")
+
+
+class TrainingTimeReport(Frozen):
+    step_seconds: float = Field(description="one optimizer step, seconds")
+    tokens_per_second_per_gpu: float = Field(description="trained tokens per second per GPU")
+    tokens_per_second: float = Field(description="trained tokens per second of the whole plan")
+    mfu: float = Field(description="model FLOPs utilization, fraction")
+    hfu: float = Field(description="hardware FLOPs utilization (recomputation included), fraction")
+    flop_convention: str = Field(description="how model FLOPs are counted")
+    model_flops_per_step: float = Field(description="model FLOPs of one step")
+    hardware_flops_per_step: float = Field(description="FLOPs executed in one step, recomputation included")
+    breakdown: dict[str, float] = Field(description="step time by part, seconds; `total` is their sum")
+    overlap_assumptions: dict[str, str] = Field(description="what overlaps with compute, per collective")
+
+
+TimeReport = Union[ServingTimeReport, TrainingTimeReport]
+
+
+class CostReport(OmitNone):
+    """What `estimate --json` prints. `kv_cache` is serving only and absent from training's JSON."""
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"kv_cache"})
+
+    model: ModelReport = Field(description="the model")
+    hardware: HardwareReport = Field(description="the cluster")
+    workload: WorkloadReport = Field(description="what the GPUs do")
+    plan: PlanReport = Field(description="the parallel layout")
+    fits: bool = Field(description="every rank fits its memory")
+    reason: str | None = Field(description="why not, when it does not fit")
+    memory: Union[TrainingMemoryReport, MemoryReport] = Field(description="bytes per GPU")
+    kv_cache: KvCacheReport | None = Field(default=None, description="serving only")
+    time: TimeReport = Field(description="serving or training time figures")
+
+    @property
+    def training(self) -> bool:
+        return isinstance(self.time, TrainingTimeReport)

@@ -1,0 +1,160 @@
+"""The typed result of `recommend`: what `recommend --json` prints is
+`RecommendResult.model_dump(mode="json")`; the table, the plot and the manifest read the same
+model. Entries reuse the estimate's plan, memory, KV-cache and time models (cost/report.py)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Union
+
+from pydantic import Field
+
+from shardplan.cost.report import (
+    Frozen,
+    KvCacheReport,
+    MemoryReport,
+    OmitNone,
+    PlanReport,
+    ServingPlanReport,
+    TimeReport,
+    TrainingMemoryReport,
+)
+
+AnyPlan = Union[ServingPlanReport, PlanReport]
+AnyMemory = Union[TrainingMemoryReport, MemoryReport]
+
+
+class CostFigures(Frozen):
+    gpu_hour_price_usd: float | None = Field(description="USD per GPU-hour; null: no price known")
+    usd_per_hour: float | None = Field(description="USD per hour of all the plan's GPUs")
+    usd_per_million_tokens: float | None = Field(
+        description="USD per million tokens (serving: output tokens; training: trained tokens) over all GPUs")
+
+
+class RecommendEntry(OmitNone):
+    """One ranked plan with its full estimate."""
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"kv_cache"})
+
+    rank: int = Field(description="1 = the pick")
+    num_gpus: int = Field(description="GPUs of the plan (count)")
+    num_nodes: int = Field(description="nodes of the plan (count)")
+    plan: AnyPlan = Field(description="the layout (serving: with formats and batch)")
+    objective_value: float = Field(description="what the ranking minimised (throughput: negated tokens/s of the plan)")
+    memory: AnyMemory = Field(description="bytes per GPU")
+    kv_cache: KvCacheReport | None = Field(default=None, description="serving only")
+    time: TimeReport = Field(description="time figures; throughput is the whole plan's (all replicas)")
+    cost: CostFigures = Field(description="price of the plan")
+
+    @property
+    def throughput_tokens_per_second(self) -> float:
+        """Output (serving) or trained (training) tokens per second of the whole plan."""
+        t = self.time
+        return t.tokens_per_second if hasattr(t, "tokens_per_second") else t.throughput_tokens_per_second  # type: ignore[union-attr]
+
+
+class ParetoPoint(Frozen):
+    num_gpus: int = Field(description="GPUs of the plan (count)")
+    tp: int = Field(description="tensor-parallel degree")
+    pp: int = Field(description="pipeline stages")
+    replicas: int = Field(description="model replicas (dp)")
+    ep: int = Field(description="expert-parallel degree")
+    quantization: str = Field(description="weight format")
+    kv_cache_dtype: str = Field(description="KV-cache format")
+    batch_size: int = Field(description="concurrent sequences per replica")
+    ttft_seconds: float = Field(description="time to first token, seconds")
+    tpot_seconds: float = Field(description="time per output token, seconds")
+    e2e_latency_seconds: float = Field(description="one request end to end, seconds (the frontier's first axis)")
+    throughput_tokens_per_second_per_gpu: float = Field(
+        description="the plan's output tokens/s over its GPUs (the frontier's second axis)")
+
+
+class BestAtGpuCount(Frozen):
+    num_gpus: int = Field(description="GPU count (count)")
+    step_seconds: float = Field(description="step time of the best plan there, seconds")
+    tokens_per_second_per_gpu: float = Field(description="its trained tokens per second per GPU")
+    objective_value: float = Field(description="its objective value")
+
+
+class BindingConstraint(Frozen):
+    constraint: str = Field(description="kv_cache, memory, max_ttft, max_tpot or min_throughput")
+    slack_fraction: float = Field(description="slack left, as a fraction of the limit")
+    detail: str = Field(description="the figures, in words")
+
+
+class SearchBudget(Frozen):
+    max_steps: int = Field(description="steps the search may take (count)")
+    num_steps: int = Field(description="steps taken (count)")
+    spent: bool = Field(description="the budget ran out before the space was covered")
+    num_layouts_not_searched: int = Field(description="layouts left out (count)")
+    gpu_counts_not_searched: list[int] = Field(description="GPU counts left out")
+
+
+class Difference(Frozen):
+    component: str = Field(description="part of the time")
+    seconds_a: float = Field(description="the winner's, seconds")
+    seconds_b: float = Field(description="the compared plan's, seconds")
+    delta_seconds: float = Field(description="b - a, seconds")
+
+
+class Comparison(OmitNone):
+    """The best plan with the degrees the user named, against the winner."""
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset(
+        {"rejected", "invalid_degree_combinations", "plan", "objective_value", "memory", "time", "gap_fraction", "differences"})
+
+    pins: dict[str, Any] = Field(description="the named degrees")
+    fits: bool = Field(description="some plan with them fits")
+    rejected: dict[str, int] | None = Field(default=None, description="when none fits: layouts by reason")
+    invalid_degree_combinations: dict[str, int] | None = Field(default=None, description="when none fits")
+    plan: AnyPlan | None = Field(default=None, description="the best such plan")
+    objective_value: float | None = Field(default=None, description="its objective value")
+    memory: AnyMemory | None = Field(default=None, description="its memory")
+    time: TimeReport | None = Field(default=None, description="its time")
+    gap_fraction: float | None = Field(default=None, description="how far behind the winner, fraction")
+    differences: list[Difference] | None = Field(default=None, description="where the time differs, largest first")
+
+
+class Suggestion(OmitNone):
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"num_gpus"})
+
+    change: str = Field(description="the option to change")
+    detail: str = Field(description="what then fits")
+    num_gpus: int | None = Field(default=None, description="--gpus suggestions: the GPU count")
+
+
+class ExportSummary(Frozen):
+    target: str = Field(description="export target")
+    files: list[str] = Field(description="files written")
+
+
+class RecommendResult(OmitNone):
+    """What `recommend --json` prints."""
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"export"})
+
+    model: str = Field(description="model name")
+    hardware: str = Field(description="hardware profile name")
+    workload: str = Field(description="inference or training")
+    objective: str = Field(description="what the ranking optimised")
+    assumptions: str = Field(description="the workload shape, what 'best' means and the limits, in words")
+    gpu_counts: list[int] = Field(description="GPU counts searched")
+    smallest_num_gpus: int | None = Field(description="fewest GPUs with a plan that meets the goal")
+    num_candidates: int = Field(description="layouts in the space (count)")
+    num_evaluated: int = Field(description="layouts decided by a bound or a cost (count)")
+    num_costed: int = Field(description="full memory/time evaluations (count)")
+    num_feasible: int = Field(description="layouts that fit and meet the limits (count)")
+    elapsed_seconds: float = Field(description="search wall time, seconds")
+    search_budget: SearchBudget = Field(description="bounded work")
+    evaluated_per_second: float | None = Field(description="layouts evaluated per second")
+    rejected: dict[str, int] = Field(description="layouts rejected, by reason")
+    invalid_degree_combinations: dict[str, int] = Field(description="degree combinations that cannot exist, by reason")
+    top: list[RecommendEntry] = Field(description="the best plans, best first")
+    pareto: list[ParetoPoint] = Field(description="serving: the latency vs throughput-per-GPU frontier")
+    best_per_num_gpus: list[BestAtGpuCount] = Field(description="training: the best plan at each GPU count")
+    binding_constraint: BindingConstraint | None = Field(description="the pick's tightest limit")
+    runner_up_gap_fraction: float | None = Field(description="how far the runner-up is behind, fraction")
+    why: str = Field(description="the choice in words")
+    compare: Comparison | None = Field(description="--compare: the named layout against the pick")
+    suggestions: list[Suggestion] = Field(description="when nothing fits: single changes that make something fit")
+    manifest: str | None = Field(description="where the pick's manifest was written")
+    export: ExportSummary | None = Field(default=None, description="--export: what was written")

@@ -1,0 +1,128 @@
+"""Every published figure the golden tests compare with carries its source: each case, row,
+model and section of tests/data/validation/*.yaml and each model of tests/data/models/*.yaml
+names where it comes from, so that an entry added without one fails here.
+
+Each file has its own shape (a table whose rows cite a top-level source, cases with a URL,
+models with config and parameter-count sources, paper sections with a citation); ENTRIES
+says how to find the entries of each, and a file it does not know fails too."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+DATA = REPO / "tests" / "data"
+Entry = tuple[str, Any, tuple[str, ...]]  # (where, the entry, the fields that must name a source)
+
+
+def _table(doc: dict) -> Iterator[Entry]:
+    """A table with one source for all rows (`source: {citation, ...}`) and rows that cite it."""
+    yield "source", doc, ("source",)
+    yield "source.citation", doc.get("source"), ("citation",)
+    for i, row in enumerate(doc.get("rows") or [None]):
+        yield f"rows[{i}] ({(row or {}).get('id', '?')})", row, ("source",)
+
+
+def _cases(doc: dict) -> Iterator[Entry]:
+    for i, case in enumerate(doc.get("cases") or [None]):
+        yield f"cases[{i}] ({(case or {}).get('id', '?')})", case, ("url",)
+
+
+def _params(doc: dict) -> Iterator[Entry]:
+    for name, model in (doc.get("models") or {None: None}).items():
+        yield f"models.{name}", model, ("config_source", "params_source")
+
+
+def _sections(doc: dict) -> Iterator[Entry]:
+    """Top-level sections, each from one paper or code base: `<section>.source`."""
+    for name, section in doc.items():
+        yield name, section, ("source",)
+
+
+def _model_file(doc: dict) -> Iterator[Entry]:
+    yield "sources", doc, ("sources",)
+    yield "sources.config", doc.get("sources"), ("config",)
+    if "published_num_params" in doc:
+        yield "sources.published_num_params", doc.get("sources"), ("published_num_params",)
+
+
+ENTRIES: dict[str, Callable[[dict], Iterator[Entry]]] = {
+    "validation/activations.yaml": _sections,
+    "validation/inference_throughput.yaml": _table,
+    "validation/params.yaml": _params,
+    "validation/serving_memory.yaml": _cases,
+    "validation/training_throughput.yaml": _table,
+    "validation/zero.yaml": _sections,
+}
+
+
+def _golden_files() -> list[str]:
+    files = sorted(p.relative_to(DATA).as_posix() for p in (DATA / "validation").glob("*.yaml"))
+    return files + sorted(p.relative_to(DATA).as_posix() for p in (DATA / "models").glob("*.yaml"))
+
+
+def _has_source(value: Any) -> bool:
+    if isinstance(value, str):
+        return bool(value.strip())
+    if isinstance(value, (list, dict)):
+        return bool(value) and all(_has_source(v) for v in (value.values() if isinstance(value, dict) else value))
+    return False
+
+
+def missing_sources(rel: str, doc: Any) -> list[str]:
+    if not isinstance(doc, dict):
+        return [f"{rel}: not a mapping"]
+    entries = _model_file if rel.startswith("models/") else ENTRIES.get(rel)
+    if entries is None:
+        return [f"{rel}: a golden file tests/golden/test_sources.py does not know; add its shape to ENTRIES"]
+    missing = []
+    for where, entry, fields in entries(doc):
+        for field in fields:
+            if not isinstance(entry, dict) or not _has_source(entry.get(field)):
+                missing.append(f"{rel}: {where} has no {field}")
+    return missing
+
+
+@pytest.mark.parametrize("rel", _golden_files())
+def test_every_entry_names_its_source(rel):
+    doc = yaml.safe_load((DATA / rel).read_text())
+    missing = missing_sources(rel, doc)
+    assert not missing, "\n".join(missing)
+
+
+def test_every_row_cites_a_source_the_file_describes():
+    """The throughput tables' rows cite one source id each; all rows of a file cite the same."""
+    for rel in ("validation/inference_throughput.yaml", "validation/training_throughput.yaml"):
+        rows = yaml.safe_load((DATA / rel).read_text())["rows"]
+        assert len({r["source"] for r in rows}) == 1, rel
+
+
+def test_the_golden_files_are_all_found():
+    files = _golden_files()
+    assert set(ENTRIES) <= set(files)
+    assert any(f.startswith("models/") for f in files)
+
+
+@pytest.mark.parametrize("rel,edit", [
+    ("validation/inference_throughput.yaml", lambda d: d["rows"].append({"id": "new", "measured": {"x": 1}})),
+    ("validation/training_throughput.yaml", lambda d: d["rows"][3].update(source="  ")),
+    ("validation/serving_memory.yaml", lambda d: d["cases"][0].pop("url")),
+    ("validation/params.yaml", lambda d: d["models"].update(new={"config": {}, "params_total": 1})),
+    ("validation/params.yaml", lambda d: d["models"]["gpt2"].update(config_source=[])),
+    ("validation/zero.yaml", lambda d: d.update(new_paper={"table": [1, 2]})),
+    ("validation/activations.yaml", lambda d: d["korthikanti2022"].pop("source")),
+    ("models/llama-7b.yaml", lambda d: d["sources"].pop("published_num_params")),
+    ("models/gpt-j-6b.yaml", lambda d: d.pop("sources")),
+    ("validation/new_table.yaml", lambda d: None),
+])
+def test_an_entry_without_a_source_is_caught(rel, edit):
+    path = DATA / rel
+    doc = yaml.safe_load(path.read_text()) if path.is_file() else {"rows": []}
+    assert not path.is_file() or not missing_sources(rel, doc)
+    edit(doc)
+    assert missing_sources(rel, doc)
