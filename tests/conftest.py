@@ -65,3 +65,13 @@ def build_plan(model: str, gpus: int, layout, workload, gpus_per_node: int | Non
     report = estimate(loaded.spec, hw, layout, workload)
     manifest = mf.build_manifest(loaded=loaded, hw=hw, layout=layout, workload=workload, report=report, **extra)
     return manifest, report.model_dump(mode="json")  # the report as `estimate --json` prints it
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Torchrun sessions (`dist`) run one at a time, on one xdist worker: two at once on a
+    2-core machine starve gloo's worker threads, and verify's memory sampling then sees
+    buffers a finished collective still holds. The other workers run everything else."""
+    for item in items:
+        if item.get_closest_marker("dist") is not None:
+            item.add_marker(pytest.mark.xdist_group("torchrun"))

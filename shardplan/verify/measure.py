@@ -105,13 +105,15 @@ class StorageTracker(TorchDispatchMode):
         return total
 
 
-def settled(sample, quiet_samples: int = 5, interval_seconds: float = 0.001, limit_seconds: float = 0.05) -> int:
+def settled(sample, quiet_samples: int = 10, interval_seconds: float = 0.002, limit_seconds: float = 0.5) -> int:
     """`sample()` once the storages a gloo collective's worker thread still held have gone.
     Gloo completes a collective on its own thread, which drops its references to the input
     and output a moment after `wait()` returns; on a busy CPU a buffer the model has already
     dropped can still be alive when a forward ends (+3.5% on some sequence-parallel runs, the
     all-gathered or reduce-scattered (tokens x hidden) buffer). Sampled until unchanged
-    `quiet_samples` times in a row, within `limit_seconds`. NCCL frees through the caching
+    `quiet_samples` times in a row (20 ms), within `limit_seconds`: with more runnable
+    processes than cores that thread can wait tens of milliseconds for a core (a 5 ms window
+    once let a pipeline stage's received buffer count, +60%). NCCL frees through the caching
     allocator in stream order, so it is not needed there."""
     value = sample()
     same = 0
