@@ -93,7 +93,7 @@ def with_variant(layout: Layout, v: Variant) -> Layout:
     return replace(layout, zero_stage=v[0], hybrid_shard=v[1], offload_optimizer=v[2], offload_params=v[3])
 
 
-def _degrees(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, res: SearchResult) -> Iterator[Layout]:
+def degree_candidates(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, res: SearchResult) -> Iterator[Layout]:
     """tp, cp, pp, dp, ep that can exist (micro-batch 1, one virtual stage)."""
     n = hw.num_gpus
     for tp in tp_choices(spec, hw, n, space, res.invalid):
@@ -158,7 +158,7 @@ def _flags(space: Space, deg: Layout) -> tuple[list[bool], list[Recompute]]:
     return sps, rcs
 
 
-def _shapes(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout) -> Iterator[Layout]:
+def shape_candidates(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout) -> Iterator[Layout]:
     sps, rcs = _flags(space, deg)
     for mbs in _micro_batches(wl, space, deg):
         for v, sched in _pipelines(spec, wl, space, deg, mbs):
@@ -182,7 +182,7 @@ def objective_value(goal: Goal, hw: HardwareProfile, num_gpus: int, step_seconds
     return step_seconds
 
 
-def _degrees_bound(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, deg: Layout) -> float:
+def degrees_bound(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, deg: Layout) -> float:
     """min over micro-batch, SP and recomputation of (m + (pp-1)/v_max) x (all layers' time) / pp:
     the slowest stage takes at least the mean, whatever the virtual stages."""
     sps, rcs = _flags(space, deg)
@@ -222,14 +222,14 @@ def search_training(
     k = max(1, goal.top_k)
     heap: list[tuple[float, tuple[Any, ...], int, Any]] = []
     candidates_before = res.num_candidates
-    for deg in _degrees(spec, hw, wl, space, res):
+    for deg in degree_candidates(spec, hw, wl, space, res):
         count = _num_layouts(spec, hw, wl, space, deg)
         if count == 0:
             res.invalid["no micro-batch or schedule divides the batch"] += 1
             continue
         res.num_candidates += count
         res.num_steps += 1
-        bound = objective_value(goal, hw, n, _degrees_bound(spec, hw, wl, space, deg), tokens)
+        bound = objective_value(goal, hw, n, degrees_bound(spec, hw, wl, space, deg), tokens)
         heap.append((bound, _key(deg), _DEGREES, (deg, count)))
     heapq.heapify(heap)
     total = res.num_candidates - candidates_before  # this GPU count's layouts, like `done` below
@@ -282,7 +282,7 @@ def _expand(
     plain, offloaded = state_variants(deg, hw, space)
     variants = len(plain) + len(offloaded)
     least_states: dict[int, float] = {}  # by virtual stages: states do not depend on micro-batch, SP or recompute
-    for shape in _shapes(spec, wl, space, deg):
+    for shape in shape_candidates(spec, wl, space, deg):
         m = wl.global_batch_size // (shape.dp * shape.micro_batch_size)
         act = activation_bytes_lower_bound(spec, hw, shape, wl, m)
         if act > cap:

@@ -6,7 +6,7 @@ order (megatron/core/parallel_state.py, `initialize_model_parallel`, expert rank
 (edp = dp x cp x tp / (ep x etp)). Expert-parallel rank r holds the experts
 [r E/ep, (r + 1) E/ep), as the manifest's `placement.experts.expert_ranges` say. Each keeps
 its global index in its parameter name, so `parallel.full_init` gives it the reference's
-value and `parallel._split_key` still resolves the manifest's `tp_splits`.
+value and `parallel.split_key` still resolves the manifest's `tp_splits`.
 
 Training is Megatron-core's all-to-all token dispatcher (megatron/core/transformer/moe/
 token_dispatcher.py, `MoEAlltoAllTokenDispatcher`): route on this rank, permute the (token,

@@ -82,7 +82,7 @@ def _canonical(name: str) -> str:
     return name.replace(CHECKPOINT_PREFIX, "")
 
 
-def _split_key(module_path: str) -> str:
+def split_key(module_path: str) -> str:
     """`layers.3.mlp.experts.5.up_proj` -> `mlp.experts.up_proj.weight` (the manifest's key)."""
     parts = _canonical(module_path).split(".")
     if parts[0] == "layers":
@@ -114,7 +114,7 @@ def apply_tp(chunk: Decoder, tp_mesh: DeviceMesh, tp_splits: dict[str, str], *, 
     for path, mod in chunk.named_modules():
         if not isinstance(mod, (nn.Linear, nn.Embedding)):
             continue
-        split = tp_splits.get(_split_key(path))
+        split = tp_splits.get(split_key(path))
         if split is None:
             raise KeyError(f"no tp split for {path} in the manifest")
         if split == "replicated":
@@ -209,13 +209,13 @@ def _all_reduce_in_place(group: dist.ProcessGroup):
         refs_before = output._use_count()
         dist.all_reduce(output, group=group)
         if wait_for_release:
-            _await_release(output, refs_before)
+            await_release(output, refs_before)
         return output
 
     return hook
 
 
-def _await_release(t: torch.Tensor, refs_before: int, limit_seconds: float = 1.0) -> None:
+def await_release(t: torch.Tensor, refs_before: int, limit_seconds: float = 1.0) -> None:
     """Gloo completes a collective on its worker thread, which still holds the tensor for a
     moment after `wait()` returns. If the caller drops the tensor first, the last reference
     goes with that thread, whenever it is scheduled: on a busy CPU the partial sum outlives

@@ -15,7 +15,7 @@ from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWor
 from shardplan.tasks.recommend import recommend
 from shardplan.search import Goal, Objective, Space, search
 from shardplan.search.space import SearchResult, gpu_counts, topology
-from shardplan.search.training import _degrees, _degrees_bound, _shapes, objective_value, state_variants, with_variant
+from shardplan.search.training import degree_candidates, degrees_bound, shape_candidates, objective_value, state_variants, with_variant
 from shardplan.specs import loading
 
 H100 = loading.load_hardware("h100-sxm-80gb")
@@ -23,8 +23,8 @@ H100 = loading.load_hardware("h100-sxm-80gb")
 
 def _all_training_layouts(spec, hw, wl, space):
     res = SearchResult(training=True, goal=Goal(Objective.STEP_TIME), gpu_counts=[hw.num_gpus])
-    for deg in _degrees(spec, hw, wl, space, res):
-        for shape in _shapes(spec, wl, space, deg):
+    for deg in degree_candidates(spec, hw, wl, space, res):
+        for shape in shape_candidates(spec, wl, space, deg):
             plain, offloaded = state_variants(shape, hw, space)
             for v in plain + offloaded:
                 yield with_variant(shape, v)
@@ -70,9 +70,9 @@ def test_bounds_never_exceed_the_full_cost():
     space = Space()
     res = SearchResult(training=True, goal=Goal(Objective.STEP_TIME), gpu_counts=[16])
     checked = 0
-    for deg in _degrees(spec, hw, wl, space, res):
-        deg_bound = _degrees_bound(spec, hw, wl, space, deg)
-        for shape in _shapes(spec, wl, space, deg):
+    for deg in degree_candidates(spec, hw, wl, space, res):
+        deg_bound = degrees_bound(spec, hw, wl, space, deg)
+        for shape in shape_candidates(spec, wl, space, deg):
             m = wl.global_batch_size // (shape.dp * shape.micro_batch_size)
             lb = step_seconds_lower_bound(spec, hw, shape, wl, m)
             refined = pipeline_seconds(spec, hw, shape, wl, m)
@@ -96,8 +96,8 @@ def test_recomputation_only_adds_time():
     hw = topology(H100, 16)
     wl = TrainingWorkload(seq_len=4096, global_batch_size=64)
     res = SearchResult(training=True, goal=Goal(Objective.STEP_TIME), gpu_counts=[16])
-    for deg in _degrees(spec, hw, wl, Space(), res):
-        for shape in _shapes(spec, wl, Space(recompute=Recompute.NONE), deg):
+    for deg in degree_candidates(spec, hw, wl, Space(), res):
+        for shape in shape_candidates(spec, wl, Space(recompute=Recompute.NONE), deg):
             t = [layers_seconds_lower_bound(spec, hw, shape.__class__(**{**shape.__dict__, "recompute": rc}), wl) for rc in Recompute]
             assert t[0] <= t[1] <= t[2]
 

@@ -147,14 +147,14 @@ def test_gloo_lets_go_of_an_all_reduced_tensor_before_the_hook_returns(tmp_path)
     import torch
     import torch.distributed as dist
 
-    from shardplan.verify.parallel import _await_release
+    from shardplan.verify.parallel import await_release
 
     pg = dist.ProcessGroupGloo(dist.FileStore(str(tmp_path / "store"), 1), 0, 1)
     for _ in range(200):
         t = torch.ones(10_000)
         refs = t._use_count()
         pg.allreduce([t]).wait()
-        _await_release(t, refs)
+        await_release(t, refs)
         assert t._use_count() == refs
 
 

@@ -28,7 +28,7 @@ def _weight_bytes(plan: Path) -> tuple[float, float]:
     import torch  # here, not at collection: only the real runs need it
 
     from shardplan.verify.model import Decoder
-    from shardplan.verify.parallel import _split_key
+    from shardplan.verify.parallel import split_key
 
     m = mf.load_manifest(plan)
     run = plan_run(m, plan_spec(m), scale="proxy")
@@ -39,7 +39,7 @@ def _weight_bytes(plan: Path) -> tuple[float, float]:
         if ".experts." in name:
             expert += p.numel() / run.spec.moe.num_experts
         else:
-            split = m.placement.tp_splits[_split_key(name.removesuffix(".weight"))]
+            split = m.placement.tp_splits[split_key(name.removesuffix(".weight"))]
             dense += p.numel() / (1 if split == "replicated" else run.layout.tp)
     return dense * FP32_BYTES, expert * FP32_BYTES
 
