@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from rich.table import Table
-
 from shardplan import units
 
 
-from shardplan.cli.render_common import console, fmt_gib, fmt_seconds
+from shardplan.cli.render_common import console, fitted_table, fmt_gib, fmt_seconds
 from shardplan.tasks.capacity import FormatRow, ServingCapacity, TrainingCapacity, TrainingRow
 
 
@@ -23,11 +21,9 @@ def capacity_report(r: ServingCapacity | TrainingCapacity) -> None:
     counts = r.gpu_counts_considered
     searched = f"GPU counts considered: {', '.join(map(str, counts[:6]))}{', ...' if len(counts) > 6 else ''} up to {r.max_gpus} ({r.gpus_per_node} per node)"
     if isinstance(r, TrainingCapacity):
-        t = Table(title=f"{r.model} on {r.hardware}, training {r.seq_len:,} tokens x {r.global_batch_size} sequences: "
-                        "fewest GPUs per ZeRO stage and offload", title_justify="left")
-        for c in ("ZeRO", "offload", "GPUs", "nodes", "fastest layout there", "GiB/GPU", "free", "step"):
-            t.add_column(c, justify="left" if c in ("offload", "fastest layout there") else "right",
-                         no_wrap=c in ("offload", "fastest layout there"))  # identifiers stay whole
+        cols = [("ZeRO", "right", 0), ("offload", "left", 0), ("GPUs", "right", 0), ("nodes", "right", 3),
+                ("fastest layout there", "left", 0), ("GiB/GPU", "right", 2), ("free", "right", 4), ("step", "right", 1)]
+        rows = []
         for row in r.rows:
             cells = [str(row.zero_stage), row.offload, *_fmt_gpus(row)]
             if row.min_num_gpus is None:
@@ -35,7 +31,9 @@ def capacity_report(r: ServingCapacity | TrainingCapacity) -> None:
             else:
                 cells += [describe(row.plan), f"{units.bytes_to_gib(row.per_gpu_bytes['total']):.1f}",
                           f"{units.bytes_to_gib(row.headroom_bytes):.1f}", fmt_seconds(row.step_seconds)]
-            t.add_row(*cells)
+            rows.append(cells)
+        t = fitted_table(f"{r.model} on {r.hardware}, training {r.seq_len:,} tokens x {r.global_batch_size} sequences: "
+                         "fewest GPUs per ZeRO stage and offload", cols, rows)
         console.print(t)
         for row in r.rows:
             if row.not_found:
@@ -43,15 +41,11 @@ def capacity_report(r: ServingCapacity | TrainingCapacity) -> None:
         console.print(searched)
         return
     tps = [p.tp for p in r.formats[0].per_tp]
-    t = Table(title=f"{r.model} on {r.hardware}, serving {r.concurrency} sequence(s) of {r.max_model_len:,} tokens: "
-                    "fewest GPUs per weight format", title_justify="left",
-              caption=f"tp=N: one replica of N GPUs (pp=1): longest context at {r.concurrency} sequence(s) / "
-                      f"most sequences of {r.max_model_len:,} tokens", caption_justify="left")
-    for c in ("weights", "GPUs", "nodes", "layout", "weights/GPU", "KV cache/GPU", "seqs held"):
-        t.add_column(c, justify="left" if c in ("weights", "layout") else "right",
-                     no_wrap=c in ("weights", "layout"))  # identifiers stay whole
-    for tp in tps:
-        t.add_column(f"tp={tp}", justify="right")
+    # (header, justify, priority): 0 never dropped; on a narrow terminal the per-tp columns go first.
+    cols = [("weights", "left", 0), ("GPUs", "right", 0), ("nodes", "right", 4), ("layout", "left", 0),
+            ("weights/GPU", "right", 3), ("KV cache/GPU", "right", 2), ("seqs held", "right", 1)]
+    cols += [(f"tp={tp}", "right", 5 + i) for i, tp in enumerate(reversed(tps))][::-1]
+    rows = []
     for row in r.formats:
         cells = [row.weight_dtype, *_fmt_gpus(row)]
         if row.min_num_gpus is None:
@@ -64,7 +58,11 @@ def capacity_report(r: ServingCapacity | TrainingCapacity) -> None:
         for tp in tps:
             p = by_tp.get(tp)
             cells.append("-" if p is None or not p.longest_context_tokens else f"{p.longest_context_tokens:,} / {p.most_sequences:,}")
-        t.add_row(*cells)
+        rows.append(cells)
+    t = fitted_table(f"{r.model} on {r.hardware}, serving {r.concurrency} sequence(s) of {r.max_model_len:,} tokens: "
+                     "fewest GPUs per weight format", cols, rows,
+                     caption=f"tp=N: one replica of N GPUs (pp=1): longest context at {r.concurrency} sequence(s) / "
+                             f"most sequences of {r.max_model_len:,} tokens")
     console.print(t)
     q = r.quantization_removes_sharding
     if q:

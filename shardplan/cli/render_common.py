@@ -148,3 +148,34 @@ def fmt_degrees(plan: dict[str, Any]) -> str:
     if plan.get("zero_stage"):
         parts.append(f"zero{plan['zero_stage']}")
     return " ".join(parts)
+
+
+def fitted_table(title: str, columns: list[tuple[str, str, int]], rows: list[list[str]],
+                 caption: str | None = None) -> Table:
+    """A table that fits the console: each column is (header, justify, priority); cells are
+    never truncated to `...`; instead the highest-priority-number columns are dropped until the
+    rest fit (priority 0 is never dropped: identifiers such as the layout), and the caption
+    says which were left out."""
+    def width(i: int) -> int:
+        return max([len(columns[i][0])] + [len(row[i]) for row in rows]) + 3  # padding and a border
+
+    keep = list(range(len(columns)))
+    for i in sorted(keep, key=lambda i: (-columns[i][2], -i)):
+        if sum(width(j) for j in keep) + 1 <= console.width or columns[i][2] == 0:
+            break
+        keep.remove(i)
+    dropped = [columns[i][0] for i in range(len(columns)) if i not in keep]
+    note = f"(narrow terminal: {', '.join(dropped)} left out; --json has every figure)" if dropped else None
+    t = Table(title=title, title_justify="left", caption=" ".join(x for x in (caption, note) if x) or None,
+              caption_justify="left")
+    # If what is never dropped is still wider than the console, the widest such column wraps at
+    # its spaces (every word shown) rather than be cropped at the edge.
+    wraps = max(keep, key=width) if sum(width(j) for j in keep) + 1 > console.width else None
+    for i in keep:
+        if i == wraps:
+            t.add_column(columns[i][0], justify=columns[i][1], overflow="fold")  # type: ignore[arg-type]
+        else:
+            t.add_column(columns[i][0], justify=columns[i][1], no_wrap=True, min_width=width(i) - 3)  # type: ignore[arg-type]
+    for row in rows:
+        t.add_row(*[row[i] for i in keep])
+    return t

@@ -7,7 +7,7 @@ from typing import Any
 from rich.table import Table
 
 from shardplan import units
-from shardplan.cli.render_common import breakdown_table, console, file_written, fmt_count, fmt_gib, fmt_seconds
+from shardplan.cli.render_common import breakdown_table, console, file_written, fitted_table, fmt_count, fmt_gib, fmt_seconds
 from shardplan.cost.report import CostReport, TrainingMemoryReport, TrainingTimeReport
 from shardplan.plan.schema import DeploymentManifest, ServingTime
 from shardplan.search.explain import describe
@@ -102,26 +102,6 @@ def _throughput(total: float, per_gpu: float, per_replica: float | None, replica
     if per_replica is not None and replicas > 1:
         text += f"; {replicas} replicas of {per_replica:,.0f}"
     return text + ")"
-
-
-def fitted_table(title: str, columns: list[tuple[str, str, int]], rows: list[list[str]]) -> Table:
-    """A table that fits the console: each column is (header, justify, priority); columns are
-    never truncated to `...`; instead the highest-priority-number ones are dropped until the
-    rest fit (priority 0 is never dropped: identifiers such as the layout)."""
-    def width(i: int) -> int:
-        return max([len(columns[i][0])] + [len(row[i]) for row in rows]) + 3  # padding and a border
-
-    keep = list(range(len(columns)))
-    for i in sorted(keep, key=lambda i: (-columns[i][2], -i)):
-        if sum(width(j) for j in keep) + 1 <= console.width or columns[i][2] == 0:
-            break
-        keep.remove(i)
-    t = Table(title=title, title_justify="left")
-    for i in keep:
-        t.add_column(columns[i][0], justify=columns[i][1], no_wrap=True, min_width=width(i) - 3)  # type: ignore[arg-type]
-    for row in rows:
-        t.add_row(*[row[i] for i in keep])
-    return t
 
 
 def _top_table(top: list[RecommendEntry]) -> Table:
