@@ -1,14 +1,16 @@
 """Atomic file writes: every file shardplan writes (manifests, exports) goes through here, so
-a reader sees the old file or the new one, never half of one."""
+a reader sees the old file or the new one, never half of one. Bounded reads of files that may
+be anyone's (`read_regular_file_bytes`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import secrets
+import stat
 from pathlib import Path
 
-from shardplan.errors import ShardplanError
+from shardplan.errors import InputFileError, ShardplanError
 
 
 def write_text_atomic(path: str | Path, text: str, *, executable: bool = False) -> None:
@@ -46,3 +48,34 @@ def _fsync_dir(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def read_regular_file_bytes(path: str | Path, *, max_bytes: int, label: str, what: str, hint: str) -> bytes:
+    """At most `max_bytes` of a regular file, or an InputFileError naming `label`: never a
+    directory, device, FIFO or socket (a path naming /dev/zero or a pipe must not hang or
+    fill memory). `what` names the kind of file in the size error ("an engine log"); `hint`
+    is the fix for a file over the cap."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise InputFileError("file not found", source=label, hint="check the path") from None
+    except OSError as e:
+        raise InputFileError(f"cannot read: {e.strerror}", source=label) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputFileError("is a directory", source=label, hint="name a file inside it")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputFileError("not a regular file", source=label, hint=f"pass {what} as a file, not a device or pipe")
+    too_big = InputFileError(f"file is over the {max_bytes} byte limit for {what}", source=label, hint=hint)
+    if st.st_size > max_bytes:
+        raise too_big
+    try:
+        with path.open("rb") as f:
+            data = f.read(st.st_size + 1)  # sized to the file: read(max_bytes) would reserve max_bytes
+            if len(data) > st.st_size:  # it grew since stat
+                data += f.read(max_bytes - len(data) + 1)
+    except OSError as e:
+        raise InputFileError(f"cannot read: {e.strerror}", source=label) from None
+    if len(data) > max_bytes:
+        raise too_big
+    return data

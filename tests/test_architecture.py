@@ -24,13 +24,15 @@ TORCH_MODULES = {"worker.py", "model.py", "parallel.py", "measure.py", "probes.p
 TORCH_IN_FUNCTIONS_ONLY = {"launch.py"}
 
 # The pure core: no file formats, no terminal.
-NO_IO_LIBS = ("cost/", "search/", "plan/schema.py", "plan/readback.py")
+NO_IO_LIBS = ("cost/", "search/", "plan/schema.py", "plan/readback.py", "knowledge/schema.py")
 IO_LIBS = ("yaml", "rich", "typer")
 
 # Data flows specs -> cost -> search -> plan -> exporters; tasks compose them; cli renders.
-LAYERS = ("specs", "cost", "search", "plan", "exporters", "tasks", "verify", "cli")
+# knowledge (engine rules as data) sits beside specs: the cost model's inputs are resolved from it.
+LAYERS = ("specs", "knowledge", "cost", "search", "plan", "exporters", "tasks", "verify", "cli")
 FORBIDDEN = {
-    "specs": {"cost", "search", "plan", "exporters", "tasks", "verify", "cli"},
+    "specs": {"knowledge", "cost", "search", "plan", "exporters", "tasks", "verify", "cli"},
+    "knowledge": {"cost", "search", "plan", "exporters", "tasks", "verify", "cli"},
     "cost": {"search", "plan", "exporters", "tasks", "verify", "cli"},
     "search": {"plan", "exporters", "tasks", "verify", "cli"},
     "plan": {"exporters", "tasks", "verify", "cli"},
@@ -359,6 +361,13 @@ def test_tasks_never_import_another_task():
 def test_data_flows_one_way():
     violations = check_flow_direction(PKG)
     assert not violations, _report(violations)
+
+
+def test_the_pure_core_reads_engine_rules_only_through_the_schema():
+    """cost/ and search/ take resolved `EngineRules`; reading the YAML (knowledge.load) is the edge's job."""
+    bad = [f"{imp}" for layer in ("cost", "search") for path in _files(PKG / layer)
+           for imp in imports_of(PKG, path) if imp.module.startswith("shardplan.knowledge.load")]
+    assert not bad, _report(bad)
 
 
 def test_no_import_circles():

@@ -12,10 +12,14 @@ from shardplan.cost import inputs as options
 from shardplan.tasks.capacity import CapacityResult, default_max_gpus, serving_capacity, training_capacity
 from shardplan.cost.workload import Framework, Optimizer
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
+from shardplan.knowledge.load import engine_rules
 from shardplan.specs import loading
 
 from shardplan.cli.app import app, JsonOpt
 from shardplan.cli.options import (
+    ChunkedPrefillOpt,
+    EngineOpt,
+    EngineVersionOpt,
     SEARCH,
     BlockSizeOpt,
     EnforceEagerOpt,
@@ -46,10 +50,13 @@ def capacity(
     max_gpus: Annotated[Optional[int], typer.Option(min=1, help="Largest GPU count to consider (default: 64 nodes' worth).", rich_help_panel=SEARCH)] = None,
     context: Annotated[int, typer.Option(min=1, help="Serving: tokens per sequence (vLLM's max_model_len) the GPUs must hold.", rich_help_panel=SERVE)] = 8192,
     concurrency: Annotated[int, typer.Option(min=1, help="Serving: sequences of --context tokens held at once.", rich_help_panel=SERVE)] = 1,
-    max_num_seqs: MaxNumSeqsOpt = 256,
-    max_num_batched_tokens: MaxNumBatchedTokensOpt = 8192,
-    gpu_memory_utilization: GpuMemoryUtilizationOpt = 0.9,
-    block_size: BlockSizeOpt = 16,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
+    gpu_memory_utilization: GpuMemoryUtilizationOpt = None,
+    block_size: BlockSizeOpt = None,
+    engine: EngineOpt = "vllm",
+    engine_version: EngineVersionOpt = None,
+    enable_chunked_prefill: ChunkedPrefillOpt = None,
     kv_cache_dtype: KvCacheDtypeOpt = None,
     enforce_eager: EnforceEagerOpt = False,
     seq_len: SeqLenOpt = 4096,
@@ -78,14 +85,17 @@ def capacity(
         with render_common.progress("finding the fewest GPUs per ZeRO stage and offload") as progress:
             result = CapacityResult(training_capacity(loaded.spec, hw, wl_t, max_gpus=limit, progress=progress))
     else:
-        if concurrency > max_num_seqs:
-            raise ShardplanError(f"--concurrency {concurrency} exceeds --max-num-seqs {max_num_seqs}, the most the engine runs at once",
-                                 field="--concurrency", hint=f"add --max-num-seqs {concurrency}")
+        rules = engine_rules(engine, engine_version)
         wl_s = options.inference_workload(
-            max_model_len=context, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            engine=rules, hw=hw, model_max_len=loaded.spec.max_position_embeddings,
+            enable_chunked_prefill=enable_chunked_prefill, max_model_len=context, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
             weight_dtype=None, quantization=None, enforce_eager=enforce_eager, input_len=1024, output_len=128, batch_size=None,
         )
+        if concurrency > wl_s.max_num_seqs:
+            given = "--max-num-seqs" if max_num_seqs is not None else f"{rules.label}'s default max_num_seqs on this GPU"
+            raise ShardplanError(f"--concurrency {concurrency} exceeds {given} ({wl_s.max_num_seqs}), the most the engine "
+                                 "runs at once", field="--concurrency", hint=f"add --max-num-seqs {concurrency}")
         result = CapacityResult(serving_capacity(loaded.spec, hw, wl_s, concurrency=concurrency, max_gpus=limit))
     render_common.emit(result.model_dump(mode="json") if json_out else result.root, json_out, render_capacity.capacity_report)
     if not result.found:

@@ -23,10 +23,14 @@ from shardplan.tasks.recommend import recommend as run_recommend
 from shardplan.tasks.recommend import with_allowed_dtypes
 from shardplan.search import Goal, Objective, Space
 from shardplan.search.results import ExportSummary
+from shardplan.knowledge.load import engine_rules
 from shardplan.specs import loading
 
 from shardplan.cli.app import app, JsonOpt
 from shardplan.cli.options import (
+    ChunkedPrefillOpt,
+    EngineOpt,
+    EngineVersionOpt,
     ExportToOpt,
     PIN,
     SEARCH,
@@ -85,10 +89,13 @@ def estimate(
     micro_batch_size: Annotated[int, typer.Option(min=1, help="Sequences per micro-batch.", rich_help_panel=LAYOUT)] = 1,
     offload: Annotated[OffloadChoice, typer.Option(help="Offload optimizer states (and parameters) to CPU or NVMe.", rich_help_panel=LAYOUT)] = OffloadChoice.NONE,
     max_model_len: MaxModelLenOpt = None,
-    max_num_seqs: MaxNumSeqsOpt = 256,
-    max_num_batched_tokens: MaxNumBatchedTokensOpt = 8192,
-    gpu_memory_utilization: GpuMemoryUtilizationOpt = 0.9,
-    block_size: BlockSizeOpt = 16,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
+    gpu_memory_utilization: GpuMemoryUtilizationOpt = None,
+    block_size: BlockSizeOpt = None,
+    engine: EngineOpt = "vllm",
+    engine_version: EngineVersionOpt = None,
+    enable_chunked_prefill: ChunkedPrefillOpt = None,
     kv_cache_dtype: KvCacheDtypeOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     quantization: QuantizationOpt = None,
@@ -171,10 +178,13 @@ def recommend(
     micro_batch_size: Annotated[Optional[int], typer.Option(min=1, help="Sequences per micro-batch.", rich_help_panel=PIN)] = None,
     offload: Annotated[Optional[OffloadChoice], typer.Option(help="Offload (training).", rich_help_panel=PIN)] = None,
     max_model_len: MaxModelLenOpt = None,
-    max_num_seqs: MaxNumSeqsOpt = 256,
-    max_num_batched_tokens: MaxNumBatchedTokensOpt = 8192,
-    gpu_memory_utilization: GpuMemoryUtilizationOpt = 0.9,
-    block_size: BlockSizeOpt = 16,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
+    gpu_memory_utilization: GpuMemoryUtilizationOpt = None,
+    block_size: BlockSizeOpt = None,
+    engine: EngineOpt = "vllm",
+    engine_version: EngineVersionOpt = None,
+    enable_chunked_prefill: ChunkedPrefillOpt = None,
     kv_cache_dtype: KvCacheDtypeOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     quantization: QuantizationOpt = None,
@@ -302,6 +312,8 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
         )
     q = o["quantization"]
     return options.inference_workload(
+        engine=engine_rules(o["engine"], o["engine_version"]), hw=o["hw"], model_max_len=o["loaded"].spec.max_position_embeddings,
+        enable_chunked_prefill=o["enable_chunked_prefill"],
         max_model_len=o["max_model_len"], max_num_seqs=o["max_num_seqs"], max_num_batched_tokens=o["max_num_batched_tokens"],
         gpu_memory_utilization=o["gpu_memory_utilization"], block_size=o["block_size"], kv_cache_dtype=o["kv_cache_dtype"],
         weight_dtype=o["weight_dtype"], quantization=q.value if q else None, enforce_eager=o["enforce_eager"],

@@ -38,6 +38,7 @@ def verify_cmd(
     steps: Annotated[int, typer.Option(min=1, help="Training: optimizer steps to run.")] = 3,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds the whole run may take; a rank that hangs or dies ends it.")] = 300.0,
     report: Annotated[Optional[Path], typer.Option("--report", help="Write the full report as JSON to this file.")] = None,
+    engine_log: Annotated[Optional[Path], typer.Option("--engine-log", help="Check the plan against this vLLM/SGLang/TGI start-up log instead of running it (no torch, nothing launched).", show_default=False)] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run the plan for real with torch.distributed (DeviceMesh, DTensor tensor parallelism,
@@ -48,7 +49,15 @@ def verify_cmd(
     On one machine it starts the ranks itself through torchrun; started by a launcher (RANK and
     WORLD_SIZE set, e.g. the torchrun or slurm export on a cluster) it runs as one rank.
     Exit 4 when a component or the numerics are out of tolerance, 5 when a rank raised, died or
-    hung (the report names it), 2 for a plan it cannot run here."""
+    hung (the report names it), 2 for a plan it cannot run here.
+
+    With --engine-log FILE it runs nothing: the memory figures the engine printed at start-up
+    (weights, activation peak, KV cache bytes, tokens and blocks, max concurrency, a refusal)
+    are compared with the plan's estimate. Exit 4 when one is out of tolerance, 2 for a log
+    that cannot be read or holds no start-up memory lines."""
+    if engine_log is not None:
+        _engine_log(plan, engine_log, json_out)
+        return
     from shardplan.verify.launch import is_worker, verify_plan
     from shardplan.verify.runspec import RUN_DIR_ENV
 
@@ -61,6 +70,15 @@ def verify_cmd(
     if launched:
         return  # the local launcher reads the report and renders it
     render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_verify.verify_report)
+    if result.status == "mismatch":
+        raise typer.Exit(EXIT_VERIFY_MISMATCH)
+
+
+def _engine_log(plan: Path, log: Path, json_out: bool) -> None:
+    from shardplan.tasks.engine_log import check_engine_log
+
+    result = check_engine_log(plan, log)
+    render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_verify.engine_log_check)
     if result.status == "mismatch":
         raise typer.Exit(EXIT_VERIFY_MISMATCH)
 

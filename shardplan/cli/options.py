@@ -28,7 +28,7 @@ class OffloadChoice(str, Enum):
 
 
 LAYOUT = "Layout (a degree of 1 means not used)"
-SERVE = "Inference workload (vLLM semantics and defaults)"
+SERVE = "Inference workload (the engine's semantics and defaults, by version)"
 TRAIN = "Training workload"
 CLUSTER = "Model and cluster"
 SEARCH = "Search and goal"
@@ -42,10 +42,10 @@ NodesOpt = Annotated[Optional[int], typer.Option(min=1, help="Nodes (default: as
 GpusPerNodeOpt = Annotated[Optional[int], typer.Option(min=1, help="Override the profile's GPUs per node.", rich_help_panel=CLUSTER)]
 WorkloadOpt = Annotated[WorkloadKind, typer.Option(help="What the GPUs do.", rich_help_panel=CLUSTER)]
 MaxModelLenOpt = Annotated[Optional[int], typer.Option(min=1, help="Longest sequence (default: the model's context).", rich_help_panel=SERVE)]
-MaxNumSeqsOpt = Annotated[int, typer.Option(min=1, help="Sequences in flight.", rich_help_panel=SERVE)]
-MaxNumBatchedTokensOpt = Annotated[int, typer.Option(min=1, help="Tokens per forward pass.", rich_help_panel=SERVE)]
-GpuMemoryUtilizationOpt = Annotated[float, typer.Option(help="Share of device memory the engine may use.", rich_help_panel=SERVE)]
-BlockSizeOpt = Annotated[int, typer.Option(min=1, help="Tokens per KV block.", rich_help_panel=SERVE)]
+MaxNumSeqsOpt = Annotated[Optional[int], typer.Option(min=1, help="Sequences in flight (default: the engine's, for its version and this GPU).", show_default=False, rich_help_panel=SERVE)]
+MaxNumBatchedTokensOpt = Annotated[Optional[int], typer.Option(min=1, help="Tokens per forward pass (default: the engine's, for its version and this GPU).", show_default=False, rich_help_panel=SERVE)]
+GpuMemoryUtilizationOpt = Annotated[Optional[float], typer.Option(help="Share of device memory the engine may use (default: the engine's, for its version and this GPU).", show_default=False, rich_help_panel=SERVE)]
+BlockSizeOpt = Annotated[Optional[int], typer.Option(min=1, help="Tokens per KV block (default: the engine's, for its version and this GPU).", show_default=False, rich_help_panel=SERVE)]
 KvCacheDtypeOpt = Annotated[Optional[str], typer.Option(help="auto, bf16, fp16, fp8.", rich_help_panel=SERVE)]
 WeightDtypeOpt = Annotated[Optional[str], typer.Option(help="bf16, fp16, fp8, int8, int4.", rich_help_panel=SERVE)]
 QuantizationOpt = Annotated[Optional[Quantization], typer.Option(help="Weight quantization of the linear layers.", rich_help_panel=SERVE)]
@@ -95,3 +95,21 @@ ToOpt = Annotated[str, typer.Option(
 ExportToOpt = Annotated[Optional[str], typer.Option(
     "--export", help="Also export the winner for this target, beside the -o manifest.", metavar=TARGET_METAVAR,
     callback=choice("--export", TARGET_NAMES, "export target"), autocompletion=lambda: TARGET_NAMES, rich_help_panel=SEARCH)]
+
+
+def _engines() -> list[str]:
+    from shardplan.knowledge.load import known_engines
+
+    return known_engines()
+
+
+EngineOpt = Annotated[str, typer.Option(
+    help="Serving engine whose rules (by version) shape memory and defaults.", callback=choice("--engine", _engines(), "engine"),
+    autocompletion=_engines, rich_help_panel=SERVE)]
+EngineVersionOpt = Annotated[Optional[str], typer.Option(
+    help="Engine version, X.Y[.Z] (default: the newest shardplan knows, printed with the answer).",
+    show_default=False, rich_help_panel=SERVE)]
+ChunkedPrefillOpt = Annotated[Optional[bool], typer.Option(
+    "--enable-chunked-prefill/--no-enable-chunked-prefill",
+    help="vLLM V0: chunked prefill on or off (default: the version's rule, e.g. on above a 32K context).",
+    show_default=False, rich_help_panel=SERVE)]

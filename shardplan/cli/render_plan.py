@@ -21,6 +21,11 @@ def _chunks(pairs: Any) -> str:
     return ", ".join(f"{a}-{b}" for a, b in pairs)
 
 
+def _without_source(rule: str) -> str:
+    """'vLLM 0.6.4: X (source ...)' -> 'vLLM 0.6.4: X': the table keeps the rule, --json the source."""
+    return rule[: rule.index(" (")] if rule.endswith(")") and " (" in rule else rule
+
+
 def estimate_report(r: CostReport) -> None:
     p, hw, m = r.plan, r.hardware, r.model
     console.print(
@@ -29,6 +34,9 @@ def estimate_report(r: CostReport) -> None:
         f"cp={p.cp} ep={p.ep} zero={p.zero_stage} recompute={p.recompute}"
         + (f" virtual-stages={p.virtual_stages}" if p.virtual_stages > 1 else "")
     )
+    if r.assumptions:  # the engine rules behind the serving figures; --json carries their sources too
+        for line in r.assumptions:
+            console.print(f"  assumes {_without_source(line)}", markup=False, highlight=False)
     cap = hw.memory_capacity_bytes
     t = Table(title="Memory per GPU by pipeline stage (GiB)", title_justify="left")
     t.add_column("", no_wrap=True)

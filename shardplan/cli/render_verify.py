@@ -6,6 +6,7 @@ from rich.table import Table
 
 from shardplan.cli.render_common import console, err_console, fmt_bytes, fmt_pct, fmt_seconds
 from shardplan.tasks.calibrate import CalibrateResult
+from shardplan.verify.engine_log_check import EngineLogCheck, TermCheck
 from shardplan.verify.report import VerifyReport
 
 
@@ -56,6 +57,45 @@ def verify_report(r: VerifyReport) -> None:
         console.print(f"hardware probes ({first['device_name']}, best rank): {', '.join(parts)}; "
                       "`shardplan calibrate REPORT` makes a profile of them", highlight=False)
     for note in run["notes"]:
+        console.print(f"note: {note}", highlight=False)
+    for mm in r.mismatches:
+        console.print(f"[red]out of tolerance:[/red] {mm}", highlight=False)
+
+
+def _fmt_value(value: float, unit: str) -> str:
+    if unit == "bytes":
+        return fmt_bytes(value)
+    if unit in ("tokens", "blocks"):
+        return f"{value:,.0f}"
+    return f"{value:.3g}" + ("x" if unit == "ratio" else "")
+
+
+def _term_row(c: TermCheck) -> tuple[str, ...]:
+    mark = "[green]ok[/green]" if c.ok else "[red]OUT[/red]"
+    tol = "-" if c.tolerance is None else f"{c.tolerance:.0%}"
+    return (c.term, _fmt_value(c.measured, c.unit), _fmt_value(c.predicted, c.unit), fmt_pct(c.relative_error), tol,
+            mark, str(c.log_line), c.note or "")
+
+
+def engine_log_check(r: EngineLogCheck) -> None:
+    """The engine's start-up figures against the plan's estimate, one row per term."""
+    status = "[green]ok[/green]" if r.status == "ok" else "[red]mismatch[/red]"
+    console.print(f"verify {r.plan} against {r.log.source}: {status} ({r.log.engine}, format {r.log.generation})",
+                  highlight=False)
+    t = Table(title="the engine's start-up log vs the cost model", title_justify="left")
+    for col in ("term", "measured", "predicted", "error", "tolerance", "", "line", "note"):
+        t.add_column(col, justify="right" if col in ("measured", "predicted", "error", "tolerance", "line") else "left",
+                     no_wrap=col == "term")
+    for c in r.terms:
+        t.add_row(*_term_row(c))
+    v = r.verdict
+    said = "started" if v.engine_started else "refused"
+    predicted = "fits" if v.predicted_fits else "does not fit"
+    mark = "[green]ok[/green]" if v.ok and v.checked else ("-" if not v.checked else "[red]OUT[/red]")
+    t.add_section()
+    t.add_row("verdict", said, predicted, "", "", mark, str(v.log_line or ""), v.predicted_reason or "")
+    console.print(t)
+    for note in r.notes:
         console.print(f"note: {note}", highlight=False)
     for mm in r.mismatches:
         console.print(f"[red]out of tolerance:[/red] {mm}", highlight=False)

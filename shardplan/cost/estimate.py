@@ -135,6 +135,7 @@ def estimate(
         **common, fits=sm.fits, reason=sm.reason,
         memory=MemoryReport(**_memory_fields(sm.ranks, worst, sm.budget_bytes, capacity, layout, spec.num_layers)),
         kv_cache=kv, time=_serving_time(spec, hw, layout, workload, sm),  # type: ignore[arg-type]
+        assumptions=list(workload.assumptions),  # type: ignore[union-attr]
     )
 
 
@@ -208,5 +209,7 @@ def _check_batch(layout: Layout, wl: TrainingWorkload) -> None:
 def _workload_dict(w: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in w.__dict__.items():
+        if k == "assumptions":  # reported once, at the top of the report
+            continue
         out[k] = v.value if hasattr(v, "value") else v
     return out

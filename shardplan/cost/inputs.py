@@ -7,7 +7,10 @@ from __future__ import annotations
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import LayoutError, ShardplanError
+from shardplan.cost.engine import resolve_serving
+from shardplan.knowledge.schema import EngineRules
 from shardplan.specs.cluster import at_most
+from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import MAX_TOKENS
 from shardplan.units import DType, parse_dtype
 
@@ -91,10 +94,10 @@ def offload_pair(value: str) -> tuple[Offload, Offload]:
 def inference_workload(
     *,
     max_model_len: int | None,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    gpu_memory_utilization: float,
-    block_size: int,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    gpu_memory_utilization: float | None,
+    block_size: int | None,
     kv_cache_dtype: str | None,
     weight_dtype: str | None,
     quantization: str | None,
@@ -102,8 +105,16 @@ def inference_workload(
     input_len: int,
     output_len: int,
     batch_size: int | None,
+    engine: EngineRules | None = None,
+    hw: HardwareProfile | None = None,
+    model_max_len: int | None = None,
+    enable_chunked_prefill: bool | None = None,
 ) -> InferenceWorkload:
-    if not 0 < gpu_memory_utilization <= 1:
+    """The serving workload from command-line values. With `engine` (and the `hw` and model
+    context it runs), what is left out (None) takes that engine version's default for this
+    device and context, and the budget switches follow its rules; without it, the fields take
+    the dataclass defaults."""
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
         raise ShardplanError("must be in (0, 1]", field="--gpu-memory-utilization", hint="e.g. 0.9")
     for value, option in ((max_model_len, "--max-model-len"), (max_num_batched_tokens, "--max-num-batched-tokens"),
                           (input_len, "--input-len"), (output_len, "--output-len"), (block_size, "--block-size")):
@@ -122,12 +133,25 @@ def inference_workload(
             quant = Quantization(wd.value)
         except ValueError:
             raise ShardplanError(f"no weight format for {wd.value}", field="--weight-dtype", hint="use fp8, int8 or int4") from None
+    base = InferenceWorkload()
+    switches: dict = {}
+    if engine is not None:
+        if hw is None or (max_model_len or model_max_len) is None:
+            raise ValueError("engine rules need the hardware and the model's context")  # a caller's bug
+        d = resolve_serving(engine, hw, max_model_len=max_model_len or model_max_len, max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
+                            block_size=block_size, enable_chunked_prefill=enable_chunked_prefill)
+        max_num_seqs, max_num_batched_tokens = d.max_num_seqs, d.max_num_batched_tokens
+        gpu_memory_utilization, block_size = d.gpu_memory_utilization, d.block_size
+        switches = dict(engine=engine.engine, engine_version=engine.version, cuda_context_in_budget=d.cuda_context_in_budget,
+                        cuda_graphs_in_budget=d.cuda_graphs_in_budget, refusal=d.refusal, assumptions=d.assumptions)
     return InferenceWorkload(
         max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        gpu_memory_utilization=gpu_memory_utilization,
-        block_size=block_size,
+        max_num_seqs=base.max_num_seqs if max_num_seqs is None else max_num_seqs,
+        max_num_batched_tokens=base.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens,
+        gpu_memory_utilization=base.gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization,
+        block_size=base.block_size if block_size is None else block_size,
+        **switches,
         kv_cache_dtype=dtype_option(kv_cache_dtype, "--kv-cache-dtype"),
         activation_dtype=dense,
         quantization=quant,

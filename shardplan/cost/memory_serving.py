@@ -3,12 +3,15 @@
 
     budget   = device memory x gpu_memory_utilization
     KV bytes = budget - weights - activation peak of the profiling pass - non-torch memory
-               (- CUDA graphs, profiled inside the budget since vLLM v0.21)
+               (- CUDA graphs when they are profiled first; - the CUDA context when no
+               baseline snapshot excludes it)
     blocks   = KV bytes // (block_size x KV bytes per token on this rank)
 
-The engine allocates every remaining byte to the KV cache, so a fitting rank's total equals
-the budget. The CUDA context is outside the budget (vLLM's baseline snapshot) and must fit
-in the remaining (1 - utilization) share.
+Which terms the budget counts, and how the engine refuses a max_model_len that does not fit,
+change with the engine version: the workload carries them as switches resolved from
+knowledge/engines/*.yaml (cost/engine.py). The engine allocates every remaining byte to the
+KV cache, so a fitting rank's total equals the budget; what is outside the budget (the CUDA
+context after vLLM 0.6.5, CUDA graphs before 0.21) must fit in the remaining share.
 """
 
 from __future__ import annotations
@@ -88,7 +91,10 @@ def activation_peak_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload
     layer_peak = stream + max(attn, mlp)
     if not last_stage:
         return layer_peak
-    sampler = wl.max_num_seqs * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    # The dummy sampler run takes one logit row per dummy request, and a request holds at least
+    # one token: min(max_num_seqs, tokens) rows (V1 gpu_model_runner._dummy_run: num_reqs =
+    # min(num_tokens, max_num_reqs); V0 profile_run spreads the tokens over max_num_seqs seqs).
+    sampler = min(wl.max_num_seqs, tokens) * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
     return max(layer_peak, stream + sampler)
 
 
@@ -114,11 +120,15 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     capacity = float(hw.memory_capacity_bytes)
     budget = capacity * wl.gpu_memory_utilization
     multi_rank = layout.tp * layout.pp * layout.dp > 1
+    graphs = 0.0 if wl.enforce_eager else float(hw.cuda_graph_bytes)
     overhead_detail = {
         "non_torch": float(hw.non_torch_bytes),
         "nccl_buffers": float(hw.nccl_buffer_bytes) if multi_rank else 0.0,
-        "cuda_graphs": 0.0 if wl.enforce_eager else float(hw.cuda_graph_bytes),
+        "cuda_graphs": graphs if wl.cuda_graphs_in_budget else 0.0,
     }
+    outside = {"cuda_context": float(hw.cuda_context_bytes), "cuda_graphs": 0.0 if wl.cuda_graphs_in_budget else graphs}
+    if wl.cuda_context_in_budget:
+        overhead_detail["cuda_context"] = outside.pop("cuda_context")
     overhead = sum(overhead_detail.values())
     ranks: list[RankMemory] = []
     per_token: list[float] = []
@@ -152,7 +162,7 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         detail = {f"weights.{k}": v for k, v in w.bytes_by_component.items()}
         detail["weights.rotary_cache"] = rotary_cache_bytes(spec, dense_dtype)
         detail.update({f"overhead.{k}": v for k, v in overhead_detail.items()})
-        detail["outside_budget.cuda_context"] = float(hw.cuda_context_bytes)
+        detail.update({f"outside_budget.{k}": v for k, v in outside.items()})
         ranks.append(
             RankMemory(
                 stage=stage,
@@ -172,7 +182,13 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     _, _, seq_bytes, conc = capacities[binding]
     tokens_min = min(c[0] for c in capacities)
     blocks_min = min(c[1] for c in capacities)
-    if not reasons and conc < 1:
+    if not reasons and wl.refusal == "tokens" and tokens_min < max_len:
+        reasons.append(
+            f"The model's max seq len ({max_len}) is larger than the maximum number of tokens that can be stored in "
+            f"KV cache ({tokens_min}). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+            f"initializing the engine."
+        )
+    if not reasons and wl.refusal != "tokens" and conc < 1:
         kv_avail = ranks[binding].breakdown.kv_cache
         est_len = int(max_len * conc) // wl.block_size * wl.block_size
         reasons.append(
@@ -182,10 +198,12 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
             f"model length is {est_len}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
             f"when initializing the engine."
         )
-    if not reasons and hw.cuda_context_bytes > capacity - budget:
+    beside = sum(outside.values())
+    if not reasons and beside > capacity - budget:
+        what = " and ".join(f"{k.replace('_', ' ')} ({v / BYTES_PER_GIB:.2f} GiB)" for k, v in outside.items() if v)
         reasons.append(
-            f"the CUDA context ({hw.cuda_context_bytes / BYTES_PER_GIB:.2f} GiB) does not fit beside a budget of "
-            f"{wl.gpu_memory_utilization:g} of the device; lower gpu_memory_utilization"
+            f"the {what} do not fit beside a budget of {wl.gpu_memory_utilization:g} of the device; lower "
+            f"gpu_memory_utilization"
         )
     return ServingMemory(
         ranks=ranks,

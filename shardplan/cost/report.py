@@ -64,6 +64,11 @@ class InferenceWorkloadReport(Frozen):
     output_len: int = Field(description="generated length, tokens")
     batch_size: int | None = Field(description="concurrent sequences per replica; null: the most that fit")
     kv_read_per_query_head: bool = Field(description="attention reads K/V once per query head")
+    engine: str = Field(description="the serving engine whose rules shaped the figures")
+    engine_version: str | None = Field(description="its version; null: the fields as given, no version rules")
+    cuda_context_in_budget: bool = Field(description="the engine's budget counts the CUDA context")
+    cuda_graphs_in_budget: bool = Field(description="the engine's budget counts CUDA graphs")
+    refusal: str = Field(description="how the engine refuses a max_model_len that does not fit: tokens (V0) or bytes (V1)")
 
 
 class TrainingWorkloadReport(Frozen):
@@ -195,7 +200,7 @@ TimeReport = Union[ServingTimeReport, TrainingTimeReport]
 class CostReport(OmitNone):
     """What `estimate --json` prints. `kv_cache` is serving only and absent from training's JSON."""
 
-    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"kv_cache"})
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"kv_cache", "assumptions"})
 
     model: ModelReport = Field(description="the model")
     hardware: HardwareReport = Field(description="the cluster")
@@ -206,6 +211,8 @@ class CostReport(OmitNone):
     memory: Union[TrainingMemoryReport, MemoryReport] = Field(description="bytes per GPU")
     kv_cache: KvCacheReport | None = Field(default=None, description="serving only")
     time: TimeReport = Field(description="serving or training time figures")
+    assumptions: list[str] | None = Field(default=None, description="serving: each engine rule that shaped the "
+                                          "figures, with its source (absent in training)")
 
     @property
     def training(self) -> bool:

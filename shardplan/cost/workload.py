@@ -40,6 +40,15 @@ class InferenceWorkload:
     # Decode attention loads K/V once per query head (TensorRT-LLM <= 0.6 masked MHA, before
     # its XQA kernel); False for vLLM, SGLang and TensorRT-LLM >= 0.7, which share K/V over a GQA group.
     kv_read_per_query_head: bool = False
+    # The engine and version whose rules filled the fields above (cost/engine.py resolves them
+    # from knowledge/engines/*.yaml); None: the fields as given, with the switches below.
+    engine: str = "vllm"
+    engine_version: str | None = None
+    # What the engine's budget (device memory x gpu_memory_utilization) counts, by version.
+    cuda_context_in_budget: bool = False  # no baseline snapshot: the CUDA context is charged (vLLM < 0.6.5)
+    cuda_graphs_in_budget: bool = True  # graphs profiled before the KV cache is sized (vLLM >= 0.21)
+    refusal: str = "bytes"  # "tokens": max_model_len > cache tokens (V0); "bytes": one sequence's KV > KV memory (V1)
+    assumptions: tuple[str, ...] = ()  # each engine rule applied, with its source, as printed
 
 
 class Optimizer(str, Enum):

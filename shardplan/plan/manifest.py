@@ -100,7 +100,7 @@ def _plain(workload: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
     out = {}
     for f in fields(workload):
         v = getattr(workload, f.name)
-        out[f.name] = v.value if isinstance(v, Enum) else v
+        out[f.name] = v.value if isinstance(v, Enum) else list(v) if isinstance(v, tuple) else v
     return out
 
 

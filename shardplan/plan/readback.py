@@ -102,7 +102,8 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
     kv = w["kv_cache_dtype"]
     return InferenceWorkload(**{**w, "kv_cache_dtype": DType(kv) if kv else None,
                                 "activation_dtype": DType(w["activation_dtype"]),
-                                "quantization": Quantization(w["quantization"])})
+                                "quantization": Quantization(w["quantization"]),
+                                "assumptions": tuple(w["assumptions"])})
 
 
 def plan_layout(m: DeploymentManifest) -> Layout:

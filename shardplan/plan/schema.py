@@ -86,6 +86,13 @@ class InferenceWorkloadSection(_Section):
     output_len: int = Field(ge=1, description="generated tokens per request (time figures)")
     batch_size: int | None = Field(ge=1, description="concurrent requests; null: the most that fit")
     kv_read_per_query_head: bool = Field(description="decode attention reads K/V once per query head")
+    # Engine rules (knowledge/engines/*.yaml); the defaults are what plans written before them meant.
+    engine: str = Field("vllm", description="the serving engine the plan was made for")
+    engine_version: str | None = Field(None, description="its version; null: no version rules were applied")
+    cuda_context_in_budget: bool = Field(False, description="the engine's budget counts the CUDA context")
+    cuda_graphs_in_budget: bool = Field(True, description="the engine's budget counts CUDA graphs")
+    refusal: Literal["tokens", "bytes"] = Field("bytes", description="how the engine refuses a max_model_len that does not fit")
+    assumptions: list[str] = Field(default_factory=list, description="each engine rule that shaped the plan, with its source")
 
 
 class TrainingWorkloadSection(_Section):

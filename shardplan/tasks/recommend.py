@@ -155,6 +155,8 @@ def assumptions(workload: InferenceWorkload | TrainingWorkload, goal: Goal) -> s
         per = "trained"
     else:
         shape = f"serving {workload.input_len}-token prompts, {workload.output_len} output tokens"
+        if workload.engine_version is not None:
+            shape += f" on {engine_label(workload)}"
         per = "output"
     best = _BEST.get(goal.objective, f"least USD per million {per} tokens")
     limits = [f"TTFT <= {goal.max_ttft_seconds * 1e3:g} ms" if goal.max_ttft_seconds is not None else "",
@@ -194,3 +196,10 @@ def with_allowed_dtypes(space: Space, allowed: list[str]) -> Space:
         if a == "fp8" and DType.FP8 not in kvs:
             kvs.append(DType.FP8)
     return replace(space, quantizations=tuple(quants), kv_cache_dtypes=tuple(kvs))
+
+
+def engine_label(workload: InferenceWorkload) -> str:
+    """'vLLM 0.21.0' from the workload's engine fields (display name as the knowledge file gives it)."""
+    from shardplan.knowledge.load import engine_file
+
+    return f"{engine_file(workload.engine).display_name} {workload.engine_version}"

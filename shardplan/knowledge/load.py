@@ -1,0 +1,58 @@
+"""Reads the engine files (`knowledge/engines/*.yaml`, bundled with the package) and resolves
+an engine and version into `EngineRules`. The I/O edge of `knowledge`: files are read through
+`specs.loading.read_structured` (bounded, safe YAML) and validated by `knowledge.schema`."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from shardplan.errors import ShardplanError, UnknownNameError
+from shardplan.knowledge.schema import EngineFile, EngineRules, parse_version
+from shardplan.specs.loading import read_structured, validation_error
+
+ENGINES_DIR = Path(__file__).resolve().parent / "engines"
+DEFAULT_ENGINE = "vllm"
+
+
+def known_engines() -> list[str]:
+    return sorted(p.stem for p in ENGINES_DIR.glob("*.yaml"))
+
+
+@lru_cache(maxsize=None)
+def engine_file(engine: str) -> EngineFile:
+    """The bundled file of one engine (a name from `known_engines()`, any case)."""
+    name = engine.lower()
+    if name not in known_engines():
+        raise UnknownNameError(f"unknown engine '{engine}'", field="--engine",
+                               hint=f"use one of {', '.join(known_engines())}")
+    path = ENGINES_DIR / f"{name}.yaml"
+    try:
+        return EngineFile.model_validate(read_structured(path))
+    except ValidationError as e:
+        raise validation_error(e, str(path)) from None
+
+
+def engine_rules(engine: str = DEFAULT_ENGINE, version: str | None = None) -> EngineRules:
+    """The rules of `engine` at `version` (default: the newest version shardplan knows). A
+    version outside the known range, or between eras, is an error naming the versions known."""
+    f = engine_file(engine)
+    chosen = version or f.newest
+    known = f"{f.display_name} versions known: {f.versions[0]} to {f.newest} ({', '.join(f.versions)})"
+    try:
+        v = parse_version(chosen)
+    except ValueError:
+        raise ShardplanError(f"'{chosen}' is not a version", field="--engine-version",
+                             hint=f"give X.Y or X.Y.Z; {known}") from None
+    if not parse_version(f.versions[0]) <= v <= parse_version(f.newest):
+        raise ShardplanError(f"{f.display_name} {chosen} is not a version shardplan knows", field="--engine-version",
+                             hint=known)
+    era = next((e for e in f.eras if e.holds_for(v)), None)
+    if era is None:
+        raise ShardplanError(f"no rules for {f.display_name} {chosen}", field="--engine-version", hint=known)
+    return EngineRules(engine=f.engine, display_name=f.display_name, version=chosen, era=era)
+
+
+__all__ = ["DEFAULT_ENGINE", "engine_file", "engine_rules", "known_engines"]

@@ -1,0 +1,140 @@
+"""Engine rules by version against what vLLM itself printed at start-up.
+
+The logs live in tests/data/engine_logs/ with their sources (index.yaml). Figures are read
+from the log lines here, not copied into the test.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import REPO
+
+from shardplan.cost.engine import resolve_serving
+from shardplan.cost.estimate import estimate
+from shardplan.cost.inputs import inference_workload
+from shardplan.cost.layout import Layout
+from shardplan.errors import ShardplanError
+from shardplan.knowledge.load import engine_file, engine_rules
+from shardplan.specs.cluster import cluster
+from shardplan.specs.loading import load_hardware, load_model
+from shardplan.units import BYTES_PER_GIB
+
+LOGS = REPO / "tests" / "data" / "engine_logs"
+
+# vllm issue #10517 (index.yaml): Llama-3.1-8B-Instruct on one RTX 3090, vLLM 0.6.4 (V0), default flags.
+RTX3090_V0 = {20000: "vllm_v0_rtx3090_llama31_8b_20k.log", 29000: "vllm_v0_rtx3090_llama31_8b_29k.log",
+              35000: "vllm_v0_rtx3090_llama31_8b_35k.log"}
+
+
+def _log_figures(name: str) -> dict[str, float]:
+    text = (LOGS / name).read_text()
+    out: dict[str, float] = {}
+    for key in ("total_gpu_memory", "peak_torch_memory", "non_torch_memory", "kv_cache_size"):
+        m = re.search(rf"{key}=([\d.]+)GiB", text)
+        if m:
+            out[key] = float(m.group(1))
+    m = re.search(r"(?:# )?GPU blocks: (\d+)", text)  # the 20K copy lost its leading "# "
+    if m:
+        out["num_gpu_blocks"] = int(m.group(1))
+    m = re.search(r"Loading model weights took ([\d.]+) GB", text)
+    if m:
+        out["weights"] = float(m.group(1))
+    out["refused"] = "is larger than the maximum number of tokens that can be stored in KV cache" in text
+    return out
+
+
+def _estimate_3090(max_model_len: int, version: str = "0.6.4"):
+    loaded = load_model("llama-3.1-8b")
+    hw = cluster(load_hardware("rtx-3090-24gb"), gpus=1, nodes=None, gpus_per_node=None)
+    wl = inference_workload(
+        max_model_len=max_model_len, max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=None,
+        block_size=None, kv_cache_dtype=None, weight_dtype=None, quantization=None, enforce_eager=False,
+        input_len=1024, output_len=128, batch_size=None, engine=engine_rules("vllm", version), hw=hw,
+        model_max_len=loaded.spec.max_position_embeddings)
+    return wl, estimate(loaded.spec, hw, Layout(), wl)
+
+
+@pytest.mark.parametrize("max_model_len", sorted(RTX3090_V0))
+def test_v0_verdict_is_the_engines_and_is_not_monotonic_in_max_model_len(max_model_len):
+    """20K starts, 29K is refused, 35K starts again: above 32K V0 turns chunked prefill on and
+    profiles 512 tokens instead of max_model_len."""
+    log = _log_figures(RTX3090_V0[max_model_len])
+    wl, rep = _estimate_3090(max_model_len)
+    assert rep.fits is (not log["refused"]), rep.reason
+    assert wl.max_num_batched_tokens == (512 if max_model_len > 32768 else max_model_len)
+    if log["refused"]:
+        assert rep.reason.startswith(f"The model's max seq len ({max_model_len}) is larger than the maximum number of "
+                                     "tokens that can be stored in KV cache (")
+
+
+@pytest.mark.parametrize("max_model_len", [20000, 29000])
+def test_v0_profile_pass_peak_and_kv_capacity_against_the_log(max_model_len):
+    log = _log_figures(RTX3090_V0[max_model_len])
+    _, rep = _estimate_3090(max_model_len)
+    stage = rep.memory.per_rank[0]
+    # the profiling pass's activation peak: peak_torch_memory minus the weights the log printed
+    measured_act = (log["peak_torch_memory"] - log["weights"]) * BYTES_PER_GIB
+    assert stage.per_gpu_bytes["activations"] == pytest.approx(measured_act, rel=0.05)
+    # KV capacity: within 8%, on the safe side. The bundled RTX 3090 profile estimates the CUDA
+    # context at 0.5 GiB and the device at 23.70 GiB; this log measured context + non-torch
+    # memory at 0.35 GiB on a 23.58 GiB device (`shardplan calibrate --engine-log` is the fix).
+    kv_tokens = log["num_gpu_blocks"] * 16
+    assert rep.kv_cache.capacity_tokens <= kv_tokens
+    assert rep.kv_cache.capacity_tokens == pytest.approx(kv_tokens, rel=0.08)
+
+
+def test_v0_before_0_6_5_charges_the_cuda_context_and_later_versions_do_not():
+    _, old = _estimate_3090(20000, "0.6.4")
+    _, new = _estimate_3090(20000, "0.7.3")
+    assert "overhead.cuda_context" in old.memory.per_rank[0].detail_bytes
+    assert "overhead.cuda_context" not in new.memory.per_rank[0].detail_bytes
+    assert new.memory.per_rank[0].detail_bytes["outside_budget.cuda_context"] > 0
+    assert new.kv_cache.capacity_tokens > old.kv_cache.capacity_tokens
+
+
+@pytest.mark.parametrize(("version", "hardware", "seqs", "tokens"), [
+    ("0.6.4", "h100-sxm-80gb", 256, 512),    # V0, 35K context: chunked prefill on with its 512-token budget
+    ("0.7.3", "h100-sxm-80gb", 256, 2048),   # PR #10544: 2048 from 0.6.5
+    ("0.8.5", "h100-sxm-80gb", 256, 2048),   # V1, API server defaults before the by-device table
+    ("0.10.1", "h100-sxm-80gb", 1024, 8192),  # >= 70 GiB and not an A100
+    ("0.10.1", "a100-sxm-80gb", 256, 2048),   # A100s are excluded by name
+    ("0.10.1", "l4-24gb", 256, 2048),
+])
+def test_defaults_follow_version_and_device(version, hardware, seqs, tokens):
+    hw = load_hardware(hardware)
+    d = resolve_serving(engine_rules("vllm", version), hw, max_model_len=35000)
+    assert (d.max_num_seqs, d.max_num_batched_tokens) == (seqs, tokens)
+    assert all(a.startswith(f"vLLM {version}: ") for a in d.assumptions)
+
+
+def test_cuda_graphs_count_inside_the_budget_from_0_21():
+    hw = load_hardware("h100-sxm-80gb")
+    assert resolve_serving(engine_rules("vllm", "0.21.0"), hw, max_model_len=8192).cuda_graphs_in_budget
+    assert not resolve_serving(engine_rules("vllm", "0.11.0"), hw, max_model_len=8192).cuda_graphs_in_budget
+
+
+def test_default_version_is_the_newest_known_and_unknown_versions_name_the_known_ones():
+    assert engine_rules("vllm").version == engine_file("vllm").newest == "0.21.0"
+    for bad in ("0.3.0", "99.0", "latest"):
+        with pytest.raises(ShardplanError) as e:
+            engine_rules("vllm", bad)
+        assert e.value.field == "--engine-version" and "0.5.4" in e.value.one_line() and "0.21.0" in e.value.one_line()
+
+
+def test_every_era_names_a_source_for_every_rule():
+    for era in engine_file("vllm").eras:
+        assert all(era.sources[k].strip() for k in era.sources)
+
+
+def test_cli_prints_the_rules_with_the_answer(cli):
+    args = ("estimate", "llama-3.1-8b", "--hardware", "rtx-3090-24gb", "--gpus", "1", "--max-model-len", "29000",
+            "--engine-version", "0.6.4")
+    res = cli(*args, "--json")
+    assert res.exit_code == 3  # refused, as vLLM 0.6.4 refused it
+    d = res.json()
+    assert d["workload"]["engine"] == "vllm" and d["workload"]["engine_version"] == "0.6.4"
+    assert any("profile pass of 29,000 tokens" in a and "SchedulerConfig" in a for a in d["assumptions"])
+    table = cli(*args)
+    assert "assumes vLLM 0.6.4: profile pass of 29,000 tokens" in table.stdout
