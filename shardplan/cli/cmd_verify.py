@@ -90,7 +90,9 @@ def _progress_line(text: str) -> None:
 
 @app.command("calibrate")
 def calibrate_cmd(
-    report: Annotated[Path, typer.Argument(help="A report written by `shardplan verify --report` on GPUs.")],
+    report: Annotated[Optional[Path], typer.Argument(help="A report written by `shardplan verify --report` on GPUs (or give --engine-log).", show_default=False)] = None,
+    engine_log: Annotated[Optional[Path], typer.Option("--engine-log", help="Calibrate the device memory and runtime overheads from this vLLM start-up log instead of a report.", show_default=False)] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", help="With --engine-log: the logged run's tensor-parallel size (default 1; its non-torch memory holds NCCL buffers when > 1).", show_default=False)] = None,
     hardware: HardwareOpt = "h100-sxm-80gb",
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the calibrated profile (YAML).")] = Path("my-hw.yaml"),
     name: Annotated[Optional[str], typer.Option(help="The new profile's name (default: the file's stem).")] = None,
@@ -100,8 +102,24 @@ def calibrate_cmd(
     bandwidth into a copy of a hardware profile whose efficiencies are the measured ones (each
     with its source line); pass the file to --hardware and later estimates use it.
 
-    Exit 2 for a report from a CPU run, a failed run, or one without probes."""
-    from shardplan.tasks.calibrate import calibrate_profile
+    With --engine-log FILE instead of REPORT: a vLLM start-up log's total_gpu_memory,
+    non_torch_memory and CUDA-graph figures become the profile's device memory and runtime
+    overheads (each with the log line it comes from).
 
-    result = calibrate_profile(report, hardware, output, name=name)
+    Exit 2 for a report from a CPU run, a failed run, or one without probes; for a log without
+    those figures; or for both or neither of REPORT and --engine-log. Nothing is written then."""
+    from shardplan.errors import ShardplanError
+    from shardplan.tasks.calibrate import calibrate_profile, calibrate_profile_from_engine_log
+
+    if (report is None) == (engine_log is None):
+        raise ShardplanError("give either a verify REPORT or --engine-log FILE" if report is None
+                             else "give a verify REPORT or --engine-log FILE, not both", field="--engine-log",
+                             hint="calibrate from one source at a time")
+    if engine_log is not None:
+        result = calibrate_profile_from_engine_log(engine_log, hardware, output, name=name, tp=1 if tp is None else tp)
+    else:
+        if tp is not None:
+            raise ShardplanError("--tp describes an engine log's run; a verify report states its own ranks",
+                                 field="--tp", hint="drop --tp, or calibrate from --engine-log")
+        result = calibrate_profile(report, hardware, output, name=name)
     render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_verify.calibrate_report)

@@ -102,15 +102,28 @@ def engine_log_check(r: EngineLogCheck) -> None:
 
 
 def calibrate_report(r: CalibrateResult) -> None:
-    t = Table(title=f"{r.name}: efficiencies measured (base {r.base})", title_justify="left")
-    for c in ("field", "base", "measured", "what", "figure"):
-        t.add_column(c, justify="right" if c in ("base", "measured") else "left", no_wrap=c == "field")
-    for c in r.changes:
-        scale = 1e12 if c.unit == "TFLOP/s" else 1e9
-        t.add_row(c.field, f"{c.old:.3f}", f"{c.new:.3f}", c.what,
-                  f"{c.measured / scale:.4g} of {c.peak / scale:.4g} {c.unit}")
-    console.print(t)
+    if r.measured_by == "engine-log":
+        _calibrate_log_table(r)
+    else:
+        t = Table(title=f"{r.name}: efficiencies measured (base {r.base})", title_justify="left")
+        for c in ("field", "base", "measured", "what", "figure"):
+            t.add_column(c, justify="right" if c in ("base", "measured") else "left", no_wrap=c == "field")
+        for c in r.changes:
+            scale = 1e12 if c.unit == "TFLOP/s" else 1e9
+            t.add_row(c.field, f"{c.old:.3f}", f"{c.new:.3f}", c.what,
+                      f"{c.measured / scale:.4g} of {c.peak / scale:.4g} {c.unit}")
+        console.print(t)
     for note in r.notes:
         console.print(f"note: {note}", highlight=False)
     err_console.print(f"profile written to {r.profile}; use it with --hardware {r.profile}", markup=False,
                       highlight=False, soft_wrap=True)
+
+
+def _calibrate_log_table(r: CalibrateResult) -> None:
+    """One row per profile key the engine log set: the base and calibrated GiB, the log line."""
+    t = Table(title=f"{r.name}: memory figures from {r.input_file} (base {r.base})", title_justify="left")
+    for c in ("field", "base GiB", "calibrated GiB", "line", "log", "rule"):
+        t.add_column(c, justify="right" if "GiB" in c or c == "line" else "left", no_wrap=c == "field")
+    for c in r.profile_changes:
+        t.add_row(c.field, f"{c.old_gib:.4g}", f"{c.new_gib:.4g}", str(c.log_line), c.printed, c.rule)
+    console.print(t)

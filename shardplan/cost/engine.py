@@ -31,6 +31,8 @@ class ServingDefaults:
     cuda_context_in_budget: bool
     cuda_graphs_in_budget: bool
     refusal: str
+    accounting: str
+    static_fraction_by_tp: tuple[tuple[int, float], ...]
     assumptions: tuple[str, ...]
 
 
@@ -72,7 +74,17 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
             max_num_batched_tokens = max(max_model_len, era.unchunked_min_tokens)
             notes.append(f"{rules.label}: profile pass of {max_num_batched_tokens:,} tokens = max(max_model_len, "
                          f"{era.unchunked_min_tokens:,}) without chunked prefill ({era.sources['unchunked_min_tokens']})")
-    if gpu_memory_utilization is None:
+    by_tp: tuple[tuple[int, float], ...] = ()
+    if era.accounting == "static_fraction":
+        assert era.static_fraction_by_tp is not None  # the schema requires it
+        notes.append(f"{rules.label}: a static pool of (free memory at start) x mem_fraction_static holds the weights "
+                     f"and the KV cache; activations and CUDA graphs use the rest ({era.sources['accounting']})")
+        if gpu_memory_utilization is None:
+            by_tp = tuple(sorted(((r.min_tp, r.value) for r in era.static_fraction_by_tp), reverse=True))
+            gpu_memory_utilization = era.gpu_memory_utilization
+            notes.append(f"{rules.label}: mem_fraction_static by tensor-parallel size, "
+                         + ", ".join(f"{v:g} from tp {t}" for t, v in by_tp) + f" ({era.sources['static_fraction_by_tp']})")
+    elif gpu_memory_utilization is None:
         gpu_memory_utilization = era.gpu_memory_utilization
         notes.append(f"{rules.label}: gpu_memory_utilization {gpu_memory_utilization:g} by default "
                      f"({era.sources['gpu_memory_utilization']})")
@@ -86,7 +98,7 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, chunked_prefill=chunked,
         cuda_context_in_budget=era.cuda_context_in_budget, cuda_graphs_in_budget=era.cuda_graphs_in_budget,
-        refusal=era.refusal, assumptions=tuple(notes),
+        refusal=era.refusal, accounting=era.accounting, static_fraction_by_tp=by_tp, assumptions=tuple(notes),
     )
 
 

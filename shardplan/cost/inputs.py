@@ -144,7 +144,8 @@ def inference_workload(
         max_num_seqs, max_num_batched_tokens = d.max_num_seqs, d.max_num_batched_tokens
         gpu_memory_utilization, block_size = d.gpu_memory_utilization, d.block_size
         switches = dict(engine=engine.engine, engine_version=engine.version, cuda_context_in_budget=d.cuda_context_in_budget,
-                        cuda_graphs_in_budget=d.cuda_graphs_in_budget, refusal=d.refusal, assumptions=d.assumptions)
+                        cuda_graphs_in_budget=d.cuda_graphs_in_budget, refusal=d.refusal, accounting=d.accounting,
+                        static_fraction_by_tp=d.static_fraction_by_tp, assumptions=d.assumptions)
     return InferenceWorkload(
         max_model_len=max_model_len,
         max_num_seqs=base.max_num_seqs if max_num_seqs is None else max_num_seqs,

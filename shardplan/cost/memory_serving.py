@@ -35,6 +35,13 @@ INT64_BYTES = 8.0
 SAMPLER_BYTES_PER_LOGIT = 3 * FP32_BYTES + INT64_BYTES
 
 
+def static_fraction(wl: InferenceWorkload, tp: int) -> float:
+    """SGLang's mem_fraction_static: as given, else its default for this tensor-parallel size."""
+    if not wl.static_fraction_by_tp:
+        return wl.gpu_memory_utilization
+    return next(value for min_tp, value in wl.static_fraction_by_tp if tp >= min_tp)
+
+
 def kv_bytes_per_token_per_layer_per_rank(spec: ModelSpec, tp: int, kv_bytes_per_element: float) -> float:
     """GQA/MQA/MHA: KV heads divided over tp, one head per rank once tp exceeds them (vLLM
     replicates). MLA: the latent is replicated on every tensor-parallel rank (vLLM)."""
@@ -50,7 +57,8 @@ def rotary_cache_bytes(spec: ModelSpec, dtype: DType) -> float:
     return spec.max_position_embeddings * spec.rotary_dim * bytes_per_element(dtype)
 
 
-def activation_peak_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, last_stage: bool) -> float:
+def activation_peak_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, last_stage: bool,
+                          dummy_sampler: bool = True) -> float:
     """Peak of torch-allocated temporaries in the profiling forward of max_num_batched_tokens
     tokens: the residual stream and hidden state, plus the larger of the attention and MLP
     transients of one layer (every layer frees its own), or the sampler's fp32 logits for
@@ -89,7 +97,7 @@ def activation_peak_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload
         shared = tokens * width_factor * moe.shared_intermediate_size * moe.num_shared_experts / tp * a
         mlp = max(mlp, routed + router + shared)
     layer_peak = stream + max(attn, mlp)
-    if not last_stage:
+    if not last_stage or not dummy_sampler:  # SGLang sizes its pool without a profiling pass
         return layer_peak
     # The dummy sampler run takes one logit row per dummy request, and a request holds at least
     # one token: min(max_num_seqs, tokens) rows (V1 gpu_model_runner._dummy_run: num_reqs =
@@ -118,7 +126,10 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     kv_elt = bytes_per_element(kv_dtype)
     max_len = wl.max_model_len or spec.max_position_embeddings
     capacity = float(hw.memory_capacity_bytes)
-    budget = capacity * wl.gpu_memory_utilization
+    static = wl.accounting == "static_fraction"
+    utilization = static_fraction(wl, layout.tp) if static else wl.gpu_memory_utilization
+    # SGLang's pool is a fraction of the memory free when the worker starts, after the context.
+    budget = (capacity - hw.cuda_context_bytes) * utilization if static else capacity * utilization
     multi_rank = layout.tp * layout.pp * layout.dp > 1
     graphs = 0.0 if wl.enforce_eager else float(hw.cuda_graph_bytes)
     overhead_detail = {
@@ -137,11 +148,12 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     for stage in range(layout.pp):
         w = stage_weights(spec, layout, stage, quantization=wl.quantization, dense_dtype=dense_dtype)
         weights = w.bytes + rotary_cache_bytes(spec, dense_dtype)
-        act = activation_peak_bytes(spec, layout, wl, last_stage=stage == layout.pp - 1)
+        act = activation_peak_bytes(spec, layout, wl, last_stage=stage == layout.pp - 1, dummy_sampler=not static)
         per_layer_token = kv_bytes_per_token_per_layer_per_rank(spec, layout.tp, kv_elt)
         tok_bytes = per_layer_token * len(w.layers)
         per_token.append(tok_bytes)
-        kv_bytes = budget - weights - act - overhead
+        # SGLang's pool holds weights and KV only: the profiling pass's activations live outside it.
+        kv_bytes = budget - weights - overhead - (0.0 if static else act)
         # One max_model_len sequence: a sliding-window layer keeps window + one block of tokens.
         seq_tokens = sum(
             min(max_len, spec.sliding_window + wl.block_size) if spec.is_sliding_layer(i) else max_len for i in w.layers
@@ -176,7 +188,7 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
             reasons.append(
                 f"stage {stage}: weights {weights / BYTES_PER_GIB:.2f} GiB + activations {act / BYTES_PER_GIB:.2f} GiB"
                 f" + overhead {overhead / BYTES_PER_GIB:.2f} GiB exceed the budget {budget / BYTES_PER_GIB:.2f} GiB"
-                f" ({wl.gpu_memory_utilization:g} x {capacity / BYTES_PER_GIB:.2f} GiB); no room for a KV cache"
+                f" ({utilization:g} x {capacity / BYTES_PER_GIB:.2f} GiB); no room for a KV cache"
             )
     binding = min(range(len(capacities)), key=lambda i: capacities[i][3])
     _, _, seq_bytes, conc = capacities[binding]
@@ -188,7 +200,7 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
             f"KV cache ({tokens_min}). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
             f"initializing the engine."
         )
-    if not reasons and wl.refusal != "tokens" and conc < 1:
+    if not reasons and wl.refusal == "bytes" and conc < 1:
         kv_avail = ranks[binding].breakdown.kv_cache
         est_len = int(max_len * conc) // wl.block_size * wl.block_size
         reasons.append(
@@ -198,11 +210,13 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
             f"model length is {est_len}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
             f"when initializing the engine."
         )
+    # SGLang's start checks only that the pool has room; the context and the CUDA graphs it then
+    # captures must fit in what the pool leaves (activations share that rest at run time).
     beside = sum(outside.values())
     if not reasons and beside > capacity - budget:
         what = " and ".join(f"{k.replace('_', ' ')} ({v / BYTES_PER_GIB:.2f} GiB)" for k, v in outside.items() if v)
         reasons.append(
-            f"the {what} do not fit beside a budget of {wl.gpu_memory_utilization:g} of the device; lower "
+            f"the {what} do not fit beside a budget of {utilization:g} of the device; lower "
             f"gpu_memory_utilization"
         )
     return ServingMemory(

@@ -68,7 +68,12 @@ class InferenceWorkloadReport(Frozen):
     engine_version: str | None = Field(description="its version; null: the fields as given, no version rules")
     cuda_context_in_budget: bool = Field(description="the engine's budget counts the CUDA context")
     cuda_graphs_in_budget: bool = Field(description="the engine's budget counts CUDA graphs")
-    refusal: str = Field(description="how the engine refuses a max_model_len that does not fit: tokens (V0) or bytes (V1)")
+    refusal: str = Field(description="how the engine refuses a max_model_len that does not fit: tokens (vLLM V0), bytes "
+                                     "(V1) or no_room (SGLang: only an empty pool)")
+    accounting: str = Field(description="profiled (vLLM: the profiling pass's peak is subtracted) or static_fraction "
+                                        "(SGLang: a pool of free memory x fraction holds weights and KV)")
+    static_fraction_by_tp: list[tuple[int, float]] = Field(description="SGLang's default pool fraction by "
+                                                           "tensor-parallel size, (min_tp, fraction); empty: as given")
 
 
 class TrainingWorkloadReport(Frozen):

@@ -47,7 +47,13 @@ class InferenceWorkload:
     # What the engine's budget (device memory x gpu_memory_utilization) counts, by version.
     cuda_context_in_budget: bool = False  # no baseline snapshot: the CUDA context is charged (vLLM < 0.6.5)
     cuda_graphs_in_budget: bool = True  # graphs profiled before the KV cache is sized (vLLM >= 0.21)
-    refusal: str = "bytes"  # "tokens": max_model_len > cache tokens (V0); "bytes": one sequence's KV > KV memory (V1)
+    refusal: str = "bytes"  # "tokens": max_model_len > cache tokens (V0); "bytes": one sequence's KV > KV memory (V1);
+    # "no_room": only an empty KV pool stops the engine (SGLang)
+    # "profiled": budget = device x utilization - weights - profiling peak - non-torch (vLLM);
+    # "static_fraction": a pool of (device - CUDA context) x fraction holds weights and KV (SGLang)
+    accounting: str = "profiled"
+    # static_fraction without an explicit fraction: (min_tp, fraction) rows, largest min_tp first
+    static_fraction_by_tp: tuple[tuple[int, float], ...] = ()
     assumptions: tuple[str, ...] = ()  # each engine rule applied, with its source, as printed
 
 

@@ -44,6 +44,13 @@ class DeviceDefault(Frozen):
         return memory_gib >= self.min_memory_gib and not any(x.lower() in name for x in self.exclude_names)
 
 
+class TpDefault(Frozen):
+    """One row of a by-tensor-parallel-size default; the first row with min_tp <= tp wins."""
+
+    min_tp: int = Field(ge=1, description="applies from this tensor-parallel size up")
+    value: float = Field(gt=0, le=1, description="the default")
+
+
 class EngineEra(Frozen):
     """The rules of one version range, [min_version, max_version)."""
 
@@ -61,9 +68,16 @@ class EngineEra(Frozen):
     unchunked_min_tokens: int = Field(ge=1, description="without chunked prefill max_num_batched_tokens defaults to max(max_model_len, this)")
     cuda_context_in_budget: bool = Field(description="the CUDA context counts against total x utilization (no baseline snapshot)")
     cuda_graphs_in_budget: bool = Field(description="CUDA graphs are profiled before the KV cache is sized (else captured after, outside)")
-    refusal: Literal["tokens", "bytes"] = Field(
+    refusal: Literal["tokens", "bytes", "no_room"] = Field(
         description="tokens: refuses when max_model_len exceeds the cache's tokens (V0 worker); bytes: when one "
-                    "max_model_len sequence's KV bytes exceed the KV memory (V1 check_enough_kv_cache_memory)")
+                    "max_model_len sequence's KV bytes exceed the KV memory (V1 check_enough_kv_cache_memory); "
+                    "no_room: only when nothing is left for the KV pool (longer requests are refused one by one)")
+    accounting: Literal["profiled", "static_fraction"] = Field(
+        "profiled", description="profiled: budget = device x utilization, minus weights, the profiling pass's peak "
+                                "and non-torch memory (vLLM); static_fraction: a pool of (free memory at start) x "
+                                "fraction holds weights and KV, activations live outside it (SGLang)")
+    static_fraction_by_tp: list[TpDefault] | None = Field(
+        None, description="static_fraction: the default fraction by tensor-parallel size, largest min_tp first")
     sources: dict[str, str] = Field(description="field -> where the rule comes from (file at a tag, PR, release note)")
 
     @model_validator(mode="after")
@@ -76,10 +90,20 @@ class EngineEra(Frozen):
         documented = {"generation", "gpu_memory_utilization", "block_size", "max_num_seqs", "chunked_prefill",
                       "chunked_budget_tokens", "unchunked_min_tokens", "cuda_context_in_budget",
                       "cuda_graphs_in_budget", "refusal"}
+        if self.accounting == "static_fraction":
+            if not self.static_fraction_by_tp:
+                raise ValueError("accounting: static_fraction needs static_fraction_by_tp")
+            documented |= {"accounting", "static_fraction_by_tp"}
         missing = sorted(documented - set(self.sources))
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
         return self
+
+    def static_fraction(self, tp: int) -> float | None:
+        """The default static pool fraction at this tensor-parallel size (static_fraction only)."""
+        if not self.static_fraction_by_tp:
+            return None
+        return next(row.value for row in sorted(self.static_fraction_by_tp, key=lambda r: -r.min_tp) if tp >= row.min_tp)
 
     def holds_for(self, version: tuple[int, int, int]) -> bool:
         lo = parse_version(self.min_version)
@@ -127,4 +151,4 @@ class EngineRules(Frozen):
         return table[-1].value
 
 
-__all__ = ["DeviceDefault", "EngineEra", "EngineFile", "EngineRules", "parse_version"]
+__all__ = ["DeviceDefault", "EngineEra", "EngineFile", "EngineRules", "TpDefault", "parse_version"]

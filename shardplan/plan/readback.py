@@ -103,7 +103,8 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
     return InferenceWorkload(**{**w, "kv_cache_dtype": DType(kv) if kv else None,
                                 "activation_dtype": DType(w["activation_dtype"]),
                                 "quantization": Quantization(w["quantization"]),
-                                "assumptions": tuple(w["assumptions"])})
+                                "assumptions": tuple(w["assumptions"]),
+                                "static_fraction_by_tp": tuple(tuple(r) for r in w["static_fraction_by_tp"])})
 
 
 def plan_layout(m: DeploymentManifest) -> Layout:

@@ -91,7 +91,9 @@ class InferenceWorkloadSection(_Section):
     engine_version: str | None = Field(None, description="its version; null: no version rules were applied")
     cuda_context_in_budget: bool = Field(False, description="the engine's budget counts the CUDA context")
     cuda_graphs_in_budget: bool = Field(True, description="the engine's budget counts CUDA graphs")
-    refusal: Literal["tokens", "bytes"] = Field("bytes", description="how the engine refuses a max_model_len that does not fit")
+    refusal: Literal["tokens", "bytes", "no_room"] = Field("bytes", description="how the engine refuses a max_model_len that does not fit")
+    accounting: Literal["profiled", "static_fraction"] = Field("profiled", description="how the engine sizes its KV memory")
+    static_fraction_by_tp: list[tuple[int, float]] = Field(default_factory=list, description="SGLang's default pool fraction by tensor-parallel size")
     assumptions: list[str] = Field(default_factory=list, description="each engine rule that shaped the plan, with its source")
 
 

@@ -1,5 +1,8 @@
 """`shardplan calibrate`: a GPU verify report's hardware probes -> a hardware profile whose
-efficiencies are the measured ones, so that later estimates predict this machine's times.
+efficiencies are the measured ones, so that later estimates predict this machine's times; or
+a vLLM start-up log's memory figures -> a profile whose device memory and runtime overheads are
+the engine's own, so that later estimates predict this machine's KV cache (see
+`calibrate_from_engine_log` for the mapping).
 
 `calibrate` is pure: the report and the base profile come in as plain data, the new profile
 goes out as plain data. `calibrate_profile` is the command's I/O edge: it reads the report and
@@ -30,6 +33,7 @@ from shardplan import units
 from shardplan.errors import InputFileError
 from shardplan.fileio import write_text_atomic
 from shardplan.specs import loading
+from shardplan.specs.engine_log import ENGINE_NAMES, EngineLog, IntTerm, read_engine_log
 from shardplan.specs.hardware import HardwareProfileFile
 from shardplan.tasks._results import Result
 
@@ -81,13 +85,29 @@ class CalibrationChange(Result):
     what: str = Field(description="what the probe ran")
 
 
+class ProfileChange(Result):
+    """One memory figure of the profile an engine log replaced (GiB, as the YAML key holds it)."""
+
+    field: str = Field(description="the profile key, e.g. runtime.non_torch_gib")
+    old_gib: float = Field(description="the base profile's figure, GiB")
+    new_gib: float = Field(description="the calibrated figure, GiB")
+    log_line: int = Field(ge=1, description="the 1-based line of the log it comes from")
+    printed: str = Field(description="the log's text it comes from, e.g. non_torch_memory=0.35GiB")
+    rule: str = Field(description="how the engine's figure maps to this key")
+
+
 class CalibrateResult(Result):
     """What `calibrate --json` prints."""
 
     profile: str = Field(description="the calibrated profile's path")
     name: str = Field(description="the calibrated profile's name")
     base: str = Field(description="the base profile's file name")
-    changes: list[CalibrationChange]
+    measured_by: Literal["verify-report", "engine-log"] = Field(
+        "verify-report", description="what the figures come from: a GPU verify report or an engine start-up log")
+    input_file: str = Field("", description="the verify report or engine log read")
+    changes: list[CalibrationChange] = Field(description="efficiencies a verify report replaced (none from a log)")
+    profile_changes: list[ProfileChange] = Field(
+        default_factory=list, description="device memory and runtime overheads an engine log replaced (none from a report)")
     notes: list[str] = Field(description="what was not calibrated, capped or mismatched, and why")
 
 
@@ -197,5 +217,161 @@ def calibrate_profile(report: Path, hardware: str, output: Path, *, name: str | 
             + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     loading.hardware_from_data(yaml.safe_load(text), str(output))  # loads as written
     write_text_atomic(output, text)
-    return CalibrateResult(profile=str(output), name=data["name"], base=base_path.name,
-                           changes=[CalibrationChange(**r) for r in rows], notes=notes)
+    return CalibrateResult(profile=str(output), name=data["name"], base=base_path.name, measured_by="verify-report",
+                           input_file=str(report), changes=[CalibrationChange(**r) for r in rows], notes=notes)
+
+
+# --- from an engine start-up log -------------------------------------------------------------
+
+GIB_DECIMALS = 4  # vLLM prints GiB with 2 decimals; 4 keeps a difference of two printed figures exact
+RUNTIME = "runtime"
+
+
+def _gib(term: IntTerm) -> float:
+    return round(term.value / units.BYTES_PER_GIB, GIB_DECIMALS)
+
+
+def _split(logged_gib: float, order: list[str], runtime: dict[str, float]) -> dict[str, float]:
+    """The logged sum of the runtime terms in `order`, split so that the terms after the first
+    keep the profile's figures and the first takes the remainder. A negative remainder (the
+    profile's other terms alone exceed the log's figure) floors it at 0 and hands the rest to
+    the next term, so the split always sums to the logged figure."""
+    out: dict[str, float] = {}
+    for i, key in enumerate(order):
+        rest = sum(runtime[k] for k in order[i + 1:])
+        share = round(logged_gib - rest, GIB_DECIMALS)
+        if share >= 0 or i == len(order) - 1:
+            out[key] = max(share, 0.0)
+            return out
+        out[key] = 0.0
+    return out
+
+
+def calibrate_from_engine_log(log: EngineLog, base: dict[str, Any], *, name: str, tp: int = 1
+                              ) -> tuple[dict[str, Any], list[ProfileChange], list[str]]:
+    """(the new profile's data, one row per key the log set, notes): what a vLLM start-up log
+    measured about the device, mapped onto the profile keys the cost model
+    (cost/memory_serving.py) charges against vLLM's budget. `tp` is the tensor-parallel size
+    of the logged run (vLLM's log does not print it in the lines read here).
+
+    - `total_gpu_memory` -> `gpu.memory_capacity_gib`. vLLM logs the device total it sizes the
+      budget from, `torch.cuda.mem_get_info()[1]` in GiB: V0 0.6.4 in "Memory profiling
+      results: total_gpu_memory=X GiB" (vllm/worker/worker.py determine_num_available_blocks,
+      PR #9352), 0.6.5+ and V1 in "total_gpu_memory (X GiB) x gpu_memory_utilization (u)"
+      (PR #10511; vllm/v1/worker/gpu_worker.py determine_available_memory). The cost model's
+      budget is that capacity x utilization, so the capacity is the device as the engine sees it.
+    - vLLM 0.6.4 `non_torch_memory=X GiB` -> cuda_context_gib + non_torch_gib (+ nccl_buffers_gib
+      at tp > 1). There, after the profiling run, non-torch = (total - free, from
+      mem_get_info) - torch's allocated bytes, added to the peak that is subtracted from the
+      budget, with no baseline snapshot: the CUDA context, library workspaces, NCCL
+      communicators and anything else on the device are all in it, and the cost model charges
+      exactly that sum inside this era's budget (knowledge/engines/vllm.yaml,
+      cuda_context_in_budget). Chosen split: non_torch_gib (and nccl_buffers_gib) keep the
+      profile's figures and cuda_context_gib takes the remainder, floored at 0. Why not the
+      profile's ratio: a ratio would move non_torch_gib, which 0.6.5+/V1 estimates charge inside
+      their budget, on a figure that cannot tell it from the context; non_torch_gib has its own
+      sourced measurement from an engine that isolates it, while the context is the profile's
+      estimate, and the one term only a 0.6.4 log charges.
+    - vLLM 0.6.5+ / V1 `non_torch_memory takes X GiB` -> non_torch_gib. The profile pass there
+      charges the non-torch increase over a baseline snapshot taken once the CUDA context
+      exists (PR #10511, `memory_profiling(baseline_snapshot, ...)`; V1 `init_snapshot`), so
+      the context is not in it. At tp > 1 it also holds the NCCL communicators (0.16 GiB at
+      tp 1 against 0.33 at tp 2, vllm issue #14452): nccl_buffers_gib keeps the profile's figure
+      and non_torch_gib takes the remainder (the same rule as above; a tp 1 log separates them
+      better).
+    - `Graph capturing finished in N secs, took X GiB` -> cuda_graphs_gib: free memory before the
+      capture less free memory after it (V0 model_runner.py capture_model; V1
+      gpu_model_runner.py capture_model), the graphs' whole footprint.
+
+    Only vLLM logs: SGLang and TGI size their pools by other rules, and the cost model follows
+    vLLM's budget. A log with none of these figures is refused, naming what is missing."""
+    src = Path(log.source).name
+    if log.engine != "vllm":
+        raise InputFileError(f"a {ENGINE_NAMES[log.engine]} log: calibrate reads vLLM's start-up memory figures "
+                             "(the cost model follows vLLM's budget)", source=log.source,
+                             hint="pass a vLLM start-up log, or a GPU `verify --report` file")
+    v064 = log.generation == "vllm-v0-0.6.4"
+    era = "vLLM 0.6.4" if v064 else "vLLM 0.6.5+/V1"
+    total = log.total_gpu_memory_bytes if log.total_gpu_memory_bytes and log.total_gpu_memory_bytes.value > 0 else None
+    if total is None and log.non_torch_bytes is None and log.cuda_graph_bytes is None:
+        have = ", ".join(log.found()) or "nothing"
+        raise InputFileError(f"no device or runtime memory figure to calibrate from (found {have}); missing "
+                             "'total_gpu_memory', 'non_torch_memory' and 'Graph capturing finished ... took X GiB'",
+                             source=log.source, hint="pass the whole vLLM start-up log, with its 'Memory profiling "
+                                                     "results' or 'model weights take ... non_torch_memory takes' line")
+    prof = HardwareProfileFile.model_validate(base)
+    out = prof.model_dump(mode="json", exclude_none=True)
+    out["name"] = name
+    out["description"] = f"{prof.description} (memory figures calibrated from {src})".strip()
+    sources = dict(out.get("sources", {}))
+    runtime: dict[str, float] = dict(out[RUNTIME])
+    rows: list[ProfileChange] = []
+    notes: list[str] = [f"{era} log at tp {tp}; vLLM prints GiB to 2 decimals, so each figure is within 0.005 GiB"]
+
+    def put(section: str, key: str, new: float, term: IntTerm, printed: str, rule: str) -> None:
+        old = out[section][key]
+        out[section][key] = new
+        sources[f"{section}.{key}"] = f"calibrated from {src} line {term.line}: '{printed}' ({rule})"
+        rows.append(ProfileChange(field=f"{section}.{key}", old_gib=old, new_gib=new, log_line=term.line,
+                                  printed=printed, rule=rule))
+
+    if (t := total) is not None:
+        printed = f"total_gpu_memory={t.printed}" if v064 else f"total_gpu_memory ({t.printed})"
+        put("gpu", "memory_capacity_gib", _gib(t), t, printed,
+            "the device total vLLM sees, torch.cuda.mem_get_info()[1]; its budget is this x gpu_memory_utilization")
+    if (t := log.non_torch_bytes) is not None:
+        logged = _gib(t)
+        nccl = ["nccl_buffers_gib"] if tp > 1 else []
+        order = ["cuda_context_gib", "non_torch_gib", *nccl] if v064 else ["non_torch_gib", *nccl]
+        split = _split(logged, order, runtime)
+        final = runtime | split
+        printed = f"non_torch_memory={t.printed}" if v064 else f"non_torch_memory takes {t.printed}"
+        what = ("vLLM 0.6.4 counts the CUDA context" + (" and NCCL buffers" if tp > 1 else "")
+                + " in non-torch memory (no baseline snapshot)") if v064 else \
+            ("vLLM 0.6.5+/V1 excludes the CUDA context (baseline snapshot)"
+             + ("; at tp > 1 NCCL buffers are in it" if tp > 1 else ""))
+        for key, new in split.items():
+            others = [k for k in order if k != key]
+            if new == 0 and logged > 0:
+                how = f"0 (floored: the profile's {' + '.join(others)} exceed the logged figure)"
+            else:
+                how = f"{logged:g}" + "".join(f" - {k} {final[k]:g}" for k in others)
+            put(RUNTIME, key, new, t, printed, f"{what}: {' + '.join(order)} = {logged:g}; {key} = {how}")
+        if any(v == 0 for v in split.values()) and len(split) > 1:
+            notes.append(f"the profile's {', '.join(order[1:])} alone exceed the logged {logged:g} GiB: "
+                         f"{', '.join(k for k, v in split.items() if v == 0)} set to 0 so the terms still sum to it")
+        if v064:
+            notes.append("vLLM 0.6.4 measures non-torch memory as device used minus torch's allocations, so "
+                         "another process on the GPU (a desktop on a GeForce card) is in cuda_context_gib too; "
+                         "estimate with --engine-version 0.6.4 to charge it as this log's engine did")
+    if (t := log.cuda_graph_bytes) is not None:
+        put(RUNTIME, "cuda_graphs_gib", _gib(t), t, f"Graph capturing finished ..., took {t.printed}",
+            "free memory before the capture less after it (model_runner capture_model)")
+    else:
+        notes.append("no 'Graph capturing finished ... took X GiB' line (the log ends before capture, or "
+                      "--enforce-eager): cuda_graphs_gib is the base profile's")
+    if log.gpu_memory_utilization is not None:
+        notes.append(f"the log ran at gpu_memory_utilization {log.gpu_memory_utilization.value:g} "
+                     f"(line {log.gpu_memory_utilization.line}); it is a workload input, not a profile figure")
+    out["sources"] = sources
+    HardwareProfileFile.model_validate(out)  # what is written must load
+    return out, rows, notes
+
+
+def calibrate_profile_from_engine_log(log: Path, hardware: str, output: Path, *, name: str | None = None,
+                                      tp: int = 1) -> CalibrateResult:
+    """Read a vLLM start-up log (bounded, specs.engine_log) and a base profile, write a copy of
+    the profile with the log's device memory and runtime overheads to `output` (atomically; it
+    loads as written), and say what changed. Nothing is written when the log has no figure."""
+    if tp < 1:
+        raise InputFileError(f"--tp {tp} is not a tensor-parallel size", field="--tp", hint="pass 1 or more")
+    parsed = read_engine_log(log)
+    base_path = loading.hardware_path(hardware)
+    data, rows, notes = calibrate_from_engine_log(parsed, loading.read_structured(base_path),
+                                                  name=name or output.stem, tp=tp)
+    text = (f"# calibrated by `shardplan calibrate --engine-log {log}` from {base_path.name}\n"
+            + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    loading.hardware_from_data(yaml.safe_load(text), str(output))  # loads as written
+    write_text_atomic(output, text)
+    return CalibrateResult(profile=str(output), name=data["name"], base=base_path.name, measured_by="engine-log",
+                           input_file=str(log), changes=[], profile_changes=rows, notes=notes)

@@ -138,3 +138,40 @@ def test_cli_prints_the_rules_with_the_answer(cli):
     assert any("profile pass of 29,000 tokens" in a and "SchedulerConfig" in a for a in d["assumptions"])
     table = cli(*args)
     assert "assumes vLLM 0.6.4: profile pass of 29,000 tokens" in table.stdout
+
+
+def _sglang_log() -> dict[str, float]:
+    text = (LOGS / "sglang_l4x4_qwq32b_tp4.log").read_text()
+    return {"avail_before": float(re.search(r"Load weight begin\. avail mem=([\d.]+) GB", text).group(1)),
+            "load_usage": float(re.search(r"Load weight end\..*mem usage=([\d.]+) GB", text).group(1)),
+            "tokens": int(re.search(r"max_total_num_tokens=(\d+)", text).group(1)),
+            "fraction": float(re.search(r"mem_fraction_static=([\d.]+)", text).group(1)),
+            "chunk": int(re.search(r"chunked_prefill_size=(\d+)", text).group(1))}
+
+
+def test_sglang_static_pool_against_its_log():
+    """SGLang 0.4.3.post4, QwQ-32B, tp 4 on 4 x L4 (sglang issue in index.yaml): the pool is
+    (free memory at start) x mem_fraction_static - what loading the weights used."""
+    log = _sglang_log()
+    loaded = load_model(str(REPO / "tests" / "data" / "models" / "qwq-32b.yaml"))
+    hw = cluster(load_hardware("l4-24gb"), gpus=4, nodes=None, gpus_per_node=None)
+    rules = engine_rules("sglang", "0.4.3")
+    wl = inference_workload(
+        max_model_len=None, max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=None,
+        block_size=None, kv_cache_dtype=None, weight_dtype=None, quantization=None, enforce_eager=False,
+        input_len=1024, output_len=128, batch_size=None, engine=rules, hw=hw,
+        model_max_len=loaded.spec.max_position_embeddings)
+    assert wl.max_num_batched_tokens == log["chunk"]  # 2048 below 25 GB (PR #2044)
+    assert rules.era.static_fraction(4) == log["fraction"]
+    rep = estimate(loaded.spec, hw, Layout(tp=4), wl)
+    assert rep.fits  # SGLang started
+    rank = rep.memory.per_rank[0].per_gpu_bytes
+    # what loading used: the weights (with the rotary cache) and the non-torch/NCCL memory
+    assert (rank["weights"] + rank["overhead"]) / BYTES_PER_GIB == pytest.approx(log["load_usage"], rel=0.02)
+    # the pool: within 10% and below the engine's. The bundled L4 profile puts the CUDA context
+    # at 0.5 GiB; the log's device (21.96 GiB in the profile) had 21.63 GiB free at start.
+    assert rep.kv_cache.capacity_tokens <= log["tokens"]
+    assert rep.kv_cache.capacity_tokens == pytest.approx(log["tokens"], rel=0.10)
+    # activations are outside SGLang's pool: they do not shrink it
+    assert rep.memory.per_rank[0].per_gpu_bytes["kv_cache"] == pytest.approx(
+        (hw.memory_capacity_bytes - hw.cuda_context_bytes) * log["fraction"] - rank["weights"] - rank["overhead"])
