@@ -112,8 +112,10 @@ def calibrate_cmd(
     from shardplan.tasks.calibrate import calibrate_profile, calibrate_profile_from_engine_log
 
     if (report is None) == (engine_log is None):
-        raise ShardplanError("give either a verify REPORT or --engine-log FILE" if report is None
-                             else "give a verify REPORT or --engine-log FILE, not both", field="--engine-log",
+        if report is None:
+            raise ShardplanError("give either a verify REPORT or --engine-log FILE", field="--engine-log",
+                                 hint="e.g. `shardplan calibrate --engine-log vllm.log --hardware HW -o my-hw.yaml`")
+        raise ShardplanError("give a verify REPORT or --engine-log FILE, not both", field="--engine-log",
                              hint="calibrate from one source at a time")
     if engine_log is not None:
         result = calibrate_profile_from_engine_log(engine_log, hardware, output, name=name, tp=1 if tp is None else tp)

@@ -101,6 +101,8 @@ def _plain(workload: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
     for f in fields(workload):
         v = getattr(workload, f.name)
         out[f.name] = v.value if isinstance(v, Enum) else list(v) if isinstance(v, tuple) else v
+    if "static_fraction_by_tp" in out:
+        out["static_fraction_by_tp"] = [{"min_tp": t, "fraction": f} for t, f in out["static_fraction_by_tp"]]
     return out
 
 

@@ -104,7 +104,7 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
                                 "activation_dtype": DType(w["activation_dtype"]),
                                 "quantization": Quantization(w["quantization"]),
                                 "assumptions": tuple(w["assumptions"]),
-                                "static_fraction_by_tp": tuple(tuple(r) for r in w["static_fraction_by_tp"])})
+                                "static_fraction_by_tp": tuple((r["min_tp"], r["fraction"]) for r in w["static_fraction_by_tp"])})
 
 
 def plan_layout(m: DeploymentManifest) -> Layout:

@@ -69,6 +69,13 @@ class HardwareSection(_Section):
     memory_capacity_bytes: int = Field(ge=1, description="memory of one GPU, bytes")
 
 
+class StaticFractionRow(_Section):
+    """SGLang's default pool fraction from a tensor-parallel size up."""
+
+    min_tp: int = Field(ge=1, description="applies from this tensor-parallel size up")
+    fraction: float = Field(gt=0, le=1, description="mem_fraction_static")
+
+
 class InferenceWorkloadSection(_Section):
     """`cost.workload.InferenceWorkload`, field for field (vLLM semantics)."""
 
@@ -93,7 +100,7 @@ class InferenceWorkloadSection(_Section):
     cuda_graphs_in_budget: bool = Field(True, description="the engine's budget counts CUDA graphs")
     refusal: Literal["tokens", "bytes", "no_room"] = Field("bytes", description="how the engine refuses a max_model_len that does not fit")
     accounting: Literal["profiled", "static_fraction"] = Field("profiled", description="how the engine sizes its KV memory")
-    static_fraction_by_tp: list[tuple[int, float]] = Field(default_factory=list, description="SGLang's default pool fraction by tensor-parallel size")
+    static_fraction_by_tp: list[StaticFractionRow] = Field(default_factory=list, description="SGLang's default pool fraction by tensor-parallel size")
     assumptions: list[str] = Field(default_factory=list, description="each engine rule that shaped the plan, with its source")
 
 

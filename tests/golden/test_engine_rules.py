@@ -175,3 +175,14 @@ def test_sglang_static_pool_against_its_log():
     # activations are outside SGLang's pool: they do not shrink it
     assert rep.memory.per_rank[0].per_gpu_bytes["kv_cache"] == pytest.approx(
         (hw.memory_capacity_bytes - hw.cuda_context_bytes) * log["fraction"] - rank["weights"] - rank["overhead"])
+
+
+def test_an_sglang_plan_round_trips_through_its_manifest(cli, tmp_path):
+    plan = tmp_path / "sg.yaml"
+    res = cli("recommend", "llama-3.1-8b", "--engine", "sglang", "--engine-version", "0.4.3", "--gpus", "2",
+              "-o", str(plan), "--json")
+    assert res.exit_code == 0, res.stderr
+    shown = cli("show", str(plan), "--json").json()["workload"]
+    assert (shown["engine"], shown["engine_version"], shown["accounting"]) == ("sglang", "0.4.3", "static_fraction")
+    assert shown["static_fraction_by_tp"][-1] == {"min_tp": 1, "fraction": 0.88}
+    assert res.json()["assumptions"].startswith("serving 1024-token prompts, 128 output tokens on SGLang 0.4.3")
