@@ -126,3 +126,22 @@ def test_an_entry_without_a_source_is_caught(rel, edit):
     assert not path.is_file() or not missing_sources(rel, doc)
     edit(doc)
     assert missing_sources(rel, doc)
+
+
+def test_every_engine_log_names_its_source_in_the_index_and_in_the_file():
+    index = yaml.safe_load((DATA / "engine_logs" / "index.yaml").read_text())
+    logs = {p.stem for p in (DATA / "engine_logs").glob("*.log")}
+    assert {e["id"] for e in index} == logs  # every log indexed, every entry has its log
+    for e in index:
+        assert str(e["source"]).strip(), e["id"]
+        first = (DATA / "engine_logs" / f"{e['id']}.log").read_text().splitlines()[0]
+        assert first.startswith("# source:") and len(first) > len("# source: "), e["id"]
+
+
+def test_every_decode_measurement_names_its_source():
+    rows = yaml.safe_load((DATA / "decode_eager" / "measurements.yaml").read_text())["rows"]
+    assert len(rows) >= 4
+    for row in rows:
+        assert str(row["source"]).strip(), row["id"]
+        # a missing figure is said to be missing, never left blank without a word
+        assert row["eager"] is not None or str(row.get("notes") or "").strip(), row["id"]
