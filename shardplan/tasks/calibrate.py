@@ -104,7 +104,7 @@ class CalibrateResult(Result):
     base: str = Field(description="the base profile's file name")
     measured_by: Literal["verify-report", "engine-log"] = Field(
         "verify-report", description="what the figures come from: a GPU verify report or an engine start-up log")
-    input_file: str = Field("", description="the verify report or engine log read")
+    input_file: str = Field(description="the verify report or engine log read")
     changes: list[CalibrationChange] = Field(description="efficiencies a verify report replaced (none from a log)")
     profile_changes: list[ProfileChange] = Field(
         default_factory=list, description="device memory and runtime overheads an engine log replaced (none from a report)")
