@@ -7,7 +7,6 @@ vLLM 0.6.4 format). The profile is calibrated from the 20k log only; the 29k log
 from __future__ import annotations
 
 import pytest
-import yaml
 from conftest import REPO
 
 from shardplan.errors import EXIT_DOES_NOT_FIT, EXIT_OK, InputFileError
