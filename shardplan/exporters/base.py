@@ -319,4 +319,21 @@ def plan_header(m: DeploymentManifest, target: str, table: FlagTable | None = No
     ]
     if table is not None:
         lines.append(f"flags checked against {table.pinned} ({table.sources[0]})")
+    lines += engine_lines(m, target, table)
     return [comment(line) for line in lines]  # names come from the plan file, which may be anyone's
+
+
+def engine_lines(m: DeploymentManifest, target: str, table: FlagTable | None) -> list[str]:
+    """Which engine and version the plan's memory was sized for, and a warning when the export
+    targets another engine, or flags of another version, whose rules size memory differently."""
+    wl = m.workload
+    if wl.kind != "inference" or wl.engine_version is None:
+        return []
+    lines = [f"memory sized for {wl.engine} {wl.engine_version}'s rules"]
+    if target in ("vllm", "sglang") and target != wl.engine:
+        lines.append(f"warning: planned with {wl.engine}'s memory rules, exported for {target}, which sizes its KV "
+                     f"cache differently: re-plan with --engine {target}")
+    elif table is not None and table.tool == wl.engine and table.version != wl.engine_version:
+        lines.append(f"note: planned for {wl.engine} {wl.engine_version}, flags are {table.version}'s: run it on "
+                     f"{table.version}, or re-plan with --engine-version {table.version}")
+    return lines

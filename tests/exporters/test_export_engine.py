@@ -1,0 +1,37 @@
+"""Exports say which engine version the plan's memory was sized for, and warn when the flags
+they are checked against, or the target engine, follow other rules."""
+
+from __future__ import annotations
+
+
+def _plan(cli, tmp_path, *engine: str):
+    path = tmp_path / "plan.yaml"
+    res = cli("recommend", "llama-3.1-8b", "--hardware", "rtx-3090-24gb", "--gpus", "1", "--max-model-len", "8192",
+              *engine, "-o", str(path), "--json")
+    assert res.exit_code == 0, res.stderr
+    return path
+
+
+def _header(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("# ")]
+
+
+def test_a_plan_for_an_older_vllm_says_so_beside_the_pinned_flags(cli, tmp_path):
+    plan = _plan(cli, tmp_path, "--engine-version", "0.6.4")
+    head = _header(cli("export", str(plan), "--to", "vllm").stdout)
+    assert "# memory sized for vllm 0.6.4's rules" in head
+    assert any(line.startswith("# note: planned for vllm 0.6.4, flags are 0.11.0's") for line in head)
+
+
+def test_the_pinned_version_itself_needs_no_note(cli, tmp_path):
+    plan = _plan(cli, tmp_path, "--engine-version", "0.11.0")
+    head = _header(cli("export", str(plan), "--to", "vllm").stdout)
+    assert "# memory sized for vllm 0.11.0's rules" in head and not any("note:" in line for line in head)
+
+
+def test_exporting_to_another_engine_warns_that_its_memory_rules_differ(cli, tmp_path):
+    plan = _plan(cli, tmp_path)
+    head = _header(cli("export", str(plan), "--to", "sglang").stdout)
+    assert any(line.startswith("# warning: planned with vllm's memory rules, exported for sglang") for line in head)
+    sg = _plan(cli, tmp_path, "--engine", "sglang")
+    assert not any("warning" in line for line in _header(cli("export", str(sg), "--to", "sglang").stdout))
