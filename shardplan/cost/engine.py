@@ -27,7 +27,6 @@ class ServingDefaults:
     max_num_batched_tokens: int
     gpu_memory_utilization: float
     block_size: int
-    chunked_prefill: bool
     cuda_context_in_budget: bool
     cuda_graphs_in_budget: bool
     refusal: str
@@ -96,7 +95,7 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
                  f"({era.sources['cuda_graphs_in_budget']})")
     return ServingDefaults(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, chunked_prefill=chunked,
+        gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
         cuda_context_in_budget=era.cuda_context_in_budget, cuda_graphs_in_budget=era.cuda_graphs_in_budget,
         refusal=era.refusal, accounting=era.accounting, static_fraction_by_tp=by_tp, assumptions=tuple(notes),
     )

@@ -91,19 +91,13 @@ class EngineEra(Frozen):
                       "chunked_budget_tokens", "unchunked_min_tokens", "cuda_context_in_budget",
                       "cuda_graphs_in_budget", "refusal"}
         if self.accounting == "static_fraction":
-            if not self.static_fraction_by_tp:
-                raise ValueError("accounting: static_fraction needs static_fraction_by_tp")
+            if not self.static_fraction_by_tp or min(r.min_tp for r in self.static_fraction_by_tp) != 1:
+                raise ValueError("accounting: static_fraction needs static_fraction_by_tp with a min_tp: 1 row")
             documented |= {"accounting", "static_fraction_by_tp"}
         missing = sorted(documented - set(self.sources))
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
         return self
-
-    def static_fraction(self, tp: int) -> float | None:
-        """The default static pool fraction at this tensor-parallel size (static_fraction only)."""
-        if not self.static_fraction_by_tp:
-            return None
-        return next(row.value for row in sorted(self.static_fraction_by_tp, key=lambda r: -r.min_tp) if tp >= row.min_tp)
 
     def holds_for(self, version: tuple[int, int, int]) -> bool:
         lo = parse_version(self.min_version)

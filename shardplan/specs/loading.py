@@ -11,7 +11,6 @@ import json
 import os
 import re
 import reprlib
-import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
+from shardplan import fileio
 from shardplan.errors import InputFileError, ShardplanError, UnknownNameError
 from shardplan.specs._base import StrictModel
 from shardplan.specs.hardware import HardwareProfile, HardwareProfileFile, profile_from_file
@@ -142,28 +142,8 @@ def _check_shape(data: Any, label: str) -> None:
 def _read_bytes(path: Path, label: str) -> bytes:
     """At most MAX_INPUT_FILE_BYTES of a regular file: never a device, FIFO or socket (a plan
     naming /dev/zero or /dev/stdin as its model source must not hang or fill memory)."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise InputFileError("file not found", source=label, hint="check the path") from None
-    except OSError as e:
-        raise InputFileError(f"cannot read: {e.strerror}", source=label) from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputFileError("is a directory", source=label, hint="name a file inside it")
-    if not stat.S_ISREG(st.st_mode):
-        raise InputFileError("not a regular file", source=label, hint="pass a config file, not a device or pipe")
-    too_big = InputFileError(f"file is over the {MAX_INPUT_FILE_BYTES} byte limit for a config",
-                             source=label, hint="pass the config file itself, not a checkpoint")
-    if st.st_size > MAX_INPUT_FILE_BYTES:
-        raise too_big
-    try:
-        with path.open("rb") as f:
-            data = f.read(MAX_INPUT_FILE_BYTES + 1)  # the file may have grown since stat
-    except OSError as e:
-        raise InputFileError(f"cannot read: {e.strerror}", source=label) from None
-    if len(data) > MAX_INPUT_FILE_BYTES:
-        raise too_big
-    return data
+    return fileio.read_regular_file_bytes(path, max_bytes=MAX_INPUT_FILE_BYTES, label=label, what="a config",
+                                          hint="pass the config file itself, not a checkpoint")
 
 
 def read_structured(path: Path) -> Any:

@@ -14,6 +14,7 @@ from conftest import REPO
 from shardplan.cost.engine import resolve_serving
 from shardplan.cost.estimate import estimate
 from shardplan.cost.inputs import inference_workload
+from shardplan.cost.memory_serving import static_fraction
 from shardplan.cost.layout import Layout
 from shardplan.errors import ShardplanError
 from shardplan.knowledge.load import engine_file, engine_rules
@@ -162,7 +163,7 @@ def test_sglang_static_pool_against_its_log():
         input_len=1024, output_len=128, batch_size=None, engine=rules, hw=hw,
         model_max_len=loaded.spec.max_position_embeddings)
     assert wl.max_num_batched_tokens == log["chunk"]  # 2048 below 25 GB (PR #2044)
-    assert rules.era.static_fraction(4) == log["fraction"]
+    assert static_fraction(wl, 4) == log["fraction"]  # the by-tp default the memory model applies
     rep = estimate(loaded.spec, hw, Layout(tp=4), wl)
     assert rep.fits  # SGLang started
     rank = rep.memory.per_rank[0].per_gpu_bytes
@@ -230,3 +231,16 @@ def test_sglang_pool_with_an_explicit_fraction_on_four_h100():
     rep = estimate(loaded.spec, hw, Layout(tp=4), wl)
     assert rep.fits
     assert rep.kv_cache.capacity_tokens == pytest.approx(tokens, rel=0.08)
+
+
+def test_a_fraction_table_that_leaves_small_tp_unanswered_is_refused():
+    from pydantic import ValidationError
+
+    from shardplan.knowledge.schema import EngineEra
+
+    era = engine_file("sglang").eras[-1].model_dump()
+    era["static_fraction_by_tp"] = [{"min_tp": 4, "value": 0.85}]
+    with pytest.raises(ValidationError, match="min_tp: 1"):
+        EngineEra.model_validate(era)
+    era["static_fraction_by_tp"].append({"min_tp": 1, "value": 0.88})
+    assert EngineEra.model_validate(era).static_fraction_by_tp[-1].min_tp == 1
