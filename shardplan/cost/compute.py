@@ -66,21 +66,14 @@ class PassTime:
     flops: float = 0.0
     model_flops: float = 0.0  # the same, without recomputation (MFU's numerator)
     attention_flops: float = 0.0  # the attention core's share of `flops`
+    kernels: float = 0.0  # kernels launched (what a host issues per pass without CUDA graphs)
 
     @property
     def seconds(self) -> float:
         return self.matmul_seconds + self.attention_seconds + self.memory_seconds + self.kernel_seconds
 
     def __add__(self, other: "PassTime") -> "PassTime":
-        return PassTime(
-            self.matmul_seconds + other.matmul_seconds,
-            self.attention_seconds + other.attention_seconds,
-            self.memory_seconds + other.memory_seconds,
-            self.kernel_seconds + other.kernel_seconds,
-            self.flops + other.flops,
-            self.model_flops + other.model_flops,
-            self.attention_flops + other.attention_flops,
-        )
+        return PassTime(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     def scaled(self, factor: float) -> "PassTime":
         return PassTime(*(getattr(self, f.name) * factor for f in fields(self)))
@@ -110,7 +103,9 @@ class Work:
     # Decode attention that loads K/V once per query head instead of once per KV head
     # (TensorRT-LLM <= 0.6's masked-MHA kernel before XQA): GQA saves memory, not traffic.
     kv_read_per_query_head: bool = False
-    cuda_graphs: bool = False  # launches replayed from a graph: no host launch cost
+    # No host launch cost per layer: replayed from a CUDA graph, or costed per step by the
+    # caller (serving: time_serving.host_seconds).
+    cuda_graphs: bool = False
 
 
 def _share(d: float, half: float) -> float:
@@ -295,6 +290,7 @@ def layer_forward(
         flops=flops,
         model_flops=flops,
         attention_flops=at_f,
+        kernels=kernels,
     )
 
 
@@ -333,7 +329,8 @@ def head_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Wor
         hw, logit_tokens, spec.vocab_size / layout.tp, h, count=1, weight_bytes=a, act_bytes=a, dtype=work.act_dtype
     )
     norm = memory_seconds(hw, 2 * h * logit_tokens * a)
-    return PassTime(matmul_seconds=t, memory_seconds=norm, kernel_seconds=2 * hw.kernel_overhead_seconds, flops=f, model_flops=f)
+    return PassTime(matmul_seconds=t, memory_seconds=norm, kernel_seconds=2 * hw.kernel_overhead_seconds, flops=f, model_flops=f,
+                    kernels=2)
 
 
 def embedding_forward(spec: ModelSpec, hw: HardwareProfile, work: Work) -> PassTime:
@@ -342,4 +339,5 @@ def embedding_forward(spec: ModelSpec, hw: HardwareProfile, work: Work) -> PassT
     return PassTime(
         memory_seconds=memory_seconds(hw, 2 * spec.hidden_size * work.tokens * a),
         kernel_seconds=hw.kernel_overhead_seconds,
+        kernels=1,
     )

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 
 from shardplan.knowledge.schema import EngineRules
 from shardplan.specs.hardware import HardwareProfile
-from shardplan.units import BYTES_PER_GIB
+from shardplan.units import BYTES_PER_GIB, us_to_seconds
 
 
 @dataclass(frozen=True)
 class ServingDefaults:
     """The engine's effective settings for one deployment and why each has its value."""
 
+    max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
     gpu_memory_utilization: float
@@ -32,6 +33,16 @@ class ServingDefaults:
     refusal: str
     accounting: str
     static_fraction_by_tp: tuple[tuple[int, float], ...]
+    python_ops_per_layer: float
+    python_ops_per_step: float
+    cuda_graph_max_batch: int
+    step_overhead_seconds: float
+    sampler_bytes_per_logit: float
+    non_torch_bytes: float | None
+    warmup_free_share: float
+    warmup_total_factor: float
+    warmup_kv_tokens: int
+    prefill_logit_bytes: float
     assumptions: tuple[str, ...]
 
 
@@ -50,15 +61,25 @@ def chunked_prefill_on(rules: EngineRules, max_model_len: int, asked: bool | Non
     return False, f"{rules.label}: chunked prefill off by default ({era.sources['chunked_prefill']})"
 
 
-def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: int, multimodal: bool = False,
-                    max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                    gpu_memory_utilization: float | None = None, block_size: int | None = None,
-                    enable_chunked_prefill: bool | None = None) -> ServingDefaults:
-    """Fill what the user left out with the engine's defaults for this device and context."""
+def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: int | None,
+                    model_max_len: int | None = None, multimodal: bool = False, max_num_seqs: int | None = None,
+                    max_num_batched_tokens: int | None = None, gpu_memory_utilization: float | None = None,
+                    block_size: int | None = None, enable_chunked_prefill: bool | None = None) -> ServingDefaults:
+    """Fill what the user left out with the engine's defaults for this device and context.
+    `max_model_len` None takes the model's context (`model_max_len`), capped where the engine caps
+    its default."""
     era = rules.era
     memory_gib = hw.memory_capacity_bytes / BYTES_PER_GIB
     device = hw.gpu_model
     notes: list[str] = []
+    if max_model_len is None:
+        if model_max_len is None:
+            raise ValueError("max_model_len or the model's context is needed")  # a caller's bug
+        max_model_len = model_max_len
+        if era.max_model_len_cap is not None and model_max_len > era.max_model_len_cap:
+            max_model_len = era.max_model_len_cap
+            notes.append(f"{rules.label}: max_model_len {max_model_len:,} by default, the model's {model_max_len:,} "
+                         f"capped ({era.sources['max_model_len_cap']})")
     if max_num_seqs is None:
         max_num_seqs = rules.by_device(era.max_num_seqs, memory_gib, device)
         notes.append(f"{rules.label}: max_num_seqs {max_num_seqs} by default on {device} ({era.sources['max_num_seqs']})")
@@ -70,34 +91,90 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
             notes.append(f"{rules.label}: profile pass of {max_num_batched_tokens:,} tokens, the chunked-prefill "
                          f"budget on {device} ({era.sources['chunked_budget_tokens']})")
         else:
-            max_num_batched_tokens = max(max_model_len, era.unchunked_min_tokens)
-            notes.append(f"{rules.label}: profile pass of {max_num_batched_tokens:,} tokens = max(max_model_len, "
+            extra = era.unchunked_extra_tokens
+            max_num_batched_tokens = max(max_model_len + extra, era.unchunked_min_tokens)
+            plus = f" + {extra}" if extra else ""
+            notes.append(f"{rules.label}: profile pass of {max_num_batched_tokens:,} tokens = max(max_model_len{plus}, "
                          f"{era.unchunked_min_tokens:,}) without chunked prefill ({era.sources['unchunked_min_tokens']})")
+    graph_max = rules.by_device(era.cuda_graph_max_batch, memory_gib, device)
     by_tp: tuple[tuple[int, float], ...] = ()
     if era.accounting == "static_fraction":
-        assert era.static_fraction_by_tp is not None  # the schema requires it
         notes.append(f"{rules.label}: a static pool of (free memory at start) x mem_fraction_static holds the weights "
                      f"and the KV cache; activations and CUDA graphs use the rest ({era.sources['accounting']})")
         if gpu_memory_utilization is None:
-            by_tp = tuple(sorted(((r.min_tp, r.value) for r in era.static_fraction_by_tp), reverse=True))
-            gpu_memory_utilization = era.gpu_memory_utilization
-            notes.append(f"{rules.label}: mem_fraction_static by tensor-parallel size, "
-                         + ", ".join(f"{v:g} from tp {t}" for t, v in by_tp) + f" ({era.sources['static_fraction_by_tp']})")
+            reserve = era.static_fraction_reserved
+            if reserve is not None:
+                # The reserve grows with the ranks (tp x pp): one row per power-of-two tp, pp 1.
+                by_tp = tuple((t, reserve.fraction(memory_gib, max_num_batched_tokens, graph_max, t))
+                              for t in (64, 32, 16, 8, 4, 2, 1))
+                gpu_memory_utilization = by_tp[-1][1]
+                notes.append(f"{rules.label}: mem_fraction_static on {device} "
+                             + ", ".join(f"{v:g} from tp {t}" for t, v in by_tp if t <= 8)
+                             + f" ({era.sources['static_fraction_reserved']})")
+            else:
+                assert era.static_fraction_by_tp is not None  # the schema requires one of the two
+                by_tp = tuple(sorted(((r.min_tp, r.value) for r in era.static_fraction_by_tp), reverse=True))
+                gpu_memory_utilization = era.gpu_memory_utilization
+                notes.append(f"{rules.label}: mem_fraction_static by tensor-parallel size, "
+                             + ", ".join(f"{v:g} from tp {t}" for t, v in by_tp)
+                             + f" ({era.sources['static_fraction_by_tp']})")
     elif gpu_memory_utilization is None:
         gpu_memory_utilization = era.gpu_memory_utilization
-        notes.append(f"{rules.label}: gpu_memory_utilization {gpu_memory_utilization:g} by default "
+        notes.append(f"{rules.label}: {rules.fraction_name} {gpu_memory_utilization:g} by default "
                      f"({era.sources['gpu_memory_utilization']})")
+    warm_tokens = 0
+    if era.accounting == "warmup":
+        notes.append(f"{rules.label}: KV = {era.warmup_free_share:g} x (memory free after a warm-up prefill of "
+                     f"{max_num_batched_tokens:,} tokens - (1 - {rules.fraction_name}"
+                     + (f" x {era.warmup_total_factor:g}" if era.warmup_total_factor != 1 else "")
+                     + f") x device) ({era.sources['accounting']}; {era.sources['warmup_free_share']})")
+        if era.warmup_batch == "prefill":
+            warm_tokens = max_num_batched_tokens + 1
+        elif era.warmup_batch == "requests_at_max_len":
+            warm_tokens = -(-max_num_batched_tokens // max(1, max_model_len - 1)) * max_model_len
+        if warm_tokens:
+            notes.append(f"{rules.label}: the warm-up batch's {warm_tokens:,} tokens of KV are counted back "
+                         f"({era.sources['warmup_batch']})")
+        if era.prefill_logit_bytes:
+            notes.append(f"{rules.label}: the warm-up prefill holds {era.prefill_logit_bytes:g} bytes of logits per "
+                         f"token and vocabulary entry ({era.sources['prefill_logit_bytes']})")
+    if era.accounting == "free_fraction":
+        notes.append(f"{rules.label}: KV = {rules.fraction_name} x the memory free after the weights and the "
+                     f"activation peak of {max_num_batched_tokens:,} tokens ({era.sources['accounting']})")
     if block_size is None:
         block_size = era.block_size
     notes.append(f"{rules.label}: the CUDA context is {'inside' if era.cuda_context_in_budget else 'outside'} the "
                  f"budget ({era.sources['cuda_context_in_budget']})")
     notes.append(f"{rules.label}: CUDA graphs are {'inside' if era.cuda_graphs_in_budget else 'outside'} the budget "
                  f"({era.sources['cuda_graphs_in_budget']})")
+    if era.non_torch_gib is not None:
+        notes.append(f"{rules.label}: {era.non_torch_gib:g} GiB of non-torch memory beyond the CUDA context and NCCL "
+                     f"({era.sources['non_torch_gib']})")
+    if graph_max:
+        notes.append(f"{rules.label}: decode steps of up to {graph_max} sequences replay CUDA graphs on {device} "
+                     f"unless --enforce-eager ({era.sources['cuda_graph_max_batch']})")
+    else:
+        notes.append(f"{rules.label}: no CUDA graphs ({era.sources['cuda_graph_max_batch']})")
+    notes.append(f"{rules.label}: {era.python_ops_per_layer:g} Python framework ops per decoder layer in eager mode "
+                 f"({era.sources['python_ops_per_layer']}) and {era.python_ops_per_step:g} per step for the logits "
+                 f"and the sampler ({era.sources['python_ops_per_step']})")
+    if era.accounting == "profiled":
+        notes.append(f"{rules.label}: the profiling pass's dummy sampler holds {era.sampler_bytes_per_logit:g} bytes per "
+                     f"logit ({era.sources['sampler_bytes_per_logit']})")
+    notes.append(f"{rules.label}: {era.step_overhead_us:g} µs of host work per step the GPU waits for "
+                 f"({era.sources['step_overhead_us']})")
     return ServingDefaults(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
         cuda_context_in_budget=era.cuda_context_in_budget, cuda_graphs_in_budget=era.cuda_graphs_in_budget,
-        refusal=era.refusal, accounting=era.accounting, static_fraction_by_tp=by_tp, assumptions=tuple(notes),
+        refusal=era.refusal, accounting=era.accounting, static_fraction_by_tp=by_tp,
+        python_ops_per_layer=era.python_ops_per_layer, python_ops_per_step=era.python_ops_per_step,
+        cuda_graph_max_batch=graph_max, step_overhead_seconds=us_to_seconds(era.step_overhead_us),
+        sampler_bytes_per_logit=era.sampler_bytes_per_logit,
+        non_torch_bytes=None if era.non_torch_gib is None else era.non_torch_gib * BYTES_PER_GIB,
+        warmup_free_share=era.warmup_free_share, warmup_total_factor=era.warmup_total_factor,
+        warmup_kv_tokens=warm_tokens, prefill_logit_bytes=era.prefill_logit_bytes,
+        assumptions=tuple(notes),
     )
 
 

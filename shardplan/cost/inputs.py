@@ -138,14 +138,23 @@ def inference_workload(
     if engine is not None:
         if hw is None or (max_model_len or model_max_len) is None:
             raise ValueError("engine rules need the hardware and the model's context")  # a caller's bug
-        d = resolve_serving(engine, hw, max_model_len=max_model_len or model_max_len, max_num_seqs=max_num_seqs,
-                            max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
-                            block_size=block_size, enable_chunked_prefill=enable_chunked_prefill)
+        d = resolve_serving(engine, hw, max_model_len=max_model_len, model_max_len=model_max_len,
+                            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                            gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+                            enable_chunked_prefill=enable_chunked_prefill)
+        if d.max_model_len != (max_model_len or model_max_len):
+            max_model_len = d.max_model_len  # the engine capped its default
         max_num_seqs, max_num_batched_tokens = d.max_num_seqs, d.max_num_batched_tokens
         gpu_memory_utilization, block_size = d.gpu_memory_utilization, d.block_size
         switches = dict(engine=engine.engine, engine_version=engine.version, cuda_context_in_budget=d.cuda_context_in_budget,
                         cuda_graphs_in_budget=d.cuda_graphs_in_budget, refusal=d.refusal, accounting=d.accounting,
-                        static_fraction_by_tp=d.static_fraction_by_tp, assumptions=d.assumptions)
+                        static_fraction_by_tp=d.static_fraction_by_tp, python_ops_per_layer=d.python_ops_per_layer,
+                        python_ops_per_step=d.python_ops_per_step, cuda_graph_max_batch=d.cuda_graph_max_batch,
+                        step_overhead_seconds=d.step_overhead_seconds,
+                        sampler_bytes_per_logit=d.sampler_bytes_per_logit, non_torch_bytes=d.non_torch_bytes,
+                        warmup_free_share=d.warmup_free_share, warmup_total_factor=d.warmup_total_factor,
+                        warmup_kv_tokens=d.warmup_kv_tokens, prefill_logit_bytes=d.prefill_logit_bytes,
+                        assumptions=d.assumptions)
     return InferenceWorkload(
         max_model_len=max_model_len,
         max_num_seqs=base.max_num_seqs if max_num_seqs is None else max_num_seqs,

@@ -29,10 +29,6 @@ from shardplan.specs.model import ModelSpec
 from shardplan.units import BYTES_PER_GIB, DType, bytes_per_element
 
 FP32_BYTES = 4.0
-INT64_BYTES = 8.0
-# vLLM's dummy sampler run over max_num_seqs rows of the vocabulary: fp32 logits, fp32
-# probabilities, and the top-k/top-p sort's fp32 values and int64 indices.
-SAMPLER_BYTES_PER_LOGIT = 3 * FP32_BYTES + INT64_BYTES
 
 
 def static_fraction(wl: InferenceWorkload, tp: int) -> float:
@@ -102,8 +98,32 @@ def activation_peak_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload
     # The dummy sampler run takes one logit row per dummy request, and a request holds at least
     # one token: min(max_num_seqs, tokens) rows (V1 gpu_model_runner._dummy_run: num_reqs =
     # min(num_tokens, max_num_reqs); V0 profile_run spreads the tokens over max_num_seqs seqs).
-    sampler = min(wl.max_num_seqs, tokens) * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
-    return max(layer_peak, stream + sampler)
+    # TGI's warm-up asks for prompt log-probabilities: logits of every token of the prefill.
+    sampler = min(wl.max_num_seqs, tokens) * spec.vocab_size * wl.sampler_bytes_per_logit
+    prompt_logits = tokens * spec.vocab_size * wl.prefill_logit_bytes
+    return max(layer_peak, stream + sampler + prompt_logits)
+
+
+def kv_pool_bytes(wl: InferenceWorkload, budget: float, weights: float, overhead: float, act: float,
+                  kv_bytes_per_token: float, utilization: float) -> float:
+    """The KV cache one rank sizes, by the engine's accounting (`budget` as serving_memory sets it).
+
+    profiled (vLLM):        budget - weights - overhead - activation peak
+    static_fraction (SGLang): budget - weights - overhead; activations live outside the pool
+    warmup (TGI):           share x (memory free after the warm-up prefill - what the fraction holds
+                            back) + the warm-up batch's KV (allocated before the measurement)
+    free_fraction (TRT-LLM): fraction x (memory free after the weights and the activation peak)
+    Both measure free memory on the device, so the CUDA context is in `overhead` for them."""
+    if wl.accounting == "static_fraction":
+        return budget - weights - overhead
+    if wl.accounting == "warmup":
+        warm = wl.warmup_kv_tokens * kv_bytes_per_token
+        free_less_reserve = budget - weights - overhead - act - warm  # overhead holds the context here
+        return wl.warmup_free_share * free_less_reserve + warm if free_less_reserve > 0 else free_less_reserve
+    if wl.accounting == "free_fraction":
+        free = budget - weights - overhead - act
+        return utilization * free if free > 0 else free
+    return budget - weights - overhead - act
 
 
 @dataclass(frozen=True)
@@ -128,12 +148,19 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     capacity = float(hw.memory_capacity_bytes)
     static = wl.accounting == "static_fraction"
     utilization = static_fraction(wl, layout.tp) if static else wl.gpu_memory_utilization
-    # SGLang's pool is a fraction of the memory free when the worker starts, after the context.
-    budget = (capacity - hw.cuda_context_bytes) * utilization if static else capacity * utilization
+    context = float(hw.cuda_context_bytes)
+    if static:  # SGLang: a fraction of the memory free when the worker starts, after the context
+        budget = (capacity - context) * utilization
+    elif wl.accounting == "warmup":  # TGI: the device less what the fraction holds back
+        budget = capacity * utilization * wl.warmup_total_factor
+    elif wl.accounting == "free_fraction":  # TensorRT-LLM: a share of what the device has free
+        budget = capacity
+    else:
+        budget = capacity * utilization
     multi_rank = layout.tp * layout.pp * layout.dp > 1
     graphs = 0.0 if wl.enforce_eager else float(hw.cuda_graph_bytes)
     overhead_detail = {
-        "non_torch": float(hw.non_torch_bytes),
+        "non_torch": float(hw.non_torch_bytes if wl.non_torch_bytes is None else wl.non_torch_bytes),
         "nccl_buffers": float(hw.nccl_buffer_bytes) if multi_rank else 0.0,
         "cuda_graphs": graphs if wl.cuda_graphs_in_budget else 0.0,
     }
@@ -152,8 +179,7 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         per_layer_token = kv_bytes_per_token_per_layer_per_rank(spec, layout.tp, kv_elt)
         tok_bytes = per_layer_token * len(w.layers)
         per_token.append(tok_bytes)
-        # SGLang's pool holds weights and KV only: the profiling pass's activations live outside it.
-        kv_bytes = budget - weights - overhead - (0.0 if static else act)
+        kv_bytes = kv_pool_bytes(wl, budget, weights, overhead, act, per_layer_token * len(w.layers), utilization)
         # One max_model_len sequence: a sliding-window layer keeps window + one block of tokens.
         seq_tokens = sum(
             min(max_len, spec.sliding_window + wl.block_size) if spec.is_sliding_layer(i) else max_len for i in w.layers
@@ -200,6 +226,11 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
             f"KV cache ({tokens_min}). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
             f"initializing the engine."
         )
+    if not reasons and wl.refusal == "total_tokens" and tokens_min < max_len:
+        reasons.append(
+            f"max_total_tokens ({max_len}) is more than the {tokens_min} tokens the KV cache holds after the warm-up: "
+            f"the router refuses to start (NotEnoughMemory); lower --max-total-tokens or raise --cuda-memory-fraction"
+        )
     if not reasons and wl.refusal == "bytes" and conc < 1:
         kv_avail = ranks[binding].breakdown.kv_cache
         est_len = int(max_len * conc) // wl.block_size * wl.block_size
@@ -212,8 +243,14 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         )
     # SGLang's start checks only that the pool has room; the context and the CUDA graphs it then
     # captures must fit in what the pool leaves (activations share that rest at run time).
+    # TGI captures its graphs in the wiggle room and only logs a capture that runs out of memory;
+    # TensorRT-LLM's KV is a share of the free memory: the rest holds them.
     beside = sum(outside.values())
-    if not reasons and beside > capacity - budget:
+    room = capacity - budget
+    if wl.accounting == "free_fraction":
+        room = min((1 - utilization) * (capacity - r.breakdown.weights - r.breakdown.overhead - r.breakdown.activations)
+                   for r in ranks)
+    if not reasons and wl.accounting != "warmup" and beside > room:
         what = " and ".join(f"{k.replace('_', ' ')} ({v / BYTES_PER_GIB:.2f} GiB)" for k, v in outside.items() if v)
         reasons.append(
             f"the {what} do not fit beside a budget of {utilization:g} of the device; lower "

@@ -70,10 +70,23 @@ class InferenceWorkloadReport(Frozen):
     cuda_graphs_in_budget: bool = Field(description="the engine's budget counts CUDA graphs")
     refusal: str = Field(description="how the engine refuses a max_model_len that does not fit: tokens (vLLM V0), bytes "
                                      "(V1) or no_room (SGLang: only an empty pool)")
-    accounting: str = Field(description="profiled (vLLM: the profiling pass's peak is subtracted) or static_fraction "
+    accounting: str = Field(description="profiled (vLLM: the profiling pass's peak is subtracted), warmup (TGI), "
+                                        "free_fraction (TensorRT-LLM) or static_fraction "
                                         "(SGLang: a pool of free memory x fraction holds weights and KV)")
     static_fraction_by_tp: list[tuple[int, float]] = Field(description="SGLang's default pool fraction by "
                                                            "tensor-parallel size, (min_tp, fraction); empty: as given")
+    python_ops_per_layer: float = Field(description="framework ops per decoder layer the engine issues from Python "
+                                                    "in eager mode (host time)")
+    python_ops_per_step: float = Field(description="eager framework ops per step for the logits and the sampler")
+    cuda_graph_max_batch: int = Field(description="decode batches up to this size replay CUDA graphs; 0: none")
+    step_overhead_seconds: float = Field(description="host work per step the GPU waits for (scheduler, outputs), s")
+    sampler_bytes_per_logit: float = Field(description="bytes per logit the profiling pass's dummy sampler holds")
+    non_torch_bytes: float | None = Field(description="non-torch memory beyond the CUDA context and NCCL, bytes; "
+                                                      "null: the hardware profile's")
+    warmup_free_share: float = Field(description="TGI: the share of the free memory sized as KV")
+    warmup_total_factor: float = Field(description="TGI >= 3: the device share held back is 1 - fraction x this")
+    warmup_kv_tokens: int = Field(description="TGI: the warm-up batch's KV tokens, counted back into the cache")
+    prefill_logit_bytes: float = Field(description="bytes per logit the profiling prefill holds for every token")
 
 
 class TrainingWorkloadReport(Frozen):

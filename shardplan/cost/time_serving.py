@@ -13,6 +13,16 @@ virtual engines): one round gives every sequence a token and takes pp x the slow
 stage's time for B/pp; a lone request (prefill of B = 1) crosses the stages one after the
 other (fill and drain).
 
+The host's side of a pass (`host_seconds`): the GPU runs kernels as fast as the host issues
+them, so a stage takes max(GPU time, host time). For an engine written in Python, host time
+is its framework ops (python_ops_per_layer per decoder layer and python_ops_per_step for the
+logits and the sampler, counted in the engine's source: knowledge/engines/*.yaml) at the
+host's python_op_us each, the op's kernel launch included; for a C++ runtime it is the
+kernels' launches at the profile's kernel_launch_us. A decode step of at most cuda_graph_max_batch sequences
+replays the layers from a CUDA graph in one launch, leaving only the per-step ops. That is
+why an eager engine's batch-1 decode is slower than the same engine with graphs, while a
+large prefill hides its launches entirely.
+
     TTFT  = prefill of the batch (+ p2p hops between stages)
     TPOT  = decode round at the mean context input_len + output_len / 2
     end-to-end = TTFT + (output_len - 1) x TPOT   (static batching, as gptSessionBenchmark)
@@ -50,12 +60,28 @@ class StepBreakdown(SecondsBreakdown):
     tensor_parallel: float = 0.0
     expert_parallel: float = 0.0
     pipeline_p2p: float = 0.0
+    host: float = 0.0  # host time the GPU waits for: issuing ops beyond the GPU's own time
+    scheduler: float = 0.0  # the engine's host work between steps (scheduling, outputs)
+
+
+def host_seconds(hw: HardwareProfile, wl: InferenceWorkload, compute: PassTime, layers: int, last_stage: bool,
+                 graphs: bool) -> float:
+    """Seconds the host takes to issue one pass of one stage. A CUDA graph replays the layers
+    in one launch; the logits and the sampler (python_ops_per_step) run eagerly either way."""
+    step_ops = wl.python_ops_per_step if last_stage else 0.0
+    if graphs:
+        return step_ops * hw.python_op_seconds
+    if wl.python_ops_per_layer == 0:  # a C++ runtime: the kernels' launches alone
+        return compute.kernels * hw.kernel_launch_seconds + step_ops * hw.python_op_seconds
+    return (wl.python_ops_per_layer * layers + step_ops) * hw.python_op_seconds
 
 
 def _stage_pass(
-    spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, stage: int, logit_tokens: float
-) -> tuple[PassTime, float, float]:
-    """(compute, tensor-parallel seconds, expert-parallel seconds) of one pass on one stage."""
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, stage: int, logit_tokens: float,
+    wl: InferenceWorkload, graphs: bool
+) -> tuple[PassTime, float, float, float]:
+    """(compute, tensor-parallel seconds, expert-parallel seconds, host seconds the GPU waits
+    for) of one pass on one stage."""
     chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[stage]
     layers = [i for r in chunks for i in r]
     total = layers_forward(spec, hw, layout, work, layers)
@@ -67,7 +93,11 @@ def _stage_pass(
         spec, hw, layers, tokens=work.tokens, act_bytes=bytes_per_element(work.act_dtype),
         tp=group(layout.tp, 1, hw.gpus_per_node), ep=group(layout.ep, layout.expert_tp, hw.gpus_per_node),
     )
-    return total, tp, ep
+    host = host_seconds(hw, wl, total, len(layers), stage == layout.pp - 1, graphs)
+    # The kernels' GPU time hides the host's issuing; their fixed per-kernel cost does not (it
+    # follows each launch), nor does the collectives' time (launched like any kernel). This is
+    # the form kernel_launch_us was calibrated in (TensorRT-LLM batch-1 TTFT rows).
+    return total, tp, ep, max(0.0, host - (total.seconds - total.kernel_seconds))
 
 
 def pass_time(
@@ -89,9 +119,11 @@ def pass_time(
         kv_dtype=wl.kv_cache_dtype or wl.activation_dtype,
         quantization=wl.quantization,
         kv_read_per_query_head=wl.kv_read_per_query_head,
-        cuda_graphs=decode and not wl.enforce_eager,  # engines capture decode steps, not prefills
+        cuda_graphs=True,  # launches are costed per stage and step (host_seconds), not per layer
     )
-    per_stage = [_stage_pass(spec, hw, layout, work, s, in_flight) for s in range(pp)]
+    # Engines capture decode steps up to a batch size, never prefills.
+    graphs = decode and not wl.enforce_eager and in_flight <= wl.cuda_graph_max_batch
+    per_stage = [_stage_pass(spec, hw, layout, work, s, in_flight, wl, graphs) for s in range(pp)]
     a = bytes_per_element(wl.activation_dtype)
     p2p = 0.0
     if pp > 1:
@@ -99,8 +131,8 @@ def pass_time(
         p2p = collective_seconds(Collective.P2P, work.tokens * spec.hidden_size * a, pp_group, hw)
     if rounds > 1:
         # pp micro-batches in flight: a round is pp x the slowest stage.
-        slow = max(per_stage, key=lambda x: x[0].seconds + x[1] + x[2])
-        c, tp, ep = slow
+        slow = max(per_stage, key=lambda x: x[0].seconds + x[1] + x[2] + x[3])
+        c, tp, ep, host = slow
         return StepBreakdown(
             matmul=rounds * c.matmul_seconds,
             attention=rounds * c.attention_seconds,
@@ -109,16 +141,20 @@ def pass_time(
             tensor_parallel=rounds * tp,
             expert_parallel=rounds * ep,
             pipeline_p2p=rounds * p2p,
+            host=rounds * host,
+            scheduler=wl.step_overhead_seconds,
         )
     # One micro-batch crosses the stages one after the other.
     return StepBreakdown(
-        matmul=sum(c.matmul_seconds for c, _, _ in per_stage),
-        attention=sum(c.attention_seconds for c, _, _ in per_stage),
-        memory=sum(c.memory_seconds for c, _, _ in per_stage),
-        kernel_overhead=sum(c.kernel_seconds for c, _, _ in per_stage),
-        tensor_parallel=sum(tp for _, tp, _ in per_stage),
-        expert_parallel=sum(ep for _, _, ep in per_stage),
+        matmul=sum(c.matmul_seconds for c, _, _, _ in per_stage),
+        attention=sum(c.attention_seconds for c, _, _, _ in per_stage),
+        memory=sum(c.memory_seconds for c, _, _, _ in per_stage),
+        kernel_overhead=sum(c.kernel_seconds for c, _, _, _ in per_stage),
+        tensor_parallel=sum(tp for _, tp, _, _ in per_stage),
+        expert_parallel=sum(ep for _, _, ep, _ in per_stage),
         pipeline_p2p=(pp - 1) * p2p,
+        host=sum(h for _, _, _, h in per_stage),
+        scheduler=wl.step_overhead_seconds,
     )
 
 

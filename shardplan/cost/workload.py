@@ -51,10 +51,30 @@ class InferenceWorkload:
     # "no_room": only an empty KV pool stops the engine (SGLang)
     # "profiled": budget = device x utilization - weights - profiling peak - non-torch (vLLM);
     # "static_fraction": a pool of (device - CUDA context) x fraction holds weights and KV (SGLang)
+    # "warmup" (TGI), "free_fraction" (TensorRT-LLM: fraction x the memory free after weights and activations)
     accounting: str = "profiled"
     # static_fraction without an explicit fraction: (min_tp, fraction) rows, largest min_tp first
     static_fraction_by_tp: tuple[tuple[int, float], ...] = ()
     assumptions: tuple[str, ...] = ()  # each engine rule applied, with its source, as printed
+    # The host's side of a step (time_serving.host_seconds). Kernels are launched from C++ at
+    # the profile's kernel_launch_us each; a Python engine also runs python_ops_per_layer framework
+    # ops per decoder layer (and python_ops_per_step outside the layers) at the host's
+    # python_op_us each. Decode steps of up to cuda_graph_max_batch sequences replay a CUDA
+    # graph instead (0: the engine captures none).
+    python_ops_per_layer: float = 0.0
+    python_ops_per_step: float = 0.0
+    cuda_graph_max_batch: int = 512
+    step_overhead_seconds: float = 0.0  # host work per step the GPU waits for (scheduler, outputs)
+    # The profiling pass's dummy sampler run: bytes per logit at its peak (the engine's default
+    # sampling path). 20: V0's fp32 logits, probabilities, sort values and int64 sort indices.
+    sampler_bytes_per_logit: float = 20.0
+    non_torch_bytes: float | None = None  # non-torch memory beyond context and NCCL; None: the profile's
+    # "warmup" (TGI): KV = share x (free after the warm-up prefill - (1 - fraction x factor) x device)
+    # + the warm-up batch's own KV, which was allocated before the measurement.
+    warmup_free_share: float = 1.0
+    warmup_total_factor: float = 1.0
+    warmup_kv_tokens: int = 0
+    prefill_logit_bytes: float = 0.0  # logits the profiling prefill holds for every token (TGI)
 
 
 class Optimizer(str, Enum):

@@ -52,7 +52,8 @@ def engine_rules(engine: str = DEFAULT_ENGINE, version: str | None = None) -> En
     era = next((e for e in f.eras if e.holds_for(v)), None)
     if era is None:
         raise ShardplanError(f"no rules for {f.display_name} {chosen}", field="--engine-version", hint=known)
-    return EngineRules(engine=f.engine, display_name=f.display_name, version=chosen, era=era)
+    return EngineRules(engine=f.engine, display_name=f.display_name, version=chosen, era=era,
+                       fraction_name=f.fraction_name)
 
 
 __all__ = ["DEFAULT_ENGINE", "engine_file", "engine_rules", "known_engines"]

@@ -37,7 +37,7 @@ class DeviceDefault(Frozen):
 
     min_memory_gib: float = Field(0.0, ge=0, description="applies to devices with at least this much memory, GiB")
     exclude_names: tuple[str, ...] = Field((), description="device-name substrings this row excludes (case-insensitive)")
-    value: int = Field(ge=1, description="the default (tokens or sequences)")
+    value: int = Field(ge=0, description="the default (tokens or sequences: at least 1)")
 
     def matches(self, memory_gib: float, device_name: str) -> bool:
         name = device_name.lower()
@@ -49,6 +49,29 @@ class TpDefault(Frozen):
 
     min_tp: int = Field(ge=1, description="applies from this tensor-parallel size up")
     value: float = Field(gt=0, le=1, description="the default")
+
+
+class ReservedMemory(Frozen):
+    """SGLang's default pool fraction from >= 0.5.4 (server_args.py, PR #10975): mem_fraction_static =
+    (device MiB - reserved MiB) / device MiB, reserved = base + per_prefill_token x max(chunked prefill,
+    min_prefill_tokens) + per_graph_batch x cuda_graph_max_bs + per_rank x tp x pp, at least `floor_mib`
+    on devices above `floor_above_gib`."""
+
+    base_mib: float = Field(ge=0, description="fixed reserve, MiB")
+    per_prefill_token_mib: float = Field(ge=0, description="MiB per token of the chunked-prefill budget")
+    min_prefill_tokens: int = Field(ge=0, description="the budget counted is at least this many tokens")
+    per_graph_batch_mib: float = Field(ge=0, description="MiB per sequence of the largest CUDA-graph batch")
+    per_rank_mib: float = Field(ge=0, description="MiB per tensor x pipeline rank")
+    floor_mib: float = Field(ge=0, description="the reserve's floor on large devices, MiB")
+    floor_above_gib: float = Field(ge=0, description="devices above this much memory get the floor, GiB")
+
+    def fraction(self, device_gib: float, prefill_tokens: int, graph_batch: int, ranks: int) -> float:
+        device_mib = device_gib * 1024
+        reserved = (self.base_mib + self.per_prefill_token_mib * max(prefill_tokens, self.min_prefill_tokens)
+                    + self.per_graph_batch_mib * graph_batch + self.per_rank_mib * ranks)
+        if device_gib > self.floor_above_gib:
+            reserved = max(reserved, self.floor_mib)
+        return round((device_mib - reserved) / device_mib, 3)
 
 
 class EngineEra(Frozen):
@@ -68,16 +91,55 @@ class EngineEra(Frozen):
     unchunked_min_tokens: int = Field(ge=1, description="without chunked prefill max_num_batched_tokens defaults to max(max_model_len, this)")
     cuda_context_in_budget: bool = Field(description="the CUDA context counts against total x utilization (no baseline snapshot)")
     cuda_graphs_in_budget: bool = Field(description="CUDA graphs are profiled before the KV cache is sized (else captured after, outside)")
-    refusal: Literal["tokens", "bytes", "no_room"] = Field(
+    refusal: Literal["tokens", "bytes", "no_room", "total_tokens"] = Field(
         description="tokens: refuses when max_model_len exceeds the cache's tokens (V0 worker); bytes: when one "
                     "max_model_len sequence's KV bytes exceed the KV memory (V1 check_enough_kv_cache_memory); "
-                    "no_room: only when nothing is left for the KV pool (longer requests are refused one by one)")
-    accounting: Literal["profiled", "static_fraction"] = Field(
+                    "no_room: only when nothing is left for the KV pool (longer requests are refused one by one); "
+                    "total_tokens: when max_total_tokens exceeds the cache's tokens (TGI's router)")
+    accounting: Literal["profiled", "static_fraction", "warmup", "free_fraction"] = Field(
         "profiled", description="profiled: budget = device x utilization, minus weights, the profiling pass's peak "
                                 "and non-torch memory (vLLM); static_fraction: a pool of (free memory at start) x "
-                                "fraction holds weights and KV, activations live outside it (SGLang)")
+                                "fraction holds weights and KV, activations live outside it (SGLang); warmup: a "
+                                "share of the memory free after a warm-up prefill, less what the fraction holds back "
+                                "of the device (TGI); free_fraction: the fraction of the memory free after the "
+                                "weights and the activation peak (TensorRT-LLM)")
     static_fraction_by_tp: list[TpDefault] | None = Field(
         None, description="static_fraction: the default fraction by tensor-parallel size, largest min_tp first")
+    static_fraction_reserved: ReservedMemory | None = Field(
+        None, description="static_fraction: the default fraction from a reserve rule instead of a by-tp table")
+    non_torch_gib: float | None = Field(
+        None, ge=0, description="non-torch memory the profiling pass adds beyond the CUDA context and NCCL, GiB; "
+                                "null: the hardware profile's figure")
+    unchunked_extra_tokens: int = Field(
+        0, ge=0, description="without chunked prefill the pass holds max_model_len + this many tokens (TGI: "
+                             "max_input_tokens + 50)")
+    max_model_len_cap: int | None = Field(
+        None, ge=1, description="the default max_model_len is min(the model's context, this); null: the model's")
+    warmup_free_share: float = Field(1.0, gt=0, le=1, description="warmup: the share of the free memory sized as KV")
+    warmup_total_factor: float = Field(
+        1.0, gt=0, le=1, description="warmup: the device share held back is 1 - fraction x this (TGI >= 3.0's wiggle room)")
+    warmup_batch: Literal["none", "prefill", "requests_at_max_len"] = Field(
+        "none", description="warmup: the KV blocks of the warm-up batch, counted back into the cache: none; prefill "
+                            "(one request of the prefill's tokens); requests_at_max_len (requests of max_model_len - 1 "
+                            "prompt tokens filling the prefill, each reserving max_model_len)")
+    prefill_logit_bytes: float = Field(
+        0.0, ge=0, description="bytes per logit the profiling prefill holds for every one of its tokens (TGI's "
+                               "warm-up asks for prompt log-probabilities); 0: logits of the last tokens only")
+    sampler_bytes_per_logit: float = Field(
+        ge=0, description="bytes per (row, vocabulary entry) the profiling pass's dummy sampler run holds at its "
+                          "peak, by the engine's default sampling path (0: no dummy sampler run)")
+    python_ops_per_layer: float = Field(
+        ge=0, description="framework ops one decoder layer issues from Python in eager mode (counted in the "
+                          "engine's model, layer and attention-backend code); 0: a C++ runtime")
+    python_ops_per_step: float = Field(
+        ge=0, description="framework ops per step outside the decoder layers that run eagerly even with CUDA "
+                          "graphs (logits, sampler)")
+    step_overhead_us: float = Field(
+        ge=0, description="host work per step that the GPU waits for (scheduling, input preparation, output "
+                          "processing), microseconds, measured where the device time is negligible")
+    cuda_graph_max_batch: list[DeviceDefault] = Field(
+        min_length=1, description="decode steps of up to this many sequences replay a CUDA graph by default, by "
+                                  "device; 0: the engine captures none")
     sources: dict[str, str] = Field(description="field -> where the rule comes from (file at a tag, PR, release note)")
 
     @model_validator(mode="after")
@@ -85,15 +147,33 @@ class EngineEra(Frozen):
         parse_version(self.min_version)
         if self.max_version is not None and parse_version(self.max_version) <= parse_version(self.min_version):
             raise ValueError(f"max_version {self.max_version} is not after min_version {self.min_version}")
+        for name in ("max_num_seqs", "chunked_budget_tokens"):
+            if any(r.value < 1 for r in getattr(self, name)):
+                raise ValueError(f"{name} defaults must be at least 1")
         if self.chunked_prefill == "above_context" and self.chunked_prefill_above_tokens is None:
             raise ValueError("chunked_prefill: above_context needs chunked_prefill_above_tokens")
         documented = {"generation", "gpu_memory_utilization", "block_size", "max_num_seqs", "chunked_prefill",
                       "chunked_budget_tokens", "unchunked_min_tokens", "cuda_context_in_budget",
-                      "cuda_graphs_in_budget", "refusal"}
+                      "cuda_graphs_in_budget", "refusal", "python_ops_per_layer", "python_ops_per_step",
+                      "cuda_graph_max_batch", "step_overhead_us", "sampler_bytes_per_logit"}
         if self.accounting == "static_fraction":
-            if not self.static_fraction_by_tp or min(r.min_tp for r in self.static_fraction_by_tp) != 1:
-                raise ValueError("accounting: static_fraction needs static_fraction_by_tp with a min_tp: 1 row")
-            documented |= {"accounting", "static_fraction_by_tp"}
+            if self.static_fraction_reserved is not None:
+                documented |= {"accounting", "static_fraction_reserved"}
+            elif not self.static_fraction_by_tp or min(r.min_tp for r in self.static_fraction_by_tp) != 1:
+                raise ValueError("accounting: static_fraction needs static_fraction_by_tp with a min_tp: 1 row "
+                                 "(or static_fraction_reserved)")
+            else:
+                documented |= {"accounting", "static_fraction_by_tp"}
+        if self.accounting == "warmup":
+            documented |= {"accounting", "warmup_free_share", "warmup_total_factor", "warmup_batch",
+                           "prefill_logit_bytes"}
+        if self.accounting == "free_fraction":
+            documented |= {"accounting"}
+        for optional in ("non_torch_gib", "max_model_len_cap"):
+            if getattr(self, optional) is not None:
+                documented.add(optional)
+        if self.unchunked_extra_tokens:
+            documented.add("unchunked_extra_tokens")
         missing = sorted(documented - set(self.sources))
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
@@ -111,6 +191,8 @@ class EngineFile(Frozen):
     engine: str = Field(description="the name users pass to --engine")
     display_name: str = Field(description="how output names it")
     versions: list[str] = Field(min_length=1, description="released versions shardplan knows, oldest first")
+    fraction_name: str = Field("gpu_memory_utilization", description="the engine's name for the share of device "
+                                                                     "memory it may use (its command-line flag)")
     eras: list[EngineEra] = Field(min_length=1, description="rules by version range, oldest first")
 
     @model_validator(mode="after")
@@ -134,6 +216,8 @@ class EngineRules(Frozen):
     version: str
     era: EngineEra
 
+    fraction_name: str = "gpu_memory_utilization"  # what the engine calls the share of memory it may use
+
     @property
     def label(self) -> str:
         return f"{self.display_name} {self.version}"
@@ -145,4 +229,4 @@ class EngineRules(Frozen):
         return table[-1].value
 
 
-__all__ = ["DeviceDefault", "EngineEra", "EngineFile", "EngineRules", "TpDefault", "parse_version"]
+__all__ = ["DeviceDefault", "EngineEra", "EngineFile", "EngineRules", "ReservedMemory", "TpDefault", "parse_version"]

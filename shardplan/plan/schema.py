@@ -98,10 +98,21 @@ class InferenceWorkloadSection(_Section):
     engine_version: str | None = Field(None, description="its version; null: no version rules were applied")
     cuda_context_in_budget: bool = Field(False, description="the engine's budget counts the CUDA context")
     cuda_graphs_in_budget: bool = Field(True, description="the engine's budget counts CUDA graphs")
-    refusal: Literal["tokens", "bytes", "no_room"] = Field("bytes", description="how the engine refuses a max_model_len that does not fit")
-    accounting: Literal["profiled", "static_fraction"] = Field("profiled", description="how the engine sizes its KV memory")
+    refusal: Literal["tokens", "bytes", "no_room", "total_tokens"] = Field("bytes", description="how the engine refuses a max_model_len that does not fit")
+    accounting: Literal["profiled", "static_fraction", "warmup", "free_fraction"] = Field(
+        "profiled", description="how the engine sizes its KV memory")
     static_fraction_by_tp: list[StaticFractionRow] = Field(default_factory=list, description="SGLang's default pool fraction by tensor-parallel size")
     assumptions: list[str] = Field(default_factory=list, description="each engine rule that shaped the plan, with its source")
+    python_ops_per_layer: float = Field(0.0, ge=0, description="framework ops per decoder layer the engine issues from Python in eager mode")
+    python_ops_per_step: float = Field(0.0, ge=0, description="eager framework ops per step for the logits and the sampler")
+    cuda_graph_max_batch: int = Field(512, ge=0, description="decode batches up to this size replay CUDA graphs; 0: none")
+    step_overhead_seconds: float = Field(0.0, ge=0, description="host work per step the GPU waits for (scheduler, outputs), s")
+    sampler_bytes_per_logit: float = Field(20.0, ge=0, description="bytes per logit the profiling pass's dummy sampler holds")
+    non_torch_bytes: float | None = Field(None, ge=0, description="non-torch memory beyond the CUDA context and NCCL; null: the profile's")
+    warmup_free_share: float = Field(1.0, gt=0, le=1, description="TGI: the share of the free memory sized as KV")
+    warmup_total_factor: float = Field(1.0, gt=0, le=1, description="TGI >= 3: the device share held back is 1 - fraction x this")
+    warmup_kv_tokens: int = Field(0, ge=0, description="TGI: the warm-up batch's KV tokens, counted back")
+    prefill_logit_bytes: float = Field(0.0, ge=0, description="bytes per logit the profiling prefill holds for every token")
 
 
 class TrainingWorkloadSection(_Section):

@@ -55,7 +55,7 @@ GENERATION_ORDER: tuple[Generation, ...] = ("vllm-v0-0.6.4", "vllm-v0.6.5+/v1", 
 ENGINE_NAMES: dict[str, str] = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI"}
 
 # A number as engines print it: digits with optional thousands separators and decimals, bounded.
-_NUM = r"\d[\d,]{0,24}(?:\.\d{1,12})?"
+_NUM = r"(?:\d{1,3}(?:,\d{3}){1,8}(?![\d,])|\d{1,24})(?:\.\d{1,12})?"  # 1,234,567 or 1234567, not '105531,'
 _ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[ -/]{0,8}[@-~]|\x1b[@-Z\\-_]")
 
 
@@ -125,6 +125,14 @@ VLLM_PATTERNS: tuple[LinePattern, ...] = (
        (("kv_cache_bytes", G),), "V0 >= 0.6.5, V1", "vllm-v0.6.5+/v1"),
     _p("vllm", "Memory profiling takes", r"Memory profiling takes (?P<profiling_seconds>\d{1,9}(?:\.\d{1,9})?) seconds",
        (("profiling_seconds", F),), "V0 >= 0.6.5, V1", "vllm-v0.6.5+/v1"),
+    # V1 >= 0.10.2 (gpu_worker.py compile_or_warm_up_model): the budget's split after graph capture.
+    _p("vllm", "Free memory on device (", rf"Free memory on device \({_NUM}/(?P<total_gpu_memory_bytes>{_NUM}) ?GiB\) on startup",
+       (("total_gpu_memory_bytes", G),), "V1 >= 0.10.2 gpu_worker.py", "vllm-v1"),
+    _p("vllm", "GiB for peak activation",
+       rf"Actual usage is {_NUM} ?GiB for weight, (?P<activation_peak_bytes>{_NUM}) ?GiB for peak activation, "
+       rf"(?P<non_torch_bytes>{_NUM}) ?GiB for non-torch memory, and (?P<cuda_graph_bytes>{_NUM}) ?GiB for CUDAGraph memory",
+       (("activation_peak_bytes", G), ("non_torch_bytes", G), ("cuda_graph_bytes", G)),
+       "V1 >= 0.10.2 gpu_worker.py", "vllm-v1"),
     _p("vllm", "Available KV cache memory", rf"Available KV cache memory: (?P<kv_cache_bytes>{_NUM}) ?GiB",
        (("kv_cache_bytes", G),), "V1 gpu_worker.py", "vllm-v1"),
     _p("vllm", "GPU KV cache size", rf"GPU KV cache size: (?P<kv_cache_tokens>{_NUM}) tokens",
@@ -158,13 +166,15 @@ SGLANG_PATTERNS: tuple[LinePattern, ...] = (
        (("mem_fraction_static", F),), "ServerArgs dump (server_args=ServerArgs(...))", "sglang"),
     _p("sglang", "Load weight begin", rf"Load weight begin\. avail mem=(?P<avail_mem_before_weights_bytes>{_NUM}) ?GB",
        (("avail_mem_before_weights_bytes", G),), "model_runner.py load_model", "sglang"),
-    _p("sglang", "Load weight end", rf"Load weight end\..{{0,400}}?avail mem=(?P<avail_mem_after_weights_bytes>{_NUM}) ?GB, "
-       rf"mem usage=(?P<weights_bytes>{_NUM}) ?GB",
-       (("avail_mem_after_weights_bytes", G), ("weights_bytes", G)), "model_runner.py load_model", "sglang"),
-    _p("sglang", "KV Cache is allocated", rf"KV Cache is allocated\. #tokens: (?P<kv_cache_tokens>{_NUM}), "
+    _p("sglang", "Load weight end", rf"Load weight end\..{{0,400}}?avail mem=(?P<avail_mem_after_weights_bytes>{_NUM}) ?GB",
+       (("avail_mem_after_weights_bytes", G),), "model_runner.py load_model", "sglang"),
+    _p("sglang", "Load weight end", rf"Load weight end\..{{0,400}}?mem usage=(?P<weights_bytes>{_NUM}) ?GB",
+       (("weights_bytes", G),), "model_runner.py load_model (>= 0.4.3; earlier releases print no usage)", "sglang"),
+    _p("sglang", "KV Cache is allocated", rf"KV Cache is allocated\. #tokens: (?P<kv_cache_tokens>{_NUM}),",
+       (("kv_cache_tokens", C),), "mem_cache/memory_pool.py (>= 0.4.3)", "sglang"),
+    _p("sglang", "KV Cache is allocated", rf"KV Cache is allocated\.(?: #tokens: {_NUM},)? "
        rf"K size: (?P<k_cache_bytes>{_NUM}) ?GB, V size: (?P<v_cache_bytes>{_NUM}) ?GB",
-       (("kv_cache_tokens", C), ("k_cache_bytes", G), ("v_cache_bytes", G)), "mem_cache/memory_pool.py (>= 0.4.1)",
-       "sglang"),
+       (("k_cache_bytes", G), ("v_cache_bytes", G)), "mem_cache/memory_pool.py (>= 0.4.1)", "sglang"),
     _p("sglang", "Memory pool end", rf"Memory pool end\. avail mem=(?P<avail_mem_after_kv_bytes>{_NUM}) ?GB",
        (("avail_mem_after_kv_bytes", G),), "model_runner.py init_memory_pool", "sglang"),
     _p("sglang", "Capture cuda graph end", rf"Capture cuda graph end\..{{0,200}}?mem usage=(?P<cuda_graph_bytes>{_NUM}) ?GB",
@@ -202,6 +212,10 @@ ANCHORS: tuple[str, ...] = ("GiB", "GB", "blocks: ", "KV cache size", "tokens pe
                             "max_total_tokens", "but tgi will", "max_total_num_tokens", "mem_fraction_static",
                             "cuda_memory_fraction", "max seq len", "Memory profiling", "estimated maximum",
                             "allowed length")
+
+# Figures every rank prints (vLLM V1 workers, one 'GPU KV cache size' line per rank): the engine
+# sizes its cache by the smallest, so the smallest is the log's figure.
+PER_RANK_MIN_FIELDS = frozenset({"kv_cache_bytes", "kv_cache_tokens", "num_gpu_blocks", "max_concurrency"})
 
 # The figures that say how large the KV cache came out: a start-up log without one is cut short.
 CAPACITY_FIELDS: dict[Engine, tuple[str, ...]] = {
@@ -391,7 +405,11 @@ def parse_engine_log(text: str, source: str) -> EngineLog:
                 generations[p.engine].add(p.generation)
             for field, unit in p.fields:
                 raw = m.group(field)
-                found[p.engine].setdefault(field, _term(raw, unit, lineno, _printed(raw, unit, m, field)))
+                term = _term(raw, unit, lineno, _printed(raw, unit, m, field))
+                seen = found[p.engine].get(field)
+                # Ranks print their own capacity; the engine allocates the smallest. Else the first.
+                if seen is None or (field in PER_RANK_MIN_FIELDS and term.value < seen.value):
+                    found[p.engine][field] = term
     engines = [e for e in found if found[e]]
     if not engines:
         raise InputFileError(

@@ -102,6 +102,15 @@ def _mixtral(cfg: Config, name: str) -> dict[str, Any]:
     return d
 
 
+def _granitemoe(cfg: Config, name: str) -> dict[str, Any]:
+    """IBM Granite 3.x MoE (GraniteMoeForCausalLM): Mixtral's block (top-k routed SwiGLU experts of
+    intermediate_size, no shared expert) with tied embeddings; its multipliers change no shape."""
+    d = _mixtral(cfg, name)
+    d.update(model_type="granitemoe", sliding_window=None,
+             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)))
+    return d
+
+
 def _qwen2(cfg: Config, name: str) -> dict[str, Any]:
     d = _common(cfg, name, "qwen2")
     # Qwen2Attention hard-codes bias=True on q/k/v and bias=False on o_proj.
@@ -329,6 +338,7 @@ TRANSLATORS: dict[str, Callable[[Config, str], dict[str, Any]]] = {
     "llama": _llama,
     "mistral": _mistral,
     "mixtral": _mixtral,
+    "granitemoe": _granitemoe,
     "qwen2": _qwen2,
     "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3,
@@ -348,6 +358,7 @@ ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "MixtralForCausalLM": "mixtral",
+    "GraniteMoeForCausalLM": "granitemoe",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3ForCausalLM": "qwen3",

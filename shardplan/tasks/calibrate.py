@@ -266,12 +266,11 @@ def calibrate_from_engine_log(log: EngineLog, base: dict[str, Any], *, name: str
       budget, with no baseline snapshot: the CUDA context, library workspaces, NCCL
       communicators and anything else on the device are all in it, and the cost model charges
       exactly that sum inside this era's budget (knowledge/engines/vllm.yaml,
-      cuda_context_in_budget). Chosen split: non_torch_gib (and nccl_buffers_gib) keep the
-      profile's figures and cuda_context_gib takes the remainder, floored at 0. Why not the
-      profile's ratio: a ratio would move non_torch_gib, which 0.6.5+/V1 estimates charge inside
-      their budget, on a figure that cannot tell it from the context; non_torch_gib has its own
-      sourced measurement from an engine that isolates it, while the context is the profile's
-      estimate, and the one term only a 0.6.4 log charges.
+      cuda_context_in_budget). That era's profiling pass adds no non-torch memory of its own
+      (its rules set non_torch_gib to 0: the RTX 3090 log shows the same 0.35 GiB before and
+      after the pass), so cuda_context_gib takes the figure, less nccl_buffers_gib (the
+      profile's) at tp > 1, floored at 0; non_torch_gib, which 0.6.5+/V1 estimates charge, keeps
+      the profile's figure.
     - vLLM 0.6.5+ / V1 `non_torch_memory takes X GiB` -> non_torch_gib. The profile pass there
       charges the non-torch increase over a baseline snapshot taken once the CUDA context
       exists (PR #10511, `memory_profiling(baseline_snapshot, ...)`; V1 `init_snapshot`), so
@@ -322,7 +321,9 @@ def calibrate_from_engine_log(log: EngineLog, base: dict[str, Any], *, name: str
     if (t := log.non_torch_bytes) is not None:
         logged = _gib(t)
         nccl = ["nccl_buffers_gib"] if tp > 1 else []
-        order = ["cuda_context_gib", "non_torch_gib", *nccl] if v064 else ["non_torch_gib", *nccl]
+        # 0.6.4's profiling pass adds no non-torch memory beyond the context (knowledge/engines/
+        # vllm.yaml, non_torch_gib: 0 for that era), so the context takes the figure, less NCCL.
+        order = ["cuda_context_gib", *nccl] if v064 else ["non_torch_gib", *nccl]
         split = _split(logged, order, runtime)
         final = runtime | split
         printed = f"non_torch_memory={t.printed}" if v064 else f"non_torch_memory takes {t.printed}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,10 +223,13 @@ def _manifest_cases() -> list[Case]:
         cases.append(Case(id_, "manifest", "plan.yaml", yaml.safe_dump(d, sort_keys=False).encode(), tuple(needles), field))
     cases += [
         # cut mid-file: still YAML, but what follows the cut is missing
-        # cut at the last line break before the middle: valid YAML that lacks the later keys
-        Case("truncated", "manifest", "plan.yaml", text[: text.rindex("\n", 0, len(text) // 2) + 1].encode(),
+        # cut before the last top-level key that starts in the first half: valid YAML that lacks the later keys
+        Case("truncated", "manifest", "plan.yaml",
+             text[: max(m.start() for m in re.finditer(r"\n(?=[a-z])", text[: len(text) // 2])) + 1].encode(),
              ("required key is missing",)),
-        Case("truncated-mid-token", "manifest", "plan.yaml", (text[: len(text) // 2] + '"unclosed').encode(), ("invalid YAML",)),
+        # cut inside a quoted scalar (a line start, then an unclosed quote): not YAML at all
+        Case("truncated-mid-token", "manifest", "plan.yaml",
+             (text[: text.rindex("\n", 0, len(text) // 2) + 1] + 'x: "unclosed').encode(), ("invalid YAML",)),
         Case("duplicate-key", "manifest", "plan.yaml", (text + "objective: latency\n").encode(), ("duplicate key 'objective'",)),
         Case("alias-bomb", "manifest", "plan.yaml", (bomb(21, 3, where="") + text).encode(), ("more than 1000000 values",)),
         Case("top-level-list", "manifest", "plan.yaml", b"- 1\n", ("expected a mapping",)),

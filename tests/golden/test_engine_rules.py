@@ -78,12 +78,11 @@ def test_v0_profile_pass_peak_and_kv_capacity_against_the_log(max_model_len):
     # the profiling pass's activation peak: peak_torch_memory minus the weights the log printed
     measured_act = (log["peak_torch_memory"] - log["weights"]) * BYTES_PER_GIB
     assert stage.per_gpu_bytes["activations"] == pytest.approx(measured_act, rel=0.05)
-    # KV capacity: within 8%, on the safe side. The bundled RTX 3090 profile estimates the CUDA
-    # context at 0.5 GiB and the device at 23.70 GiB; this log measured context + non-torch
-    # memory at 0.35 GiB on a 23.58 GiB device (`shardplan calibrate --engine-log` is the fix).
+    # KV capacity with the bundled profile: within 5%. It sees the device at 23.70 GiB where this
+    # card showed 23.58 (tests/golden/test_engine_logs_golden.py takes the log's total: +0.3%);
+    # its CUDA context (0.35 GiB: a fixed part and the stack reserve of 82 SMs) is what 0.6.4 logged.
     kv_tokens = log["num_gpu_blocks"] * 16
-    assert rep.kv_cache.capacity_tokens <= kv_tokens
-    assert rep.kv_cache.capacity_tokens == pytest.approx(kv_tokens, rel=0.08)
+    assert rep.kv_cache.capacity_tokens == pytest.approx(kv_tokens, rel=0.05)
 
 
 def test_v0_before_0_6_5_charges_the_cuda_context_and_later_versions_do_not():
@@ -238,7 +237,7 @@ def test_a_fraction_table_that_leaves_small_tp_unanswered_is_refused():
 
     from shardplan.knowledge.schema import EngineEra
 
-    era = engine_file("sglang").eras[-1].model_dump()
+    era = engine_file("sglang").eras[1].model_dump()  # 0.4: a by-tp table, no reserve rule
     era["static_fraction_by_tp"] = [{"min_tp": 4, "value": 0.85}]
     with pytest.raises(ValidationError, match="min_tp: 1"):
         EngineEra.model_validate(era)

@@ -139,8 +139,11 @@ def test_every_engine_log_names_its_source_in_the_index_and_in_the_file():
 
 
 def test_every_decode_measurement_names_its_source():
-    rows = yaml.safe_load((DATA / "decode_eager" / "measurements.yaml").read_text())["rows"]
+    rows = [r for f in ("measurements.yaml", "measurements_more.yaml")
+            for r in yaml.safe_load((DATA / "decode_eager" / f).read_text())["rows"]]
     assert len(rows) >= 4
+    cases = yaml.safe_load((DATA / "decode_eager" / "host_cases.yaml").read_text())["cases"]
+    assert {c["row"] for c in cases} <= {r["id"] for r in rows}  # every prediction case is a sourced row
     for row in rows:
         assert str(row["source"]).strip(), row["id"]
         # a missing figure is said to be missing, never left blank without a word

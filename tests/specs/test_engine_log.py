@@ -72,6 +72,68 @@ EXPECTED = {
     "tgi_a100x4_llama2_70b": ("tgi", "tgi", {"max_batch_total_tokens": 406560}, False),
     "tgi_a10g_llama31_8b_defaults": ("tgi", "tgi", {
         "max_batch_total_tokens": 19056, "default_max_total_tokens": 4096, "cuda_memory_fraction": 1.0}, False),
+    "sglang_l40s_llama31_8b_pr13023": ("sglang", "sglang", {
+        "avail_mem_before_weights_bytes": gib(44.00), "avail_mem_after_weights_bytes": gib(28.91),
+        "weights_bytes": gib(15.09), "kv_cache_tokens": 183133, "k_cache_bytes": gib(11.18),
+        "v_cache_bytes": gib(11.18), "kv_cache_bytes": gib(11.18) + gib(11.18),
+        "avail_mem_after_kv_bytes": gib(5.51)}, False),
+    "sglang_rtx4090x4_qwen3_14b_tp4": ("sglang", "sglang", {
+        "mem_fraction_static": 0.8, "avail_mem_after_weights_bytes": gib(16.00), "weights_bytes": gib(7.08),
+        "kv_cache_tokens": 298447, "k_cache_bytes": gib(5.69), "v_cache_bytes": gib(5.69),
+        "kv_cache_bytes": gib(5.69) + gib(5.69), "max_total_num_tokens": 298447, "max_running_requests": 3730,
+        "context_len": 40960}, False),
+    "sglang_rtx5080_qwen3_06b": ("sglang", "sglang", {
+        "avail_mem_after_weights_bytes": gib(13.91), "weights_bytes": gib(1.25), "kv_cache_tokens": 104273,
+        "k_cache_bytes": gib(5.57), "v_cache_bytes": gib(5.57), "kv_cache_bytes": gib(5.57) + gib(5.57),
+        "avail_mem_after_kv_bytes": gib(2.43), "cuda_graph_bytes": gib(0.11), "max_total_num_tokens": 104273,
+        "max_running_requests": 2048, "context_len": 40960}, False),
+    "tgi_a100x2_llama31_70b_v240": ("tgi", "tgi", {"max_batch_total_tokens": 30816}, False),
+    "tgi_a10_oci_swallow7b_v203": ("tgi", "tgi", {
+        "cuda_memory_fraction": 1.0, "default_max_total_tokens": 4096, "max_batch_total_tokens": 15232}, False),
+    "tgi_a10g_mistral7b_v03_jumpstart": ("tgi", "tgi", {"max_batch_total_tokens": 43808}, False),
+    "vllm_v1_a100-80gbx1_qwen2_7b_16k_util025": ("vllm", "vllm-v1", {
+        "weights_bytes": gib(14.2488), "kv_cache_bytes": gib(5.01), "kv_cache_tokens": 93872,
+        "max_concurrency": 5.73, "max_concurrency_tokens_per_request": 16384, "cuda_graph_bytes": gib(0.50)}, False),
+    "vllm_v1_a100-80gbx1_qwen2_7b_16k_util050": ("vllm", "vllm-v1", {
+        "weights_bytes": gib(14.2488), "kv_cache_bytes": gib(24.83), "kv_cache_tokens": 464848,
+        "max_concurrency": 28.37, "max_concurrency_tokens_per_request": 16384, "cuda_graph_bytes": gib(0.50)}, False),
+    "vllm_v1_a100-80gbx2_qwen2_7b_16k_util025": ("vllm", "vllm-v1", {
+        "weights_bytes": gib(7.1217), "kv_cache_bytes": gib(12.02), "kv_cache_tokens": 450192,
+        "max_concurrency": 27.48, "max_concurrency_tokens_per_request": 16384, "cuda_graph_bytes": gib(0.65)}, False),
+    "vllm_v1_a100-80gbx2_qwen2_7b_16k_util050": ("vllm", "vllm-v1", {
+        "weights_bytes": gib(7.1217), "kv_cache_bytes": gib(31.83), "kv_cache_tokens": 1192160,
+        "max_concurrency": 72.76, "max_concurrency_tokens_per_request": 16384, "cuda_graph_bytes": gib(0.65)}, False),
+    "vllm_v1_jetson-thorx1_llama31_8b_131k_eager": ("vllm", "vllm-v1", {
+        "weights_bytes": gib(14.9889), "kv_cache_bytes": gib(85.79), "kv_cache_tokens": 702800,
+        "max_concurrency": 5.36, "max_concurrency_tokens_per_request": 131072}, False),
+    "vllm_v1_l40sx1_qwen25_7b_32k_bf16": ("vllm", "vllm-v1", {
+        "weights_bytes": gib(14.2488), "kv_cache_tokens": 444592, "max_concurrency": 13.57,
+        "max_concurrency_tokens_per_request": 32768}, False),
+    "vllm_v1_l40sx1_qwen25_7b_32k_fp8dyn": ("vllm", "vllm-v1", {
+        "weights_bytes": gib(8.1426), "kv_cache_tokens": 553216, "max_concurrency": 16.88,
+        "max_concurrency_tokens_per_request": 32768}, False),
+    "vllm_v1_l40sx1_qwen25_7b_32k_gptq_int4": ("vllm", "vllm-v1", {
+        "weights_bytes": gib(5.1811), "kv_cache_tokens": 611248, "max_concurrency": 18.65,
+        "max_concurrency_tokens_per_request": 32768}, False),
+    "vllm_v1_l40sx2_qwen3_30b_a3b_fp8_32k": ("vllm", "vllm-v1", {
+        "kv_cache_bytes": gib(25.91), "kv_cache_tokens": 566016, "max_concurrency": 17.27,
+        "max_concurrency_tokens_per_request": 32768}, False),
+    "vllm_v1_l40sx8_qwen3_235b_a22b_fp8_32k": ("vllm", "vllm-v1", {
+        "weights_bytes": gib(27.7183), "kv_cache_bytes": gib(10.64), "kv_cache_tokens": 237344,
+        "max_concurrency": 7.24, "max_concurrency_tokens_per_request": 32768, "cuda_graph_bytes": gib(3.45),
+        "total_gpu_memory_bytes": gib(44.42), "activation_peak_bytes": gib(1.4), "non_torch_bytes": gib(0.21)}, False),
+}
+EXPECTED |= {
+    "sglang_rtx3090_r1_distill_qwen7b": ("sglang", "sglang", {
+        "mem_fraction_static": 0.88, "avail_mem_before_weights_bytes": gib(22.76),
+        "avail_mem_after_weights_bytes": gib(8.37), "k_cache_bytes": gib(2.82), "v_cache_bytes": gib(2.82),
+        "kv_cache_bytes": gib(2.82) + gib(2.82), "avail_mem_after_kv_bytes": gib(1.68), "max_total_num_tokens": 105531,
+        "max_running_requests": 2049, "context_len": 131072}, False),
+    # The stored copy is hard-wrapped as its source was: 'Graph capturing finished in 11' / ' secs, took
+    # 1.00 GiB' spans two lines, so its graph figure is not read (the parser reads one line at a time).
+    "vllm_v1_a100-40gbx2_qwen2_7b_16k_util050_ray2nodes": ("vllm", "vllm-v1", {
+        "weights_bytes": gib(7.1217), "kv_cache_bytes": gib(11.03), "kv_cache_tokens": 412944, "max_concurrency": 25.20,
+        "max_concurrency_tokens_per_request": 16384}, False),
 }
 # Stored logs that must be refused, and a word the one-line error must hold.
 REFUSED_LOGS = {

@@ -49,17 +49,18 @@ def test_20k_log_sets_capacity_and_the_064_non_torch_sum(calibrated_20k):
     base = load_hardware("rtx-3090-24gb")
     gib = 2**30
     assert hw.memory_capacity_bytes / gib == pytest.approx(23.58, abs=1e-6)
-    # vLLM 0.6.4 counts the CUDA context in non_torch_memory: the two keys sum to the logged 0.35
-    assert (hw.cuda_context_bytes + hw.non_torch_bytes) / gib == pytest.approx(0.35, abs=1e-6)
-    assert hw.non_torch_bytes == base.non_torch_bytes  # the chosen split: the context takes the remainder
+    # vLLM 0.6.4 counts the CUDA context in non_torch_memory, and its pass adds no non-torch memory
+    # of its own (the era's non_torch_gib is 0): the context takes the logged 0.35 at tp 1
+    assert hw.cuda_context_bytes / gib == pytest.approx(0.35, abs=1e-6)
+    assert hw.non_torch_bytes == base.non_torch_bytes  # kept for the eras that charge it
     assert hw.nccl_buffer_bytes == base.nccl_buffer_bytes and hw.cuda_graph_bytes == base.cuda_graph_bytes
     fields = {c["field"]: c for c in res["profile_changes"]}
     assert set(fields) == {"gpu.memory_capacity_gib", "runtime.cuda_context_gib"}
     assert fields["runtime.cuda_context_gib"]["log_line"] == 6
-    assert fields["runtime.cuda_context_gib"]["old_gib"] == 0.5
+    assert fields["runtime.cuda_context_gib"]["old_gib"] == pytest.approx(base.cuda_context_bytes / gib)
     src = hw.sources["runtime.cuda_context_gib"]
     assert src.startswith("calibrated from vllm_v0_rtx3090_llama31_8b_20k.log line 6: 'non_torch_memory=0.35GiB'")
-    assert "0.35 - non_torch_gib 0.16" in src
+    assert "cuda_context_gib = 0.35" in src
     assert hw.sources["gpu.memory_capacity_gib"].startswith(
         "calibrated from vllm_v0_rtx3090_llama31_8b_20k.log line 6: 'total_gpu_memory=23.58GiB'")
     assert hw.sources["runtime.non_torch_gib"] == base.sources["runtime.non_torch_gib"]  # not changed, not re-sourced
@@ -131,7 +132,10 @@ def test_a_figure_below_the_profiles_other_terms_floors_and_still_sums():
                               "peak_torch_memory=17.0GiB memory_usage_post_profile=15.1GiB non_torch_memory=0.1GiB "
                               "kv_cache_size=3.9GiB gpu_memory_utilization=0.90\n", "v064.log")
     data, _, _ = calibrate_from_engine_log(log064, _base(), name="x")
-    assert data["runtime"]["cuda_context_gib"] == 0 and data["runtime"]["non_torch_gib"] == 0.1
+    assert data["runtime"]["cuda_context_gib"] == 0.1  # tp 1: the context takes all of it
+    data, _, notes = calibrate_from_engine_log(log064, _base(), name="x", tp=2)
+    assert data["runtime"]["cuda_context_gib"] == 0 and data["runtime"]["nccl_buffers_gib"] == 0.1
+    assert any("set to 0" in n for n in notes)
 
 
 @pytest.mark.parametrize("log, missing", [

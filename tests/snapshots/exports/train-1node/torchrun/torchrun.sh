@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # shardplan 0.1.0 export --to torchrun: llama-3.1-8b on 8 x NVIDIA H100 80GB HBM3 (1 node(s) of 8), tp=1 pp=1 dp=8
-# predicted peak per GPU: 54.67 GiB of 79.11 GiB (binding: stage 0, activations)
+# predicted peak per GPU: 54.66 GiB of 79.11 GiB (binding: stage 0, activations)
 # run on the node: bash torchrun.sh
 set -euo pipefail
 

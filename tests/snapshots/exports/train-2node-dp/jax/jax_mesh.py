@@ -1,5 +1,5 @@
 # shardplan 0.1.0 export --to jax: llama-3.1-8b on 16 x NVIDIA H100 80GB HBM3 (2 node(s) of 8), tp=2 pp=1 dp=8
-# predicted peak per GPU: 20.26 GiB of 79.11 GiB (binding: stage 0, activations)
+# predicted peak per GPU: 20.25 GiB of 79.11 GiB (binding: stage 0, activations)
 # Mesh and PartitionSpecs for the weights as the Hugging Face checkpoint stores them
 # (linear [out, in], embeddings/lm_head [vocab, hidden], routed experts [experts, out, in]).
 from jax.sharding import PartitionSpec as P

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # shardplan 0.1.0 export --to torchrun: llama-3.1-70b on 16 x NVIDIA H100 80GB HBM3 (2 node(s) of 8), tp=8 pp=2 dp=1
-# predicted peak per GPU: 77.02 GiB of 79.11 GiB (binding: stage 0, optimizer_states)
+# predicted peak per GPU: 77.01 GiB of 79.11 GiB (binding: stage 0, optimizer_states)
 # run on each of the 2 nodes with HEAD_ADDR set to node 0's address (any order; c10d rendezvous assigns node ranks):
 #   HEAD_ADDR=10.0.0.1 bash torchrun.sh
 set -euo pipefail
