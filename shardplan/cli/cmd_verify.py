@@ -11,7 +11,7 @@ import typer
 from enum import Enum
 
 from shardplan.cli import render_common, render_verify
-from shardplan.errors import EXIT_VERIFY_MISMATCH
+from shardplan.errors import ShardplanError, EXIT_VERIFY_MISMATCH
 
 from shardplan.cli.app import app, JsonOpt
 from shardplan.cli.options import (
@@ -39,6 +39,7 @@ def verify_cmd(
     timeout: Annotated[float, typer.Option(min=1, help="Seconds the whole run may take; a rank that hangs or dies ends it.")] = 300.0,
     report: Annotated[Optional[Path], typer.Option("--report", help="Write the full report as JSON to this file.")] = None,
     engine_log: Annotated[Optional[Path], typer.Option("--engine-log", help="Check the plan against this vLLM/SGLang/TGI start-up log instead of running it (no torch, nothing launched).", show_default=False)] = None,
+    hardware: Annotated[Optional[str], typer.Option("--hardware", "-H", help="With --engine-log: the hardware profile the plan was made with, when it is a file (e.g. one `calibrate` wrote); default: the plan's profile by name.", show_default=False)] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run the plan for real with torch.distributed (DeviceMesh, DTensor tensor parallelism,
@@ -56,8 +57,11 @@ def verify_cmd(
     are compared with the plan's estimate. Exit 4 when one is out of tolerance, 2 for a log
     that cannot be read or holds no start-up memory lines."""
     if engine_log is not None:
-        _engine_log(plan, engine_log, json_out)
+        _engine_log(plan, engine_log, hardware, json_out)
         return
+    if hardware is not None:
+        raise ShardplanError("applies to --engine-log only", field="--hardware",
+                             hint="a run uses the plan's own profile")
     from shardplan.verify.launch import is_worker, verify_plan
     from shardplan.verify.runspec import RUN_DIR_ENV
 
@@ -74,10 +78,10 @@ def verify_cmd(
         raise typer.Exit(EXIT_VERIFY_MISMATCH)
 
 
-def _engine_log(plan: Path, log: Path, json_out: bool) -> None:
+def _engine_log(plan: Path, log: Path, hardware: str | None, json_out: bool) -> None:
     from shardplan.tasks.engine_log import check_engine_log
 
-    result = check_engine_log(plan, log)
+    result = check_engine_log(plan, log, hardware)
     render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_verify.engine_log_check)
     if result.status == "mismatch":
         raise typer.Exit(EXIT_VERIFY_MISMATCH)

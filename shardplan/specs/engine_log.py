@@ -208,7 +208,7 @@ PATTERNS: dict[Engine, tuple[LinePattern, ...]] = {"vllm": VLLM_PATTERNS, "sglan
 _ALL = tuple(p for table in PATTERNS.values() for p in table)
 # Substrings every pattern's line holds (each pattern's keyword contains one, or its regex
 # requires one): a line with none of them is never examined. Few, so the scan stays fast.
-ANCHORS: tuple[str, ...] = ("GiB", "GB", "blocks: ", "KV cache size", "tokens per request", "max batch total tokens",
+ANCHORS: tuple[str, ...] = ("LLM engine (v", "GiB", "GB", "blocks: ", "KV cache size", "tokens per request", "max batch total tokens",
                             "max_total_tokens", "but tgi will", "max_total_num_tokens", "mem_fraction_static",
                             "cuda_memory_fraction", "max seq len", "Memory profiling", "estimated maximum",
                             "allowed length")
@@ -216,6 +216,10 @@ ANCHORS: tuple[str, ...] = ("GiB", "GB", "blocks: ", "KV cache size", "tokens pe
 # Figures every rank prints (vLLM V1 workers, one 'GPU KV cache size' line per rank): the engine
 # sizes its cache by the smallest, so the smallest is the log's figure.
 PER_RANK_MIN_FIELDS = frozenset({"kv_cache_bytes", "kv_cache_tokens", "num_gpu_blocks", "max_concurrency"})
+
+# vLLM prints its version when the engine starts: "Initializing a V1 LLM engine (v0.10.2) with config"
+# (V1), "Initializing an LLM engine (v0.6.4) with config" (V0).
+_VERSION_LINE = re.compile(r"LLM engine \(v(\d{1,4}\.\d{1,4}(?:\.\d{1,4})?(?:[.+\w]{0,40})?)\)")
 
 # The figures that say how large the KV cache came out: a start-up log without one is cut short.
 CAPACITY_FIELDS: dict[Engine, tuple[str, ...]] = {
@@ -260,6 +264,8 @@ class EngineLog(StrictModel):
     generation: Generation = Field(description="the log format the matched lines belong to (a hint)")
     num_lines: int = Field(ge=0, description="lines in the log")
     num_long_lines_skipped: int = Field(ge=0, description=f"lines over {MAX_LINE_CHARS} characters, not examined")
+    engine_version: str | None = Field(None, description="the version the engine prints at start-up (vLLM's "
+                                                        "'Initializing ... LLM engine (vX.Y.Z)'); None: not printed")
     # vLLM
     total_gpu_memory_bytes: IntTerm | None = _i("device memory as torch sees it, bytes")
     gpu_memory_utilization: FloatTerm | None = _i("the share of device memory vLLM may use (fraction)")
@@ -394,9 +400,12 @@ def parse_engine_log(text: str, source: str) -> EngineLog:
     found: dict[Engine, dict[str, IntTerm | FloatTerm]] = {"vllm": {}, "sglang": {}, "tgi": {}}
     generations: dict[Engine, set[Generation]] = {"vllm": set(), "sglang": set(), "tgi": set()}
     first_line: dict[Engine, int] = {}
+    version: str | None = None
     for lineno, line in lines:
         if _is_comment(line):
             continue
+        if version is None and (v := _VERSION_LINE.search(line)) is not None:
+            version = v.group(1)
         for p in _ALL:
             if p.keyword not in line or (m := p.regex.search(line)) is None:
                 continue
@@ -438,7 +447,7 @@ def parse_engine_log(text: str, source: str) -> EngineLog:
     else:
         generation = engine
     return EngineLog(source=source, engine=engine, generation=generation, num_lines=num_lines,
-                     num_long_lines_skipped=skipped, **terms)
+                     num_long_lines_skipped=skipped, engine_version=version if engine == "vllm" else None, **terms)
 
 
 def read_engine_log(path: Path, label: str | None = None) -> EngineLog:

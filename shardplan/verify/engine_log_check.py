@@ -14,8 +14,9 @@ Which log figure is which cost-model term (shardplan/cost/memory_serving.py, vLL
 - the budget (total_gpu_memory x gpu_memory_utilization) -> `memory.budget_bytes`.
 - inputs the log echoes (gpu_memory_utilization, the max_model_len of the concurrency line or the
   refusal) must equal the plan's, else the comparison is of different runs.
-SGLang and TGI logs: the cost model follows vLLM's budget, so only weights are checked; their
-KV figures are reported beside the prediction with no tolerance.
+SGLang and TGI logs: checked like vLLM's when the plan was sized by that engine's rules
+(`--engine sglang|tgi`); against a plan sized by another engine's rules their KV figures are
+reported with no tolerance. A log that prints its version (vLLM) must be the plan's version.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pydantic import Field
 
 from shardplan.cost.report import CostReport
 from shardplan.errors import ShardplanError
+from shardplan.knowledge.schema import parse_version
 from shardplan.specs._base import StrictModel
 from shardplan.specs.engine_log import ENGINE_NAMES, EngineLog, IntTerm
 from shardplan.verify.compare import TOLERANCES
@@ -58,6 +60,9 @@ class PredictedServing(StrictModel):
     kv_cache_tokens: int = Field(description="tokens the cache holds (minimum over stages)")
     num_gpu_blocks: int = Field(description="paged blocks (minimum over stages)")
     max_concurrency: float = Field(description="max_model_len sequences the cache holds")
+    overhead_bytes: float | None = Field(None, description="stage 0's runtime overheads inside the budget, bytes")
+    engine: str = Field("vllm", description="the engine whose rules sized the plan")
+    engine_version: str | None = Field(None, description="its version; None: no version rules")
     fits: bool = Field(description="the plan fits (the engine would start)")
     reason: str | None = Field(description="why not, when it does not fit")
 
@@ -80,6 +85,8 @@ def predicted_from_report(report: CostReport) -> PredictedServing:
         non_torch_bytes=stage0.detail_bytes.get("overhead.non_torch"),
         cuda_graph_bytes=stage0.detail_bytes.get("overhead.cuda_graphs"),
         kv_cache_bytes=min(r.per_gpu_bytes["kv_cache"] for r in report.memory.per_rank),
+        overhead_bytes=stage0.per_gpu_bytes.get("overhead"),
+        engine=getattr(wl, "engine", "vllm"), engine_version=getattr(wl, "engine_version", None),
         kv_cache_tokens=kv.capacity_tokens,
         num_gpu_blocks=kv.num_blocks,
         max_concurrency=kv.max_concurrency,
@@ -195,20 +202,24 @@ def _vllm_rows(log: EngineLog, p: PredictedServing) -> list[TermCheck]:
     return rows
 
 
-def _other_rows(log: EngineLog, p: PredictedServing) -> list[TermCheck]:
-    """SGLang and TGI: weights are engine-independent; their KV pools follow their own budgets."""
+def _other_rows(log: EngineLog, p: PredictedServing, same_engine: bool) -> list[TermCheck]:
+    """SGLang and TGI. SGLang's 'mem usage' of the load is the weights and the non-torch memory
+    allocated while loading. Their KV figures are checked when the plan was sized by that engine's
+    rules, else reported beside a prediction made by another engine's rules."""
     rows: list[TermCheck] = []
     if log.weights_bytes:
-        rows.append(_row("weights", "bytes", log.weights_bytes.value, p.weights_bytes, TOLERANCES["weights"],
-                         log.weights_bytes.line, "mem usage of the load"))
+        rows.append(_row("weights", "bytes", log.weights_bytes.value, p.weights_bytes + (p.overhead_bytes or 0.0),
+                         TOLERANCES["weights"], log.weights_bytes.line,
+                         "mem usage of the load: weights and the non-torch memory allocated while loading"))
     name = ENGINE_NAMES[log.engine]
-    kv_note = f"not checked: the cost model sizes vLLM's KV cache; {name} sizes its own"
+    tolerance = KV_CAPACITY_TOLERANCE if same_engine else None
+    kv_note = None if same_engine else f"not checked: the plan was sized by {p.engine}'s rules; {name} sizes its own"
     if log.kv_cache_bytes:
-        rows.append(_row("kv_cache", "bytes", log.kv_cache_bytes.value, p.kv_cache_bytes, None, log.kv_cache_bytes.line,
-                         kv_note))
+        rows.append(_row("kv_cache", "bytes", log.kv_cache_bytes.value, p.kv_cache_bytes, tolerance,
+                         log.kv_cache_bytes.line, kv_note))
     tokens: IntTerm | None = log.kv_cache_tokens or log.max_total_num_tokens or log.max_batch_total_tokens
     if tokens:
-        rows.append(_row("kv_cache_tokens", "tokens", tokens.value, p.kv_cache_tokens, None, tokens.line, kv_note))
+        rows.append(_row("kv_cache_tokens", "tokens", tokens.value, p.kv_cache_tokens, tolerance, tokens.line, kv_note))
     if log.cuda_graph_bytes and p.cuda_graph_bytes is not None:
         rows.append(_row("cuda_graphs", "bytes", log.cuda_graph_bytes.value, p.cuda_graph_bytes, None,
                          log.cuda_graph_bytes.line, "the hardware profile's constant"))
@@ -223,24 +234,32 @@ def _fmt(row: TermCheck) -> str:
 def compare_engine_log(log: EngineLog, predicted: PredictedServing, *, plan: str) -> EngineLogCheck:
     """Each figure the log and the cost model both state, measured against predicted, and the
     verdict. Raises ShardplanError when they share no figure."""
-    vllm = log.engine == "vllm"
-    rows = _vllm_rows(log, predicted) if vllm else _other_rows(log, predicted)
+    same = log.engine == predicted.engine
+    rows = _vllm_rows(log, predicted) if log.engine == "vllm" else _other_rows(log, predicted, same)
+    checked = same or log.engine == "vllm"  # the cost model's defaults are vLLM's
     if not rows and not log.refused:
         raise ShardplanError(f"the log states none of the figures the cost model predicts (found: "
                              f"{', '.join(log.found())})", source=log.source,
                              hint="pass a start-up log with the weights or KV cache lines")
     refusal_line = log.refusal_max_model_len.line if log.refusal_max_model_len else None
     verdict_ok = log.refused != predicted.fits
-    verdict = VerdictCheck(engine_started=not log.refused, predicted_fits=predicted.fits, checked=vllm,
-                           ok=verdict_ok or not vllm, log_line=refusal_line,
+    verdict = VerdictCheck(engine_started=not log.refused, predicted_fits=predicted.fits, checked=checked,
+                           ok=verdict_ok or not checked, log_line=refusal_line,
                            predicted_reason=None if predicted.fits else predicted.reason)
     mismatches = [_fmt(r) for r in rows if not r.ok]
+    notes: list[str] = []
+    if not same:
+        notes.append(f"a {ENGINE_NAMES[log.engine]} log against a plan sized by {predicted.engine}'s rules: "
+                     f"make the plan with --engine {log.engine} to check its KV cache")
+    if same and log.engine_version and predicted.engine_version and \
+            parse_version(log.engine_version) != parse_version(predicted.engine_version):
+        mismatches.append(f"engine version: the log is {ENGINE_NAMES[log.engine]} {log.engine_version}, the plan was "
+                          f"sized by {predicted.engine_version}'s rules (make it with --engine-version "
+                          f"{log.engine_version})")
     if not verdict.ok:
         said = "refused" if log.refused else "started"
         mismatches.append(f"verdict: the engine {said}, the cost model says it "
                           f"{'fits' if predicted.fits else 'does not fit'}")
-    notes = [] if vllm else [f"{ENGINE_NAMES[log.engine]} log: only weights are checked; the cost model follows "
-                             "vLLM's memory budget"]
     return EngineLogCheck(plan=plan, log=log, status="ok" if not mismatches else "mismatch", terms=rows,
                           verdict=verdict, mismatches=mismatches, notes=notes)
 

@@ -76,7 +76,8 @@ CASES = [e for e in _index() if _predictable(e)]
 WITH_KV = [e for e in CASES if e["case"].get("kv_tokens")]
 
 
-def predict(case: dict) -> CostReport:
+def inputs(case: dict):
+    """(loaded model, cluster, layout, workload) of a case, as a user would ask for its run."""
     model = case["model"]
     loaded = load_model(str(REPO / model) if model.endswith(".yaml") else model)
     profile = load_hardware(case["hardware"])
@@ -100,7 +101,12 @@ def predict(case: dict) -> CostReport:
         input_len=1024, output_len=128, batch_size=None, engine=engine_rules(case["engine"], case["engine_version"]),
         hw=hw, model_max_len=loaded.spec.max_position_embeddings,
         enable_chunked_prefill=f.get("enable_chunked_prefill"))
-    return estimate(loaded.spec, hw, Layout(tp=case["tp"], pp=case.get("pp") or 1), wl)
+    return loaded, hw, Layout(tp=case["tp"], pp=case.get("pp") or 1), wl
+
+
+def predict(case: dict) -> CostReport:
+    loaded, hw, layout, wl = inputs(case)
+    return estimate(loaded.spec, hw, layout, wl)
 
 
 @pytest.mark.parametrize("entry", CASES, ids=[e["id"] for e in CASES])
@@ -138,3 +144,48 @@ def test_every_case_names_its_source_and_what_was_inferred():
         c = e["case"]
         assert c["engine"] in ("vllm", "sglang", "tgi", "trtllm"), e["id"]
         assert isinstance(c["started"], bool), e["id"]
+
+
+def _profile_as_the_log_saw_it(case: dict, tmp_path) -> str:
+    """The bundled profile with the device memory the log printed, as a file a plan can name."""
+    from shardplan.specs.loading import hardware_path, read_structured
+
+    data = read_structured(hardware_path(case["hardware"]))
+    profile = load_hardware(case["hardware"])
+    if case.get("device_total_gib"):
+        data["gpu"]["memory_capacity_gib"] = case["device_total_gib"]
+    elif case.get("device_free_gib"):
+        data["gpu"]["memory_capacity_gib"] = case["device_free_gib"] + profile.cuda_context_bytes / BYTES_PER_GIB
+    path = tmp_path / f"{case['hardware']}-as-logged.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+GOLDEN = [e for e in WITH_KV if e["id"] not in KNOWN_MISSES]
+
+
+@pytest.mark.parametrize("entry", GOLDEN, ids=[e["id"] for e in GOLDEN])
+def test_verify_engine_log_passes_on_each_golden_log(entry, cli, tmp_path):
+    """`shardplan verify PLAN --engine-log LOG` on a plan made for the log's run: exit 0, and a row
+    for every figure the log prints that the cost model predicts."""
+    from conftest import build_plan
+
+    from shardplan.plan.manifest import write_manifest
+    from shardplan.specs.engine_log import read_engine_log
+
+    case = entry["case"]
+    hardware = _profile_as_the_log_saw_it(case, tmp_path)
+    loaded, _, layout, wl = inputs({**case, "device_total_gib": None, "device_free_gib": None, "hardware": hardware})
+    manifest, _ = build_plan(loaded.spec.name if not case["model"].endswith(".yaml") else str(REPO / case["model"]),
+                             case["gpus"], layout, wl, hardware=hardware)
+    plan = tmp_path / "plan.yaml"
+    write_manifest(manifest, plan)
+    log_path = INDEX.parent / f"{entry['id']}.log"
+    r = cli("verify", plan, "--engine-log", log_path, "--hardware", hardware, "--json")
+    out = r.json()
+    assert r.exit_code == 0, out["mismatches"]
+    listed = {t["term"] for t in out["terms"]}
+    log = read_engine_log(log_path)
+    printed = {"kv_cache_tokens" if (log.kv_cache_tokens or log.refusal_kv_tokens or log.max_total_num_tokens)
+               else None, "weights" if log.weights_bytes else None, "kv_cache" if log.kv_cache_bytes else None}
+    assert printed - {None} <= listed, (printed, listed)

@@ -54,11 +54,38 @@ def test_refusal_against_a_fitting_prediction_is_a_mismatch():
     assert agree.verdict.ok
 
 
-def test_sglang_checks_weights_only():
+def test_sglang_against_a_vllm_sized_plan_checks_weights_only():
     log = read_engine_log(LOGS / "sglang_l4x4_qwq32b_tp4.log")
     check = compare_engine_log(log, predicted(weights_bytes=15.54 * GIB, kv_cache_bytes=1.0), plan="p")
     checked = [r.term for r in check.terms if r.tolerance is not None]
-    assert checked == ["weights"] and check.status == "ok" and not check.verdict.checked and check.notes
+    assert checked == ["weights"] and check.status == "ok" and not check.verdict.checked
+    assert "--engine sglang" in check.notes[0]
+
+
+def test_sglang_against_an_sglang_sized_plan_checks_its_pool():
+    """The 4 x L4 log: 46,611 tokens, K + V 2.84 GiB; load usage 15.54 GiB (weights + overhead)."""
+    log = read_engine_log(LOGS / "sglang_l4x4_qwq32b_tp4.log")
+    sized = dict(engine="sglang", engine_version="0.4.3", weights_bytes=15.21 * GIB, overhead_bytes=0.33 * GIB,
+                 kv_cache_bytes=2.84 * GIB, kv_cache_tokens=46_611)
+    check = compare_engine_log(log, predicted(**sized), plan="p")
+    rows = {r.term: r for r in check.terms}
+    assert rows["kv_cache_tokens"].tolerance == KV_CAPACITY_TOLERANCE and rows["kv_cache_tokens"].ok
+    assert rows["weights"].predicted == pytest.approx(15.54 * GIB) and check.verdict.checked
+    assert check.status == "ok" and not check.notes
+    short = compare_engine_log(log, predicted(**{**sized, "kv_cache_tokens": 40_000}), plan="p")
+    assert short.status == "mismatch" and short.mismatches[0].startswith("kv_cache_tokens: +16.5%")
+
+
+def test_a_log_of_another_version_than_the_plans_is_a_mismatch():
+    log = read_engine_log(LOGS / "vllm_v1_a100-80gbx1_qwen2_7b_16k_util050.log")
+    assert log.engine_version == "0.10.1.1"
+    same = dict(weights_bytes=14.25 * GIB, kv_cache_bytes=24.83 * GIB, kv_cache_tokens=464_848, max_model_len=16384,
+                gpu_memory_utilization=0.5, max_concurrency=28.37, budget_bytes=39.6 * GIB)
+    ok = compare_engine_log(log, predicted(**same, engine_version="0.10.1"), plan="p")
+    assert not any(m.startswith("engine version") for m in ok.mismatches)
+    other = compare_engine_log(log, predicted(**same, engine_version="0.21.0"), plan="p")
+    assert other.status == "mismatch"
+    assert any("--engine-version 0.10.1.1" in m for m in other.mismatches)
 
 
 def test_a_log_with_nothing_comparable_is_an_error():
