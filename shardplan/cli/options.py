@@ -49,7 +49,7 @@ BlockSizeOpt = Annotated[Optional[int], typer.Option(min=1, help="Tokens per KV 
 KvCacheDtypeOpt = Annotated[Optional[str], typer.Option(help="auto, bf16, fp16, fp8.", rich_help_panel=SERVE)]
 WeightDtypeOpt = Annotated[Optional[str], typer.Option(help="bf16, fp16, fp8, int8, int4.", rich_help_panel=SERVE)]
 QuantizationOpt = Annotated[Optional[Quantization], typer.Option(help="Weight quantization of the linear layers.", rich_help_panel=SERVE)]
-EnforceEagerOpt = Annotated[bool, typer.Option(help="No CUDA graphs.", rich_help_panel=SERVE)]
+EnforceEagerOpt = Annotated[bool, typer.Option(help="No CUDA graphs: decode steps pay the host's time to issue every op of every layer (slower at small batches); graphs no longer take memory.", rich_help_panel=SERVE)]
 InputLenOpt = Annotated[int, typer.Option(min=1, help="Prompt tokens per request (time to first token, throughput).", rich_help_panel=SERVE)]
 OutputLenOpt = Annotated[int, typer.Option(min=1, help="Generated tokens per request.", rich_help_panel=SERVE)]
 BatchSizeOpt = Annotated[Optional[int], typer.Option(min=1, help="Concurrent sequences for the time figures (default: as many as the KV cache holds, up to --max-num-seqs).", rich_help_panel=SERVE)]
@@ -104,7 +104,8 @@ def _engines() -> list[str]:
 
 
 EngineOpt = Annotated[str, typer.Option(
-    help="Serving engine whose rules (by version) shape memory and defaults.", callback=choice("--engine", _engines(), "engine"),
+    help="Serving engine whose rules (by version) shape memory, defaults and decode time: vllm, sglang, tgi or "
+         "trtllm.", callback=choice("--engine", _engines(), "engine"),
     autocompletion=_engines, rich_help_panel=SERVE)]
 EngineVersionOpt = Annotated[Optional[str], typer.Option(
     help="Engine version, X.Y[.Z] (default: the newest shardplan knows, printed with the answer).",
