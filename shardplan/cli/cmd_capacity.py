@@ -10,13 +10,14 @@ import typer
 from shardplan.cli import render_capacity, render_common
 from shardplan.cost import inputs as options
 from shardplan.tasks.capacity import CapacityResult, default_max_gpus, serving_capacity, training_capacity
-from shardplan.cost.workload import Framework, Optimizer
+from shardplan.cost.workload import Optimizer
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
-from shardplan.knowledge.load import engine_rules
+from shardplan.knowledge.load import engine_rules, stack_rules
 from shardplan.specs import loading
 
 from shardplan.cli.app import app, JsonOpt
 from shardplan.cli.options import (
+    resolve_stack,
     ChunkedPrefillOpt,
     EngineOpt,
     EngineVersionOpt,
@@ -25,6 +26,7 @@ from shardplan.cli.options import (
     EnforceEagerOpt,
     FlashAttentionOpt,
     FrameworkOpt,
+    StackOpt,
     GlobalBatchSizeOpt,
     GpuMemoryUtilizationOpt,
     GpusPerNodeOpt,
@@ -62,8 +64,9 @@ def capacity(
     seq_len: SeqLenOpt = 4096,
     global_batch_size: GlobalBatchSizeOpt = 512,
     optimizer: OptimizerOpt = Optimizer.ADAMW,
-    framework: FrameworkOpt = Framework.ZERO,
-    flash_attention: FlashAttentionOpt = True,
+    stack: StackOpt = None,
+    framework: FrameworkOpt = None,
+    flash_attention: FlashAttentionOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """How much hardware does this model need? Serving: the fewest GPUs (and nodes) for each
@@ -80,8 +83,10 @@ def capacity(
     hw = base.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1)
     limit = max_gpus or default_max_gpus(hw)
     if workload is WorkloadKind.TRAINING:
+        stack_name, framework_name = resolve_stack(stack, framework)
         wl_t = options.training_workload(seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer.value,
-                                         framework=framework.value, flash_attention=flash_attention, dropout=False)
+                                         framework=framework_name, flash_attention=flash_attention, dropout=False,
+                                         stack=stack_rules(stack_name))
         with render_common.progress("finding the fewest GPUs per ZeRO stage and offload") as progress:
             result = CapacityResult(training_capacity(loaded.spec, hw, wl_t, max_gpus=limit, progress=progress))
     else:

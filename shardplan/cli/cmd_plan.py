@@ -14,8 +14,9 @@ from shardplan.cost import inputs as options
 from shardplan.specs import cluster
 from shardplan.cost.estimate import estimate as run_estimate
 from shardplan.cost.layout import PipelineSchedule, Recompute
-from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, TrainingWorkload
+from shardplan.cost.workload import InferenceWorkload, Optimizer, TrainingWorkload
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
+from shardplan.cost.report import CostReport
 from shardplan.exporters import ExportOptions
 from shardplan.tasks.export import export_plan
 from shardplan.plan.manifest import load_manifest, manifest_json_schema
@@ -23,11 +24,12 @@ from shardplan.tasks.recommend import recommend as run_recommend
 from shardplan.tasks.recommend import with_allowed_dtypes
 from shardplan.search import Goal, Objective, Space
 from shardplan.search.results import ExportSummary
-from shardplan.knowledge.load import engine_rules
+from shardplan.knowledge.load import engine_rules, stack_rules
 from shardplan.specs import loading
 
 from shardplan.cli.app import app, JsonOpt
 from shardplan.cli.options import (
+    resolve_stack,
     ChunkedPrefillOpt,
     EngineOpt,
     EngineVersionOpt,
@@ -41,6 +43,7 @@ from shardplan.cli.options import (
     EnforceEagerOpt,
     FlashAttentionOpt,
     FrameworkOpt,
+    StackOpt,
     GlobalBatchSizeOpt,
     GpuMemoryUtilizationOpt,
     GpusOpt,
@@ -85,7 +88,7 @@ def estimate(
     sequence_parallel: Annotated[bool, typer.Option(help="Megatron sequence parallelism (needs tp > 1).", rich_help_panel=LAYOUT)] = False,
     recompute: Annotated[Recompute, typer.Option(help="Activation recomputation.", rich_help_panel=LAYOUT)] = Recompute.NONE,
     pp_schedule: Annotated[PipelineSchedule, typer.Option(help="Pipeline schedule.", rich_help_panel=LAYOUT)] = PipelineSchedule.ONE_F_ONE_B,
-    virtual_stages: Annotated[int, typer.Option(min=1, help="Model chunks per GPU (interleaved schedule).", rich_help_panel=LAYOUT)] = 1,
+    virtual_stages: Annotated[Optional[int], typer.Option(min=1, help="Model chunks per GPU (interleaved schedule); default 1, or with --pp-schedule interleaved the fastest v that splits the layers evenly (printed).", show_default=False, rich_help_panel=LAYOUT)] = None,
     micro_batch_size: Annotated[int, typer.Option(min=1, help="Sequences per micro-batch.", rich_help_panel=LAYOUT)] = 1,
     offload: Annotated[OffloadChoice, typer.Option(help="Offload optimizer states (and parameters) to CPU or NVMe.", rich_help_panel=LAYOUT)] = OffloadChoice.NONE,
     max_model_len: MaxModelLenOpt = None,
@@ -106,8 +109,9 @@ def estimate(
     seq_len: SeqLenOpt = 4096,
     global_batch_size: GlobalBatchSizeOpt = 512,
     optimizer: OptimizerOpt = Optimizer.ADAMW,
-    framework: FrameworkOpt = Framework.ZERO,
-    flash_attention: FlashAttentionOpt = True,
+    stack: StackOpt = None,
+    framework: FrameworkOpt = None,
+    flash_attention: FlashAttentionOpt = None,
     dropout: DropoutOpt = False,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw each pipeline stage's per-GPU memory as stacked bars against the device's capacity, to FILE.png or FILE.svg (needs the plot extra).", show_default=False)] = None,
@@ -123,14 +127,18 @@ def estimate(
     _check_plot(plot)
     loaded = loading.load_model(model)
     hw = cluster.cluster(loading.load_hardware(hardware), gpus=gpus, nodes=nodes, gpus_per_node=gpus_per_node)
-    layout = options.layout_from_options(
-        num_gpus=hw.num_gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero_stage=zero_stage,
-        hybrid_shard=hybrid_shard, sequence_parallel=sequence_parallel, recompute=recompute.value,
-        pp_schedule=pp_schedule.value, virtual_stages=virtual_stages, micro_batch_size=micro_batch_size,
-        offload=offload.value,
-    )
+    def layout_with(v: int):
+        return options.layout_from_options(
+            num_gpus=hw.num_gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero_stage=zero_stage,
+            hybrid_shard=hybrid_shard, sequence_parallel=sequence_parallel, recompute=recompute.value,
+            pp_schedule=pp_schedule.value, virtual_stages=v, micro_batch_size=micro_batch_size, offload=offload.value,
+        )
+
     wl = _workload(locals())
-    report = run_estimate(loaded.spec, hw, layout, wl)
+    if virtual_stages is None and pp_schedule is PipelineSchedule.INTERLEAVED:
+        report = _fastest_interleaving(loaded.spec, hw, wl, pp, layout_with)
+    else:
+        report = run_estimate(loaded.spec, hw, layout_with(virtual_stages or 1), wl)
     render_common.emit(report.model_dump(mode="json"), json_out, lambda _: render_plan.estimate_report(report))
     if plot is not None:
         plots.write_plot(plot, plots.estimate_figure(report))
@@ -195,8 +203,9 @@ def recommend(
     seq_len: SeqLenOpt = 4096,
     global_batch_size: GlobalBatchSizeOpt = 512,
     optimizer: OptimizerOpt = Optimizer.ADAMW,
-    framework: FrameworkOpt = Framework.ZERO,
-    flash_attention: FlashAttentionOpt = True,
+    stack: StackOpt = None,
+    framework: FrameworkOpt = None,
+    flash_attention: FlashAttentionOpt = None,
     dropout: DropoutOpt = False,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw the serving Pareto frontier (time per output token against tokens/s per GPU) or, training, step time against GPU count, the pick marked, to FILE.png or FILE.svg (needs the plot extra).", show_default=False, rich_help_panel=SEARCH)] = None,
@@ -295,6 +304,27 @@ def show(
 
 
 
+def _fastest_interleaving(spec, hw, wl, pp: int, layout_with) -> CostReport:
+    """--pp-schedule interleaved without --virtual-stages: every v >= 2 that splits the layers
+    evenly over pp x v chunks (as Megatron-LM requires) is costed, and the fastest step is kept
+    and said, rather than v = 1 (a 1F1B bubble under another name)."""
+    allowed = [v for v in range(2, spec.num_layers // max(pp, 1) + 1) if spec.num_layers % (pp * v) == 0]
+    reports = []
+    for v in allowed:
+        try:
+            reports.append((v, run_estimate(spec, hw, layout_with(v), wl)))
+        except ShardplanError:
+            continue  # a v the micro-batch count cannot schedule
+    if not reports:
+        raise ShardplanError(f"no virtual-stage count splits the {spec.num_layers} layers evenly over pp = {pp}",
+                             field="--virtual-stages", hint="give --virtual-stages, or --pp-schedule 1f1b")
+    seconds = {v: (r.time.step_seconds if r.training and r.time else 0.0) for v, r in reports}
+    v, report = min(reports, key=lambda vr: (not vr[1].fits, seconds[vr[0]]))
+    note = (f"interleaved schedule: v = {v}, the fastest of v = {', '.join(str(x) for x, _ in reports)} "
+            f"(no --virtual-stages given)")
+    return report.model_copy(update={"assumptions": [*(report.assumptions or []), note]})
+
+
 def _check_plot(path: Optional[Path]) -> None:
     """Before any work: the format is known and matplotlib is installed."""
     if path is not None:
@@ -305,10 +335,11 @@ def _check_plot(path: Optional[Path]) -> None:
 def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
     """The workload from the shared workload options of a command (its locals)."""
     if o["workload"] is WorkloadKind.TRAINING:
+        stack, framework = resolve_stack(o["stack"], o["framework"])
         return options.training_workload(
             seq_len=o["seq_len"], global_batch_size=o["global_batch_size"], optimizer=o["optimizer"].value,
-            framework=o["framework"].value, flash_attention=o["flash_attention"], dropout=o["dropout"],
-            overlap_grad_reduce=o["overlap_grad_reduce"],
+            framework=framework, flash_attention=o["flash_attention"], dropout=o["dropout"],
+            overlap_grad_reduce=o["overlap_grad_reduce"], stack=stack_rules(stack),
         )
     q = o["quantization"]
     return options.inference_workload(

@@ -56,8 +56,8 @@ BatchSizeOpt = Annotated[Optional[int], typer.Option(min=1, help="Concurrent seq
 SeqLenOpt = Annotated[int, typer.Option(min=1, help="Training sequence length.", rich_help_panel=TRAIN)]
 GlobalBatchSizeOpt = Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.", rich_help_panel=TRAIN)]
 OptimizerOpt = Annotated[Optimizer, typer.Option(help="Optimizer (states in fp32).", rich_help_panel=TRAIN)]
-FrameworkOpt = Annotated[Framework, typer.Option(help="Model-state bookkeeping: ZeRO paper, DeepSpeed, or Megatron (fp32 grads).", rich_help_panel=TRAIN)]
-FlashAttentionOpt = Annotated[bool, typer.Option(help="Flash attention (no s^2 scores kept).", rich_help_panel=TRAIN)]
+FrameworkOpt = Annotated[Optional[Framework], typer.Option(help="Deprecated: use --stack (zero -> torchtitan, deepspeed -> deepspeed, megatron -> megatron); given with --stack, it overrides the stack's model-state bookkeeping.", show_default=False, rich_help_panel=TRAIN)]
+FlashAttentionOpt = Annotated[Optional[bool], typer.Option(help="Flash attention (no s^2 scores kept); default: the stack's kernel.", show_default=False, rich_help_panel=TRAIN)]
 DropoutOpt = Annotated[bool, typer.Option(help="Dropout masks kept for backward.", rich_help_panel=TRAIN)]
 OverlapGradReduceOpt = Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)]
 
@@ -101,6 +101,36 @@ def _engines() -> list[str]:
     from shardplan.knowledge.load import known_engines
 
     return known_engines()
+
+
+def _stacks() -> list[str]:
+    from shardplan.knowledge.load import known_stacks
+
+    return known_stacks()
+
+
+StackOpt = Annotated[Optional[str], typer.Option(
+    help="Training stack whose loss head, checkpointing, AMP, attention kernel and model-state bookkeeping the "
+         "memory and time follow: torchtitan (default), megatron, deepspeed or hf.",
+    callback=choice("--stack", _stacks(), "stack"),
+    autocompletion=_stacks, show_default=False, rich_help_panel=TRAIN)]
+# --framework (deprecated) -> the stack whose bookkeeping it named
+FRAMEWORK_STACKS = {Framework.ZERO: "torchtitan", Framework.DEEPSPEED: "deepspeed", Framework.MEGATRON: "megatron"}
+
+
+def resolve_stack(stack: str | None, framework: Framework | None) -> tuple[str, str | None]:
+    """(the stack, the framework override): --stack wins; --framework alone picks its stack and
+    says it is deprecated; neither: the default stack."""
+    from shardplan.knowledge.load import DEFAULT_STACK
+
+    if framework is not None:
+        from shardplan.cli.render_common import err_console
+
+        err_console.print(f"note: --framework is deprecated; use --stack {FRAMEWORK_STACKS[framework]}")
+        if stack is None:
+            return FRAMEWORK_STACKS[framework], framework.value
+        return stack, framework.value
+    return stack or DEFAULT_STACK, None
 
 
 EngineOpt = Annotated[str, typer.Option(

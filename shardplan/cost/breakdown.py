@@ -46,6 +46,14 @@ class RankMemory:
     detail: dict[str, float] = field(default_factory=dict)  # named sub-items, bytes
     host_bytes: float = 0.0  # offloaded to CPU RAM by this rank
     nvme_bytes: float = 0.0  # offloaded to NVMe by this rank
+    # The largest single tensor at the peak: the caching allocator needs a fresh block of this
+    # size, so it reserves the total plus it (training: the fp32 logits of the loss).
+    largest_allocation_bytes: float = 0.0
+    largest_allocation: str = ""
+
+    @property
+    def reserved_bytes(self) -> float:
+        return self.breakdown.total + self.largest_allocation_bytes
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import LayoutError, ShardplanError
 from shardplan.cost.engine import resolve_serving
-from shardplan.knowledge.schema import EngineRules
+from shardplan.knowledge.schema import EngineRules, StackFile
 from shardplan.specs.cluster import at_most
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import MAX_TOKENS
@@ -177,13 +177,30 @@ def training_workload(
     seq_len: int,
     global_batch_size: int,
     optimizer: str,
-    framework: str,
-    flash_attention: bool,
+    framework: str | None,
+    flash_attention: bool | None,
     dropout: bool,
     overlap_grad_reduce: bool = True,
+    stack: StackFile | None = None,
 ) -> TrainingWorkload:
+    """The training workload from command-line values. With `stack`, what the stack fixes (its
+    model-state bookkeeping, loss head, checkpointing, attention kernel, AMP, fusion) comes from
+    its file; `framework` and `flash_attention` override it when given."""
     at_most(seq_len, MAX_TOKENS, "--seq-len")
     at_most(global_batch_size, MAX_SEQUENCES, "--global-batch-size")
+    from_stack: dict = {}
+    if stack is not None:
+        from_stack = dict(
+            stack=stack.stack, loss_bytes_per_logit=stack.loss_bytes_per_logit,
+            loss_vocab_parallel=stack.loss_vocab_parallel,
+            largest_allocation_bytes_per_logit=stack.largest_allocation_bytes_per_logit,
+            selective_policy=stack.selective or "attention_core", recompute_offered=tuple(stack.recompute),
+            amp_fp32_master=stack.amp_fp32_master, norms_fp32=stack.norms_fp32,
+            elementwise_fused=stack.elementwise_fused)
+    if framework is None:
+        framework = stack.framework if stack is not None else Framework.ZERO.value
+    if flash_attention is None:
+        flash_attention = stack is None or stack.attention != "eager"
     return TrainingWorkload(
         seq_len=seq_len,
         global_batch_size=global_batch_size,
@@ -192,4 +209,5 @@ def training_workload(
         flash_attention=flash_attention,
         dropout=dropout,
         overlap_grad_reduce=overlap_grad_reduce,
+        **from_stack,
     )

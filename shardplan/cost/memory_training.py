@@ -11,6 +11,8 @@ Routed experts shard over their own data-parallel group (dp x cp x tp / (ep x et
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass
 
@@ -131,8 +133,13 @@ def activation_bytes_per_layer(
     if layout.recompute is Recompute.FULL:
         return a_bytes * sbh * rep
     heads = spec.num_attention_heads
+    if (layout.recompute is Recompute.SELECTIVE and wl.selective_policy == "op_level" and spec.mla is None
+            and not (moe_layer and spec.moe is not None)):
+        return op_level_selective_bytes(spec, layout, wl, micro_batch_size)
     mask = DROPOUT_MASK_BYTES * sbh * rep if wl.dropout else 0.0
     total = spec.num_norms_per_layer * a_bytes * sbh * rep  # norm inputs
+    if wl.norms_fp32:  # the norm's fp32 copy of its input, saved for backward (HF RMSNorm)
+        total += spec.num_norms_per_layer * FP32_BYTES * sbh * rep
     # Attention: input of the QKV projection, Q, K, V, input of the output projection.
     total += a_bytes * sbh * rep
     if spec.mla is not None:
@@ -182,6 +189,32 @@ def activation_bytes_per_layer(
     else:
         total += a_bytes * s * b * width_factor * spec.intermediate_size / t
     return total
+
+
+def op_level_selective_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, micro_batch_size: int) -> float:
+    """One dense layer's saved tensors under PyTorch op-level selective checkpointing (torchtitan's
+    'op' policy, torch.utils.checkpoint.create_selective_checkpoint_contexts): the checkpoint's
+    input, the attention kernel's output and log-sum-exp, and the output of every odd-numbered
+    matmul of the layer in forward order (wq, wk, wv, wo, w1, w3, w2: q, v, the gate projection and
+    the MLP output are kept; k, the output projection and the up projection are recomputed).
+    Everything elementwise is recomputed."""
+    s = wl.seq_len / layout.cp
+    b = micro_batch_size
+    h = spec.hidden_size
+    t = layout.tp
+    a = bytes_per_element(wl.activation_dtype)
+    rep = 1.0 / t if layout.sequence_parallel else 1.0
+    d = spec.attention_head_dim
+    heads = spec.num_attention_heads
+    kv_share = min(t, spec.kv_heads)
+    mlp_in = spec.intermediate_size / t
+    saved = a * s * b * h * rep  # the checkpoint's input
+    saved += a * s * b * heads * d / t  # q (1st matmul)
+    saved += a * s * b * spec.kv_heads * d / kv_share  # v (3rd)
+    saved += a * s * b * heads * d / t + FP32_BYTES * heads * s * b / t  # attention output and log-sum-exp
+    saved += a * s * b * mlp_in  # gate projection (5th)
+    saved += a * s * b * h  # MLP output before the tensor-parallel reduction (7th)
+    return saved
 
 
 def in_flight_layer_activations(layout: Layout, stage: int, num_layers_on_stage: int, num_microbatches: int) -> float:
@@ -284,8 +317,23 @@ def stage_states_bytes(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl:
     return total
 
 
+def loss_head_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, micro_batch_size: int) -> tuple[float, float]:
+    """(bytes the loss head holds at its peak, its largest single tensor) on the last stage: the
+    stack's bytes per logit over micro-batch x local sequence x vocabulary (over tp when the
+    logits stay vocab-parallel)."""
+    logits = wl.seq_len / layout.cp * micro_batch_size * spec.vocab_size
+    if wl.loss_vocab_parallel:
+        logits /= layout.tp
+    per_logit = wl.loss_bytes_per_logit
+    if per_logit is None:  # the fp32 logits once
+        per_logit = FP32_BYTES if wl.loss_fp32_logits else bytes_per_element(wl.activation_dtype)
+    return per_logit * logits, wl.largest_allocation_bytes_per_logit * logits
+
+
 def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload) -> TrainingMemory:
-    sb = state_bytes(wl, layout.zero_stage)
+    # Under bf16 autocast over fp32 weights, the weights are the master copy: 4-byte weights
+    # and gradients, no separate fp32 master.
+    sb = state_bytes(dataclasses.replace(wl, param_dtype=DType.FP32) if wl.amp_fp32_master else wl, layout.zero_stage)
     per_step = layout.dp * layout.micro_batch_size
     num_micro = max(1, wl.global_batch_size // per_step)
     dense_n, expert_n = zero_shard_degrees(layout, hw.gpus_per_node)
@@ -324,18 +372,27 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
             emb = DROPOUT_MASK_BYTES * s_local * b * spec.hidden_size * rep * math.ceil(inflight_micro)
             detail["activations.embedding_dropout"] = emb
             act += emb
+        largest, largest_what = 0.0, ""
         if stage == layout.pp - 1:
-            # Final norm input, lm_head input, and the fp32 logits of the cross-entropy.
+            # Final norm input, lm_head input, and what the stack's loss keeps of the logits.
             head = 2 * a_bytes * s_local * b * spec.hidden_size * rep
-            logits = (FP32_BYTES if wl.loss_fp32_logits else a_bytes) * s_local * b * spec.vocab_size / layout.tp
-            detail["activations.head"] = head + logits
+            logits, largest = loss_head_bytes(spec, layout, wl, b)
+            detail["activations.head"] = head
+            detail["activations.loss"] = logits
             act += head + logits
+            largest_what = "the fp32 logits of the loss"
+        temporary = dense.temporary + expert.temporary
+        if wl.amp_fp32_master:
+            # autocast's bf16 copy of each weight, cached for the forward and saved for backward
+            copies = 2.0 * (w.dense_numel + w.expert_numel) / (dense_n if layout.zero_stage == 3 else 1)
+            detail["temporary.autocast_weight_copies"] = copies
+            temporary += copies
         breakdown = MemoryBreakdown(
             weights=dense.weights + expert.weights,
             activations=act,
             gradients=dense.gradients + expert.gradients,
             optimizer_states=dense.optimizer + expert.optimizer,
-            temporary=dense.temporary + expert.temporary,
+            temporary=temporary,
             overhead=overhead,
         )
         detail.update({f"overhead.{k}": v for k, v in overhead_detail.items()})
@@ -350,11 +407,22 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
                 detail=detail,
                 host_bytes=host,
                 nvme_bytes=nvme,
+                largest_allocation_bytes=largest,
+                largest_allocation=largest_what,
             )
         )
         if breakdown.total > hw.memory_capacity_bytes:
             reasons.append(
                 f"stage {stage} needs {breakdown.total / 2**30:.2f} GiB per GPU, over the "
+                f"{hw.memory_capacity_bytes / 2**30:.2f} GiB of a {hw.gpu_model}"
+            )
+        elif breakdown.total + largest > hw.memory_capacity_bytes:
+            # The caching allocator holds what the peak allocated and must find a fresh block
+            # for the largest tensor (blocks freed earlier are smaller): reserved = allocated + it.
+            reasons.append(
+                f"stage {stage} allocates {breakdown.total / 2**30:.2f} GiB per GPU but the caching allocator "
+                f"also needs a fresh {largest / 2**30:.2f} GiB block for {largest_what}: "
+                f"{(breakdown.total + largest) / 2**30:.2f} GiB reserved, over the "
                 f"{hw.memory_capacity_bytes / 2**30:.2f} GiB of a {hw.gpu_model}"
             )
     # Offloaded states of the GPUs of one node (stages spread evenly over nodes).

@@ -101,6 +101,17 @@ class TrainingWorkloadReport(Frozen):
     dropout: bool = Field(description="dropout masks are stored")
     loss_fp32_logits: bool = Field(description="the loss works on fp32 logits")
     overlap_grad_reduce: bool = Field(description="the gradient reduction overlaps the backward")
+    stack: str | None = Field(description="the training stack whose rules these follow; null: as given")
+    loss_bytes_per_logit: float | None = Field(description="bytes per logit the loss head holds at its peak; null: "
+                                                           "the fp32 logits once")
+    loss_vocab_parallel: bool = Field(description="the logits stay split over tensor-parallel ranks")
+    largest_allocation_bytes_per_logit: float = Field(description="the loss head's largest tensor, bytes per logit "
+                                                                  "(headroom the caching allocator needs); 0: not checked")
+    selective_policy: str = Field(description="what --recompute selective keeps: attention_core or op_level")
+    recompute_offered: list[str] = Field(description="the checkpointing the stack offers")
+    amp_fp32_master: bool = Field(description="fp32 weights under bf16 autocast, with cached bf16 copies")
+    norms_fp32: bool = Field(description="norms save an fp32 copy of their input")
+    elementwise_fused: bool = Field(description="norms, RoPE and SwiGLU run as fused kernels")
 
 
 WorkloadReport = Annotated[Union[InferenceWorkloadReport, TrainingWorkloadReport], Field(discriminator="kind")]
@@ -144,6 +155,10 @@ class RankMemoryReport(Frozen):
     num_ranks: int = Field(description="GPUs sharing this memory picture (count)")
     per_gpu_bytes: dict[str, float] = Field(description="bytes per GPU by component; `total` is their sum")
     headroom_bytes: float = Field(description="capacity minus total, bytes; negative: does not fit")
+    reserved_bytes: float = Field(description="what the caching allocator reserves at the peak: the total plus a "
+                                              "fresh block for the largest single tensor, bytes (>= total)")
+    largest_allocation_bytes: float = Field(description="the largest single tensor at the peak, bytes")
+    largest_allocation: str = Field(description="what it is (training: the fp32 logits of the loss); empty: none")
     detail_bytes: dict[str, float] = Field(description="named sub-items, bytes")
     host_offload_bytes: float = Field(description="bytes this rank keeps in CPU memory")
     nvme_offload_bytes: float = Field(description="bytes this rank keeps on NVMe")

@@ -114,3 +114,17 @@ class TrainingWorkload:
     # The data-parallel gradient reduction overlaps the backward (PyTorch DDP, FSDP, DeepSpeed
     # overlap_comm, Megatron-Core --overlap-grad-reduce); False: it runs after the backward.
     overlap_grad_reduce: bool = True
+    # The training stack (knowledge/stacks/*.yaml) these come from; None: the fields as given.
+    stack: str | None = None
+    # Bytes per logit the loss head holds at its peak (the start of backward); None: 4 (or the
+    # activation dtype's) once, the fp32 logits alone.
+    loss_bytes_per_logit: float | None = None
+    loss_vocab_parallel: bool = True  # logits stay split over tensor-parallel ranks
+    # The loss head's largest single tensor (bytes per logit): the caching allocator must find
+    # a fresh block of that size at the peak, so it is headroom "fits" needs. 0: not checked.
+    largest_allocation_bytes_per_logit: float = 0.0
+    selective_policy: str = "attention_core"  # or "op_level" (PyTorch selective activation checkpointing)
+    recompute_offered: tuple[str, ...] = ("none", "selective", "full")  # what the stack can checkpoint
+    amp_fp32_master: bool = False  # fp32 weights under bf16 autocast: cached bf16 copies saved for backward
+    norms_fp32: bool = False  # norms upcast to fp32 and save the fp32 copy
+    elementwise_fused: bool = True  # norms, RoPE and SwiGLU as fused kernels

@@ -10,11 +10,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from shardplan.errors import ShardplanError, UnknownNameError
-from shardplan.knowledge.schema import EngineFile, EngineRules, parse_version
+from shardplan.knowledge.schema import EngineFile, EngineRules, StackFile, parse_version
 from shardplan.specs.loading import read_structured, validation_error
 
 ENGINES_DIR = Path(__file__).resolve().parent / "engines"
+STACKS_DIR = Path(__file__).resolve().parent / "stacks"
 DEFAULT_ENGINE = "vllm"
+DEFAULT_STACK = "torchtitan"
 
 
 def known_engines() -> list[str]:
@@ -56,4 +58,22 @@ def engine_rules(engine: str = DEFAULT_ENGINE, version: str | None = None) -> En
                        fraction_name=f.fraction_name)
 
 
-__all__ = ["DEFAULT_ENGINE", "engine_file", "engine_rules", "known_engines"]
+def known_stacks() -> list[str]:
+    return sorted(p.stem for p in STACKS_DIR.glob("*.yaml"))
+
+
+@lru_cache(maxsize=None)
+def stack_rules(stack: str = DEFAULT_STACK) -> StackFile:
+    """The bundled file of one training stack (a name from `known_stacks()`, any case)."""
+    name = stack.lower()
+    if name not in known_stacks():
+        raise UnknownNameError(f"unknown stack '{stack}'", field="--stack", hint=f"use one of {', '.join(known_stacks())}")
+    path = STACKS_DIR / f"{name}.yaml"
+    try:
+        return StackFile.model_validate(read_structured(path))
+    except ValidationError as e:
+        raise validation_error(e, str(path)) from None
+
+
+__all__ = ["DEFAULT_ENGINE", "DEFAULT_STACK", "engine_file", "engine_rules", "known_engines", "known_stacks",
+           "stack_rules"]

@@ -230,3 +230,46 @@ class EngineRules(Frozen):
 
 
 __all__ = ["DeviceDefault", "EngineEra", "EngineFile", "EngineRules", "ReservedMemory", "TpDefault", "parse_version"]
+
+
+class StackFile(Frozen):
+    """`knowledge/stacks/<stack>.yaml`: what a training stack does that moves memory and time.
+    Every field has its source in `sources` (the schema refuses one without)."""
+
+    stack: str = Field(description="the name users pass to --stack")
+    display_name: str = Field(description="how output names it")
+    framework: Literal["zero", "deepspeed", "megatron"] = Field(
+        description="whose bookkeeping of model states it follows (cost.workload.Framework)")
+    loss_bytes_per_logit: float = Field(
+        gt=0, description="bytes per logit the loss head holds at its peak (the start of backward): bf16 logits, "
+                          "fp32 upcast, fp32 log-softmax, fp32 gradients, as the stack's loss code keeps them")
+    loss_vocab_parallel: bool = Field(description="the logits stay split over tensor-parallel ranks (vocab-parallel "
+                                                  "or loss-parallel cross-entropy); false: each rank holds all")
+    largest_allocation_bytes_per_logit: float = Field(
+        gt=0, description="the loss head's largest single tensor, bytes per logit (the fp32 logits): the caching "
+                          "allocator needs a fresh block of that size at the peak")
+    recompute: list[Literal["none", "selective", "full"]] = Field(min_length=1, description="checkpointing it offers")
+    selective: Literal["attention_core", "op_level"] | None = Field(
+        description="what --recompute selective means: attention_core (Megatron: softmax, dropout and scores x V "
+                    "recomputed) or op_level (PyTorch selective checkpointing: matmul and attention outputs saved, "
+                    "every second matmul output dropped, elementwise ops recomputed); null: not offered")
+    attention: Literal["flash", "sdpa", "eager"] = Field(description="its default attention kernel")
+    amp_fp32_master: bool = Field(description="weights held in fp32 under bf16 autocast: bf16 copies of each "
+                                              "layer's weights are cached for the forward and saved for backward")
+    norms_fp32: bool = Field(description="norms compute in fp32 (autocast/HF RMSNorm): they save fp32 copies")
+    elementwise_fused: bool = Field(description="norms, RoPE and SwiGLU run as fused kernels (else eager, unfused)")
+    sources: dict[str, str] = Field(description="field -> where it comes from (file at a tag, PR, doc)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "StackFile":
+        documented = {"framework", "loss_bytes_per_logit", "loss_vocab_parallel", "largest_allocation_bytes_per_logit",
+                      "recompute", "selective", "attention", "amp_fp32_master", "norms_fp32", "elementwise_fused"}
+        missing = sorted(documented - {k for k, v in self.sources.items() if v.strip()})
+        if missing:
+            raise ValueError(f"no source for {', '.join(missing)}")
+        if ("selective" in self.recompute) != (self.selective is not None):
+            raise ValueError("selective must be set exactly when recompute offers selective")
+        return self
+
+
+__all__ += ["StackFile"]

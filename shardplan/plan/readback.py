@@ -98,7 +98,8 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
     if m.workload.kind == "training":
         return TrainingWorkload(**{**w, "optimizer": Optimizer(w["optimizer"]), "framework": Framework(w["framework"]),
                                    "param_dtype": DType(w["param_dtype"]),
-                                   "activation_dtype": DType(w["activation_dtype"])})
+                                   "activation_dtype": DType(w["activation_dtype"]),
+                                   "recompute_offered": tuple(w["recompute_offered"])})
     kv = w["kv_cache_dtype"]
     return InferenceWorkload(**{**w, "kv_cache_dtype": DType(kv) if kv else None,
                                 "activation_dtype": DType(w["activation_dtype"]),

@@ -129,6 +129,16 @@ class TrainingWorkloadSection(_Section):
     dropout: bool = Field(description="dropout masks are stored")
     loss_fp32_logits: bool = Field(description="the loss works on fp32 logits")
     overlap_grad_reduce: bool = Field(description="the data-parallel gradient reduction overlaps the backward")
+    # Training stack (knowledge/stacks/*.yaml); the defaults are what plans written before them meant.
+    stack: str | None = Field(None, description="the training stack whose rules these follow; null: as given")
+    loss_bytes_per_logit: float | None = Field(None, gt=0, description="bytes per logit the loss head holds at its peak")
+    loss_vocab_parallel: bool = Field(True, description="the logits stay split over tensor-parallel ranks")
+    largest_allocation_bytes_per_logit: float = Field(0.0, ge=0, description="the loss head's largest tensor, bytes per logit")
+    selective_policy: Literal["attention_core", "op_level"] = Field("attention_core", description="what selective recomputation keeps")
+    recompute_offered: list[RecomputeName] = Field(default_factory=lambda: ["none", "selective", "full"], description="the checkpointing the stack offers")
+    amp_fp32_master: bool = Field(False, description="fp32 weights under bf16 autocast, with cached bf16 copies")
+    norms_fp32: bool = Field(False, description="norms save an fp32 copy of their input")
+    elementwise_fused: bool = Field(True, description="norms, RoPE and SwiGLU run as fused kernels")
 
 
 class LayoutSection(_Section):

@@ -151,15 +151,16 @@ def _pipelines(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout,
     return out
 
 
-def _flags(space: Space, deg: Layout) -> tuple[list[bool], list[Recompute]]:
+def _flags(space: Space, deg: Layout, wl: TrainingWorkload) -> tuple[list[bool], list[Recompute]]:
     sps = [space.sequence_parallel] if space.sequence_parallel is not None else ([False, True] if deg.tp > 1 else [False])
     sps = [sp for sp in sps if not (sp and deg.tp == 1)]
-    rcs = [space.recompute] if space.recompute is not None else list(Recompute)
+    # the checkpointing the stack offers (Hugging Face: none or full)
+    rcs = [space.recompute] if space.recompute is not None else [r for r in Recompute if r.value in wl.recompute_offered]
     return sps, rcs
 
 
 def shape_candidates(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout) -> Iterator[Layout]:
-    sps, rcs = _flags(space, deg)
+    sps, rcs = _flags(space, deg, wl)
     for mbs in _micro_batches(wl, space, deg):
         for v, sched in _pipelines(spec, wl, space, deg, mbs):
             for sp in sps:
@@ -169,7 +170,7 @@ def shape_candidates(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: L
 
 def _num_layouts(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, deg: Layout) -> int:
     """Layouts under one set of degrees, counted without building them."""
-    sps, rcs = _flags(space, deg)
+    sps, rcs = _flags(space, deg, wl)
     shapes = sum(len(_pipelines(spec, wl, space, deg, mbs)) for mbs in _micro_batches(wl, space, deg)) * len(sps) * len(rcs)
     plain, offloaded = state_variants(deg, hw, space)
     return shapes * (len(plain) + len(offloaded))
@@ -185,7 +186,7 @@ def objective_value(goal: Goal, hw: HardwareProfile, num_gpus: int, step_seconds
 def degrees_bound(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, deg: Layout) -> float:
     """min over micro-batch, SP and recomputation of (m + (pp-1)/v_max) x (all layers' time) / pp:
     the slowest stage takes at least the mean, whatever the virtual stages."""
-    sps, rcs = _flags(space, deg)
+    sps, rcs = _flags(space, deg, wl)
     best = math.inf
     for mbs in _micro_batches(wl, space, deg):
         pipes = _pipelines(spec, wl, space, deg, mbs)
