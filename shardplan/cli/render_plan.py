@@ -75,22 +75,26 @@ def estimate_report(r: CostReport) -> None:
 
 def _time_report(r: CostReport) -> None:
     tm = r.time
+    unfit = "" if tm.plan_fits else " [red](if it fit: it does not)[/red]"
     if isinstance(tm, TrainingTimeReport):
-        console.print(breakdown_table("Time per training step", {"step": tm.breakdown}))
+        console.print(breakdown_table("Time per training step" + ("" if tm.plan_fits else " (the plan does not fit)"),
+                                      {"step": tm.breakdown}))
         console.print(
             f"step {fmt_seconds(tm.step_seconds)}; {tm.tokens_per_second_per_gpu:,.0f} tokens/s per GPU "
-            f"({tm.tokens_per_second:,.0f} in all); MFU {100 * tm.mfu:.1f}%, HFU {100 * tm.hfu:.1f}%"
+            f"({tm.tokens_per_second:,.0f} in all); MFU {100 * tm.mfu:.1f}%, HFU {100 * tm.hfu:.1f}%{unfit}"
         )
         return
     console.print(
         breakdown_table(
-            f"Serving time at batch {tm.batch_size} ({tm.input_len} prompt + {tm.output_len} output tokens)",
+            f"Serving time at batch {tm.batch_size} ({tm.input_len} prompt + {tm.output_len} output tokens)"
+            + ("" if tm.plan_fits else " (the plan does not fit)"),
             {"prefill (TTFT)": tm.breakdown.prefill, "decode step (TPOT)": tm.breakdown.decode_step},
         )
     )
     console.print(
         f"TTFT {fmt_seconds(tm.ttft_seconds)}, TPOT {fmt_seconds(tm.tpot_seconds)}, "
         f"{_throughput(tm.throughput_tokens_per_second, tm.throughput_tokens_per_second_per_gpu, tm.throughput_tokens_per_second_per_replica, r.plan.dp)}"
+        f"{unfit}"
     )
     if tm.best_batch_size and tm.best_throughput_tokens_per_second is not None:
         console.print(

@@ -119,6 +119,7 @@ def estimate(
             num_microbatches=tm.num_microbatches,
         )
         time = _training_time(spec, hw, layout, workload, tm.num_microbatches)  # type: ignore[arg-type]
+        time = time.model_copy(update={"plan_fits": tm.fits})
         return CostReport(**common, fits=tm.fits, reason=tm.reason, memory=memory, time=time)
     sm = serving_memory(spec, hw, layout, workload)  # type: ignore[arg-type]
     # The binding rank is the one with the least KV room.
@@ -137,7 +138,7 @@ def estimate(
     return CostReport(
         **common, fits=sm.fits, reason=sm.reason,
         memory=MemoryReport(**_memory_fields(sm.ranks, worst, sm.budget_bytes, capacity, layout, spec.num_layers)),
-        kv_cache=kv, time=_serving_time(spec, hw, layout, workload, sm),  # type: ignore[arg-type]
+        kv_cache=kv, time=_serving_time(spec, hw, layout, workload, sm).model_copy(update={"plan_fits": sm.fits}),  # type: ignore[arg-type]
         assumptions=list(workload.assumptions),  # type: ignore[union-attr]
     )
 

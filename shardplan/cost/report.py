@@ -199,6 +199,7 @@ class ServingTimeReport(Frozen):
     batch_size: int = Field(description="concurrent sequences per replica the figures are for")
     input_len: int = Field(description="prompt length, tokens")
     output_len: int = Field(description="generated length, tokens")
+    plan_fits: bool = Field(True, description="false: the plan does not fit, and these are the times it would have")
     batch_fits_kv_cache: bool = Field(description="that batch fits the KV cache")
     max_batch_in_kv_cache: int = Field(description="sequences of input_len + output_len the cache holds (count)")
     ttft_seconds: float = Field(description="time to first token, seconds")
@@ -215,6 +216,7 @@ class ServingTimeReport(Frozen):
 
 
 class TrainingTimeReport(Frozen):
+    plan_fits: bool = Field(True, description="false: the plan does not fit, and this is the time it would take if it did")
     step_seconds: float = Field(description="one optimizer step, seconds")
     tokens_per_second_per_gpu: float = Field(description="trained tokens per second per GPU")
     tokens_per_second: float = Field(description="trained tokens per second of the whole plan")

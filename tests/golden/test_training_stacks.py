@@ -119,3 +119,13 @@ def test_interleaved_without_virtual_stages_picks_and_prints_v(cli):
     for v in (2, 4, 5, 10, 20):
         other = cli(*base, "--virtual-stages", str(v), "--json").json()
         assert d["time"]["step_seconds"] <= other["time"]["step_seconds"] + 1e-9
+
+
+def test_a_time_for_a_plan_that_does_not_fit_says_so(cli):
+    args = ("estimate", "llama-3.2-1b", "--workload", "training", "--gpus", "1", "--hardware", "h100-sxm-80gb",
+            "--micro-batch-size", "8", "--seq-len", "4096", "--global-batch-size", "64", "--stack", "hf")
+    table, d = cli(*args), cli(*args, "--json").json()
+    assert table.exit_code == 3 and "(if it fit: it does not)" in table.stdout
+    assert d["time"]["plan_fits"] is False and d["fits"] is False
+    fits = cli(*args[:-2], "--micro-batch-size", "1", "--json").json()
+    assert fits["time"]["plan_fits"] is True
