@@ -24,12 +24,12 @@ CASES = [
     (
         "training llama-3.1-405b, 16,384 H100, seq 8192, full space",
         "recommend llama-3.1-405b -H h100-sxm-80gb --gpus 16384 --workload training --seq-len 8192 "
-        "--global-batch-size 2048 --framework megatron --json",
+        "--global-batch-size 2048 --stack megatron --json",
     ),
     (
         "training deepseek-v3, 2,048 H800, expert parallelism",
         "recommend deepseek-v3 -H h800-sxm-80gb --gpus 2048 --workload training --seq-len 4096 "
-        "--global-batch-size 15360 --framework megatron --json",
+        "--global-batch-size 15360 --stack megatron --json",
     ),
 ]
 
