@@ -76,16 +76,23 @@ CASES = [e for e in _index() if _predictable(e)]
 WITH_KV = [e for e in CASES if e["case"].get("kv_tokens")]
 
 
+def device_as_logged_gib(case: dict, profile) -> float | None:
+    """The device memory the log shows, GiB: its own total, or (SGLang) the free memory at start
+    plus the profile's CUDA context; None: the log prints neither."""
+    if case.get("device_total_gib"):
+        return case["device_total_gib"]
+    if case.get("device_free_gib"):  # SGLang prints the free memory its pool is a fraction of
+        return case["device_free_gib"] + profile.cuda_context_bytes / BYTES_PER_GIB
+    return None
+
+
 def inputs(case: dict):
     """(loaded model, cluster, layout, workload) of a case, as a user would ask for its run."""
     model = case["model"]
     loaded = load_model(str(REPO / model) if model.endswith(".yaml") else model)
     profile = load_hardware(case["hardware"])
-    if case.get("device_total_gib"):
-        profile = dataclasses.replace(profile, memory_capacity_bytes=round(case["device_total_gib"] * BYTES_PER_GIB))
-    elif case.get("device_free_gib"):  # SGLang prints the free memory its pool is a fraction of
-        profile = dataclasses.replace(
-            profile, memory_capacity_bytes=round(case["device_free_gib"] * BYTES_PER_GIB) + profile.cuda_context_bytes)
+    if (logged := device_as_logged_gib(case, profile)) is not None:
+        profile = dataclasses.replace(profile, memory_capacity_bytes=round(logged * BYTES_PER_GIB))
     hw = cluster(profile, gpus=case["gpus"], nodes=None, gpus_per_node=None)
     f = case.get("flags") or {}
     # Each engine's name for the same input (vLLM, SGLang, TGI).
@@ -151,11 +158,8 @@ def _profile_as_the_log_saw_it(case: dict, tmp_path) -> str:
     from shardplan.specs.loading import hardware_path, read_structured
 
     data = read_structured(hardware_path(case["hardware"]))
-    profile = load_hardware(case["hardware"])
-    if case.get("device_total_gib"):
-        data["gpu"]["memory_capacity_gib"] = case["device_total_gib"]
-    elif case.get("device_free_gib"):
-        data["gpu"]["memory_capacity_gib"] = case["device_free_gib"] + profile.cuda_context_bytes / BYTES_PER_GIB
+    if (logged := device_as_logged_gib(case, load_hardware(case["hardware"]))) is not None:
+        data["gpu"]["memory_capacity_gib"] = logged
     path = tmp_path / f"{case['hardware']}-as-logged.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)

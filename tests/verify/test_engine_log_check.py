@@ -93,3 +93,11 @@ def test_a_log_with_nothing_comparable_is_an_error():
     with pytest.raises(ShardplanError) as e:
         compare_engine_log(log, predicted(), plan="p")
     assert e.value.one_line().startswith("x.log:")
+
+
+def test_a_vllm_log_against_an_sglang_sized_plan_checks_only_the_engine_independent_terms():
+    log = read_engine_log(LOGS / "vllm_v0_rtx3090_llama31_8b_20k.log")
+    check = compare_engine_log(log, predicted(engine="sglang", kv_cache_tokens=10), plan="p")
+    checked = {r.term for r in check.terms if r.tolerance is not None}
+    assert checked == {"total_gpu_memory", "gpu_memory_utilization", "max_model_len", "weights"}
+    assert check.status == "ok" and not check.verdict.checked and "--engine vllm" in check.notes[0]
