@@ -24,7 +24,10 @@ from shardplan.cli.options import (
     SEARCH,
     BlockSizeOpt,
     EnforceEagerOpt,
+    AttentionKernelOpt,
+    CompileOpt,
     FlashAttentionOpt,
+    MatmulDtypeOpt,
     FrameworkOpt,
     StackOpt,
     GlobalBatchSizeOpt,
@@ -67,6 +70,9 @@ def capacity(
     stack: StackOpt = None,
     framework: FrameworkOpt = None,
     flash_attention: FlashAttentionOpt = None,
+    attention_kernel: AttentionKernelOpt = None,
+    compile: CompileOpt = False,
+    matmul_dtype: MatmulDtypeOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """How much hardware does this model need? Serving: the fewest GPUs (and nodes) for each
@@ -86,7 +92,8 @@ def capacity(
         stack_name, framework_name = resolve_stack(stack, framework)
         wl_t = options.training_workload(seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer.value,
                                          framework=framework_name, flash_attention=flash_attention, dropout=False,
-                                         stack=stack_rules(stack_name))
+                                         stack=stack_rules(stack_name), compile=compile,
+                                         attention_kernel=attention_kernel, matmul_dtype=matmul_dtype)
         with render_common.progress("finding the fewest GPUs per ZeRO stage and offload") as progress:
             result = CapacityResult(training_capacity(loaded.spec, hw, wl_t, max_gpus=limit, progress=progress))
     else:

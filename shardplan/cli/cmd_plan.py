@@ -41,7 +41,10 @@ from shardplan.cli.options import (
     BlockSizeOpt,
     DropoutOpt,
     EnforceEagerOpt,
+    AttentionKernelOpt,
+    CompileOpt,
     FlashAttentionOpt,
+    MatmulDtypeOpt,
     FrameworkOpt,
     StackOpt,
     GlobalBatchSizeOpt,
@@ -89,6 +92,10 @@ def estimate(
     recompute: Annotated[Recompute, typer.Option(help="Activation recomputation.", rich_help_panel=LAYOUT)] = Recompute.NONE,
     pp_schedule: Annotated[PipelineSchedule, typer.Option(help="Pipeline schedule.", rich_help_panel=LAYOUT)] = PipelineSchedule.ONE_F_ONE_B,
     virtual_stages: Annotated[Optional[int], typer.Option(min=1, help="Model chunks per GPU (interleaved schedule); default 1, or with --pp-schedule interleaved the fastest v that splits the layers evenly (printed).", show_default=False, rich_help_panel=LAYOUT)] = None,
+    pp_embedding_as_layer: Annotated[bool, typer.Option(help="Count the embedding as one layer when splitting layers over pipeline stages (Megatron-LM --account-for-embedding-in-pipeline-split).", rich_help_panel=LAYOUT)] = False,
+    pp_loss_as_layer: Annotated[bool, typer.Option(help="Count the output layer and loss as one layer in the pipeline split (--account-for-loss-in-pipeline-split).", rich_help_panel=LAYOUT)] = False,
+    pp_first_stage_layers: Annotated[Optional[int], typer.Option(min=1, help="Decoder layers on the first pipeline stage; the other stages share the rest (--decoder-first-pipeline-num-layers).", show_default=False, rich_help_panel=LAYOUT)] = None,
+    pp_last_stage_layers: Annotated[Optional[int], typer.Option(min=1, help="Decoder layers on the last pipeline stage (--decoder-last-pipeline-num-layers).", show_default=False, rich_help_panel=LAYOUT)] = None,
     micro_batch_size: Annotated[int, typer.Option(min=1, help="Sequences per micro-batch.", rich_help_panel=LAYOUT)] = 1,
     offload: Annotated[OffloadChoice, typer.Option(help="Offload optimizer states (and parameters) to CPU or NVMe.", rich_help_panel=LAYOUT)] = OffloadChoice.NONE,
     max_model_len: MaxModelLenOpt = None,
@@ -112,6 +119,9 @@ def estimate(
     stack: StackOpt = None,
     framework: FrameworkOpt = None,
     flash_attention: FlashAttentionOpt = None,
+    attention_kernel: AttentionKernelOpt = None,
+    compile: CompileOpt = False,
+    matmul_dtype: MatmulDtypeOpt = None,
     dropout: DropoutOpt = False,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw each pipeline stage's per-GPU memory as stacked bars against the device's capacity, to FILE.png or FILE.svg (needs the plot extra).", show_default=False)] = None,
@@ -132,6 +142,8 @@ def estimate(
             num_gpus=hw.num_gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, zero_stage=zero_stage,
             hybrid_shard=hybrid_shard, sequence_parallel=sequence_parallel, recompute=recompute.value,
             pp_schedule=pp_schedule.value, virtual_stages=v, micro_batch_size=micro_batch_size, offload=offload.value,
+            pp_embedding_as_layer=pp_embedding_as_layer, pp_loss_as_layer=pp_loss_as_layer,
+            pp_first_stage_layers=pp_first_stage_layers, pp_last_stage_layers=pp_last_stage_layers,
         )
 
     wl = _workload(locals())
@@ -206,6 +218,9 @@ def recommend(
     stack: StackOpt = None,
     framework: FrameworkOpt = None,
     flash_attention: FlashAttentionOpt = None,
+    attention_kernel: AttentionKernelOpt = None,
+    compile: CompileOpt = False,
+    matmul_dtype: MatmulDtypeOpt = None,
     dropout: DropoutOpt = False,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw the serving Pareto frontier (time per output token against tokens/s per GPU) or, training, step time against GPU count, the pick marked, to FILE.png or FILE.svg (needs the plot extra).", show_default=False, rich_help_panel=SEARCH)] = None,
@@ -339,7 +354,8 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
         return options.training_workload(
             seq_len=o["seq_len"], global_batch_size=o["global_batch_size"], optimizer=o["optimizer"].value,
             framework=framework, flash_attention=o["flash_attention"], dropout=o["dropout"],
-            overlap_grad_reduce=o["overlap_grad_reduce"], stack=stack_rules(stack),
+            overlap_grad_reduce=o["overlap_grad_reduce"], stack=stack_rules(stack), compile=o["compile"],
+            attention_kernel=o["attention_kernel"], matmul_dtype=o["matmul_dtype"],
         )
     q = o["quantization"]
     return options.inference_workload(

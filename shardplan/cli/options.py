@@ -58,6 +58,17 @@ GlobalBatchSizeOpt = Annotated[int, typer.Option(min=1, help="Sequences per opti
 OptimizerOpt = Annotated[Optimizer, typer.Option(help="Optimizer (states in fp32).", rich_help_panel=TRAIN)]
 FrameworkOpt = Annotated[Optional[Framework], typer.Option(help="Deprecated: use --stack (zero -> torchtitan, deepspeed -> deepspeed, megatron -> megatron); given with --stack, it overrides the stack's model-state bookkeeping.", show_default=False, rich_help_panel=TRAIN)]
 FlashAttentionOpt = Annotated[Optional[bool], typer.Option(help="Flash attention (no s^2 scores kept); default: the stack's kernel.", show_default=False, rich_help_panel=TRAIN)]
+CompileOpt = Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile fuses the elementwise ops (norms, RoPE, SwiGLU) into single-pass kernels; torchtitan and hf.", rich_help_panel=TRAIN)]
+AttentionKernelOpt = Annotated[Optional[str], typer.Option(
+    help="Attention kernel, overriding the stack's: fa2 (FlashAttention-2, PyTorch SDPA's flash backend), fa3, "
+         "cudnn (Transformer Engine's fused attention) or eager (unfused softmax). The kernel used is printed.",
+    callback=lambda v: choice("--attention-kernel", ["fa2", "fa3", "cudnn", "eager"], "attention kernel")(v),
+    show_default=False, rich_help_panel=TRAIN)]
+MatmulDtypeOpt = Annotated[Optional[str], typer.Option(
+    help="Format of the decoder layers' GEMMs: bf16 (default) or fp8 (torchao Float8Linear / Transformer Engine, "
+         "dynamic scaling; attention and the output layer stay bf16).",
+    callback=lambda v: choice("--matmul-dtype", ["bf16", "fp8"], "matmul dtype")(v),
+    show_default=False, rich_help_panel=TRAIN)]
 DropoutOpt = Annotated[bool, typer.Option(help="Dropout masks kept for backward.", rich_help_panel=TRAIN)]
 OverlapGradReduceOpt = Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)]
 

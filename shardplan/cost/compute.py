@@ -67,6 +67,10 @@ class PassTime:
     model_flops: float = 0.0  # the same, without recomputation (MFU's numerator)
     attention_flops: float = 0.0  # the attention core's share of `flops`
     kernels: float = 0.0  # kernels launched (what a host issues per pass without CUDA graphs)
+    # The matmuls PyTorch op-level selective checkpointing drops and recomputes: every second
+    # one in forward order (torchtitan's 'op' policy), seconds and FLOPs.
+    dropped_matmul_seconds: float = 0.0
+    dropped_matmul_flops: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -77,6 +81,28 @@ class PassTime:
 
     def scaled(self, factor: float) -> "PassTime":
         return PassTime(*(getattr(self, f.name) * factor for f in fields(self)))
+
+
+@dataclass(frozen=True)
+class ElementwiseTraffic:
+    """Forward memory traffic of a layer's elementwise ops, bytes per element at 16-bit
+    activations, and their kernels (scaled by the activation width for other dtypes). FUSED is
+    one read and one write per norm and per rotary element, two reads and a write per gated
+    activation: fused kernels (Transformer Engine, torch.compile, serving engines). A training
+    stack that runs eager ops gives its own counts (knowledge/stacks/*.yaml eager_elementwise)."""
+
+    norm_bytes_per_element: float = 4.0
+    norm_kernels: int = 1
+    rope_bytes_per_element: float = 4.0
+    rope_kernels: int = 1
+    act_bytes_per_element: float = 6.0
+    act_kernels: int = 1
+
+
+FUSED = ElementwiseTraffic()
+# fp8 training (torchao Float8Linear, Transformer Engine with dynamic scaling): each GEMM input
+# is scanned for its absolute maximum (reads 2 bytes) and cast to fp8 (reads 2, writes 1).
+FP8_CAST_BYTES_PER_ELEMENT = 5.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +132,12 @@ class Work:
     # No host launch cost per layer: replayed from a CUDA graph, or costed per step by the
     # caller (serving: time_serving.host_seconds).
     cuda_graphs: bool = False
+    # Training stacks: the attention kernel's forward efficiency (None: the profile's
+    # `attention`), the elementwise ops' traffic, and fp8 GEMMs in the linear layers with
+    # their input casts (Work.quantization FP8 makes the GEMMs fp8).
+    attention_efficiency: float | None = None
+    elementwise: ElementwiseTraffic = FUSED
+    fp8_casts: bool = False
 
 
 def _share(d: float, half: float) -> float:
@@ -206,7 +238,8 @@ def attention_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: W
         return t, flops, 1
     nbytes = q_o_bytes + work.num_seqs * kv_len * kv_per_token
     if work.flash_attention:
-        share = hw.attention_efficiency * _share(work.q_len, hw.matmul_half_dim) * _share(kv_eff, hw.matmul_half_dim)
+        base = hw.attention_efficiency if work.attention_efficiency is None else work.attention_efficiency
+        share = base * _share(work.q_len, hw.matmul_half_dim) * _share(kv_eff, hw.matmul_half_dim)
         t = roofline(flops / (hw.peak_flops_for(work.act_dtype) * share), memory_seconds(hw, nbytes))
         return t, flops, 1
     # Unfused: QK^T and AV as batched GEMMs, softmax (and dropout) over the score matrix.
@@ -223,11 +256,13 @@ def attention_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: W
 def elementwise_bytes(spec: ModelSpec, layout: Layout, work: Work, moe_layer: bool) -> tuple[float, int]:
     """(bytes, kernels) of the memory-bound elementwise ops of one layer's forward on one rank."""
     a = bytes_per_element(work.act_dtype)
+    ew = work.elementwise
+    width = a / 2  # the traffic counts are per element at 16-bit activations
     h = spec.hidden_size
     t = layout.tp
     outside = work.tokens / t if layout.sequence_parallel else work.tokens  # tokens outside the TP region
-    kernels = spec.num_norms_per_layer + 2
-    nbytes = spec.num_norms_per_layer * 2 * h * outside * a
+    kernels = spec.num_norms_per_layer * ew.norm_kernels + 2
+    nbytes = spec.num_norms_per_layer * ew.norm_bytes_per_element * width * h * outside
     residual_adds = 1 if spec.parallel_residual else 2
     nbytes += residual_adds * 3 * h * outside * a
     if work.dropout:
@@ -238,22 +273,29 @@ def elementwise_bytes(spec: ModelSpec, layout: Layout, work: Work, moe_layer: bo
             rot = spec.mla.qk_rope_head_dim * (spec.num_attention_heads / t + 1)
         else:
             rot = spec.rotary_dim * (spec.num_attention_heads / t + max(1.0, spec.kv_heads / t))
-        nbytes += 2 * rot * work.tokens * a
-        kernels += 1
-    per_width = 3 if spec.mlp_gated else 2
+        nbytes += ew.rope_bytes_per_element * width * rot * work.tokens
+        kernels += ew.rope_kernels
+    per_width = (ew.act_bytes_per_element * width / a) if spec.mlp_gated else (2 if ew is FUSED else ew.act_bytes_per_element * width / a)
     if moe_layer and spec.moe is not None:
         moe = spec.moe
         routed = work.tokens * moe.num_experts_per_token * expert_token_sets(layout) / layout.ep
         nbytes += per_width * moe.expert_intermediate_size / layout.expert_tp * routed * a
         nbytes += 4 * routed * h * a  # permute (dispatch) and unpermute (combine): read and write
         nbytes += work.tokens * moe.num_experts * 4 * 2  # fp32 router logits: softmax/top-k read and write
-        kernels += 4
+        kernels += 3 + ew.act_kernels
         if moe.num_shared_experts:
             nbytes += per_width * moe.shared_intermediate_size * moe.num_shared_experts / t * work.tokens * a
-            kernels += 1
+            kernels += ew.act_kernels
+        mlp_inputs = routed * (h + moe.expert_intermediate_size / layout.expert_tp)
     else:
         nbytes += per_width * spec.intermediate_size / t * work.tokens * a
-        kernels += 1
+        kernels += ew.act_kernels
+        mlp_inputs = work.tokens * (h + spec.intermediate_size / t)
+    if work.fp8_casts:
+        # The inputs of the QKV and output projections and of the MLP's two GEMMs, cast to fp8.
+        attn_inputs = work.tokens * (h + spec.num_attention_heads * spec.attention_head_dim / t)
+        nbytes += FP8_CAST_BYTES_PER_ELEMENT * (attn_inputs + mlp_inputs)
+        kernels += 8
     return nbytes, kernels
 
 
@@ -268,7 +310,7 @@ def layer_forward(
 ) -> PassTime:
     """One forward pass of layer `layer_index` on one rank."""
     moe_layer = spec.is_moe_layer(layer_index)
-    mm_t = mm_f = 0.0
+    mm_t = mm_f = drop_t = drop_f = 0.0
     kernels = 0
     for w in block_weights(spec, moe_layer):
         if len(w.shape) != 2:
@@ -277,6 +319,9 @@ def layer_forward(
         mm_t += t
         mm_f += f
         kernels += 1
+        if kernels % 2 == 0:  # the 2nd, 4th, ... matmul in forward order
+            drop_t += t
+            drop_f += f
     at_t, at_f, at_k = attention_time(spec, hw, layout, work, layer_index)
     ew_bytes, ew_k = elementwise_bytes(spec, layout, work, moe_layer)
     kernels += at_k + ew_k
@@ -291,6 +336,8 @@ def layer_forward(
         model_flops=flops,
         attention_flops=at_f,
         kernels=kernels,
+        dropped_matmul_seconds=drop_t,
+        dropped_matmul_flops=drop_f,
     )
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from shardplan.cost.breakdown import RankMemory
 from shardplan.cost.kv import kv_cache_bytes_per_token
-from shardplan.cost.layout import Layout, PipelineSchedule, stage_layer_ranges, validate_layout
+from shardplan.cost.layout import Layout, PipelineSchedule, layout_stage_ranges, validate_layout
 from shardplan.errors import LayoutError
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.memory_training import training_memory
@@ -28,7 +28,7 @@ from shardplan.cost.report import (
     TrainingWorkloadReport,
 )
 from shardplan.cost.time_serving import SERVING_OVERLAP, best_batch, serving_time
-from shardplan.cost.time_training import OVERLAP, training_time
+from shardplan.cost.time_training import OVERLAP, training_assumptions, training_time
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -55,7 +55,7 @@ def _rank_report(r: RankMemory, capacity: float, chunks: tuple[range, ...]) -> R
 def _memory_fields(ranks: list[RankMemory], worst: RankMemory, budget: float, capacity: float, layout: Layout,
                    num_layers: int) -> dict[str, Any]:
     # A stage's `layers` is its first and last layer; interleaved stages hold several chunks.
-    chunks = stage_layer_ranges(num_layers, layout.pp, layout.virtual_stages)
+    chunks = layout_stage_ranges(num_layers, layout)
     return dict(
         per_gpu_bytes=worst.breakdown.as_dict(),
         binding_stage=worst.stage,
@@ -71,8 +71,9 @@ def _binding_component(r: RankMemory) -> str:
     return max(parts, key=lambda k: parts[k])
 
 
-def _plan_report(layout: Layout) -> PlanReport:
+def _plan_report(layout: Layout, num_layers: int) -> PlanReport:
     return PlanReport(
+        stage_layers=[sum(len(r) for r in chunks) for chunks in layout_stage_ranges(num_layers, layout)],
         tp=layout.tp,
         pp=layout.pp,
         dp=layout.dp,
@@ -106,7 +107,7 @@ def estimate(
                                 num_nodes=hw.num_nodes, memory_capacity_bytes=hw.memory_capacity_bytes),
         workload=(TrainingWorkloadReport(kind="training", **_workload_dict(workload)) if training
                   else InferenceWorkloadReport(kind="inference", **_workload_dict(workload))),
-        plan=_plan_report(layout),
+        plan=_plan_report(layout, spec.num_layers),
     )
     if training:
         _check_batch(layout, workload)  # type: ignore[arg-type]
@@ -120,7 +121,8 @@ def estimate(
         )
         time = _training_time(spec, hw, layout, workload, tm.num_microbatches)  # type: ignore[arg-type]
         time = time.model_copy(update={"plan_fits": tm.fits})
-        return CostReport(**common, fits=tm.fits, reason=tm.reason, memory=memory, time=time)
+        return CostReport(**common, fits=tm.fits, reason=tm.reason, memory=memory, time=time,
+                          assumptions=training_assumptions(hw, workload))  # type: ignore[arg-type]
     sm = serving_memory(spec, hw, layout, workload)  # type: ignore[arg-type]
     # The binding rank is the one with the least KV room.
     worst = min(sm.ranks, key=lambda r: r.breakdown.kv_cache)

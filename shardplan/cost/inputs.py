@@ -45,6 +45,10 @@ def layout_from_options(
     virtual_stages: int,
     micro_batch_size: int,
     offload: str,
+    pp_embedding_as_layer: bool = False,
+    pp_loss_as_layer: bool = False,
+    pp_first_stage_layers: int | None = None,
+    pp_last_stage_layers: int | None = None,
 ) -> Layout:
     inner = tp * pp * cp
     if dp is None:
@@ -75,6 +79,10 @@ def layout_from_options(
         micro_batch_size=micro_batch_size,
         offload_optimizer=off_opt,
         offload_params=off_par,
+        pp_embedding_as_layer=pp_embedding_as_layer,
+        pp_loss_as_layer=pp_loss_as_layer,
+        pp_first_stage_layers=pp_first_stage_layers,
+        pp_last_stage_layers=pp_last_stage_layers,
     )
 
 
@@ -182,6 +190,9 @@ def training_workload(
     dropout: bool,
     overlap_grad_reduce: bool = True,
     stack: StackFile | None = None,
+    compile: bool = False,
+    attention_kernel: str | None = None,
+    matmul_dtype: str | None = None,
 ) -> TrainingWorkload:
     """The training workload from command-line values. With `stack`, what the stack fixes (its
     model-state bookkeeping, loss head, checkpointing, attention kernel, AMP, fusion) comes from
@@ -196,11 +207,35 @@ def training_workload(
             largest_allocation_bytes_per_logit=stack.largest_allocation_bytes_per_logit,
             selective_policy=stack.selective or "attention_core", recompute_offered=tuple(stack.recompute),
             amp_fp32_master=stack.amp_fp32_master, norms_fp32=stack.norms_fp32,
-            elementwise_fused=stack.elementwise_fused)
+            elementwise_fused=stack.elementwise_fused, attention_kernels=tuple(stack.attention_kernels),
+            loss_forward_bytes_per_logit=stack.loss_forward_bytes_per_logit,
+            loss_backward_bytes_per_logit=stack.loss_backward_bytes_per_logit,
+            fsdp_unsharded_under_pp=stack.fsdp_unsharded_under_pp)
+        if stack.eager_elementwise is not None:
+            from_stack.update(stack.eager_elementwise.model_dump())
+        if compile:
+            if not stack.compile_offered:
+                raise ShardplanError(f"{stack.display_name} has no torch.compile path shardplan models", field="--compile",
+                                     hint="drop --compile, or use --stack torchtitan or hf")
+            # Inductor fuses each block's elementwise ops and saves the norm's 16-bit input only.
+            from_stack.update(elementwise_fused=True, norms_fp32=False)
+    elif compile:
+        from_stack.update(elementwise_fused=True)
+    if attention_kernel is not None:
+        if attention_kernel == "eager":
+            flash_attention, from_stack["attention_kernels"] = False, ()
+        else:
+            from_stack["attention_kernels"] = (attention_kernel,)
     if framework is None:
         framework = stack.framework if stack is not None else Framework.ZERO.value
     if flash_attention is None:
         flash_attention = stack is None or stack.attention != "eager"
+    if matmul_dtype is not None:
+        d = dtype_option(matmul_dtype, "--matmul-dtype") or DType.BF16
+        if d not in (DType.BF16, DType.FP16, DType.FP8):
+            raise ShardplanError(f"training GEMMs in {matmul_dtype} are not modelled", field="--matmul-dtype",
+                                 hint="use bf16 or fp8")
+        from_stack["matmul_dtype"] = d
     return TrainingWorkload(
         seq_len=seq_len,
         global_batch_size=global_batch_size,

@@ -53,6 +53,15 @@ class Layout:
     micro_batch_size: int = 1  # sequences per micro-batch (training)
     offload_optimizer: Offload = Offload.NONE
     offload_params: Offload = Offload.NONE
+    # Uneven pipeline splits (Megatron-LM): the embedding, and the output layer with the loss,
+    # each count as one layer when the layers are split over the chunks
+    # (--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split); or
+    # the first and last stages hold a given number of layers and the others share the rest
+    # (--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers).
+    pp_embedding_as_layer: bool = False
+    pp_loss_as_layer: bool = False
+    pp_first_stage_layers: int | None = None
+    pp_last_stage_layers: int | None = None
 
     def __post_init__(self) -> None:
         # Accept enum values given as their strings ("selective"), so `is` comparisons hold.
@@ -117,12 +126,36 @@ def validate_layout(spec: ModelSpec, layout: Layout, num_gpus: int, *, training:
         raise LayoutError(f"tp={L.tp} does not divide intermediate_size {spec.intermediate_size}", field="tp")
     if spec.vocab_size < L.tp:
         raise LayoutError(f"tp={L.tp} exceeds the vocabulary size", field="tp")
-    if L.num_virtual_chunks > spec.num_layers:
+    if L.num_virtual_chunks > spec.num_layers + int(L.pp_embedding_as_layer) + int(L.pp_loss_as_layer):
         raise LayoutError(
             f"pp x virtual_stages = {L.num_virtual_chunks} exceeds the {spec.num_layers} layers",
             field="pp",
-            hint="every pipeline chunk needs at least one layer",
+            hint="every pipeline chunk needs at least one layer (--pp-embedding-as-layer and --pp-loss-as-layer "
+                 "let the embedding and the loss fill one each)",
         )
+    uneven = L.pp_embedding_as_layer or L.pp_loss_as_layer or L.pp_first_stage_layers is not None \
+        or L.pp_last_stage_layers is not None
+    if uneven:
+        if L.pp == 1:
+            raise LayoutError("an uneven pipeline split needs pp > 1", field="pp")
+        if (L.pp_first_stage_layers is not None or L.pp_last_stage_layers is not None) and L.virtual_stages > 1:
+            raise LayoutError("first/last stage layer counts apply with one chunk per stage", field="virtual_stages",
+                              hint="drop --virtual-stages, or count the embedding and loss as layers instead")
+        sizes = chunk_sizes(spec.num_layers, L.pp, L.virtual_stages, embedding_as_layer=L.pp_embedding_as_layer,
+                            loss_as_layer=L.pp_loss_as_layer, first=L.pp_first_stage_layers,
+                            last=L.pp_last_stage_layers)
+        # A chunk may hold only the embedding (the first) or only the loss (the last), as in
+        # Llama 3 405B's 16 stages x 8 chunks over 126 layers; every stage keeps a layer.
+        empty_ok = {0} if L.pp_embedding_as_layer else set()
+        empty_ok |= {len(sizes) - 1} if L.pp_loss_as_layer else set()
+        stage_totals = [sum(sizes[s::L.pp]) for s in range(L.pp)]
+        bad = any(n < 0 or (n == 0 and i not in empty_ok) for i, n in enumerate(sizes))
+        if bad or min(stage_totals) < 1 or sum(sizes) != spec.num_layers:
+            raise LayoutError(
+                f"the split gives chunks of {', '.join(map(str, sizes))} layers for {spec.num_layers} layers",
+                field="pp_first_stage_layers" if L.pp_first_stage_layers or L.pp_last_stage_layers else "pp",
+                hint="every chunk needs a layer (or the embedding or loss) and the counts must add up to the "
+                     "model's layers")
     if L.virtual_stages > 1 and L.pp_schedule is not PipelineSchedule.INTERLEAVED:
         raise LayoutError("virtual_stages > 1 needs the interleaved schedule", field="virtual_stages")
     if L.pp_schedule is PipelineSchedule.INTERLEAVED and L.pp == 1:
@@ -160,17 +193,51 @@ def validate_layout(spec: ModelSpec, layout: Layout, num_gpus: int, *, training:
         )
 
 
-@lru_cache(maxsize=4096)
-def stage_layer_ranges(num_layers: int, pp: int, virtual_stages: int = 1) -> tuple[tuple[range, ...], ...]:
-    """Layers per pipeline stage: balanced, earlier chunks take the remainder (as
-    torchtitan/Megatron do for uneven splits). Stage s holds chunks s, s+pp, s+2pp, ...
-    Cached: the search asks for the same split thousands of times."""
+def chunk_sizes(
+    num_layers: int, pp: int, virtual_stages: int = 1, *, embedding_as_layer: bool = False,
+    loss_as_layer: bool = False, first: int | None = None, last: int | None = None,
+) -> tuple[int, ...]:
+    """Decoder layers of each of the pp x v pipeline chunks, in pipeline order (chunk c runs on
+    stage c mod pp). Balanced, earlier chunks taking the remainder (torchtitan, Megatron-LM);
+    with the embedding or the loss counted as a layer, the chunks split L + 1 (or L + 2) units
+    and the first (last) chunk gives one of its units to it (Megatron-Core
+    `get_num_layers_to_build` with account_for_embedding/loss_in_pipeline_split); with `first`
+    or `last`, those stages hold that many layers and the others share the rest
+    (--decoder-first/last-pipeline-num-layers, v = 1 only). A size may come out below one;
+    `validate_layout` refuses that."""
     chunks = pp * virtual_stages
-    base, extra = divmod(num_layers, chunks)
+    if first is not None or last is not None:
+        inner = chunks - (first is not None) - (last is not None)
+        rest = num_layers - (first or 0) - (last or 0)
+        base, extra = divmod(rest, inner) if inner > 0 else (0, 0)
+        sizes = [base + (1 if i < extra else 0) for i in range(inner)]
+        return tuple(([first] if first is not None else []) + sizes + ([last] if last is not None else []))
+    units = num_layers + int(embedding_as_layer) + int(loss_as_layer)
+    base, extra = divmod(units, chunks)
+    sizes = [base + (1 if c < extra else 0) for c in range(chunks)]
+    sizes[0] -= int(embedding_as_layer)
+    sizes[-1] -= int(loss_as_layer)
+    return tuple(sizes)
+
+
+@lru_cache(maxsize=4096)
+def stage_layer_ranges(
+    num_layers: int, pp: int, virtual_stages: int = 1, embedding_as_layer: bool = False, loss_as_layer: bool = False,
+    first: int | None = None, last: int | None = None,
+) -> tuple[tuple[range, ...], ...]:
+    """Layers per pipeline stage, chunk by chunk (`chunk_sizes`). Stage s holds chunks s, s+pp,
+    s+2pp, ... Cached: the search asks for the same split thousands of times."""
+    sizes = chunk_sizes(num_layers, pp, virtual_stages, embedding_as_layer=embedding_as_layer,
+                        loss_as_layer=loss_as_layer, first=first, last=last)
     ranges: list[range] = []
     start = 0
-    for c in range(chunks):
-        n = base + (1 if c < extra else 0)
-        ranges.append(range(start, start + n))
-        start += n
+    for n in sizes:
+        ranges.append(range(start, start + max(0, n)))
+        start += max(0, n)
     return tuple(tuple(ranges[s + k * pp] for k in range(virtual_stages)) for s in range(pp))
+
+
+def layout_stage_ranges(num_layers: int, layout: Layout) -> tuple[tuple[range, ...], ...]:
+    """`stage_layer_ranges` for a layout, its uneven-split options included."""
+    return stage_layer_ranges(num_layers, layout.pp, layout.virtual_stages, layout.pp_embedding_as_layer,
+                              layout.pp_loss_as_layer, layout.pp_first_stage_layers, layout.pp_last_stage_layers)

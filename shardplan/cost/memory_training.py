@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from shardplan.cost.breakdown import MemoryBreakdown, RankMemory
-from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, stage_layer_ranges
+from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, layout_stage_ranges
 from shardplan.cost.weights import stage_weights
 from shardplan.cost.workload import Framework, Optimizer, Quantization, TrainingWorkload
 from shardplan.specs.hardware import HardwareProfile
@@ -292,7 +292,7 @@ def activation_bytes_lower_bound(
     """A lower bound on the binding rank's total in `training_memory`: stage 0's layer
     activations at their peak (with the lighter of its layer kinds) plus the runtime overhead.
     ZeRO and offload change neither, so above the GPU's memory no state sharding can fit."""
-    chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[0]
+    chunks = layout_stage_ranges(spec.num_layers, layout)[0]
     layers = [i for r in chunks for i in r]
     b = layout.micro_batch_size
     per_layer = activation_bytes_per_layer(spec, layout, wl, False, b)
@@ -349,7 +349,7 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
     b = layout.micro_batch_size
     ranks: list[RankMemory] = []
     reasons: list[str] = []
-    chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)
+    chunks = layout_stage_ranges(spec.num_layers, layout)
     for stage in range(layout.pp):
         w = stage_weights(spec, layout, stage, quantization=Quantization.NONE, dense_dtype=wl.param_dtype)
         dense = model_states_bytes(
@@ -382,6 +382,17 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
             act += head + logits
             largest_what = "the fp32 logits of the loss"
         temporary = dense.temporary + expert.temporary
+        gradients = dense.gradients + expert.gradients
+        if wl.fsdp_unsharded_under_pp and layout.pp > 1 and layout.zero_stage == 3:
+            # FSDP under a pipeline schedule (torchtitan): the stage's parameters stay gathered
+            # in 16 bits from the first forward to the last backward, and its gradients
+            # accumulate unsharded in fp32 until the last micro-batch's reduce-scatter.
+            numel = w.dense_numel + w.expert_numel
+            unsharded = bytes_per_element(wl.param_dtype) * numel
+            detail["temporary.unsharded_stage_parameters"] = unsharded
+            detail["gradients.unsharded_fp32_accumulation"] = FP32_BYTES * numel
+            temporary = max(temporary, unsharded)
+            gradients += FP32_BYTES * numel
         if wl.amp_fp32_master:
             # autocast's bf16 copy of each weight, cached for the forward and saved for backward
             copies = 2.0 * (w.dense_numel + w.expert_numel) / (dense_n if layout.zero_stage == 3 else 1)
@@ -390,7 +401,7 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
         breakdown = MemoryBreakdown(
             weights=dense.weights + expert.weights,
             activations=act,
-            gradients=dense.gradients + expert.gradients,
+            gradients=gradients,
             optimizer_states=dense.optimizer + expert.optimizer,
             temporary=temporary,
             overhead=overhead,

@@ -112,6 +112,19 @@ class TrainingWorkloadReport(Frozen):
     amp_fp32_master: bool = Field(description="fp32 weights under bf16 autocast, with cached bf16 copies")
     norms_fp32: bool = Field(description="norms save an fp32 copy of their input")
     elementwise_fused: bool = Field(description="norms, RoPE and SwiGLU run as fused kernels")
+    attention_kernels: list[str] = Field(description="the stack's attention kernels in order of preference; "
+                                                     "empty: the profile's attention efficiency")
+    norm_bytes_per_element: float = Field(description="eager norm traffic, bytes per element (16-bit)")
+    norm_kernels: int = Field(description="kernels of one eager norm")
+    rope_bytes_per_element: float = Field(description="eager RoPE traffic, bytes per element (16-bit)")
+    rope_kernels: int = Field(description="kernels of the eager RoPE")
+    act_bytes_per_element: float = Field(description="eager MLP activation traffic, bytes per element (16-bit)")
+    act_kernels: int = Field(description="kernels of the eager MLP activation")
+    loss_forward_bytes_per_logit: float = Field(description="the loss head's forward memory traffic, bytes per logit")
+    loss_backward_bytes_per_logit: float = Field(description="the loss head's backward memory traffic, bytes per logit")
+    matmul_dtype: str = Field(description="the linear layers' GEMM format (fp8: dynamic scaling)")
+    fsdp_unsharded_under_pp: bool = Field(description="FSDP keeps stage parameters and fp32 gradients unsharded "
+                                                      "under pipeline parallelism")
 
 
 WorkloadReport = Annotated[Union[InferenceWorkloadReport, TrainingWorkloadReport], Field(discriminator="kind")]
@@ -137,6 +150,7 @@ class PlanReport(Frozen):
     virtual_stages: int = Field(description="model chunks per pipeline stage")
     micro_batch_size: int = Field(description="sequences per micro-batch")
     offload: OffloadReport = Field(description="offload targets")
+    stage_layers: list[int] = Field(default_factory=list, description="decoder layers on each pipeline stage")
 
 
 class ServingPlanReport(PlanReport):

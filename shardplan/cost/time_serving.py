@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from shardplan.cost.breakdown import SecondsBreakdown
 from shardplan.cost.comm import Collective, collective_seconds, group, layer_collectives_seconds
 from shardplan.cost.compute import PassTime, Work, embedding_forward, head_forward, layers_forward
-from shardplan.cost.layout import Layout, stage_layer_ranges
+from shardplan.cost.layout import Layout, layout_stage_ranges
 from shardplan.cost.workload import InferenceWorkload
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -82,7 +82,7 @@ def _stage_pass(
 ) -> tuple[PassTime, float, float, float]:
     """(compute, tensor-parallel seconds, expert-parallel seconds, host seconds the GPU waits
     for) of one pass on one stage."""
-    chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[stage]
+    chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
     layers = [i for r in chunks for i in r]
     total = layers_forward(spec, hw, layout, work, layers)
     if stage == 0:

@@ -32,14 +32,23 @@ from functools import lru_cache
 
 from shardplan.cost.breakdown import SecondsBreakdown
 from shardplan.cost.comm import Collective, Group, Groups, collective_seconds, layer_collectives_seconds, layout_groups, overlapped
-from shardplan.cost.compute import PassTime, Work, embedding_forward, head_forward, layers_forward
-from shardplan.cost.layout import Layout, Offload, Recompute, stage_layer_ranges
+from shardplan.cost.compute import (
+    FUSED,
+    ElementwiseTraffic,
+    PassTime,
+    Work,
+    embedding_forward,
+    head_forward,
+    layers_forward,
+    memory_seconds,
+)
+from shardplan.cost.layout import Layout, Offload, Recompute, layout_stage_ranges
 from shardplan.cost.memory_training import state_bytes, zero_shard_degrees
 from shardplan.cost.weights import stage_weights
 from shardplan.cost.workload import Quantization, TrainingWorkload
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
-from shardplan.units import bytes_per_element
+from shardplan.units import DType, bytes_per_element
 
 FLASH_BACKWARD_FACTOR = 2.5  # FlashAttention-2: 5 GEMMs in backward vs 2 in forward
 UNFUSED_BACKWARD_FACTOR = 2.0
@@ -103,8 +112,10 @@ class TrainingTime:
     stages: list[StageTime]
 
 
-def _backward(fwd: PassTime, flash: bool) -> PassTime:
-    attn_factor = FLASH_BACKWARD_FACTOR if flash else UNFUSED_BACKWARD_FACTOR
+def _backward(fwd: PassTime, flash: bool, attention_slowdown: float = 1.0) -> PassTime:
+    """The backward of a forward pass; `attention_slowdown` is the kernel's forward efficiency
+    over its backward efficiency (FlashAttention-2 on an H100: 0.374 / 0.321)."""
+    attn_factor = FLASH_BACKWARD_FACTOR * attention_slowdown if flash else UNFUSED_BACKWARD_FACTOR
     return PassTime(
         matmul_seconds=2 * fwd.matmul_seconds,
         attention_seconds=attn_factor * fwd.attention_seconds,
@@ -133,7 +144,7 @@ def _stage_time(
 ) -> StageTime:
     """Forward, backward and per-micro-batch communication of one stage. Only how many layers of
     each kind it holds matters, so stages of the same make-up share one cached computation."""
-    chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[stage]
+    chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
     st = _cached_stage_time(
         spec, hw, _compute_shape(layout), wl, groups.tp, groups.cp, groups.ep,
         _canonical_layers(spec, chunks), stage == 0, stage == layout.pp - 1,
@@ -198,7 +209,7 @@ def step_seconds_lower_bound(
     of the slowest stage, which is at least stage 0's layers and at least the mean stage's; every
     other term of the step is non-negative. dp, ZeRO and offload do not change it, so one bound
     serves all their variants; with v = the most virtual stages allowed it bounds every v."""
-    stage0 = [i for r in stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[0] for i in r]
+    stage0 = [i for r in layout_stage_ranges(spec.num_layers, layout)[0] for i in r]
     per_mb = max(
         layers_seconds_lower_bound(spec, hw, layout, wl, stage0),
         layers_seconds_lower_bound(spec, hw, layout, wl) / layout.pp,
@@ -248,6 +259,7 @@ def _cached_stage_time(
 ) -> StageTime:
     s_local = wl.seq_len / layout.cp
     b = layout.micro_batch_size
+    kernel = attention_kernel(hw, wl)
     work = Work(
         tokens=b * s_local,
         num_seqs=b,
@@ -260,18 +272,36 @@ def _cached_stage_time(
         act_dtype=wl.activation_dtype,
         kv_dtype=wl.activation_dtype,
         cp=layout.cp,
+        attention_efficiency=kernel[1] if kernel else None,
+        elementwise=elementwise_traffic(wl),
+        quantization=Quantization.FP8 if wl.matmul_dtype is DType.FP8 else Quantization.NONE,
+        fp8_casts=wl.matmul_dtype is DType.FP8,
     )
     layer_fwd = layers_forward(spec, hw, layout, work, layers)
     attn_fwd = PassTime(attention_seconds=layer_fwd.attention_seconds, attention_flops=layer_fwd.attention_flops)
     fwd = layer_fwd
     if first:
         fwd = fwd + embedding_forward(spec, hw, work)
+    loss_bwd = PassTime()
     if last:
         fwd = fwd + head_forward(spec, hw, layout, work, work.tokens)
-    bwd = _backward(fwd, wl.flash_attention)
+        logits = work.tokens * spec.vocab_size / (layout.tp if wl.loss_vocab_parallel else 1)
+        fwd = fwd + PassTime(memory_seconds=memory_seconds(hw, logits * wl.loss_forward_bytes_per_logit))
+        loss_bwd = PassTime(memory_seconds=memory_seconds(hw, logits * wl.loss_backward_bytes_per_logit))
+        # the loss traffic's backward is its own count, not twice the forward's
+        fwd_for_bwd = fwd + PassTime(memory_seconds=-memory_seconds(hw, logits * wl.loss_forward_bytes_per_logit))
+    else:
+        fwd_for_bwd = fwd
+    bwd = _backward(fwd_for_bwd, wl.flash_attention, kernel[1] / kernel[2] if kernel else 1.0) + loss_bwd
     n_layers = len(layers)
     if layout.recompute is Recompute.FULL:
-        bwd = bwd + PassTime(**{**layer_fwd.__dict__, "model_flops": 0.0})
+        bwd = bwd + replace(layer_fwd, model_flops=0.0, dropped_matmul_seconds=0.0, dropped_matmul_flops=0.0)
+    elif layout.recompute is Recompute.SELECTIVE and wl.selective_policy == "op_level":
+        # PyTorch op-level selective checkpointing: every second matmul and all elementwise
+        # work run again in backward; the attention kernel's output is saved.
+        bwd = bwd + PassTime(matmul_seconds=layer_fwd.dropped_matmul_seconds, memory_seconds=layer_fwd.memory_seconds,
+                             kernel_seconds=layer_fwd.kernel_seconds, flops=layer_fwd.dropped_matmul_flops,
+                             kernels=layer_fwd.kernels)
     elif layout.recompute is Recompute.SELECTIVE:
         bwd = bwd + PassTime(attention_seconds=attn_fwd.attention_seconds, flops=attn_fwd.attention_flops)
 
@@ -291,6 +321,50 @@ def _cached_stage_time(
         ring = (layout.cp - 1) * collective_seconds(Collective.P2P, kv_chunk, cp, hw) * n_layers
         cp_seconds = max(0.0, ring - attn_fwd.attention_seconds) + max(0.0, 2 * ring - FLASH_BACKWARD_FACTOR * attn_fwd.attention_seconds)
     return StageTime(-1, fwd, bwd, tp_seconds, ep_seconds, cp_seconds, n_layers)
+
+
+def attention_kernel(hw: HardwareProfile, wl: TrainingWorkload) -> tuple[str, float, float] | None:
+    """(kernel, forward, backward efficiency) of the stack's attention kernel on this GPU; None:
+    the profile's `attention` efficiency applies (no kernel named, or none measured here)."""
+    if not wl.flash_attention or not wl.attention_kernels:
+        return None
+    return hw.attention_kernel(wl.attention_kernels)
+
+
+KERNEL_NAMES = {"fa2": "FlashAttention-2", "fa3": "FlashAttention-3", "cudnn": "cuDNN fused attention"}
+
+
+def training_assumptions(hw: HardwareProfile, wl: TrainingWorkload) -> list[str]:
+    """What the time figures assume of the stack's kernels, one line each, as printed."""
+    who = f"{wl.stack}: " if wl.stack else ""
+    kernel = attention_kernel(hw, wl)
+    if not wl.flash_attention:
+        attn = "attention: eager (unfused softmax; the score matrix is written and read)"
+    elif kernel:
+        attn = (f"attention: {KERNEL_NAMES.get(kernel[0], kernel[0])} at {kernel[1]:.0%} of the 16-bit peak forward, "
+                f"{kernel[2]:.0%} backward on {hw.gpu_model} (profile {hw.name})")
+    else:
+        wanted = f" (none of {', '.join(wl.attention_kernels)} is measured on {hw.name})" if wl.attention_kernels else ""
+        attn = f"attention: a fused kernel at the profile's attention efficiency, {hw.attention_efficiency:.0%}{wanted}"
+    if wl.elementwise_fused:
+        ew = "elementwise ops: fused (one read and one write per norm, RoPE and activation)"
+    else:
+        ew = (f"elementwise ops: eager, {wl.norm_bytes_per_element:g} bytes per element per norm, "
+              f"{wl.rope_bytes_per_element:g} per rotary element, {wl.act_bytes_per_element:g} per activation element")
+    lines = [who + attn, who + ew]
+    if wl.matmul_dtype is DType.FP8:
+        lines.append(who + f"linear GEMMs in fp8 at {hw.matmul_fp8_efficiency:.0%} of the fp8 peak, with their inputs cast "
+                           "(attention and the output layer in 16 bits)")
+    return lines
+
+
+def elementwise_traffic(wl: TrainingWorkload) -> ElementwiseTraffic:
+    if wl.elementwise_fused:
+        return FUSED
+    return ElementwiseTraffic(
+        norm_bytes_per_element=wl.norm_bytes_per_element, norm_kernels=wl.norm_kernels,
+        rope_bytes_per_element=wl.rope_bytes_per_element, rope_kernels=wl.rope_kernels,
+        act_bytes_per_element=wl.act_bytes_per_element, act_kernels=wl.act_kernels)
 
 
 def training_time(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from shardplan.cost.layout import Layout, stage_layer_ranges
+from shardplan.cost.layout import Layout, layout_stage_ranges
 from shardplan.cost.params import (
     Component,
     WeightKind,
@@ -95,7 +95,7 @@ class StageWeights:
 
 def stage_tensors(spec: ModelSpec, layout: Layout, stage: int) -> list[tuple[WeightKind, int]]:
     """(tensor kind, how many layers carry it) for one pipeline stage."""
-    chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[stage]
+    chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
     layers = [i for r in chunks for i in r]
     num_moe = sum(spec.is_moe_layer(i) for i in layers)
     num_dense = len(layers) - num_moe
@@ -124,7 +124,7 @@ def stage_weights(
 
 @lru_cache(maxsize=16384)
 def _stage_weights(spec: ModelSpec, layout: Layout, stage: int, quantization: Quantization, dense_dtype: DType) -> StageWeights:
-    chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[stage]
+    chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
     layers = tuple(i for r in chunks for i in r)
     numel: dict[str, float] = {}
     nbytes: dict[str, float] = {}

@@ -127,4 +127,29 @@ class TrainingWorkload:
     recompute_offered: tuple[str, ...] = ("none", "selective", "full")  # what the stack can checkpoint
     amp_fp32_master: bool = False  # fp32 weights under bf16 autocast: cached bf16 copies saved for backward
     norms_fp32: bool = False  # norms upcast to fp32 and save the fp32 copy
-    elementwise_fused: bool = True  # norms, RoPE and SwiGLU as fused kernels
+    elementwise_fused: bool = True  # norms, RoPE and SwiGLU as fused kernels (TE, or torch.compile)
+    # Time per stack (knowledge/stacks/*.yaml). The fused attention kernels the stack runs, in
+    # its order of preference: the first the GPU profile has a measurement for sets the
+    # attention core's forward and backward efficiency; (): the profile's `attention` efficiency.
+    attention_kernels: tuple[str, ...] = ()
+    # Forward memory traffic of the elementwise ops when they run eager (elementwise_fused
+    # False), bytes per element at 16-bit activations and kernels: a norm per hidden element,
+    # rotary embedding per rotated element of q and k (each), the MLP activation per
+    # intermediate element. Fused, a norm reads and writes once (4), RoPE too (4), SwiGLU reads
+    # two inputs and writes one (6), one kernel each.
+    norm_bytes_per_element: float = 4.0
+    norm_kernels: int = 1
+    rope_bytes_per_element: float = 4.0
+    rope_kernels: int = 1
+    act_bytes_per_element: float = 6.0
+    act_kernels: int = 1
+    # The loss head's memory traffic (upcast, log-softmax, its gradient, the downcast), bytes
+    # per logit in forward and in backward; 0: not timed.
+    loss_forward_bytes_per_logit: float = 0.0
+    loss_backward_bytes_per_logit: float = 0.0
+    # fp8: the decoder layers' linear GEMMs run in fp8 with dynamic scaling (torchao
+    # Float8Linear, Transformer Engine); activations, attention and the output layer stay 16-bit.
+    matmul_dtype: DType = DType.BF16
+    # With pipeline parallelism FSDP keeps each stage's parameters unsharded and accumulates
+    # unsharded fp32 gradients over the micro-batches (torchtitan with torch.distributed.pipelining).
+    fsdp_unsharded_under_pp: bool = False

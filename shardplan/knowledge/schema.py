@@ -232,6 +232,19 @@ class EngineRules(Frozen):
 __all__ = ["DeviceDefault", "EngineEra", "EngineFile", "EngineRules", "ReservedMemory", "TpDefault", "parse_version"]
 
 
+class EagerElementwise(Frozen):
+    """Forward memory traffic of a stack's eager elementwise ops, counted from its model code:
+    bytes per element at 16-bit activations (every read and write of every op, upcasts
+    included) and the kernels launched."""
+
+    norm_bytes_per_element: float = Field(gt=0, le=1000, description="one norm, per hidden element")
+    norm_kernels: int = Field(ge=1, le=100)
+    rope_bytes_per_element: float = Field(gt=0, le=1000, description="rotary embedding, per element of q (and of k)")
+    rope_kernels: int = Field(ge=1, le=100, description="kernels for q and k together")
+    act_bytes_per_element: float = Field(gt=0, le=1000, description="the MLP activation, per intermediate element")
+    act_kernels: int = Field(ge=1, le=100)
+
+
 class StackFile(Frozen):
     """`knowledge/stacks/<stack>.yaml`: what a training stack does that moves memory and time.
     Every field has its source in `sources` (the schema refuses one without)."""
@@ -258,18 +271,37 @@ class StackFile(Frozen):
                                               "layer's weights are cached for the forward and saved for backward")
     norms_fp32: bool = Field(description="norms compute in fp32 (autocast/HF RMSNorm): they save fp32 copies")
     elementwise_fused: bool = Field(description="norms, RoPE and SwiGLU run as fused kernels (else eager, unfused)")
+    eager_elementwise: EagerElementwise | None = Field(
+        description="the traffic of its unfused elementwise ops; required unless elementwise_fused")
+    compile_offered: bool = Field(description="torch.compile can fuse its elementwise ops (--compile)")
+    attention_kernels: list[Literal["fa2", "fa3", "cudnn"]] = Field(
+        description="the fused attention kernels it runs, in its order of preference (the first the GPU profile "
+                    "measured is used); empty: eager attention")
+    loss_forward_bytes_per_logit: float = Field(ge=0, le=1000, description="the loss head's forward memory traffic "
+                                                                         "(upcast, log-softmax), bytes per logit")
+    loss_backward_bytes_per_logit: float = Field(ge=0, le=1000, description="its backward traffic (gradient of the "
+                                                                          "log-softmax, downcast), bytes per logit")
+    fsdp_unsharded_under_pp: bool = Field(
+        description="with pipeline parallelism, FSDP keeps each stage's parameters unsharded (bf16) and accumulates "
+                    "unsharded fp32 gradients across micro-batches, resharding only after the last")
     sources: dict[str, str] = Field(description="field -> where it comes from (file at a tag, PR, doc)")
 
     @model_validator(mode="after")
     def _check(self) -> "StackFile":
         documented = {"framework", "loss_bytes_per_logit", "loss_vocab_parallel", "largest_allocation_bytes_per_logit",
-                      "recompute", "selective", "attention", "amp_fp32_master", "norms_fp32", "elementwise_fused"}
+                      "recompute", "selective", "attention", "amp_fp32_master", "norms_fp32", "elementwise_fused",
+                      "compile_offered", "attention_kernels", "loss_forward_bytes_per_logit",
+                      "loss_backward_bytes_per_logit", "fsdp_unsharded_under_pp"}
+        if self.eager_elementwise is not None:
+            documented.add("eager_elementwise")
         missing = sorted(documented - {k for k, v in self.sources.items() if v.strip()})
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
         if ("selective" in self.recompute) != (self.selective is not None):
             raise ValueError("selective must be set exactly when recompute offers selective")
+        if not self.elementwise_fused and self.eager_elementwise is None:
+            raise ValueError("eager_elementwise is required when elementwise_fused is false")
         return self
 
 
-__all__ += ["StackFile"]
+__all__ += ["EagerElementwise", "StackFile"]

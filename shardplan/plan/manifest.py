@@ -21,7 +21,7 @@ import yaml
 from pydantic import ValidationError
 
 from shardplan import __version__
-from shardplan.cost.layout import Layout, stage_layer_ranges
+from shardplan.cost.layout import Layout, layout_stage_ranges
 from shardplan.cost.report import CostReport, TrainingMemoryReport, TrainingTimeReport
 from shardplan.cost.params import block_weights, embedding_weights, head_weights, tied_lm_head_copy
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
@@ -164,7 +164,7 @@ def build_manifest(*, loaded: LoadedModel, hw: HardwareProfile, layout: Layout,
                    objective: str | None = None, search: dict[str, Any] | None = None) -> DeploymentManifest:
     """The manifest of one estimated plan; `report` is `estimate(...)` for these inputs."""
     spec, serving = loaded.spec, isinstance(workload, InferenceWorkload)
-    chunks = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)
+    chunks = layout_stage_ranges(spec.num_layers, layout)
     ranges = [[[r.start, r.stop - 1] for r in stage] for stage in chunks]
     num_experts = spec.moe.num_experts if spec.moe is not None else None
     return DeploymentManifest(
@@ -185,7 +185,9 @@ def build_manifest(*, loaded: LoadedModel, hw: HardwareProfile, layout: Layout,
             zero_stage=layout.zero_stage, hybrid_shard=layout.hybrid_shard, sequence_parallel=layout.sequence_parallel,
             recompute=layout.recompute.value, pp_schedule=layout.pp_schedule.value, virtual_stages=layout.virtual_stages,
             micro_batch_size=layout.micro_batch_size, offload_optimizer=layout.offload_optimizer.value,
-            offload_params=layout.offload_params.value,
+            offload_params=layout.offload_params.value, pp_embedding_as_layer=layout.pp_embedding_as_layer,
+            pp_loss_as_layer=layout.pp_loss_as_layer, pp_first_stage_layers=layout.pp_first_stage_layers,
+            pp_last_stage_layers=layout.pp_last_stage_layers,
             weight_quantization=workload.quantization.value if serving else None,
             kv_cache_dtype=(workload.kv_cache_dtype or workload.activation_dtype).value if serving else None),
         placement=PlacementSection(

@@ -99,7 +99,9 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
         return TrainingWorkload(**{**w, "optimizer": Optimizer(w["optimizer"]), "framework": Framework(w["framework"]),
                                    "param_dtype": DType(w["param_dtype"]),
                                    "activation_dtype": DType(w["activation_dtype"]),
-                                   "recompute_offered": tuple(w["recompute_offered"])})
+                                   "recompute_offered": tuple(w["recompute_offered"]),
+                                   "attention_kernels": tuple(w["attention_kernels"]),
+                                   "matmul_dtype": DType(w["matmul_dtype"])})
     kv = w["kv_cache_dtype"]
     return InferenceWorkload(**{**w, "kv_cache_dtype": DType(kv) if kv else None,
                                 "activation_dtype": DType(w["activation_dtype"]),
@@ -116,7 +118,9 @@ def plan_layout(m: DeploymentManifest) -> Layout:
         hybrid_shard=L.hybrid_shard, sequence_parallel=L.sequence_parallel, recompute=Recompute(L.recompute),
         pp_schedule=PipelineSchedule(L.pp_schedule), virtual_stages=L.virtual_stages,
         micro_batch_size=L.micro_batch_size, offload_optimizer=Offload(L.offload_optimizer),
-        offload_params=Offload(L.offload_params),
+        offload_params=Offload(L.offload_params), pp_embedding_as_layer=L.pp_embedding_as_layer,
+        pp_loss_as_layer=L.pp_loss_as_layer, pp_first_stage_layers=L.pp_first_stage_layers,
+        pp_last_stage_layers=L.pp_last_stage_layers,
     )
 
 

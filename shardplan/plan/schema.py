@@ -139,6 +139,18 @@ class TrainingWorkloadSection(_Section):
     amp_fp32_master: bool = Field(False, description="fp32 weights under bf16 autocast, with cached bf16 copies")
     norms_fp32: bool = Field(False, description="norms save an fp32 copy of their input")
     elementwise_fused: bool = Field(True, description="norms, RoPE and SwiGLU run as fused kernels")
+    attention_kernels: list[Literal["fa2", "fa3", "cudnn"]] = Field(
+        default_factory=list, description="the stack's attention kernels in order of preference; empty: the profile's")
+    norm_bytes_per_element: float = Field(4.0, gt=0, le=1000, description="eager norm traffic, bytes per element")
+    norm_kernels: int = Field(1, ge=1, le=100, description="kernels of one eager norm")
+    rope_bytes_per_element: float = Field(4.0, gt=0, le=1000, description="eager RoPE traffic, bytes per element")
+    rope_kernels: int = Field(1, ge=1, le=100, description="kernels of the eager RoPE")
+    act_bytes_per_element: float = Field(6.0, gt=0, le=1000, description="eager MLP activation traffic, bytes per element")
+    act_kernels: int = Field(1, ge=1, le=100, description="kernels of the eager MLP activation")
+    loss_forward_bytes_per_logit: float = Field(0.0, ge=0, le=1000, description="the loss head's forward traffic, bytes per logit")
+    loss_backward_bytes_per_logit: float = Field(0.0, ge=0, le=1000, description="its backward traffic, bytes per logit")
+    matmul_dtype: DTypeName = Field("bf16", description="the linear layers' GEMM format (fp8: dynamic scaling)")
+    fsdp_unsharded_under_pp: bool = Field(False, description="FSDP keeps stage parameters and gradients unsharded under pp")
 
 
 class LayoutSection(_Section):
@@ -157,6 +169,10 @@ class LayoutSection(_Section):
     micro_batch_size: Degree = Field(description="sequences per micro-batch")
     offload_optimizer: OffloadName = Field(description="where optimizer states live off the GPU")
     offload_params: OffloadName = Field(description="where parameters live off the GPU")
+    pp_embedding_as_layer: bool = Field(False, description="the embedding counts as one layer in the pipeline split")
+    pp_loss_as_layer: bool = Field(False, description="the output layer and loss count as one layer in the split")
+    pp_first_stage_layers: int | None = Field(None, ge=1, description="decoder layers on the first stage; null: even")
+    pp_last_stage_layers: int | None = Field(None, ge=1, description="decoder layers on the last stage; null: even")
     weight_quantization: QuantizationName | None = Field(description="serving: weight format; null for training")
     kv_cache_dtype: DTypeName | None = Field(description="serving: KV-cache format, resolved; null for training")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Literal
 
 from pydantic import Field
 
@@ -82,6 +83,14 @@ class NodeFile(StrictModel):
     nvme_bandwidth_gb_per_s: float = Field(..., ge=0, le=MAX_BANDWIDTH_GB_PER_S)
 
 
+class AttentionKernelFile(StrictModel):
+    """Achieved / dense 16-bit peak of one fused attention kernel on this GPU, at long sequences
+    (the causal half counted once), forward and backward separately."""
+
+    forward: float = Field(..., gt=0, le=1)
+    backward: float = Field(..., gt=0, le=1)
+
+
 class EfficiencyFile(StrictModel):
     """Attainable fraction of each peak (0 < x <= 1), and the few shape constants of the time
     model. `shardplan calibrate` (or a hand edit) may replace them; the cost model has no
@@ -100,6 +109,12 @@ class EfficiencyFile(StrictModel):
     )
     attention: float | None = Field(
         None, gt=0, le=1, description="fused (flash) attention kernels: achieved / dense peak; None: same as matmul"
+    )
+    attention_kernels: dict[Literal["fa2", "fa3", "cudnn"], AttentionKernelFile] = Field(
+        default_factory=dict,
+        description="measured efficiency of each fused attention kernel this GPU runs (fa2: FlashAttention-2 and "
+        "PyTorch SDPA's flash backend; fa3: FlashAttention-3; cudnn: cuDNN fused attention, as Transformer Engine "
+        "uses it); a training stack's preferred kernel is looked up here, else `attention` applies",
     )
     memory_bandwidth: float = Field(..., gt=0, le=1)
     kernel_overhead_us: float = Field(
@@ -196,6 +211,8 @@ class HardwareProfile:
     cuda_graph_bytes: int
     num_nodes: int = 1
     sources: dict[str, str] = field(default_factory=dict)
+    # kernel -> (forward, backward) achieved / dense 16-bit peak (EfficiencyFile.attention_kernels)
+    attention_kernels: tuple[tuple[str, float, float], ...] = ()
 
     def __hash__(self) -> int:
         # The dict fields make the generated hash impossible; equal profiles share these fields,
@@ -216,6 +233,12 @@ class HardwareProfile:
             if d in self.peak_flops:
                 return self.peak_flops[d]
         raise KeyError(dtype)
+
+    def attention_kernel(self, preferred: tuple[str, ...]) -> tuple[str, float, float] | None:
+        """(kernel, forward, backward efficiency) of the first of `preferred` this GPU has a
+        measurement for; None: none of them (the profile's `attention` efficiency applies)."""
+        table = {k: (k, f, b) for k, f, b in self.attention_kernels}
+        return next((table[k] for k in preferred if k in table), None)
 
     def with_topology(self, *, gpus_per_node: int | None = None, num_nodes: int | None = None) -> "HardwareProfile":
         return replace(
@@ -264,4 +287,5 @@ def profile_from_file(f: HardwareProfileFile) -> HardwareProfile:
         nccl_buffer_bytes=units.gib_to_bytes(f.runtime.nccl_buffers_gib),
         cuda_graph_bytes=units.gib_to_bytes(f.runtime.cuda_graphs_gib),
         sources=dict(f.sources),
+        attention_kernels=tuple((k, v.forward, v.backward) for k, v in sorted(eff.attention_kernels.items())),
     )
