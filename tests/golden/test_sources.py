@@ -1,5 +1,6 @@
 """Every published figure the golden tests compare with carries its source: each case, row,
-model and section of tests/data/validation/*.yaml and each model of tests/data/models/*.yaml
+model and section of tests/data/validation/*.yaml, each model of tests/data/models/*.yaml, each
+measurement row of tests/data/training_stacks/*.yaml and each table of tests/data/gemm/*.yaml
 names where it comes from, so that an entry added without one fails here.
 
 Each file has its own shape (a table whose rows cite a top-level source, cases with a URL,
@@ -51,6 +52,19 @@ def _model_file(doc: dict) -> Iterator[Entry]:
         yield "sources.published_num_params", doc.get("sources"), ("published_num_params",)
 
 
+def _measurement_rows(doc: dict) -> Iterator[Entry]:
+    """Rows of published measurements (tests/data/training_stacks), each with its own source URL."""
+    for i, row in enumerate(doc.get("rows") or [None]):
+        yield f"rows[{i}] ({(row or {}).get('id', '?')})", row, ("source",)
+        yield f"rows[{i}].source", (row or {}).get("source"), ("url",)
+
+
+def _one_source(doc: dict) -> Iterator[Entry]:
+    """A table transcribed from one source (tests/data/gemm)."""
+    yield "source", doc, ("source",)
+    yield "source.url", doc.get("source"), ("url",)
+
+
 ENTRIES: dict[str, Callable[[dict], Iterator[Entry]]] = {
     "validation/activations.yaml": _sections,
     "validation/inference_throughput.yaml": _table,
@@ -63,7 +77,9 @@ ENTRIES: dict[str, Callable[[dict], Iterator[Entry]]] = {
 
 def _golden_files() -> list[str]:
     files = sorted(p.relative_to(DATA).as_posix() for p in (DATA / "validation").glob("*.yaml"))
-    return files + sorted(p.relative_to(DATA).as_posix() for p in (DATA / "models").glob("*.yaml"))
+    for folder in ("models", "training_stacks", "gemm"):
+        files += sorted(p.relative_to(DATA).as_posix() for p in (DATA / folder).glob("*.yaml"))
+    return files
 
 
 def _has_source(value: Any) -> bool:
@@ -77,7 +93,8 @@ def _has_source(value: Any) -> bool:
 def missing_sources(rel: str, doc: Any) -> list[str]:
     if not isinstance(doc, dict):
         return [f"{rel}: not a mapping"]
-    entries = _model_file if rel.startswith("models/") else ENTRIES.get(rel)
+    entries = (_model_file if rel.startswith("models/") else _measurement_rows if rel.startswith("training_stacks/")
+               else _one_source if rel.startswith("gemm/") else ENTRIES.get(rel))
     if entries is None:
         return [f"{rel}: a golden file tests/golden/test_sources.py does not know; add its shape to ENTRIES"]
     missing = []
@@ -118,6 +135,9 @@ def test_the_golden_files_are_all_found():
     ("validation/activations.yaml", lambda d: d["korthikanti2022"].pop("source")),
     ("models/llama-7b.yaml", lambda d: d["sources"].pop("published_num_params")),
     ("models/gpt-j-6b.yaml", lambda d: d.pop("sources")),
+    ("training_stacks/torchtitan.yaml", lambda d: d["rows"][0]["source"].pop("url")),
+    ("training_stacks/megatron.yaml", lambda d: d["rows"].append({"id": "new", "measured": {"x": 1}})),
+    ("gemm/h100_bf16_xla.yaml", lambda d: d.pop("source")),
     ("validation/new_table.yaml", lambda d: None),
 ])
 def test_an_entry_without_a_source_is_caught(rel, edit):
