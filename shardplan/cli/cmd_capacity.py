@@ -28,6 +28,7 @@ from shardplan.cli.options import (
     CompileOpt,
     FlashAttentionOpt,
     MatmulDtypeOpt,
+    TpCommOverlapOpt,
     FrameworkOpt,
     StackOpt,
     GlobalBatchSizeOpt,
@@ -73,6 +74,7 @@ def capacity(
     attention_kernel: AttentionKernelOpt = None,
     compile: CompileOpt = False,
     matmul_dtype: MatmulDtypeOpt = None,
+    tp_comm_overlap: TpCommOverlapOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """How much hardware does this model need? Serving: the fewest GPUs (and nodes) for each
@@ -93,7 +95,8 @@ def capacity(
         wl_t = options.training_workload(seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer.value,
                                          framework=framework_name, flash_attention=flash_attention, dropout=False,
                                          stack=stack_rules(stack_name), compile=compile,
-                                         attention_kernel=attention_kernel, matmul_dtype=matmul_dtype)
+                                         attention_kernel=attention_kernel, matmul_dtype=matmul_dtype,
+                                         tp_comm_overlap=tp_comm_overlap)
         with render_common.progress("finding the fewest GPUs per ZeRO stage and offload") as progress:
             result = CapacityResult(training_capacity(loaded.spec, hw, wl_t, max_gpus=limit, progress=progress))
     else:

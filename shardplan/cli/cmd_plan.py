@@ -45,6 +45,7 @@ from shardplan.cli.options import (
     CompileOpt,
     FlashAttentionOpt,
     MatmulDtypeOpt,
+    TpCommOverlapOpt,
     FrameworkOpt,
     StackOpt,
     GlobalBatchSizeOpt,
@@ -122,6 +123,7 @@ def estimate(
     attention_kernel: AttentionKernelOpt = None,
     compile: CompileOpt = False,
     matmul_dtype: MatmulDtypeOpt = None,
+    tp_comm_overlap: TpCommOverlapOpt = False,
     dropout: DropoutOpt = False,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw each pipeline stage's per-GPU memory as stacked bars against the device's capacity, to FILE.png or FILE.svg (needs the plot extra).", show_default=False)] = None,
@@ -221,6 +223,7 @@ def recommend(
     attention_kernel: AttentionKernelOpt = None,
     compile: CompileOpt = False,
     matmul_dtype: MatmulDtypeOpt = None,
+    tp_comm_overlap: TpCommOverlapOpt = False,
     dropout: DropoutOpt = False,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw the serving Pareto frontier (time per output token against tokens/s per GPU) or, training, step time against GPU count, the pick marked, to FILE.png or FILE.svg (needs the plot extra).", show_default=False, rich_help_panel=SEARCH)] = None,
@@ -356,6 +359,7 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
             framework=framework, flash_attention=o["flash_attention"], dropout=o["dropout"],
             overlap_grad_reduce=o["overlap_grad_reduce"], stack=stack_rules(stack), compile=o["compile"],
             attention_kernel=o["attention_kernel"], matmul_dtype=o["matmul_dtype"],
+            tp_comm_overlap=o["tp_comm_overlap"],
         )
     q = o["quantization"]
     return options.inference_workload(

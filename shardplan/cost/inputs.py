@@ -193,6 +193,7 @@ def training_workload(
     compile: bool = False,
     attention_kernel: str | None = None,
     matmul_dtype: str | None = None,
+    tp_comm_overlap: bool = False,
 ) -> TrainingWorkload:
     """The training workload from command-line values. With `stack`, what the stack fixes (its
     model-state bookkeeping, loss head, checkpointing, attention kernel, AMP, fusion) comes from
@@ -210,7 +211,10 @@ def training_workload(
             elementwise_fused=stack.elementwise_fused, attention_kernels=tuple(stack.attention_kernels),
             loss_forward_bytes_per_logit=stack.loss_forward_bytes_per_logit,
             loss_backward_bytes_per_logit=stack.loss_backward_bytes_per_logit,
-            fsdp_unsharded_under_pp=stack.fsdp_unsharded_under_pp)
+            fsdp_unsharded_under_pp=stack.fsdp_unsharded_under_pp, pp_p2p_overlap=stack.pp_p2p_overlap)
+        if tp_comm_overlap and not stack.tp_comm_overlap_offered:
+            raise ShardplanError(f"{stack.display_name} has no tensor-parallel communication overlap",
+                                 field="--tp-comm-overlap", hint="drop it, or use --stack megatron or torchtitan")
         if stack.eager_elementwise is not None:
             from_stack.update(stack.eager_elementwise.model_dump())
         if compile:
@@ -230,6 +234,8 @@ def training_workload(
         framework = stack.framework if stack is not None else Framework.ZERO.value
     if flash_attention is None:
         flash_attention = stack is None or stack.attention != "eager"
+    if tp_comm_overlap:
+        from_stack["tp_comm_overlap"] = True
     if matmul_dtype is not None:
         d = dtype_option(matmul_dtype, "--matmul-dtype") or DType.BF16
         if d not in (DType.BF16, DType.FP16, DType.FP8):

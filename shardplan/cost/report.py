@@ -125,6 +125,8 @@ class TrainingWorkloadReport(Frozen):
     matmul_dtype: str = Field(description="the linear layers' GEMM format (fp8: dynamic scaling)")
     fsdp_unsharded_under_pp: bool = Field(description="FSDP keeps stage parameters and fp32 gradients unsharded "
                                                       "under pipeline parallelism")
+    tp_comm_overlap: bool = Field(description="tensor-parallel collectives overlap the GEMMs they feed")
+    pp_p2p_overlap: bool = Field(description="pipeline sends overlap compute under the interleaved schedule")
 
 
 WorkloadReport = Annotated[Union[InferenceWorkloadReport, TrainingWorkloadReport], Field(discriminator="kind")]

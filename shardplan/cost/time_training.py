@@ -230,6 +230,9 @@ def _pipeline(
         a = bytes_per_element(wl.activation_dtype)
         act = layout.micro_batch_size * wl.seq_len / layout.cp * spec.hidden_size * a / layout.tp
         p2p = 2 * m * v * collective_seconds(Collective.P2P, act, groups.pp, hw)
+        if wl.pp_p2p_overlap and v > 1:  # batched sends beside the next chunk's compute
+            busy = m * (slowest.forward.seconds + slowest.backward.seconds)
+            p2p = overlapped(busy, p2p, hw) - busy
     return stages, slowest, bubble, p2p
 
 
@@ -313,6 +316,10 @@ def _cached_stage_time(
     tp_pass, _ = layer_collectives_seconds(spec, hw, layers, tokens=work.tokens, act_bytes=a, tp=tp, ep=ep)
     _, ep_pass = layer_collectives_seconds(spec, hw, layers, tokens=tokens_out, act_bytes=a, tp=tp, ep=ep)
     tp_seconds, ep_seconds = passes * tp_pass, passes * ep_pass
+    if wl.tp_comm_overlap and tp_pass > 0:
+        # Each pass's collectives run beside that pass's GEMMs (twice the forward's in backward).
+        gemm = layer_fwd.matmul_seconds
+        tp_seconds = sum(overlapped(g, tp_pass, hw) - g for g in (gemm, 2 * gemm, gemm)[:passes])
     # Context parallelism: the ring passes every K/V chunk round once in forward, K/V and
     # their gradients in backward, behind the attention core.
     cp_seconds = 0.0

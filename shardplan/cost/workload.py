@@ -153,3 +153,9 @@ class TrainingWorkload:
     # With pipeline parallelism FSDP keeps each stage's parameters unsharded and accumulates
     # unsharded fp32 gradients over the micro-batches (torchtitan with torch.distributed.pipelining).
     fsdp_unsharded_under_pp: bool = False
+    # Tensor-parallel collectives run beside the GEMMs they feed (Transformer Engine's userbuffers
+    # with Megatron's --tp-comm-overlap; torchtitan's async TP): only what the GEMMs cannot hide
+    # is exposed. Pipeline sends overlap compute under the interleaved schedule (Megatron's
+    # overlap_p2p_comm, on by default there).
+    tp_comm_overlap: bool = False
+    pp_p2p_overlap: bool = False

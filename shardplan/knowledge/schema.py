@@ -284,6 +284,9 @@ class StackFile(Frozen):
     fsdp_unsharded_under_pp: bool = Field(
         description="with pipeline parallelism, FSDP keeps each stage's parameters unsharded (bf16) and accumulates "
                     "unsharded fp32 gradients across micro-batches, resharding only after the last")
+    tp_comm_overlap_offered: bool = Field(
+        description="it can run tensor-parallel collectives beside the GEMMs (--tp-comm-overlap)")
+    pp_p2p_overlap: bool = Field(description="under the interleaved schedule its pipeline sends overlap compute")
     sources: dict[str, str] = Field(description="field -> where it comes from (file at a tag, PR, doc)")
 
     @model_validator(mode="after")
@@ -291,7 +294,8 @@ class StackFile(Frozen):
         documented = {"framework", "loss_bytes_per_logit", "loss_vocab_parallel", "largest_allocation_bytes_per_logit",
                       "recompute", "selective", "attention", "amp_fp32_master", "norms_fp32", "elementwise_fused",
                       "compile_offered", "attention_kernels", "loss_forward_bytes_per_logit",
-                      "loss_backward_bytes_per_logit", "fsdp_unsharded_under_pp"}
+                      "loss_backward_bytes_per_logit", "fsdp_unsharded_under_pp", "tp_comm_overlap_offered",
+                      "pp_p2p_overlap"}
         if self.eager_elementwise is not None:
             documented.add("eager_elementwise")
         missing = sorted(documented - {k for k, v in self.sources.items() if v.strip()})

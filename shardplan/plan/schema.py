@@ -151,6 +151,8 @@ class TrainingWorkloadSection(_Section):
     loss_backward_bytes_per_logit: float = Field(0.0, ge=0, le=1000, description="its backward traffic, bytes per logit")
     matmul_dtype: DTypeName = Field("bf16", description="the linear layers' GEMM format (fp8: dynamic scaling)")
     fsdp_unsharded_under_pp: bool = Field(False, description="FSDP keeps stage parameters and gradients unsharded under pp")
+    tp_comm_overlap: bool = Field(False, description="tensor-parallel collectives overlap the GEMMs")
+    pp_p2p_overlap: bool = Field(False, description="pipeline sends overlap compute (interleaved schedule)")
 
 
 class LayoutSection(_Section):

@@ -177,3 +177,42 @@ def test_estimate_prints_the_kernel_it_assumed(cli):
             "--dp", "8", "--zero-stage", "3", "--micro-batch-size", "1", "--seq-len", "8192", "--global-batch-size", "8",
             "--stack", "megatron", "--attention-kernel", "bogus")
     assert r.exit_code == 2 and "--attention-kernel" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tp_comm_overlap_exposes_only_what_the_gemms_cannot_hide():
+    """Megatron with --tp-comm-overlap (TE userbuffers): each pass's TP collectives run beside that
+    pass's GEMMs; exposed = overlapped(GEMMs, comm) - GEMMs, with the profile's overlap share."""
+    from shardplan.cost.comm import overlapped
+
+    hw = _hw("h100-sxm-80gb")
+    wl = _wl("megatron")
+    on = _wl("megatron", tp_comm_overlap=True)
+    layout = Layout(tp=8, sequence_parallel=True, micro_batch_size=1)
+    g = _groups(layout, hw)
+    plain = _cached_stage_time(LLAMA8B, hw, layout, wl, g.tp, g.cp, g.ep, (1,), False, False)
+    over = _cached_stage_time(LLAMA8B, hw, layout, on, g.tp, g.cp, g.ep, (1,), False, False)
+    tp_pass = plain.tp_seconds / 2
+    gemm = plain.forward.matmul_seconds
+    want = overlapped(gemm, tp_pass, hw) - gemm + overlapped(2 * gemm, tp_pass, hw) - 2 * gemm
+    assert over.tp_seconds == pytest.approx(want, rel=1e-9)
+    assert 0 < over.tp_seconds < plain.tp_seconds
+    with pytest.raises(ShardplanError) as e:
+        _wl("hf", tp_comm_overlap=True)
+    assert e.value.field == "--tp-comm-overlap"
+
+
+def test_megatron_overlaps_pipeline_sends_only_when_interleaved():
+    spec = load_model("llama-3.1-70b").spec
+    hw = _hw("h100-sxm-80gb", gpus=64)
+    wl = training_workload(seq_len=8192, global_batch_size=128, optimizer="adamw", framework=None,
+                           flash_attention=None, dropout=False, stack=stack_rules("megatron"))
+    assert wl.pp_p2p_overlap
+    inter = Layout(tp=4, pp=8, dp=2, zero_stage=1, sequence_parallel=True, virtual_stages=5,
+                   pp_schedule="interleaved")
+    blocking = dataclasses.replace(wl, pp_p2p_overlap=False)
+    p2p = training_time(spec, hw, inter, wl, 64).breakdown.pipeline_p2p
+    p2p_blocking = training_time(spec, hw, inter, blocking, 64).breakdown.pipeline_p2p
+    assert 0 < p2p < 0.5 * p2p_blocking
+    one_f_one_b = Layout(tp=4, pp=8, dp=2, zero_stage=1, sequence_parallel=True)
+    assert training_time(spec, hw, one_f_one_b, wl, 64).breakdown.pipeline_p2p == pytest.approx(
+        training_time(spec, hw, one_f_one_b, blocking, 64).breakdown.pipeline_p2p)
