@@ -69,7 +69,7 @@ MatmulDtypeOpt = Annotated[Optional[str], typer.Option(
          "dynamic scaling; attention and the output layer stay bf16).",
     callback=lambda v: choice("--matmul-dtype", ["bf16", "fp8"], "matmul dtype")(v),
     show_default=False, rich_help_panel=TRAIN)]
-TpCommOverlapOpt = Annotated[bool, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Tensor-parallel collectives overlap the GEMMs they feed (Megatron --tp-comm-overlap, torchtitan async TP).", rich_help_panel=TRAIN)]
+TpCommOverlapOpt = Annotated[bool, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Tensor-parallel collectives overlap the GEMMs they feed (Megatron --tp-comm-overlap with Transformer Engine userbuffers; --stack megatron).", rich_help_panel=TRAIN)]
 DropoutOpt = Annotated[bool, typer.Option(help="Dropout masks kept for backward.", rich_help_panel=TRAIN)]
 OverlapGradReduceOpt = Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)]
 

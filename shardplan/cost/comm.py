@@ -17,11 +17,12 @@ A collective over `n` ranks moving a buffer of `S` bytes costs
 (NVLink/NVSwitch/PCIe, per direction) times its efficiency. A group that spans nodes is
 limited by each rank's own NIC: B = min(intra-node link, per-GPU inter-node link) x
 efficiency. That is exact for the common 3-D layouts, where the node's other NICs carry the
-other data-parallel groups' traffic at the same moment; for a single group that fills
-whole nodes (pure data parallelism or ZeRO-3 with tp = 1) NCCL can aggregate the node's
-NICs (multi-rail rings) and this rule is conservative. It is what DeepSpeed ZeRO-3 reached
-in Megatron-LM's Table 2 (Narayanan et al. 2021): a per-GPU communication time constant in
-the GPU count and proportional to the parameters, at about the NIC rate.
+other data-parallel groups' traffic at the same moment, and it is what DeepSpeed ZeRO-3
+reached in Megatron-LM's Table 2 (Narayanan et al. 2021) for groups that fill whole nodes:
+a per-GPU communication time constant in the GPU count and proportional to the parameters,
+at about the NIC rate. A training stack whose collectives reach the node's NICs together
+(`multirail`: NCCL's one ring per NIC, FSDP2's flat per-layer buffers; measured with
+torchtitan's FSDP over 64 A100s) gets r NICs for a group with r ranks in a node.
 
 `overlapped()` is the one rule for communication that runs alongside compute: while the
 collective runs, compute keeps only `overlap_compute_share` of its throughput (NCCL's
@@ -79,11 +80,15 @@ class Link:
     latency_seconds: float
 
 
-def link_for(g: Group, hw: HardwareProfile) -> Link:
+def link_for(g: Group, hw: HardwareProfile, multirail: bool = False) -> Link:
+    """The group's bus bandwidth: the intra-node link inside a node; across nodes, each rank's
+    own NIC, or with `multirail` the NICs of all the group's ranks in a node (NCCL builds one
+    ring per NIC, so a group with r ranks a node moves r NICs' worth: ~370 GB/s bus bandwidth
+    over a DGX H100's 8 x 50 GB/s, nccl-tests issues #212 and #309), never more than NVLink."""
     intra = hw.intra_node.bandwidth_bytes_per_second * hw.intra_node.efficiency
     if g.num_nodes <= 1:
         return Link(intra, hw.intra_node.latency_seconds)
-    inter = hw.inter_node.bandwidth_bytes_per_second * hw.inter_node.efficiency
+    inter = hw.inter_node.bandwidth_bytes_per_second * hw.inter_node.efficiency * (g.ranks_per_node if multirail else 1)
     return Link(min(intra, inter), hw.inter_node.latency_seconds)
 
 
@@ -95,12 +100,12 @@ def overlapped(compute_seconds: float, comm_seconds: float, hw: HardwareProfile)
     return compute_seconds + (1.0 - share) * comm_seconds
 
 
-def collective_seconds(kind: Collective, nbytes: float, g: Group, hw: HardwareProfile) -> float:
+def collective_seconds(kind: Collective, nbytes: float, g: Group, hw: HardwareProfile, multirail: bool = False) -> float:
     """Time of one collective of `nbytes` (see the module docstring for what `nbytes` is)."""
     n = g.size
     if n <= 1 or nbytes <= 0:
         return 0.0
-    link = link_for(g, hw)
+    link = link_for(g, hw, multirail)
     if kind is Collective.ALL_REDUCE:
         factor, hops = 2 * (n - 1) / n, 2 * math.ceil(math.log2(n))
     elif kind is Collective.P2P:
@@ -138,7 +143,8 @@ def layout_groups(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, zero_de
 
 
 def layer_collectives_seconds(
-    spec: ModelSpec, hw: HardwareProfile, layers: list[int], *, tokens: float, act_bytes: float, tp: Group, ep: Group
+    spec: ModelSpec, hw: HardwareProfile, layers: list[int], *, tokens: float, act_bytes: float, tp: Group, ep: Group,
+    multirail: bool = False,
 ) -> tuple[float, float]:
     """(tensor-parallel, expert-parallel) seconds of one pass over `layers`: two all-reduces of
     the layer's activations per layer (one with a parallel residual; Megatron-LM, Shoeybi et al.
@@ -146,10 +152,10 @@ def layer_collectives_seconds(
     `tokens` x top-k rows of the hidden size."""
     h = spec.hidden_size
     per_layer = 1 if spec.parallel_residual else 2
-    tp_s = per_layer * len(layers) * collective_seconds(Collective.ALL_REDUCE, tokens * h * act_bytes, tp, hw)
+    tp_s = per_layer * len(layers) * collective_seconds(Collective.ALL_REDUCE, tokens * h * act_bytes, tp, hw, multirail)
     ep_s = 0.0
     num_moe = sum(spec.is_moe_layer(i) for i in layers)
     if num_moe and spec.moe is not None and ep.size > 1:
         sent = tokens * spec.moe.num_experts_per_token * h * act_bytes
-        ep_s = 2 * num_moe * collective_seconds(Collective.ALL_TO_ALL, sent, ep, hw)
+        ep_s = 2 * num_moe * collective_seconds(Collective.ALL_TO_ALL, sent, ep, hw, multirail)
     return tp_s, ep_s

@@ -194,6 +194,7 @@ def training_workload(
     attention_kernel: str | None = None,
     matmul_dtype: str | None = None,
     tp_comm_overlap: bool = False,
+    compile_loss: bool | None = None,
 ) -> TrainingWorkload:
     """The training workload from command-line values. With `stack`, what the stack fixes (its
     model-state bookkeeping, loss head, checkpointing, attention kernel, AMP, fusion) comes from
@@ -211,10 +212,11 @@ def training_workload(
             elementwise_fused=stack.elementwise_fused, attention_kernels=tuple(stack.attention_kernels),
             loss_forward_bytes_per_logit=stack.loss_forward_bytes_per_logit,
             loss_backward_bytes_per_logit=stack.loss_backward_bytes_per_logit,
-            fsdp_unsharded_under_pp=stack.fsdp_unsharded_under_pp, pp_p2p_overlap=stack.pp_p2p_overlap)
+            fsdp_unsharded_under_pp=stack.fsdp_unsharded_under_pp, pp_p2p_overlap=stack.pp_p2p_overlap,
+            collectives_multirail=stack.collectives_multirail)
         if tp_comm_overlap and not stack.tp_comm_overlap_offered:
             raise ShardplanError(f"{stack.display_name} has no tensor-parallel communication overlap",
-                                 field="--tp-comm-overlap", hint="drop it, or use --stack megatron or torchtitan")
+                                 field="--tp-comm-overlap", hint="drop it, or use --stack megatron")
         if stack.eager_elementwise is not None:
             from_stack.update(stack.eager_elementwise.model_dump())
         if compile:
@@ -223,6 +225,12 @@ def training_workload(
                                      hint="drop --compile, or use --stack torchtitan or hf")
             # Inductor fuses each block's elementwise ops and saves the norm's 16-bit input only.
             from_stack.update(elementwise_fused=True, norms_fp32=False)
+            cl = stack.compiled_loss
+            if cl is not None and compile_loss is not False:  # None: the stack's current behaviour
+                from_stack.update(loss_bytes_per_logit=cl.bytes_per_logit,
+                                  largest_allocation_bytes_per_logit=cl.largest_allocation_bytes_per_logit,
+                                  loss_forward_bytes_per_logit=cl.forward_bytes_per_logit,
+                                  loss_backward_bytes_per_logit=cl.backward_bytes_per_logit)
     elif compile:
         from_stack.update(elementwise_fused=True)
     if attention_kernel is not None:

@@ -127,6 +127,8 @@ class TrainingWorkloadReport(Frozen):
                                                       "under pipeline parallelism")
     tp_comm_overlap: bool = Field(description="tensor-parallel collectives overlap the GEMMs they feed")
     pp_p2p_overlap: bool = Field(description="pipeline sends overlap compute under the interleaved schedule")
+    collectives_multirail: bool = Field(description="cross-node collectives reach the NICs of all the group's ranks "
+                                                    "in a node")
 
 
 WorkloadReport = Annotated[Union[InferenceWorkloadReport, TrainingWorkloadReport], Field(discriminator="kind")]

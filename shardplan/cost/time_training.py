@@ -313,8 +313,10 @@ def _cached_stage_time(
     # all-to-alls, in forward, in backward, and again in a recomputed forward.
     passes = 3 if layout.recompute is Recompute.FULL else 2
     tokens_out = work.tokens / layout.tp if layout.sequence_parallel else work.tokens
-    tp_pass, _ = layer_collectives_seconds(spec, hw, layers, tokens=work.tokens, act_bytes=a, tp=tp, ep=ep)
-    _, ep_pass = layer_collectives_seconds(spec, hw, layers, tokens=tokens_out, act_bytes=a, tp=tp, ep=ep)
+    tp_pass, _ = layer_collectives_seconds(spec, hw, layers, tokens=work.tokens, act_bytes=a, tp=tp, ep=ep,
+                                         multirail=wl.collectives_multirail)
+    _, ep_pass = layer_collectives_seconds(spec, hw, layers, tokens=tokens_out, act_bytes=a, tp=tp, ep=ep,
+                                         multirail=wl.collectives_multirail)
     tp_seconds, ep_seconds = passes * tp_pass, passes * ep_pass
     if wl.tp_comm_overlap and tp_pass > 0:
         # Each pass's collectives run beside that pass's GEMMs (twice the forward's in backward).
@@ -389,6 +391,7 @@ def training_time(
     wbytes = bytes_per_element(wl.param_dtype)
     grad_bytes = sb.gradients if sb.gradients else wbytes
     dp_sync = zero3 = 0.0
+    mr = wl.collectives_multirail
     sync_pairs = ((w.dense_numel, groups.zero), (w.expert_numel, groups.expert_dp))
     if layout.zero_stage == 3:
         # Every micro-batch gathers the weights for forward and again for backward (and once
@@ -397,8 +400,8 @@ def training_time(
         gathers_in_backward = 2 if layout.recompute is Recompute.FULL else 1
         gather = scatter = 0.0
         for numel, g in sync_pairs:
-            gather += collective_seconds(Collective.ALL_GATHER, numel * wbytes, g, hw)
-            scatter += collective_seconds(Collective.REDUCE_SCATTER, numel * grad_bytes, g, hw)
+            gather += collective_seconds(Collective.ALL_GATHER, numel * wbytes, g, hw, mr)
+            scatter += collective_seconds(Collective.REDUCE_SCATTER, numel * grad_bytes, g, hw, mr)
         units = max(1, slowest.num_layers)
         fwd_c, bwd_c = slowest.forward.seconds, slowest.backward.seconds
         bwd_comm = gathers_in_backward * gather + scatter
@@ -407,10 +410,10 @@ def training_time(
     else:
         for numel, g in sync_pairs:
             if layout.zero_stage == 0:
-                t = collective_seconds(Collective.ALL_REDUCE, numel * grad_bytes, g, hw)
+                t = collective_seconds(Collective.ALL_REDUCE, numel * grad_bytes, g, hw, mr)
             else:  # reduce-scatter the gradients, all-gather the updated weights
-                t = collective_seconds(Collective.REDUCE_SCATTER, numel * grad_bytes, g, hw) + collective_seconds(
-                    Collective.ALL_GATHER, numel * wbytes, g, hw
+                t = collective_seconds(Collective.REDUCE_SCATTER, numel * grad_bytes, g, hw, mr) + collective_seconds(
+                    Collective.ALL_GATHER, numel * wbytes, g, hw, mr
                 )
             dp_sync += t
         if wl.overlap_grad_reduce:

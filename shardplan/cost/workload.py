@@ -154,8 +154,11 @@ class TrainingWorkload:
     # unsharded fp32 gradients over the micro-batches (torchtitan with torch.distributed.pipelining).
     fsdp_unsharded_under_pp: bool = False
     # Tensor-parallel collectives run beside the GEMMs they feed (Transformer Engine's userbuffers
-    # with Megatron's --tp-comm-overlap; torchtitan's async TP): only what the GEMMs cannot hide
+    # with Megatron's --tp-comm-overlap): only what the GEMMs cannot hide
     # is exposed. Pipeline sends overlap compute under the interleaved schedule (Megatron's
     # overlap_p2p_comm, on by default there).
     tp_comm_overlap: bool = False
     pp_p2p_overlap: bool = False
+    # The stack's collectives across nodes reach all the NICs of the group's ranks in a node
+    # (cost/comm.py link_for); False: each rank's own NIC (DeepSpeed ZeRO-3 as measured in 2021).
+    collectives_multirail: bool = False

@@ -245,6 +245,15 @@ class EagerElementwise(Frozen):
     act_kernels: int = Field(ge=1, le=100)
 
 
+class CompiledLoss(Frozen):
+    """The loss head once torch.compile fuses it (the upcast and log-softmax never materialised)."""
+
+    bytes_per_logit: float = Field(gt=0, le=100, description="bytes per logit at the loss head's peak")
+    largest_allocation_bytes_per_logit: float = Field(gt=0, le=100, description="its largest tensor, bytes per logit")
+    forward_bytes_per_logit: float = Field(ge=0, le=1000, description="forward memory traffic, bytes per logit")
+    backward_bytes_per_logit: float = Field(ge=0, le=1000, description="backward memory traffic, bytes per logit")
+
+
 class StackFile(Frozen):
     """`knowledge/stacks/<stack>.yaml`: what a training stack does that moves memory and time.
     Every field has its source in `sources` (the schema refuses one without)."""
@@ -284,9 +293,14 @@ class StackFile(Frozen):
     fsdp_unsharded_under_pp: bool = Field(
         description="with pipeline parallelism, FSDP keeps each stage's parameters unsharded (bf16) and accumulates "
                     "unsharded fp32 gradients across micro-batches, resharding only after the last")
+    compiled_loss: CompiledLoss | None = Field(
+        None, description="with --compile the loss is compiled too (torchtitan since 2025-04); null: it is not")
     tp_comm_overlap_offered: bool = Field(
         description="it can run tensor-parallel collectives beside the GEMMs (--tp-comm-overlap)")
     pp_p2p_overlap: bool = Field(description="under the interleaved schedule its pipeline sends overlap compute")
+    collectives_multirail: bool = Field(
+        description="its data-parallel and tensor/expert collectives across nodes reach the NICs of all the group's "
+                    "ranks in a node (NCCL multi-rail); false: each rank's own NIC")
     sources: dict[str, str] = Field(description="field -> where it comes from (file at a tag, PR, doc)")
 
     @model_validator(mode="after")
@@ -295,9 +309,11 @@ class StackFile(Frozen):
                       "recompute", "selective", "attention", "amp_fp32_master", "norms_fp32", "elementwise_fused",
                       "compile_offered", "attention_kernels", "loss_forward_bytes_per_logit",
                       "loss_backward_bytes_per_logit", "fsdp_unsharded_under_pp", "tp_comm_overlap_offered",
-                      "pp_p2p_overlap"}
+                      "pp_p2p_overlap", "collectives_multirail"}
         if self.eager_elementwise is not None:
             documented.add("eager_elementwise")
+        if self.compiled_loss is not None:
+            documented.add("compiled_loss")
         missing = sorted(documented - {k for k, v in self.sources.items() if v.strip()})
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
@@ -308,4 +324,4 @@ class StackFile(Frozen):
         return self
 
 
-__all__ += ["EagerElementwise", "StackFile"]
+__all__ += ["CompiledLoss", "EagerElementwise", "StackFile"]

@@ -153,6 +153,7 @@ class TrainingWorkloadSection(_Section):
     fsdp_unsharded_under_pp: bool = Field(False, description="FSDP keeps stage parameters and gradients unsharded under pp")
     tp_comm_overlap: bool = Field(False, description="tensor-parallel collectives overlap the GEMMs")
     pp_p2p_overlap: bool = Field(False, description="pipeline sends overlap compute (interleaved schedule)")
+    collectives_multirail: bool = Field(False, description="cross-node collectives reach all the group's NICs in a node")
 
 
 class LayoutSection(_Section):
