@@ -93,7 +93,8 @@ def capacity(
     if workload is WorkloadKind.TRAINING:
         stack_name, framework_name = resolve_stack(stack, framework)
         wl_t = options.training_workload(seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer.value,
-                                         framework=framework_name, flash_attention=flash_attention, dropout=False,
+                                         framework=framework_name, flash_attention=flash_attention,
+                                         dropout=loaded.spec.trains_with_dropout,
                                          stack=stack_rules(stack_name), compile=compile,
                                          attention_kernel=attention_kernel, matmul_dtype=matmul_dtype,
                                          tp_comm_overlap=tp_comm_overlap)

@@ -124,7 +124,7 @@ def estimate(
     compile: CompileOpt = False,
     matmul_dtype: MatmulDtypeOpt = None,
     tp_comm_overlap: TpCommOverlapOpt = False,
-    dropout: DropoutOpt = False,
+    dropout: DropoutOpt = None,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw each pipeline stage's per-GPU memory as stacked bars against the device's capacity, to FILE.png or FILE.svg (needs the plot extra).", show_default=False)] = None,
     json_out: JsonOpt = False,
@@ -224,7 +224,7 @@ def recommend(
     compile: CompileOpt = False,
     matmul_dtype: MatmulDtypeOpt = None,
     tp_comm_overlap: TpCommOverlapOpt = False,
-    dropout: DropoutOpt = False,
+    dropout: DropoutOpt = None,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw the serving Pareto frontier (time per output token against tokens/s per GPU) or, training, step time against GPU count, the pick marked, to FILE.png or FILE.svg (needs the plot extra).", show_default=False, rich_help_panel=SEARCH)] = None,
     json_out: JsonOpt = False,
@@ -356,7 +356,8 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
         stack, framework = resolve_stack(o["stack"], o["framework"])
         return options.training_workload(
             seq_len=o["seq_len"], global_batch_size=o["global_batch_size"], optimizer=o["optimizer"].value,
-            framework=framework, flash_attention=o["flash_attention"], dropout=o["dropout"],
+            framework=framework, flash_attention=o["flash_attention"],
+            dropout=o["loaded"].spec.trains_with_dropout if o["dropout"] is None else o["dropout"],
             overlap_grad_reduce=o["overlap_grad_reduce"], stack=stack_rules(stack), compile=o["compile"],
             attention_kernel=o["attention_kernel"], matmul_dtype=o["matmul_dtype"],
             tp_comm_overlap=o["tp_comm_overlap"],

@@ -70,7 +70,7 @@ MatmulDtypeOpt = Annotated[Optional[str], typer.Option(
     callback=lambda v: choice("--matmul-dtype", ["bf16", "fp8"], "matmul dtype")(v),
     show_default=False, rich_help_panel=TRAIN)]
 TpCommOverlapOpt = Annotated[bool, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Tensor-parallel collectives overlap the GEMMs they feed (Megatron --tp-comm-overlap with Transformer Engine userbuffers; --stack megatron).", rich_help_panel=TRAIN)]
-DropoutOpt = Annotated[bool, typer.Option(help="Dropout masks kept for backward.", rich_help_panel=TRAIN)]
+DropoutOpt = Annotated[Optional[bool], typer.Option("--dropout/--no-dropout", help="Dropout masks kept for backward; default: on when the model's config sets a dropout probability (GPT-2: 0.1), transformers' defaults where it is silent.", show_default=False, rich_help_panel=TRAIN)]
 OverlapGradReduceOpt = Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)]
 
 

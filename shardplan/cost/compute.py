@@ -48,7 +48,7 @@ from shardplan.cost.params import Split, WeightKind, block_weights
 from shardplan.cost.weights import bytes_per_weight_element, is_quantized_tensor, numel_per_rank
 from shardplan.cost.workload import Quantization
 from shardplan.specs.hardware import HardwareProfile
-from shardplan.specs.model import ModelSpec, PositionEmbedding
+from shardplan.specs.model import ModelSpec, NormType, PositionEmbedding
 from shardplan.units import DType, bytes_per_element
 
 LOW_PRECISION = (DType.FP8, DType.INT8)
@@ -261,8 +261,12 @@ def elementwise_bytes(spec: ModelSpec, layout: Layout, work: Work, moe_layer: bo
     h = spec.hidden_size
     t = layout.tp
     outside = work.tokens / t if layout.sequence_parallel else work.tokens  # tokens outside the TP region
-    kernels = spec.num_norms_per_layer * ew.norm_kernels + 2
-    nbytes = spec.num_norms_per_layer * ew.norm_bytes_per_element * width * h * outside
+    # An eager stack's counts are for RMSNorm and gated activations written as PyTorch ops;
+    # LayerNorm (F.layer_norm) and a plain GeLU are single native kernels even in eager mode.
+    norm_bytes, norm_kernels = ((ew.norm_bytes_per_element, ew.norm_kernels) if spec.norm_type is NormType.RMSNORM
+                                else (FUSED.norm_bytes_per_element, FUSED.norm_kernels))
+    kernels = spec.num_norms_per_layer * norm_kernels + 2
+    nbytes = spec.num_norms_per_layer * norm_bytes * width * h * outside
     residual_adds = 1 if spec.parallel_residual else 2
     nbytes += residual_adds * 3 * h * outside * a
     if work.dropout:
@@ -275,21 +279,22 @@ def elementwise_bytes(spec: ModelSpec, layout: Layout, work: Work, moe_layer: bo
             rot = spec.rotary_dim * (spec.num_attention_heads / t + max(1.0, spec.kv_heads / t))
         nbytes += ew.rope_bytes_per_element * width * rot * work.tokens
         kernels += ew.rope_kernels
-    per_width = (ew.act_bytes_per_element * width / a) if spec.mlp_gated else (2 if ew is FUSED else ew.act_bytes_per_element * width / a)
+    per_width = ew.act_bytes_per_element * width / a if spec.mlp_gated else 2  # bytes / a per intermediate element
+    act_kernels = ew.act_kernels if spec.mlp_gated else 1
     if moe_layer and spec.moe is not None:
         moe = spec.moe
         routed = work.tokens * moe.num_experts_per_token * expert_token_sets(layout) / layout.ep
         nbytes += per_width * moe.expert_intermediate_size / layout.expert_tp * routed * a
         nbytes += 4 * routed * h * a  # permute (dispatch) and unpermute (combine): read and write
         nbytes += work.tokens * moe.num_experts * 4 * 2  # fp32 router logits: softmax/top-k read and write
-        kernels += 3 + ew.act_kernels
+        kernels += 3 + act_kernels
         if moe.num_shared_experts:
             nbytes += per_width * moe.shared_intermediate_size * moe.num_shared_experts / t * work.tokens * a
-            kernels += ew.act_kernels
+            kernels += act_kernels
         mlp_inputs = routed * (h + moe.expert_intermediate_size / layout.expert_tp)
     else:
         nbytes += per_width * spec.intermediate_size / t * work.tokens * a
-        kernels += ew.act_kernels
+        kernels += act_kernels
         mlp_inputs = work.tokens * (h + spec.intermediate_size / t)
     if work.fp8_casts:
         # The inputs of the QKV and output projections and of the MLP's two GEMMs, cast to fp8.

@@ -361,6 +361,8 @@ def training_assumptions(hw: HardwareProfile, wl: TrainingWorkload) -> list[str]
         ew = (f"elementwise ops: eager, {wl.norm_bytes_per_element:g} bytes per element per norm, "
               f"{wl.rope_bytes_per_element:g} per rotary element, {wl.act_bytes_per_element:g} per activation element")
     lines = [who + attn, who + ew]
+    if wl.dropout:
+        lines.append(who + "dropout: on (1-byte masks kept for backward, with their elementwise passes)")
     if wl.matmul_dtype is DType.FP8:
         lines.append(who + f"linear GEMMs in fp8 at {hw.matmul_fp8_efficiency:.0%} of the fp8 peak, with their inputs cast "
                            "(attention and the output layer in 16 bits)")

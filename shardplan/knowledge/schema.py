@@ -237,11 +237,13 @@ class EagerElementwise(Frozen):
     bytes per element at 16-bit activations (every read and write of every op, upcasts
     included) and the kernels launched."""
 
-    norm_bytes_per_element: float = Field(gt=0, le=1000, description="one norm, per hidden element")
+    norm_bytes_per_element: float = Field(gt=0, le=1000, description="one RMSNorm, per hidden element (LayerNorm is "
+                                                                    "one native kernel even in eager mode)")
     norm_kernels: int = Field(ge=1, le=100)
     rope_bytes_per_element: float = Field(gt=0, le=1000, description="rotary embedding, per element of q (and of k)")
     rope_kernels: int = Field(ge=1, le=100, description="kernels for q and k together")
-    act_bytes_per_element: float = Field(gt=0, le=1000, description="the MLP activation, per intermediate element")
+    act_bytes_per_element: float = Field(gt=0, le=1000, description="the gated MLP activation (SwiGLU), per "
+                                                                   "intermediate element")
     act_kernels: int = Field(ge=1, le=100)
 
 

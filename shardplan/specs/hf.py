@@ -398,12 +398,34 @@ def detect_model_type(cfg: Config) -> str:
     )
 
 
+# Dropout probabilities from the keys the families use (the largest present) and
+# transformers' defaults where the config omits them (configuration_<family>.py __init__
+# signatures: GPT2Config attn_pdrop=0.1, resid_pdrop=0.1, embd_pdrop=0.1; GPTNeoXConfig and
+# FalconConfig attention_dropout=0.0, hidden_dropout=0.0; LlamaConfig, MistralConfig,
+# Qwen2Config, Qwen3Config, GemmaConfig and the MoE/DeepSeek configs attention_dropout=0.0 and
+# no hidden dropout; Phi3Config attention_dropout=0.0, resid_pdrop=0.0, embd_pdrop=0.0).
+ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop")
+HIDDEN_DROPOUT_KEYS = ("hidden_dropout", "resid_pdrop", "embd_pdrop")
+DROPOUT_DEFAULTS = {"gpt2": (0.1, 0.1)}  # family -> (attention, hidden) when the config is silent
+
+
+def _dropouts(cfg: Config, model_type: str) -> dict[str, float]:
+    default_attn, default_hidden = DROPOUT_DEFAULTS.get(model_type, (0.0, 0.0))
+
+    def first(keys: tuple[str, ...], default: float) -> float:
+        values = [cfg[k] for k in keys if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool)]
+        return float(max(values)) if values else default
+
+    return {"attention_dropout": first(ATTENTION_DROPOUT_KEYS, default_attn),
+            "hidden_dropout": first(HIDDEN_DROPOUT_KEYS, default_hidden)}
+
+
 def hf_config_to_spec_fields(cfg: Config, name: str) -> dict[str, Any]:
     """Return ModelSpec keyword arguments for an HF config dict (validation happens in ModelSpec)."""
     if "text_config" in cfg and "hidden_size" not in cfg and isinstance(cfg["text_config"], Mapping):
         cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
     model_type = detect_model_type(cfg)
-    return TRANSLATORS[model_type](cfg, name)
+    return {**TRANSLATORS[model_type](cfg, name), **_dropouts(cfg, model_type)}
 
 
 def spec_from_hf_config(cfg: Config, name: str, source: str | None = None) -> ModelSpec:

@@ -152,6 +152,10 @@ class ModelSpec(StrictModel):
     num_mtp_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="multi-token-prediction modules (DeepSeek-V3), counted apart")
 
     dtype: str = Field("bfloat16", description="the checkpoint's dtype (HF torch_dtype)")
+    # Training-time dropout as the config sets it (transformers' default where it is silent):
+    # masks kept for backward and elementwise work when either is above zero.
+    attention_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the attention probabilities")
+    hidden_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the residual branches and embeddings")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
@@ -176,6 +180,10 @@ class ModelSpec(StrictModel):
         return self
 
     # ----- derived figures -------------------------------------------------------------
+    @property
+    def trains_with_dropout(self) -> bool:
+        return self.attention_dropout > 0 or self.hidden_dropout > 0
+
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_attention_heads

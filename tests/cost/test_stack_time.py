@@ -216,3 +216,38 @@ def test_megatron_overlaps_pipeline_sends_only_when_interleaved():
     one_f_one_b = Layout(tp=4, pp=8, dp=2, zero_stage=1, sequence_parallel=True)
     assert training_time(spec, hw, one_f_one_b, wl, 64).breakdown.pipeline_p2p == pytest.approx(
         training_time(spec, hw, one_f_one_b, blocking, 64).breakdown.pipeline_p2p)
+
+
+def test_dropout_comes_from_the_config_with_transformers_defaults():
+    from shardplan.specs.hf import spec_from_hf_config
+
+    gpt2, llama = load_model("gpt2").spec, LLAMA8B
+    assert (gpt2.attention_dropout, gpt2.hidden_dropout) == (0.1, 0.1) and gpt2.trains_with_dropout
+    assert not llama.trains_with_dropout
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 128,
+           "attention_dropout": 0.2}
+    assert spec_from_hf_config(cfg, "tiny").attention_dropout == 0.2
+    silent_gpt2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 256, "n_layer": 2, "n_head": 4,
+                   "vocab_size": 1000, "n_positions": 128}
+    assert spec_from_hf_config(silent_gpt2, "tiny").hidden_dropout == 0.1  # GPT2Config's default
+
+
+def test_training_dropout_defaults_to_the_models(cli):
+    args = ("estimate", "gpt2", "--workload", "training", "--gpus", "1", "--seq-len", "1024", "--global-batch-size", "8",
+            "--micro-batch-size", "8", "--json")
+    assert cli(*args).json()["workload"]["dropout"] is True
+    assert cli(*args, "--no-dropout").json()["workload"]["dropout"] is False
+    args_llama = ("estimate", "llama-3.2-1b", *args[2:])
+    assert cli(*args_llama).json()["workload"]["dropout"] is False
+
+
+def test_layernorm_and_plain_gelu_are_single_kernels_even_in_an_eager_stack():
+    """F.layer_norm and F.gelu are native fused kernels: the eager counts (RMSNorm written as ops,
+    SwiGLU) do not apply to GPT-2's block, so its traffic is the fused one."""
+    gpt2 = load_model("gpt2").spec
+    tokens = 1024.0
+    eager = Work(tokens=tokens, num_seqs=1, q_len=tokens, kv_len=tokens, decode=False,
+                 elementwise=elementwise_traffic(_wl("torchtitan")))
+    fused = dataclasses.replace(eager, elementwise=FUSED)
+    assert elementwise_bytes(gpt2, Layout(), eager, moe_layer=False) == elementwise_bytes(gpt2, Layout(), fused, moe_layer=False)
