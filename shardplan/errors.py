@@ -20,7 +20,8 @@ EXIT_CODES: dict[int, str] = {
                     "an impossible field or layout",
     EXIT_DOES_NOT_FIT: "the plan does not fit (the result is still printed); recommend, capacity, replan: nothing fits",
     EXIT_VERIFY_MISMATCH: "verify: a measurement or the numerics disagree with the prediction beyond tolerance",
-    EXIT_VERIFY_FAILED: "verify: the run did not complete (a rank raised, was killed, or hung past --timeout)",
+    EXIT_VERIFY_FAILED: "verify: the run did not complete (a rank ran out of memory, raised, was killed, or hung "
+                        "past --timeout)",
 }
 
 

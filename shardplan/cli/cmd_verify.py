@@ -11,7 +11,7 @@ import typer
 from enum import Enum
 
 from shardplan.cli import render_common, render_verify
-from shardplan.errors import ShardplanError, EXIT_VERIFY_MISMATCH
+from shardplan.errors import ShardplanError, EXIT_VERIFY_FAILED, EXIT_VERIFY_MISMATCH
 
 from shardplan.cli.app import app, JsonOpt
 from shardplan.cli.options import (
@@ -30,6 +30,11 @@ class ScaleChoice(str, Enum):
     FULL = "full"
 
 
+class DtypeChoice(str, Enum):
+    PLAN = "plan"
+    FP32 = "fp32"
+
+
 @app.command("verify")
 def verify_cmd(
     plan: Annotated[Path, typer.Argument(help="A manifest written by `shardplan recommend -o`.")],
@@ -38,6 +43,8 @@ def verify_cmd(
     steps: Annotated[int, typer.Option(min=1, help="Training: optimizer steps to run.")] = 3,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds the whole run may take; a rank that hangs or dies ends it.")] = 300.0,
     report: Annotated[Optional[Path], typer.Option("--report", help="Write the full report as JSON to this file.")] = None,
+    dtype: Annotated[DtypeChoice, typer.Option("--dtype", help="plan: run in the plan's format (bf16 for a bf16, fp16 or fp8 plan, on GPUs and on CPUs with gloo); fp32: run fp32 (tighter numerics), compared with the cost model applied to fp32.")] = DtypeChoice.PLAN,
+    device_memory_gib: Annotated[Optional[float], typer.Option("--device-memory-gib", min=0.001, help="Run as if each device had this much memory, GiB (as the profile's memory_capacity_gib; torch may use it less the profile's CUDA context, non-torch and NCCL figures). Default: the plan's GPU at --scale full, no limit for a proxy. A CPU run enforces it on its live tensors, a GPU run on the caching allocator.", show_default=False)] = None,
     engine_log: Annotated[Optional[Path], typer.Option("--engine-log", help="Check the plan against this vLLM/SGLang/TGI start-up log instead of running it (no torch, nothing launched).", show_default=False)] = None,
     hardware: Annotated[Optional[str], typer.Option("--hardware", "-H", help="With --engine-log: the hardware profile the plan was made with, when it is a file (e.g. one `calibrate` wrote); default: the plan's profile by name.", show_default=False)] = None,
     json_out: JsonOpt = False,
@@ -47,16 +54,31 @@ def verify_cmd(
     optimizer states, activations, KV cache) with the cost model applied to what ran; check the
     loss or logits against an unsharded single-process reference; time on GPUs.
 
+    It runs in the plan's format (--dtype plan: bf16 for a bf16, fp16 or fp8 plan) and compares
+    with the cost model applied to the format that ran; numerics tolerances follow it. Per rank
+    it reports peak allocated and reserved memory (GPU: torch.cuda.memory_stats; CPU: the live
+    tensors, reserved not measured) against the predicted total and reserve.
+
+    A rank that runs out of device memory (a GPU's own, or on a CPU the plan's GPU at --scale
+    full or --device-memory-gib, enforced on its live tensors) ends the run with a report: the
+    op, tensor shape and bytes that did not fit, the component they belong to and its
+    prediction, the components measured before, and the smallest change the cost model says
+    fits (halve the micro-batch, recompute full, twice the tp, ZeRO-3).
+
     On one machine it starts the ranks itself through torchrun; started by a launcher (RANK and
     WORLD_SIZE set, e.g. the torchrun or slurm export on a cluster) it runs as one rank.
-    Exit 4 when a component or the numerics are out of tolerance, 5 when a rank raised, died or
-    hung (the report names it), 2 for a plan it cannot run here.
+    Exit 4 when a component or the numerics are out of tolerance, 5 when the run did not
+    complete: a rank ran out of memory (the report says where), raised, died or hung (the
+    report names it); 2 for a plan it cannot run here.
 
     With --engine-log FILE it runs nothing: the memory figures the engine printed at start-up
     (weights, activation peak, KV cache bytes, tokens and blocks, max concurrency, a refusal)
     are compared with the plan's estimate. Exit 4 when one is out of tolerance, 2 for a log
     that cannot be read or holds no start-up memory lines."""
     if engine_log is not None:
+        if dtype is not DtypeChoice.PLAN or device_memory_gib is not None:
+            raise ShardplanError("applies to a run, not to --engine-log", field="--dtype" if dtype is not DtypeChoice.PLAN
+                                 else "--device-memory-gib", hint="drop it, or run the plan without --engine-log")
         _engine_log(plan, engine_log, hardware, json_out)
         return
     if hardware is not None:
@@ -68,14 +90,19 @@ def verify_cmd(
     launched = is_worker() and os.environ.get(RUN_DIR_ENV)  # a rank the local launcher started
     on_event = _progress_line if render_common.err_console.is_terminal and not launched else None
     result = verify_plan(plan, backend=backend.value, scale=scale.value if scale else None, steps=steps,
-                         timeout_seconds=timeout, report_path=report, on_event=on_event)
+                         timeout_seconds=timeout, report_path=report, on_event=on_event, dtype=dtype.value,
+                         device_memory_gib=device_memory_gib)
     if result is None:
         return  # a rank other than 0: rank 0 reports
     if launched:
+        if result.status == "oom":  # exit at once: torchrun then ends the peers waiting for this rank
+            raise typer.Exit(EXIT_VERIFY_FAILED)
         return  # the local launcher reads the report and renders it
     render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_verify.verify_report)
     if result.status == "mismatch":
         raise typer.Exit(EXIT_VERIFY_MISMATCH)
+    if result.status == "oom":
+        raise typer.Exit(EXIT_VERIFY_FAILED)
 
 
 def _engine_log(plan: Path, log: Path, hardware: str | None, json_out: bool) -> None:
@@ -109,6 +136,10 @@ def calibrate_cmd(
     With --engine-log FILE instead of REPORT: a vLLM start-up log's total_gpu_memory,
     non_torch_memory and CUDA-graph figures become the profile's device memory and runtime
     overheads (each with the log line it comes from).
+
+    A report of a run that ran out of memory is read for the probes the failed rank ran after
+    freeing its memory (matmul and memory bandwidth; the all-reduce could not run, so the link
+    efficiencies stay the base profile's, and a note says so).
 
     Exit 2 for a report from a CPU run, a failed run, or one without probes; for a log without
     those figures; or for both or neither of REPORT and --engine-log. Nothing is written then."""

@@ -10,16 +10,100 @@ from shardplan.verify.engine_log_check import EngineLogCheck, TermCheck
 from shardplan.verify.report import VerifyReport
 
 
+_STATUS = {"ok": "[green]ok[/green]", "mismatch": "[red]mismatch[/red]", "oom": "[red]out of memory[/red]"}
+
+
 def verify_report(r: VerifyReport) -> None:
-    """Predicted against measured per rank and memory component, the numerics check, time."""
+    """Predicted against measured per rank and memory component, the numerics check, time; for
+    a run that ran out of memory, where and what would fit."""
     run = r.run
     mdl = run["model"]
-    status = "[green]ok[/green]" if r.status == "ok" else "[red]mismatch[/red]"
-    console.print(f"verify {r.plan}: {status} ({r.backend} on {r.device}, {r.world_size} ranks, "
+    console.print(f"verify {r.plan}: {_STATUS[r.status]} ({r.backend} on {r.device}, {r.world_size} ranks, "
                   f"{run['scale']} model: hidden {mdl['hidden_size']}, {mdl['num_layers']} layers, "
                   f"{mdl['num_attention_heads']}/{mdl['num_kv_heads']} heads, vocab {mdl['vocab_size']}; {run['dtype']})")
     console.print("work: " + ", ".join(f"{k} {v}" for k, v in run["work"].items()), highlight=False)
-    t = Table(title="memory per rank: measured vs the cost model applied to what ran", title_justify="left")
+    if r.oom is not None:
+        _out_of_memory(r)
+    _components_table(r)
+    _peaks_table(r)
+    if r.oom is None:
+        _numerics_and_time(r)
+    probes = [p for p in r.probes if "error" not in p]
+    if probes:
+        first = probes[0]
+        parts = [f"{first['matmul_dtype']} matmul {max(p['matmul_flops_per_second'] for p in probes) / 1e12:.1f} TFLOP/s",
+                 f"memory {max(p['memory_bytes_per_second'] for p in probes) / 1e9:.0f} GB/s"]
+        if first.get("all_reduce_bus_bytes_per_second"):
+            parts.append(f"all-reduce bus {first['all_reduce_bus_bytes_per_second'] / 1e9:.1f} GB/s")
+        console.print(f"hardware probes ({first['device_name']}, best rank): {', '.join(parts)}; "
+                      "`shardplan calibrate REPORT` makes a profile of them", highlight=False)
+    for note in run["notes"]:
+        console.print(f"note: {note}", highlight=False)
+    for mm in r.mismatches:
+        console.print(f"[red]{'out of memory' if r.oom is not None else 'out of tolerance'}:[/red] {mm}", highlight=False)
+
+
+def _out_of_memory(r: VerifyReport) -> None:
+    """The allocation that did not fit, its component's prediction, and what would fit."""
+    o = r.oom
+    assert o is not None
+    where = "while building the model" if o.step is None else f"in step {o.step}"
+    device = (f"a simulated {fmt_bytes(o.capacity_bytes)} device" if o.simulated else f"a {fmt_bytes(o.capacity_bytes)} device")
+    limit = f", torch may allocate {fmt_bytes(o.limit_bytes)}" if o.limit_bytes is not None else ""
+    shape = f" {o.shape}" if o.shape is not None else ""
+    dtype = f" {o.dtype}" if o.dtype else ""
+    size = f" allocating {fmt_bytes(o.allocation_bytes)}" if o.allocation_bytes is not None else ""
+    live = f" with {fmt_bytes(o.live_bytes)} live" if o.live_bytes is not None else ""
+    console.print(f"rank {o.rank} (stage {o.stage}) ran out of memory {where} on {device}{limit}: "
+                  f"{o.op or 'an allocation'}{size}{shape}{dtype}{live}", highlight=False)
+    if o.message:
+        console.print(f"torch: {o.message}", highlight=False, markup=False)
+    predicted = "-" if o.predicted_component_bytes is None else fmt_bytes(o.predicted_component_bytes)
+    said = "fits" if o.predicted_fits else "does not fit"
+    console.print(f"component: {o.component or 'unknown'}, predicted {predicted}; the rank's predicted total "
+                  f"{fmt_bytes(o.predicted_total_bytes)}, reserve {fmt_bytes(o.predicted_reserved_bytes)}: the cost "
+                  f"model said it {said}", highlight=False)
+    if o.unmeasured_components:
+        console.print(f"not measured before the failure: {', '.join(o.unmeasured_components)}", highlight=False)
+    if o.suggestion is not None:
+        console.print(f"[green]smallest change that fits:[/green] {o.suggestion.change} (predicted "
+                      f"{fmt_bytes(o.suggestion.predicted_total_bytes)}, reserve "
+                      f"{fmt_bytes(o.suggestion.predicted_reserved_bytes)})", highlight=False)
+    else:
+        console.print("[red]no change tried fits[/red] (micro-batch halved, recompute full, twice the tp, ZeRO-3)",
+                      highlight=False)
+    if o.tried:
+        t = Table(title="changes tried (the cost model at the device's memory)", title_justify="left")
+        for col in ("change", "predicted total", "reserve", "fits"):
+            t.add_column(col, justify="right" if col in ("predicted total", "reserve") else "left")
+        for c in o.tried:
+            t.add_row(c.change, fmt_bytes(c.predicted_total_bytes), fmt_bytes(c.predicted_reserved_bytes),
+                      "[green]yes[/green]" if c.fits else "no")
+        console.print(t)
+
+
+def _peaks_table(r: VerifyReport) -> None:
+    ranks = [rank for rank in r.ranks if rank.memory_peak is not None]
+    if not ranks:
+        return
+    t = Table(title="peak memory per rank: measured vs the predicted total and reserve (less the runtime's share; "
+                    "reported, not checked)", title_justify="left")
+    for col in ("rank", "allocated", "predicted", "error", "reserved", "predicted ", "error "):
+        t.add_column(col, justify="left" if col == "rank" else "right")
+    for rank in ranks:
+        p = rank.memory_peak
+        assert p is not None
+        reserved = "not measured" if p.reserved_peak_bytes is None else fmt_bytes(p.reserved_peak_bytes)
+        t.add_row(str(rank.rank), fmt_bytes(p.allocated_peak_bytes), fmt_bytes(p.predicted_allocated_bytes),
+                  fmt_pct(p.allocated_relative_error), reserved, fmt_bytes(p.predicted_reserved_bytes),
+                  fmt_pct(p.reserved_relative_error))
+    console.print(t)
+
+
+def _components_table(r: VerifyReport) -> None:
+    title = ("memory per rank measured before the failure vs the cost model applied to what ran" if r.oom is not None
+             else "memory per rank: measured vs the cost model applied to what ran")
+    t = Table(title=title, title_justify="left")
     axes = ("pp", "dp", "cp", "tp") if r.world_size > 1 and any(rank.cp for rank in r.ranks) else ("pp", "dp", "tp")
     for col in ("rank", "/".join(axes), "component", "measured", "predicted", "error", "tolerance", ""):
         t.add_column(col, justify="right" if col in ("measured", "predicted", "error", "tolerance") else "left",
@@ -34,6 +118,9 @@ def verify_report(r: VerifyReport) -> None:
                       fmt_pct(c.relative_error), tol, mark)
         t.add_section()
     console.print(t)
+
+
+def _numerics_and_time(r: VerifyReport) -> None:
     n = r.numerics
     if not n.get("checked", True):
         console.print(f"numerics: {n['check']}")
@@ -47,19 +134,6 @@ def verify_report(r: VerifyReport) -> None:
     predicted = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in tm["predicted"].items())
     console.print(f"time: measured {measured}; predicted {predicted}" +
                   ("" if tm["compared"] else f" (not compared: {tm['reason']})"), highlight=False)
-    probes = [p for p in r.probes if "error" not in p]
-    if probes:
-        first = probes[0]
-        parts = [f"{first['matmul_dtype']} matmul {max(p['matmul_flops_per_second'] for p in probes) / 1e12:.1f} TFLOP/s",
-                 f"memory {max(p['memory_bytes_per_second'] for p in probes) / 1e9:.0f} GB/s"]
-        if first.get("all_reduce_bus_bytes_per_second"):
-            parts.append(f"all-reduce bus {first['all_reduce_bus_bytes_per_second'] / 1e9:.1f} GB/s")
-        console.print(f"hardware probes ({first['device_name']}, best rank): {', '.join(parts)}; "
-                      "`shardplan calibrate REPORT` makes a profile of them", highlight=False)
-    for note in run["notes"]:
-        console.print(f"note: {note}", highlight=False)
-    for mm in r.mismatches:
-        console.print(f"[red]out of tolerance:[/red] {mm}", highlight=False)
 
 
 def _fmt_value(value: float, unit: str) -> str:

@@ -62,15 +62,29 @@ class ReportHardware(_Loose):
     gpus_per_node: int = Field(ge=1)
 
 
+class OutOfMemoryRow(_Loose):
+    """The parts of a report's `oom` section calibration names in its notes."""
+
+    rank: int = Field(ge=0)
+    step: int | None = None
+    op: str | None = None
+    component: str | None = None
+    measured_components: list[str] = Field(default_factory=list)
+    unmeasured_components: list[str] = Field(default_factory=list)
+
+
 class CalibrationReport(_Loose):
-    """The parts of a `verify --report` file calibration reads; the rest is ignored."""
+    """The parts of a `verify --report` file calibration reads; the rest is ignored. A run that
+    ran out of memory ("oom") still ran the matmul and memory probes on the rank that failed,
+    after freeing its memory; its peers could not join an all-reduce."""
 
     plan: str
-    status: Literal["ok", "mismatch"]
+    status: Literal["ok", "mismatch", "oom"]
     device: Literal["cuda"]
     world_size: int = Field(ge=1)
     hardware: ReportHardware
     probes: list[ProbeRow] = Field(min_length=1)
+    oom: OutOfMemoryRow | None = None
 
 
 class CalibrationChange(Result):
@@ -112,8 +126,9 @@ class CalibrateResult(Result):
 
 
 def parse_report(data: Any, source: str) -> CalibrationReport:
-    """The report, or a one-line error naming the field: a CPU report and a report without
-    probes (verify before this version, or every probe out of memory) are refused."""
+    """The report, or a one-line error naming the field: a CPU report, a failed run's and a
+    report without probes (verify before this version, or every probe out of memory) are
+    refused; a run that ran out of memory is read for the probes it ran."""
     if isinstance(data, dict) and data.get("status") == "failed":
         raise InputFileError("the verify run failed, so it measured nothing", source=source, field="status",
                              hint="fix the run and pass the report of one that completed")
@@ -121,12 +136,16 @@ def parse_report(data: Any, source: str) -> CalibrationReport:
         raise InputFileError("measured on a CPU, which says nothing about a GPU's efficiencies", source=source,
                              field="device", hint="run `shardplan verify PLAN --backend nccl --report FILE` on the GPUs")
     try:
-        return CalibrationReport.model_validate(data)
+        parsed = CalibrationReport.model_validate(data)
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         where = ".".join(str(p) for p in err["loc"])
         raise InputFileError(err["msg"], source=source, field=where or None,
                              hint="pass the JSON file `shardplan verify --report` wrote on GPUs") from None
+    if parsed.status == "oom" and parsed.oom is None:
+        raise InputFileError("status is 'oom' but the report has no 'oom' section", source=source, field="oom",
+                             hint="pass the JSON file `shardplan verify --report` wrote")
+    return parsed
 
 
 def _share(d: float, half_dim: float) -> float:
@@ -151,6 +170,14 @@ def calibrate(report: CalibrationReport, base: dict[str, Any], *, name: str, rep
     for p in report.probes:
         if p.error is not None:
             notes.append(f"rank {p.rank}: probes did not run ({p.error.splitlines()[0][:120]})")
+    if report.oom is not None:
+        o = report.oom
+        ranks = ", ".join(str(p.rank) for p in probes) or "none"
+        notes.append(f"the run ran out of memory on rank {o.rank} (step {o.step}, {o.component or 'an allocation'}: "
+                     f"{o.op or '?'}); calibrated from the probes rank(s) {ranks} ran alone after freeing their memory")
+        if o.measured_components or o.unmeasured_components:
+            notes.append(f"memory measured before the failure ({', '.join(o.measured_components) or 'none'}) is compared "
+                         f"in the report, not calibrated; not measured: {', '.join(o.unmeasured_components) or 'none'}")
     devices = sorted({p.device_name for p in probes})
     where = f"shardplan verify on {', '.join(devices) or 'the GPUs'}, {report.world_size} rank(s), {report_source}"
     if devices and any(prof.gpu.model.lower() not in d.lower() and d.lower() not in prof.gpu.model.lower() for d in devices):
@@ -197,6 +224,10 @@ def calibrate(report: CalibrationReport, base: dict[str, Any], *, name: str, rep
             f"all-reduce bus bandwidth over {ar[0].all_reduce_ranks} ranks on {report.hardware.num_nodes} node(s)")
     elif report.world_size == 1:
         notes.append("one rank: no all-reduce, so the link efficiencies are the base profile's")
+    elif report.oom is not None:
+        link = "inter_node_link" if report.hardware.num_nodes > 1 else "intra_node_link"
+        notes.append(f"efficiency.{link}: not measured (the run ran out of memory; the peers could not join the "
+                     f"all-reduce probe), so it is the base profile's")
     if not rows:
         raise InputFileError("no probe figure to calibrate from", source=report_source, field="probes",
                              hint="every rank's probes failed; rerun verify with more free GPU memory")

@@ -44,7 +44,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from shardplan.cost.layout import Layout
 from shardplan.specs.model import ModelSpec
 from shardplan.verify import parallel
-from shardplan.verify.model import MLP, MoE, fused_moe, route, unpermute
+from shardplan.verify.model import MLP, MoE, fused_moe, model_dtype, route, unpermute
 
 EXPERT_SPLITS = ("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight", "mlp.experts.down_proj.weight")
 
@@ -163,7 +163,7 @@ class ExpertParallel:
         for block in list(chunk.modules()):
             if isinstance(getattr(block, "mlp", None), MoE):
                 with torch.device("meta"):
-                    block.mlp = ExpertParallelMoE(spec, self.ids, self.ep_group)
+                    block.mlp = ExpertParallelMoE(spec, self.ids, self.ep_group).to(model_dtype(spec))
                 block.mlp.force_load_balance = force_load_balance
                 if serving:
                     block.mlp.register_forward_hook(parallel._all_reduce_in_place(self.ep_group))

@@ -28,6 +28,7 @@ from shardplan.plan.readback import plan_spec
 from shardplan.fileio import write_text_atomic
 from shardplan.plan.manifest import load_manifest
 from shardplan.plan.schema import DeploymentManifest
+from shardplan.verify.outofmemory import check_limit, hardware_for
 from shardplan.verify.report import Progress, VerifyReport
 from shardplan.verify.runspec import RUN_DIR_ENV, RunSpec, plan_run
 
@@ -40,14 +41,15 @@ COLLATERAL = ("Connection closed by peer", "Connection reset", "Timed out", "tim
               "NCCL", "gloo", "ProcessGroup", "DistBackendError", "SIGTERM", "Signal 15")
 
 
-def load_plan(plan: Path, scale: str, steps: int) -> tuple[DeploymentManifest, RunSpec]:
+def load_plan(plan: Path, scale: str, steps: int, dtype: str = "plan",
+              device_memory_gib: float | None = None) -> tuple[DeploymentManifest, RunSpec]:
     m = load_manifest(plan)
     spec = plan_spec(m)
     if spec is None:
         raise CannotVerify(f"the model spec '{m.model.source}' is missing or changed since the plan was written",
                            source=str(plan), field="model.source", hint="re-run shardplan recommend with the spec")
     try:
-        run = plan_run(m, spec, scale=scale, steps=steps)
+        run = plan_run(m, spec, scale=scale, steps=steps, dtype=dtype, device_memory_gib=device_memory_gib)
     except ShardplanError as e:
         e.source = e.source or str(plan)
         raise
@@ -156,7 +158,7 @@ def failure_report(plan: str, run: RunSpec, statuses: list[dict[str, Any]], *, t
     """Who failed and how. The root cause is a rank whose own error is not a peer's collateral
     one; else a rank that vanished without a word (killed), the first seen gone when several
     did (`died_at`: rank -> when); else, on a timeout, the ranks that never finished (hung)."""
-    errors = [s for s in statuses if s.get("state") == "error"]
+    errors = [s for s in statuses if s.get("state") in ("error", "oom")]
     own = [s for s in errors if not any(c in s.get("error", "") for c in COLLATERAL)]
     silent = [s for s in statuses if s.get("state") in ("started", "not started")]
     if own:
@@ -186,14 +188,17 @@ def failure_report(plan: str, run: RunSpec, statuses: list[dict[str, Any]], *, t
 
 
 def local_command(plan: Path, world: int, port: int, run_dir: Path, *, backend: str, scale: str, steps: int,
-                  timeout_seconds: float) -> tuple[list[str], dict[str, str]]:
+                  timeout_seconds: float, dtype: str = "plan",
+                  device_memory_gib: float | None = None) -> tuple[list[str], dict[str, str]]:
     """torchrun's command line and environment for a single-node run. Everything listens on the
     loopback interface only: the c10d rendezvous endpoint is 127.0.0.1 and gloo's sockets
     are bound to `lo`, so no other host can join or talk to the ranks."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "0",
            "-m", "shardplan", "verify", str(plan), "--backend", backend, "--scale", scale, "--steps", str(steps),
-           "--timeout", str(timeout_seconds), "--report", str(run_dir / "report.json")]
+           "--timeout", str(timeout_seconds), "--report", str(run_dir / "report.json"), "--dtype", dtype]
+    if device_memory_gib is not None:
+        cmd += ["--device-memory-gib", repr(float(device_memory_gib))]
     env = dict(os.environ, **{RUN_DIR_ENV: str(run_dir)})
     if backend == "gloo":
         env.setdefault("OMP_NUM_THREADS", "1")  # many ranks on few cores: one thread each
@@ -256,14 +261,34 @@ def _watch(proc: subprocess.Popen, run_dir: Path, world: int, timeout_seconds: f
                     on_event(line)
 
 
+def out_of_memory_report(statuses: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The report of the first rank that ran out of memory (its status file holds it), with the
+    other such ranks' measurements and lines added; None when none did."""
+    failed = sorted((s for s in statuses if s.get("state") == "oom" and isinstance(s.get("report"), dict)),
+                    key=lambda s: (s.get("time", 0), s["rank"]))
+    if not failed:
+        return None
+    report = dict(failed[0]["report"])
+    for other in failed[1:]:
+        theirs = other["report"]
+        report["ranks"] = [*report["ranks"], *theirs["ranks"]]
+        report["mismatches"] = [*report["mismatches"], *theirs["mismatches"]]
+        report["probes"] = [*report["probes"], *theirs["probes"]]
+    report["ranks"] = sorted(report["ranks"], key=lambda r: r["rank"])
+    report["oom"] = dict(report["oom"], out_of_memory_ranks=sorted(s["rank"] for s in failed))
+    return report
+
+
 def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: int, timeout_seconds: float,
-                 on_event: Progress | None = None) -> dict[str, Any]:
-    """Start every rank here through torchrun and return rank 0's report, or a failure report.
-    `on_event` gets a line at the launch and for each change of a rank's status."""
+                 on_event: Progress | None = None, dtype: str = "plan",
+                 device_memory_gib: float | None = None) -> dict[str, Any]:
+    """Start every rank here through torchrun and return rank 0's report, the report of a run
+    that ran out of memory, or a failure report. `on_event` gets a line at the launch and for
+    each change of a rank's status."""
     world = run.world_size
     run_dir = Path(tempfile.mkdtemp(prefix="shardplan-verify-"))
     cmd, env = local_command(plan, world, _free_port(), run_dir, backend=backend, scale=scale, steps=steps,
-                             timeout_seconds=timeout_seconds)
+                             timeout_seconds=timeout_seconds, dtype=dtype, device_memory_gib=device_memory_gib)
     log_path = run_dir / "torchrun.log"
     timed_out = False
     with open(log_path, "wb") as log:
@@ -284,8 +309,11 @@ def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: i
             except ProcessLookupError:
                 pass
     report_path = run_dir / "report.json"
+    oom = out_of_memory_report(statuses)
     if not timed_out and code == 0 and report_path.is_file():
         report = json.loads(report_path.read_text())
+    elif oom is not None:
+        report = oom
     else:
         report = failure_report(str(plan), run, statuses, timed_out=timed_out, timeout_seconds=timeout_seconds,
                                 exit_code=code, log_tail=log_path.read_text(errors="replace"), died_at=died_at)
@@ -299,26 +327,33 @@ def is_worker() -> bool:
 
 
 def verify_plan(plan: Path, *, backend: str, scale: str | None, steps: int, timeout_seconds: float,
-                report_path: Path | None, on_event: Progress | None = None) -> VerifyReport | None:
-    """Run `verify`. Returns the report (rank 0 or the local launcher), None on other ranks.
-    Raises VerifyRunFailed after writing the report when the run did not complete. `on_event`
-    (the local launcher only) gets one line per phase and per rank's status as it arrives."""
+                report_path: Path | None, on_event: Progress | None = None, dtype: str = "plan",
+                device_memory_gib: float | None = None) -> VerifyReport | None:
+    """Run `verify`. Returns the report (rank 0, the rank that ran out of memory, or the local
+    launcher), None on other ranks; a report with status "oom" when a rank ran out of memory.
+    Raises VerifyRunFailed after writing the report when the run did not complete otherwise.
+    `on_event` (the local launcher only) gets one line per phase and per rank's status as it
+    arrives. `dtype` is --dtype, `device_memory_gib` --device-memory-gib (runspec.plan_run)."""
     gpus = local_gpu_count()
     backend = resolve_backend(backend, gpus)
     scale = default_scale(scale, gpus)
-    m, run = load_plan(plan, scale, steps)
+    m, run = load_plan(plan, scale, steps, dtype, device_memory_gib)
+    check_limit(run, hardware_for(m, run)[0], str(plan))
     if is_worker():
         world = int(os.environ["WORLD_SIZE"])
         if world != run.world_size:
             raise CannotVerify(f"WORLD_SIZE is {world} but the plan has {run.world_size} ranks", source=str(plan),
                                field="layout", hint="start tp x pp x cp x dp ranks in all")
-        from shardplan.verify.session import run_worker  # torch: imported only in a rank
+        from shardplan.verify.session import RunOutOfMemory, run_worker  # torch: imported only in a rank
 
-        report = run_worker(m, run, plan=str(plan), backend=backend, timeout_seconds=timeout_seconds)
+        try:
+            report = run_worker(m, run, plan=str(plan), backend=backend, timeout_seconds=timeout_seconds)
+        except RunOutOfMemory as e:
+            report = e.report
     else:
         check_hostable(run, backend, gpus)
         report = launch_local(plan, run, backend=backend, scale=scale, steps=steps, timeout_seconds=timeout_seconds,
-                              on_event=on_event)
+                              on_event=on_event, dtype=dtype, device_memory_gib=device_memory_gib)
     if report is None:
         return None
     if report_path is not None:

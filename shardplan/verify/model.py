@@ -25,21 +25,32 @@ from shardplan.specs.model import ModelSpec
 RMS_EPS = 1e-5
 
 
+def model_dtype(spec: ModelSpec) -> torch.dtype:
+    """The torch format of the run's weights and activations (`spec.dtype`: float32 or bfloat16)."""
+    return getattr(torch, spec.dtype)
+
+
 class _RMSNormFn(torch.autograd.Function):
+    """Fused RMSNorm as Apex/TransformerEngine run it: fp32 math inside, the output in the
+    input's format; saves the input and the fp32 per-row 1/rms."""
+
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
-        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, weight, rstd)
-        return x * rstd * weight
+        if x.dtype == torch.float32:
+            return x * rstd * weight
+        return (x.float() * rstd).to(x.dtype) * weight
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         x, weight, rstd = ctx.saved_tensors
-        x_hat = x * rstd
-        grad_weight = (grad * x_hat).sum(dim=tuple(range(grad.dim() - 1)))
-        g = grad * weight
+        x_hat = x.float() * rstd
+        g = grad.float()
+        grad_weight = (g * x_hat).sum(dim=tuple(range(grad.dim() - 1))).to(weight.dtype)
+        g = g * weight.float()
         grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
-        return grad_x, grad_weight, None
+        return grad_x.to(x.dtype), grad_weight, None
 
 
 class _SwiGLUFn(torch.autograd.Function):
@@ -70,12 +81,12 @@ class RMSNorm(nn.Module):
 
 def rope_cache(spec: ModelSpec, device: torch.device | str) -> torch.Tensor:
     """cos and sin of every position, (max_position_embeddings, head_dim): the first half cos,
-    the second sin (one cache per model, as vLLM's `cos_sin_cache`)."""
+    the second sin, in the model's format (one cache per model, as vLLM's `cos_sin_cache`)."""
     d = spec.attention_head_dim
     inv_freq = 1.0 / (spec.rope_theta or 10000.0) ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d)
     pos = torch.arange(spec.max_position_embeddings, dtype=torch.float64, device=device)
     freqs = torch.outer(pos, inv_freq)
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).float()
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(model_dtype(spec))
 
 
 def apply_rope(x: torch.Tensor, cos_sin: torch.Tensor, *, in_place: bool = False) -> torch.Tensor:
@@ -313,6 +324,7 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("cos_sin", torch.empty(spec.max_position_embeddings, spec.attention_head_dim),
                              persistent=False)
+        self.to(model_dtype(spec))  # weights and the RoPE cache in the run's format
         self.caches: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # serving: per layer K and V
         self.pos = 0  # serving: tokens already in the cache
         self.last_position_only = False  # serving: logits of each sequence's last position only (as vLLM)

@@ -72,10 +72,12 @@ def all_reduce_bus_bytes_per_second(device: torch.device, num_bytes: int, group:
     return num_bytes * 2 * (n - 1) / n / seconds
 
 
-def run_probes(device: torch.device, dtype: torch.dtype = torch.bfloat16, group: dist.ProcessGroup | None = None) -> dict[str, Any]:
+def run_probes(device: torch.device, dtype: torch.dtype = torch.bfloat16, group: dist.ProcessGroup | None = None,
+               collective: bool = True) -> dict[str, Any]:
     """Every rank runs this (the ranks agree whether the all-reduce can run); sizes are small
     on a CPU, where the figures only show that the probes run. A probe that runs out of
-    memory is reported, not fatal."""
+    memory is reported, not fatal. `collective=False`: this rank alone (its peers cannot
+    join: it ran out of memory), no all-reduce."""
     gpu = device.type == "cuda"
     out: dict[str, Any] = {"device_name": torch.cuda.get_device_name(device) if gpu else "cpu",
                            "matmul_dtype": DTYPE_NAMES[dtype]}
@@ -87,7 +89,7 @@ def run_probes(device: torch.device, dtype: torch.dtype = torch.bfloat16, group:
     except torch.OutOfMemoryError as e:
         out["error"] = f"OutOfMemoryError: {e}"[:500]
         ok = torch.zeros(1, device=device)
-    if dist.is_initialized():
+    if collective and dist.is_initialized():
         dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
         out["all_reduce_ranks"] = dist.get_world_size(group)
         if ok.item() == 1:

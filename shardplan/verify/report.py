@@ -37,6 +37,28 @@ class ComponentCheck(_Report):
     note: str | None = Field(None, exclude_if=_is_none, description="how the figure was measured, when it needs saying")
 
 
+class MemoryPeak(_Report):
+    """One rank's peak memory over the steps against the cost model's total (reported, not
+    checked: the model adds every component's own peak, which a step never holds at once)."""
+
+    allocated_peak_bytes: int = Field(description="GPU: torch's allocated_bytes.all.peak; CPU: the peak of the "
+                                                  "rank's live tensors (bytes)")
+    predicted_allocated_bytes: float = Field(description="the predicted total less the runtime's share (CUDA context, "
+                                                         "non-torch, NCCL), which torch does not allocate (bytes)")
+    allocated_relative_error: float | None = Field(description="(measured - predicted) / predicted")
+    reserved_peak_bytes: int | None = Field(description="GPU: torch's reserved_bytes.all.peak (bytes); null: not "
+                                                        "measured (a CPU has no caching allocator)")
+    predicted_reserved_bytes: float = Field(description="the predicted reserve (the total plus a fresh block for the "
+                                                        "largest tensor) less the runtime's share (bytes)")
+    reserved_relative_error: float | None = Field(description="(measured - predicted) / predicted; null: not measured")
+    largest_allocation_bytes: float = Field(description="the largest tensor the prediction names (bytes)")
+    peak_component: str | None = Field(None, exclude_if=_is_none,
+                                       description="CPU: what the allocation that set the peak was (as the cost model "
+                                                   "names components; loss: the loss head)")
+    peak_op: str | None = Field(None, exclude_if=_is_none, description="CPU: the op that set the peak")
+    note: str = Field(description="how the peaks were measured")
+
+
 class RankCheck(_Report):
     """One rank's coordinates, memory comparison and timings."""
 
@@ -50,6 +72,8 @@ class RankCheck(_Report):
     step_seconds: list[float] = Field(description="wall time of each step (seconds)")
     wall_seconds: float = Field(description="the rank's whole run (seconds)")
     extra_measured_bytes: dict[str, int] = Field(description="other measurements, e.g. cuda_max_allocated_bytes (bytes)")
+    memory_peak: MemoryPeak | None = Field(None, exclude_if=_is_none,
+                                           description="peak allocated and reserved memory against the prediction")
 
 
 class ReportHardware(_Report):
@@ -58,11 +82,55 @@ class ReportHardware(_Report):
     gpus_per_node: int
 
 
+class FitChange(_Report):
+    """One change to the layout that ran, costed by the cost model at the device's memory."""
+
+    change: str = Field(description="what changes, e.g. 'micro_batch_size 4 -> 1'")
+    layout: dict[str, Any] = Field(description="the changed layout as the estimate prints its plan")
+    predicted_total_bytes: float = Field(description="the cost model's total on the binding rank (bytes)")
+    predicted_reserved_bytes: float = Field(description="the total plus a fresh block for the largest tensor (bytes)")
+    fits: bool = Field(description="the cost model says it fits the device (and, when it had said the run that failed "
+                                   "fits, frees at least what the failure lacked)")
+
+
+class OutOfMemory(_Report):
+    """Where a run ran out of device memory, what the cost model predicted for what was being
+    allocated, and the smallest change the cost model says fits."""
+
+    rank: int = Field(description="the rank that failed first")
+    stage: int = Field(description="its pipeline stage")
+    step: int | None = Field(description="the step it was in (0-based); null: building the model")
+    steps_completed: int = Field(description="steps it had completed (count)")
+    simulated: bool = Field(description="true: a CPU run of a GPU plan, the device's memory enforced by verify")
+    op: str | None = Field(description="the operation that allocated, e.g. aten.mm.default")
+    shape: list[int] | None = Field(description="the shape of the tensor it allocated")
+    dtype: str | None = Field(description="its format")
+    allocation_bytes: int | None = Field(description="the allocation that did not fit (bytes)")
+    live_bytes: int | None = Field(description="the rank's live tensors before it (bytes)")
+    limit_bytes: int | None = Field(description="what torch could allocate: the device's memory less the runtime's share "
+                                                "(bytes); null: the GPU's own limit")
+    capacity_bytes: int = Field(description="the device's memory, as the profile's memory_capacity_gib (bytes)")
+    component: str | None = Field(description="what the allocation was: weights, gradients, optimizer_states, "
+                                              "activations, loss (the logits and the loss head), kv_cache, temporary")
+    predicted_component_bytes: float | None = Field(description="the cost model's figure for that component (bytes)")
+    predicted_total_bytes: float = Field(description="the cost model's total for the rank (bytes)")
+    predicted_reserved_bytes: float = Field(description="the cost model's reserve for the rank (bytes)")
+    predicted_fits: bool = Field(description="whether the cost model said the run fits the device")
+    message: str | None = Field(description="torch's own message (a GPU's out-of-memory error)")
+    measured_components: list[str] = Field(description="components measured before the failure (in `ranks`)")
+    unmeasured_components: list[str] = Field(description="components the run did not get to measure")
+    suggestion: FitChange | None = Field(description="the first change tried that the cost model says fits; null: none")
+    tried: list[FitChange] = Field(description="every change tried, in order")
+    out_of_memory_ranks: list[int] = Field(description="every rank that ran out of memory")
+
+
 class VerifyReport(_Report):
-    """What `verify --json` prints for a run that completed (a failed run exits 5 instead)."""
+    """What `verify --json` prints for a run that completed or ran out of memory (any other
+    failed run exits 5 with one line instead)."""
 
     plan: str = Field(description="the manifest verified")
-    status: Literal["ok", "mismatch"] = Field(description="mismatch: a component or the numerics out of tolerance")
+    status: Literal["ok", "mismatch", "oom"] = Field(description="mismatch: a component or the numerics out of "
+                                                                 "tolerance; oom: a rank ran out of device memory")
     backend: str = Field(description="nccl or gloo")
     device: str = Field(description="cuda or cpu")
     world_size: int = Field(description="ranks (count)")
@@ -74,6 +142,7 @@ class VerifyReport(_Report):
     time: dict[str, Any] = Field(description="measured and predicted seconds; compared on GPUs only")
     hardware: ReportHardware
     probes: list[dict[str, Any]] = Field(description="per rank hardware probes (GPU runs): FLOP/s and bytes/s")
-    mismatches: list[str] = Field(description="one line per check out of tolerance")
+    mismatches: list[str] = Field(description="one line per check out of tolerance (and the out-of-memory error)")
+    oom: OutOfMemory | None = Field(None, exclude_if=_is_none, description="where the run ran out of memory")
     pids: list[int] | None = Field(None, exclude_if=_is_none, description="the ranks' process ids (local launch only)")
     run_dir: str | None = Field(None, exclude_if=_is_none, description="the ranks' logs and status files (local launch only)")

@@ -5,9 +5,14 @@ also refuses, before anything starts, what verify cannot run. Pure: no torch, no
 The proxy keeps the head counts (tensor parallelism splits heads and KV heads), the expert
 count's divisibility by ep, and the pipeline split (pp x virtual stages chunks); it shrinks
 head_dim, the MLP width, the vocabulary and the layers per chunk so a CPU runs it in
-seconds. Everything runs in fp32 (bit-comparable to a single-process reference), so the
-prediction it is compared with is the cost model applied to the fp32 run, not to the plan's
-bf16 figures.
+seconds.
+
+The run uses the plan's number format (`run_dtype`): bf16 for a bf16, fp16 or fp8 plan (fp16
+needs loss scaling and fp8 kernels a GPU that has them, so both run bf16, which has the same
+bytes as fp16 and is said in the report), fp32 for an fp32 plan or under `--dtype fp32`. The
+prediction measured memory is compared with is the cost model applied to the format that ran.
+gloo reduces bf16 on CPUs (all_reduce, reduce_scatter, all_gather: torch 2.13), so a CPU runs
+bf16 too.
 """
 
 from __future__ import annotations
@@ -17,12 +22,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
-from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, TrainingWorkload
+from shardplan.cost.workload import (
+    Framework,
+    InferenceWorkload,
+    Optimizer,
+    TrainingWorkload,
+)
 from shardplan.errors import CannotVerify
 from shardplan.plan.readback import plan_layout
 from shardplan.plan.schema import DeploymentManifest
 from shardplan.specs.model import ModelSpec, NormType, PositionEmbedding, QKNorm
-from shardplan.units import DType
+from shardplan.units import DType, bytes_per_element, gib_to_bytes
 
 # The folder the launcher gives each rank for its result file (launch writes it, worker reads it).
 RUN_DIR_ENV = "SHARDPLAN_VERIFY_RUN_DIR"
@@ -37,6 +47,15 @@ SERVING_MAX_BATCH = 4
 SERVING_MAX_PROMPT = 32
 SERVING_MAX_DECODE = 4
 DEFAULT_STEPS = 3
+DTYPE_CHOICES = ("plan", "fp32")  # --dtype: the plan's format, or fp32 (bit-comparable, tighter numerics)
+# The loss upcasts the logits to fp32 (torchtitan's `pred.float()`); log_softmax's fp32 output is
+# its largest tensor, 4 bytes a logit: the block the caching allocator must find at the peak.
+LOSS_LARGEST_BYTES_PER_LOGIT = 4.0
+TORCH_DTYPE_NAMES = {DType.FP32: "float32", DType.BF16: "bfloat16"}  # ModelSpec.dtype, read by verify.model
+BF16_MOE_NOTE = ("bf16 with MoE blocks: tokens are routed round-robin over the experts (torchtitan's "
+                 "moe_force_load_balance), here and in the reference: bf16 rounds the sharded run's router inputs "
+                 "differently from the reference's, which flips top-k choices that nearly tie (a whole expert's output "
+                 "apart, not a rounding error); the prediction spreads tokens evenly either way")
 CP_CHUNKS_PER_RANK = 2  # context parallelism: a head and a tail chunk per rank (context.CHUNKS_PER_RANK)
 
 
@@ -58,6 +77,12 @@ class RunSpec:
     prompt_len: int = 1
     decode_steps: int = 1
     force_load_balance: bool = False  # MoE routing round-robin over experts (model.route), here and in the reference
+    dtype: DType = DType.FP32  # the format weights, gradients, activations and the KV cache run in (fp32 or bf16)
+    plan_dtype: DType = DType.FP32  # the plan's format (training: its activation dtype; serving: its activation dtype)
+    # The device memory the run may use, bytes (a GPU's total, as the profile's memory_capacity_gib):
+    # --device-memory-gib, else the plan's GPU at --scale full; None: no limit but the device's own.
+    device_memory_bytes: int | None = None
+    device_memory_from_option: bool = False  # --device-memory-gib set it (else the plan's GPU)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -69,12 +94,17 @@ class RunSpec:
         return self.layout.world_size
 
     def training_workload(self) -> TrainingWorkload:
-        """The fp32 workload the cost model is applied to: what ran, batch for batch."""
+        """The workload the cost model is applied to: what ran, batch for batch and in its format.
+        The ZeRO paper's states (bf16: 2-byte weights and gradients, fp32 master and moments in
+        the optimizer; fp32: the weights are their own master); the logits alive when the
+        forward ends are in the run's format (the loss upcasts them after), and the loss's fp32
+        log-softmax is the largest single tensor."""
         L = self.layout
         return TrainingWorkload(
             seq_len=self.seq_len, global_batch_size=self.num_microbatches * L.micro_batch_size * L.dp,
-            optimizer=self.optimizer, framework=Framework.ZERO, param_dtype=DType.FP32,
-            activation_dtype=DType.FP32, flash_attention=True, dropout=False, loss_fp32_logits=True,
+            optimizer=self.optimizer, framework=Framework.ZERO, param_dtype=self.dtype,
+            activation_dtype=self.dtype, flash_attention=True, dropout=False, loss_fp32_logits=self.dtype is DType.FP32,
+            largest_allocation_bytes_per_logit=LOSS_LARGEST_BYTES_PER_LOGIT,
         )
 
     def inference_workload(self) -> InferenceWorkload:
@@ -82,8 +112,8 @@ class RunSpec:
         sampler over `batch_size` rows."""
         return InferenceWorkload(
             max_model_len=self.prompt_len + self.decode_steps, max_num_seqs=self.batch_size,
-            max_num_batched_tokens=self.batch_size * self.prompt_len, activation_dtype=DType.FP32,
-            kv_cache_dtype=DType.FP32, enforce_eager=True, input_len=self.prompt_len,
+            max_num_batched_tokens=self.batch_size * self.prompt_len, activation_dtype=self.dtype,
+            kv_cache_dtype=self.dtype, enforce_eager=True, input_len=self.prompt_len,
             output_len=self.decode_steps, batch_size=self.batch_size,
         )
 
@@ -92,7 +122,9 @@ class RunSpec:
         out: dict[str, Any] = {
             "kind": self.kind,
             "scale": self.scale,
-            "dtype": "fp32",
+            "dtype": self.dtype.value,
+            "plan_dtype": self.plan_dtype.value,
+            "device_memory_bytes": self.device_memory_bytes,
             "model": {
                 "hidden_size": s.hidden_size, "num_layers": s.num_layers, "num_attention_heads": s.num_attention_heads,
                 "num_kv_heads": s.kv_heads, "head_dim": s.attention_head_dim, "intermediate_size": s.intermediate_size,
@@ -105,7 +137,8 @@ class RunSpec:
                            "num_microbatches": self.num_microbatches, "optimizer": self.optimizer.value,
                            "moe_routing": "round-robin" if self.force_load_balance else "top-k"}
         else:
-            out["work"] = {"batch_size": self.batch_size, "prompt_len": self.prompt_len, "decode_steps": self.decode_steps}
+            out["work"] = {"batch_size": self.batch_size, "prompt_len": self.prompt_len, "decode_steps": self.decode_steps,
+                           "moe_routing": "round-robin" if self.force_load_balance else "top-k"}
         return out
 
 
@@ -219,7 +252,6 @@ def proxy_spec(spec: ModelSpec, layout: Layout) -> ModelSpec:
     return spec.model_copy(update=dict(
         name=f"{spec.name}-proxy", source=f"proxy of {spec.name}", vocab_size=vocab, hidden_size=hidden,
         num_layers=per_chunk * chunks, head_dim=head_dim, intermediate_size=intermediate, moe=moe, num_mtp_layers=0,
-        dtype="float32",
     ))
 
 
@@ -234,13 +266,63 @@ def _context_parallel_seq_len(seq: int, cp: int, *, shrink: bool) -> int:
     return fitted
 
 
-def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int = DEFAULT_STEPS) -> RunSpec:
-    """The run for plan `m` of model `spec`. Raises CannotVerify for what verify does not run."""
+def plan_dtype(m: DeploymentManifest) -> DType:
+    """The format the plan's math runs in: training, its activation dtype (bf16 weights under
+    fp32 ones are AMP, whose matmuls run bf16); serving, its activation dtype (the format of
+    the unquantized weights and, by default, the KV cache)."""
+    return DType(m.workload.activation_dtype)
+
+
+def run_dtype(m: DeploymentManifest, choice: str) -> tuple[DType, DType, list[str]]:
+    """(the format the run uses, the plan's, notes saying where they differ). `choice` is
+    --dtype: "plan" or "fp32"."""
+    planned = plan_dtype(m)
+    notes: list[str] = []
+    if choice not in DTYPE_CHOICES:
+        raise CannotVerify(f"--dtype {choice!r} is not one of {', '.join(DTYPE_CHOICES)}", field="--dtype",
+                           hint="use --dtype plan (the plan's format) or --dtype fp32")
+    if choice == "fp32":
+        if planned is not DType.FP32:
+            notes.append(f"--dtype fp32: the plan is {planned.value}; ran fp32 and compared with the cost model applied "
+                         f"to fp32 (weights, gradients, activations and KV cache at 4 bytes an element, "
+                         f"{4 / bytes_per_element(planned):g}x the plan's)")
+        return DType.FP32, planned, notes
+    if planned in (DType.FP32, DType.TF32):
+        return DType.FP32, planned, notes
+    if planned is not DType.BF16:
+        notes.append(f"the plan is {planned.value}; verify runs it in bf16 (fp16 would need loss scaling, fp8 kernels "
+                     f"verify does not run) and compares with the cost model applied to bf16")
+    wl = m.workload
+    if wl.kind == "inference":
+        if wl.quantization != "none":
+            notes.append(f"the plan's {wl.quantization} weight quantization is not run: the weights are bf16, and so "
+                         "is their prediction")
+        if wl.kv_cache_dtype not in (None, "bf16"):
+            notes.append(f"the plan's {wl.kv_cache_dtype} KV cache runs bf16, and so does its prediction")
+    elif DType(wl.param_dtype) is not planned:
+        notes.append(f"the plan keeps {wl.param_dtype} weights; verify keeps bf16 weights with fp32 masters in the "
+                     "optimizer (the ZeRO paper's count), and so does its prediction")
+    return DType.BF16, planned, notes
+
+
+def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int = DEFAULT_STEPS, dtype: str = "plan",
+             device_memory_gib: float | None = None) -> RunSpec:
+    """The run for plan `m` of model `spec`. Raises CannotVerify for what verify does not run.
+    `dtype` is --dtype; `device_memory_gib` is --device-memory-gib (None: the plan's GPU at
+    --scale full, no limit but the device's own for a proxy)."""
     layout = plan_layout(m)
     training = m.workload.kind == "training"
     check_runnable(spec, layout, training=training)
-    notes: list[str] = []
-    run_spec = proxy_spec(spec, layout) if scale == "proxy" else spec.model_copy(update=dict(dtype="float32"))
+    fmt, planned, notes = run_dtype(m, dtype)
+    if device_memory_gib is not None and device_memory_gib <= 0:
+        raise CannotVerify(f"--device-memory-gib {device_memory_gib:g} is not a memory size", field="--device-memory-gib",
+                           hint="give the device's memory in GiB, e.g. 80")
+    device_memory = (gib_to_bytes(device_memory_gib) if device_memory_gib is not None
+                     else m.hardware.memory_capacity_bytes if scale == "full" else None)
+    limits = {"dtype": fmt, "plan_dtype": planned, "device_memory_bytes": device_memory,
+              "device_memory_from_option": device_memory_gib is not None}
+    run_spec = proxy_spec(spec, layout) if scale == "proxy" else spec
+    run_spec = run_spec.model_copy(update={"dtype": TORCH_DTYPE_NAMES[fmt]})
     batch_ranks = layout.dp * layout.cp  # ZeRO shards over the data and context ranks (torchtitan's dp_shard_cp)
     if layout.zero_stage and batch_ranks == 1 and layout.offload_params is Offload.NONE:
         layout = replace(layout, zero_stage=0)
@@ -261,8 +343,12 @@ def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int =
         prompt = min(wl.input_len, SERVING_MAX_PROMPT) if scale == "proxy" else wl.input_len
         decode = min(wl.output_len, SERVING_MAX_DECODE)
         run_spec = run_spec.model_copy(update=dict(max_position_embeddings=max(prompt + decode, 1)))
+        balanced = spec.moe is not None and fmt is DType.BF16
+        if balanced:
+            notes.append(BF16_MOE_NOTE)
         return RunSpec(kind="inference", scale=scale, spec=run_spec, layout=layout, batch_size=batch,
-                       prompt_len=prompt, decode_steps=decode, notes=tuple(notes), steps=1)
+                       prompt_len=prompt, decode_steps=decode, notes=tuple(notes), steps=1,
+                       force_load_balance=balanced, **limits)
     wl = m.workload
     num_micro = max(1, wl.global_batch_size // (layout.dp * layout.micro_batch_size))
     seq = wl.seq_len
@@ -281,7 +367,10 @@ def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int =
         notes.append("expert parallelism: tokens are routed round-robin over the experts (torchtitan's "
                      "moe_force_load_balance), as the prediction spreads them evenly; top-k routing on an untrained "
                      "model sent one expert-parallel rank 0.4x to 1.6x its share of tokens")
+    if spec.moe is not None and fmt is DType.BF16 and not balanced:
+        balanced = True
+        notes.append(BF16_MOE_NOTE)
     run_spec = run_spec.model_copy(update=dict(max_position_embeddings=max(seq, 1)))
     return RunSpec(kind="training", scale=scale, spec=run_spec, layout=layout, steps=steps, seq_len=seq,
                    num_microbatches=num_micro, optimizer=Optimizer(wl.optimizer), force_load_balance=balanced,
-                   notes=tuple(notes))
+                   notes=tuple(notes), **limits)

@@ -1,5 +1,6 @@
 """One rank's whole `verify` session under a launcher: run the rank; on rank 0, run the
-unsharded reference and compare with the cost model. Imports torch (through the worker)."""
+unsharded reference and compare with the cost model; on a rank that runs out of memory, its
+out-of-memory report. Imports torch (through the worker)."""
 
 from __future__ import annotations
 
@@ -7,32 +8,26 @@ import os
 from typing import Any
 
 from shardplan.cost.params import count_params
-from shardplan.errors import ShardplanError
+from shardplan.errors import VerifyRunFailed
 from shardplan.plan.schema import DeploymentManifest
-from shardplan.specs.cluster import cluster
-from shardplan.specs import loading
-from shardplan.specs.hardware import HardwareProfile
 from shardplan.verify import worker
 from shardplan.verify.compare import compare
+from shardplan.verify.outofmemory import FALLBACK_PROFILE, allocator_limit_bytes, hardware_for, oom_report
 from shardplan.verify.runspec import RunSpec
 
-FALLBACK_PROFILE = "h100-sxm-80gb"
+__all__ = ["FALLBACK_PROFILE", "RunOutOfMemory", "hardware_for", "reference_fits", "run_worker"]
+
 MIN_COLLECTIVE_TIMEOUT_SECONDS = 5.0  # a gloo collective on a loaded 2-core CPU takes ~1 s
 REFERENCE_BYTES_PER_PARAM = 16.0  # fp32 weights, gradients and two Adam moments
 REFERENCE_MAX_SHARE_OF_RAM = 0.5
 
 
-def hardware_for(m: DeploymentManifest, run: RunSpec) -> tuple[HardwareProfile, str | None]:
-    """The plan's profile at the run's size; a bundled stand-in (named in the report) when the
-    plan's custom profile is not on this machine: memory figures do not depend on it."""
-    note = None
-    try:
-        hw = loading.load_hardware(m.hardware.profile_name)
-    except ShardplanError:
-        hw, note = loading.load_hardware(FALLBACK_PROFILE), f"profile {m.hardware.profile_name!r} not found here; " \
-            f"time predictions use {FALLBACK_PROFILE}"
-    return cluster(hw, gpus=run.world_size, nodes=m.hardware.num_nodes if run.world_size == m.hardware.num_gpus else None,
-                   gpus_per_node=m.hardware.gpus_per_node), note
+class RunOutOfMemory(VerifyRunFailed):
+    """This rank ran out of device memory; `report` is the out-of-memory report (status "oom")."""
+
+    def __init__(self, report: dict[str, Any]) -> None:
+        super().__init__("; ".join(report["mismatches"]) or "out of memory")
+        self.report = report
 
 
 def reference_fits(run: RunSpec) -> bool:
@@ -43,10 +38,29 @@ def reference_fits(run: RunSpec) -> bool:
 
 def run_worker(m: DeploymentManifest, run: RunSpec, *, plan: str, backend: str,
                timeout_seconds: float) -> dict[str, Any] | None:
+    """Rank 0's report (None on other ranks). Raises RunOutOfMemory, its report written to the
+    rank's status file first, when this rank runs out of memory."""
     # A rendezvous that never completes spends up to two of these (the store connect, then its
     # barrier), so a quarter of --timeout keeps a rank started under a launcher within the bound.
     collective_timeout = max(MIN_COLLECTIVE_TIMEOUT_SECONDS, timeout_seconds / 4)
-    rank, results = worker.run_rank(run, m.placement.tp_splits, m.placement.gpus_per_node, backend, collective_timeout)
+    hw, hw_note = hardware_for(m, run)
+    device = "cuda" if backend == "nccl" else "cpu"
+    reports: list[dict[str, Any]] = []
+
+    def on_out_of_memory(details: dict[str, Any]) -> None:
+        report = oom_report(run, hw, [details], plan=plan, backend=backend, device=device,
+                            notes=[hw_note] if hw_note else None)
+        worker.write_status(details["rank"], state="oom", error=details["error"], report=report)
+        reports.append(report)
+
+    try:
+        rank, results = worker.run_rank(run, m.placement.tp_splits, m.placement.gpus_per_node, backend,
+                                        collective_timeout, limit_bytes=allocator_limit_bytes(run, hw),
+                                        on_out_of_memory=on_out_of_memory)
+    except worker.RankOutOfMemory:
+        if not reports:
+            raise
+        raise RunOutOfMemory(reports[0]) from None
     if rank != 0 or results is None:
         return None
     try:

@@ -11,6 +11,8 @@ import json
 import os
 import signal
 import time
+import traceback
+from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +26,7 @@ from torch.distributed.tensor import DTensor
 from shardplan.errors import VerifyRunFailed
 from shardplan.fileio import write_text_atomic
 from shardplan.verify import context, experts, measure, parallel, probes
-from shardplan.verify.model import Decoder
+from shardplan.verify.model import Decoder, model_dtype
 from shardplan.verify.runspec import RUN_DIR_ENV, RunSpec
 
 SEED = 1234
@@ -74,7 +76,8 @@ def _scalar(t: torch.Tensor) -> float:
 
 
 def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    """Cross-entropy on fp32 logits (torchtitan's `pred.float()`; a no-op in an fp32 run)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
 def training_batch(run: RunSpec) -> torch.Tensor:
@@ -92,19 +95,88 @@ def serving_prompts(run: RunSpec, replica: int) -> torch.Tensor:
     return torch.randint(run.spec.vocab_size, (run.batch_size, run.prompt_len), generator=g)
 
 
-def _make_optimizer(run: RunSpec, params) -> torch.optim.Optimizer:
+def _torch_optimizer(run: RunSpec, params) -> torch.optim.Optimizer:
     # foreach=False: the foreach kernels reject a mix of DTensor and plain tensors (TP without SP).
     if run.optimizer.value == "sgd":
         return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, foreach=False)
     return torch.optim.AdamW(params, lr=LEARNING_RATE, foreach=False)
 
 
+class MasterWeights:
+    """16-bit weights with an fp32 master copy and fp32 optimizer states (the ZeRO paper's mixed
+    precision, Sec. 3.1: 2 + 2 + 12 bytes a parameter with Adam; Megatron's and DeepSpeed's
+    bf16 optimizers). Each step upcasts one parameter's gradient at a time into its master's
+    gradient, steps the master (one optimizer per parameter: the same update as one optimizer
+    over all of them with foreach=False) and rounds it back into the weight. The masters are
+    made at the first step, as torch's optimizers make their states."""
+
+    def __init__(self, run: RunSpec, params) -> None:
+        self.run = run
+        self.params = list(params)
+        self.masters: list[torch.Tensor] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+
+    def step(self) -> None:
+        if not self.masters:
+            with torch.no_grad():
+                self.masters = [p.detach().to(torch.float32) for p in self.params]
+            self.optimizers = [_torch_optimizer(self.run, [m]) for m in self.masters]
+        for p, master, opt in zip(self.params, self.masters, self.optimizers):
+            if p.grad is None:
+                continue
+            master.grad = p.grad.to(torch.float32)
+            opt.step()
+            master.grad = None
+            with torch.no_grad():
+                p.copy_(master)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The fp32 masters and every optimizer's states (what the cost model's K bytes hold)."""
+        return [*self.masters, *(t for opt in self.optimizers for t in measure.optimizer_state_tensors(opt))]
+
+
+def _make_optimizer(run: RunSpec, params):  # type: ignore[no-untyped-def]
+    """fp32 weights are their own master; 16-bit ones get fp32 masters in the optimizer."""
+    if run.dtype.value == "fp32":
+        return _torch_optimizer(run, params)
+    return MasterWeights(run, params)
+
+
+def _local_shape(p: torch.Tensor) -> tuple[int, ...]:
+    return tuple(p.to_local().shape) if isinstance(p, DTensor) else tuple(p.shape)
+
+
+def device_peaks(device: torch.device, tracker: measure.StorageTracker) -> dict[str, int | None]:
+    """This rank's peak memory since the last reset: on a GPU, the caching allocator's own
+    counters (allocated and reserved); on a CPU, the tracked live tensors, and no reserved
+    figure (there is no caching allocator to measure)."""
+    if device.type == "cuda":
+        stats = torch.cuda.memory_stats(device)
+        return {"allocated_peak_bytes": int(stats.get("allocated_bytes.all.peak", 0)),
+                "reserved_peak_bytes": int(stats.get("reserved_bytes.all.peak", 0))}
+    at = tracker.peak_at or {}
+    return {"allocated_peak_bytes": int(tracker.peak_total), "reserved_peak_bytes": None,
+            "peak_op": at.get("op"), "peak_component": at.get("component")}
+
+
 def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh, c: parallel.Coords,
-                 device: torch.device, rank: int) -> dict[str, Any]:
+                 device: torch.device, rank: int, progress: dict[str, Any] | None = None,
+                 limit_bytes: int | None = None) -> dict[str, Any]:
+    """Train `run.steps` steps on this rank's part of the model, measuring it. `progress` is
+    kept up to date with what was measured so far (after the build and after each step), for
+    the report of a run that ran out of memory; `limit_bytes` (a CPU run) is the device memory
+    left to torch, beyond which an allocation raises a simulated out-of-memory error."""
     L = run.layout
-    tracker = measure.StorageTracker()
+    progress = {} if progress is None else progress
+    tracker = measure.StorageTracker(limit_bytes=limit_bytes if device.type == "cpu" else None)
+    progress.update(tracker=tracker, stage=c.pp, step=None, steps_completed=0, measured={})
     peak = measure.Peak()
     gloo = dist.get_backend() == "gloo"
+    tracker.component = measure.WEIGHTS
     with tracker:
         chunks = parallel.build_chunks(run.spec, L, c.pp)
         ep = experts.ExpertParallel.build(device.type, L, run.spec) if L.ep > 1 else None
@@ -113,6 +185,8 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
                 ep.apply(ch, run.spec, serving=False, force_load_balance=run.force_load_balance)
             if L.tp > 1:
                 parallel.apply_tp(ch, mesh["tp"], splits, loss_parallel=True, sequence_parallel=L.sequence_parallel)
+            if run.force_load_balance:
+                experts.force_load_balance(ch)
             parallel.apply_checkpointing(ch, L)
         sharder = parallel.fsdp_sharder(mesh, L, gpus_per_node)
         if ep is not None and sharder is not None:
@@ -124,9 +198,18 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
                 parallel.keep_grads_sharded(ch)
             if L.cp > 1:
                 context.apply_cp(ch, mesh["cp"], positions)
+        gc.collect()  # the unsharded initial values are garbage now
+        params = [p for ch in chunks for p in ch.parameters()]
+        host = measure.HostBytes(offloaded=parallel.fsdp_offloads(chunks))
+        progress["measured"] = {"weights_at_rest_bytes": host.device_bytes(params)}
+        tracker.arm()
+    tracker.component = None
     at_rest = measure.param_storage_keys(chunks)
-    params = [p for ch in chunks for p in ch.parameters()]
+    tracker.param_shapes = {tuple(p.shape) for p in params} | {_local_shape(p) for p in params}
     optimizer = _make_optimizer(run, params)
+    tracker.reset_peak_total()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
     def chunk_pre(_m, _a):
         tracker.phase = measure.FORWARD
@@ -152,14 +235,29 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
 
     first = c.pp == 0
     last = c.pp == L.pp - 1
+    tracker.last_stage = last
     schedule = _schedule(run, chunks, mesh, device) if L.pp > 1 else None
     loss_ctx = _loss_parallel if L.tp > 1 else nullcontext
     dp_group = context.batch_group(mesh, L)  # dp x cp: gradients and the loss are averaged over it
     rows = L.micro_batch_size * run.num_microbatches
     losses, step_seconds = [], []
     grads_bytes = opt_bytes = 0
-    host = measure.HostBytes(offloaded=parallel.fsdp_offloads(chunks))
+
+    def measured_so_far() -> dict[str, int]:
+        out = {
+            "weights_at_rest_bytes": host.device_bytes(params),
+            "gradients_bytes": grads_bytes,
+            "optimizer_states_bytes": opt_bytes,
+            "offloaded_states_bytes": host.total(),
+            "activations_bytes": peak.get("activations"),
+            **device_peaks(device, tracker),
+        }
+        if sharder is not None:
+            out["gathered_params_peak_bytes"] = peak.get("gathered")
+        return out
+
     for step in range(run.steps):
+        progress["step"] = step
         batch = training_batch(run)[c.dp * rows:(c.dp + 1) * rows].to(device)
         x, y = batch[:, :-1], batch[:, 1:]
         if L.cp > 1:  # every rank's loss is the mean over its tokens; their mean is the reference's
@@ -181,11 +279,14 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
                     (loss / run.num_microbatches).backward()
                     step_losses.append(loss.detach())
             if sharder is None and dp_group is not None:
+                tracker.component = measure.GRADIENTS
                 (ep.all_reduce_grads if ep is not None else parallel.all_reduce_grads)(chunks, dp_group)
             grads = [p.grad for p in params if p.grad is not None]
             grads_bytes = max(grads_bytes, host.device_bytes(grads))
             host.offer("gradients", grads)
+            tracker.component = measure.OPTIMIZER
             optimizer.step()
+            tracker.component = None
             states = measure.optimizer_state_tensors(optimizer)
             opt_bytes = max(opt_bytes, host.device_bytes(states))
             host.offer("optimizer", states)
@@ -194,21 +295,17 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
         step_seconds.append(time.perf_counter() - t0)
         if last:
             losses.append(sum(_scalar(t) for t in step_losses) / len(step_losses))
+        progress["steps_completed"] = step + 1
+        progress["measured"] = measured_so_far()
         maybe_fault(rank)
     if last and dp_group is not None:
         t = torch.tensor(losses, dtype=torch.float64, device=device)
         dist.all_reduce(t, group=dp_group)
         losses = (t / dist.get_world_size(dp_group)).tolist()
-    weights = host.device_bytes(params)
+    measured = measured_so_far()
     host.offer("weights", params)
-    measured = {
-        "weights_at_rest_bytes": weights,
-        "gathered_params_peak_bytes": peak.get("gathered"),
-        "gradients_bytes": grads_bytes,
-        "optimizer_states_bytes": opt_bytes,
-        "offloaded_states_bytes": host.total(),
-        "activations_bytes": peak.get("activations"),
-    }
+    measured["offloaded_states_bytes"] = host.total()
+    measured["gathered_params_peak_bytes"] = peak.get("gathered")
     if device.type == "cuda":
         measured["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
     return {
@@ -239,9 +336,9 @@ def _schedule(run: RunSpec, chunks: list[Decoder], mesh, device: torch.device):
     return cls(stages[0], n_microbatches=run.num_microbatches, loss_fn=_loss)
 
 
-def _received(batch: int, seq: int, hidden: int, src: int, device: torch.device) -> torch.Tensor:
+def _received(batch: int, seq: int, hidden: int, src: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """The previous stage's hidden states."""
-    buf = torch.empty(batch, seq, hidden, device=device)
+    buf = torch.empty(batch, seq, hidden, device=device, dtype=dtype)
     dist.recv(buf, src=src)
     return buf
 
@@ -255,21 +352,37 @@ def _sample(logits: torch.Tensor) -> torch.Tensor:
 
 
 def run_serving(run: RunSpec, splits: dict[str, str], mesh, c: parallel.Coords, device: torch.device,
-                rank: int) -> dict[str, Any]:
+                rank: int, progress: dict[str, Any] | None = None, limit_bytes: int | None = None) -> dict[str, Any]:
     L = run.layout
     spec = run.spec
-    tracker = measure.StorageTracker()
+    dtype = model_dtype(spec)
+    progress = {} if progress is None else progress
+    tracker = measure.StorageTracker(limit_bytes=limit_bytes if device.type == "cpu" else None)
+    progress.update(tracker=tracker, stage=c.pp, step=None, steps_completed=0, measured={})
+    tracker.component = measure.WEIGHTS
     with tracker:
         (chunk,) = parallel.build_chunks(spec, L, c.pp)
         if L.ep > 1:  # ep = tp: whole experts, their partial sums all-reduced over the tp ranks
             experts.ExpertParallel.build(device.type, L, spec).apply(chunk, spec, serving=True)
             splits = experts.ExpertParallel.whole_experts(splits)
+        if run.force_load_balance:
+            experts.force_load_balance(chunk)
         if L.tp > 1:
             parallel.apply_tp(chunk, mesh["tp"], splits, loss_parallel=False)
         parallel.materialise(chunk, device, SEED)
+        gc.collect()  # the unsharded initial values are garbage now
+        progress["measured"] = {"weights_bytes": measure.tensors_bytes([*chunk.parameters(), *chunk.buffers()])}
+        tracker.arm()
+        tracker.component = measure.KV_CACHE
         kv_local = spec.kv_heads // L.tp
         shape = (run.batch_size, run.prompt_len + run.decode_steps, kv_local, spec.attention_head_dim)
-        chunk.caches = {n: (torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for n in chunk.layers}
+        chunk.caches = {n: (torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+                        for n in chunk.layers}
+        progress["measured"]["kv_cache_bytes"] = measure.tensors_bytes(t for pair in chunk.caches.values() for t in pair)
+    tracker.component = None  # from here on: the forward's activations and the sampler's buffers
+    tracker.reset_peak_total()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     chunk.eval()
     chunk.last_position_only = True
     first, last = c.pp == 0, c.pp == L.pp - 1
@@ -281,6 +394,7 @@ def run_serving(run: RunSpec, splits: dict[str, str], mesh, c: parallel.Coords, 
     step_seconds: list[float] = []
     act_peak = 0
     for step in range(run.decode_steps + 1):
+        progress["step"] = step
         s = tokens.shape[1]
         _sync(device)
         t0 = time.perf_counter()
@@ -291,7 +405,7 @@ def run_serving(run: RunSpec, splits: dict[str, str], mesh, c: parallel.Coords, 
             if first:
                 out = chunk(tokens)
             else:
-                chunk.pending_input = _received(run.batch_size, s, spec.hidden_size, pp_ranks[c.pp - 1], device)
+                chunk.pending_input = _received(run.batch_size, s, spec.hidden_size, pp_ranks[c.pp - 1], device, dtype)
                 out = chunk()
             chunk.pos += s
             if not last:
@@ -311,11 +425,14 @@ def run_serving(run: RunSpec, splits: dict[str, str], mesh, c: parallel.Coords, 
         step_seconds.append(time.perf_counter() - t0)
         generated.append(nxt.cpu().tolist())
         tokens = nxt[:, None]
+        progress["steps_completed"] = step + 1
+        progress["measured"]["activations_bytes"] = act_peak
         if step == 0:
             maybe_fault(rank)
     weights = measure.tensors_bytes([*chunk.parameters(), *chunk.buffers()])
     kv = measure.tensors_bytes(t for pair in chunk.caches.values() for t in pair)
-    measured = {"weights_bytes": weights, "kv_cache_bytes": kv, "activations_bytes": act_peak}
+    measured = {"weights_bytes": weights, "kv_cache_bytes": kv, "activations_bytes": act_peak,
+                **device_peaks(device, tracker)}
     if device.type == "cuda":
         measured["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
     keep = last and c.tp == 0
@@ -327,7 +444,7 @@ def run_serving(run: RunSpec, splits: dict[str, str], mesh, c: parallel.Coords, 
 
 
 def reference_training(run: RunSpec) -> list[float]:
-    """The same model, data and optimizer in one process, unsharded, fp32 on CPU."""
+    """The same model, data, format and optimizer in one process, unsharded, on CPU."""
     model = Decoder(run.spec)
     parallel.init_module(model, "", torch.device("cpu"), SEED)
     model.reset_buffers()
@@ -350,8 +467,11 @@ def reference_serving(run: RunSpec, replica: int) -> tuple[list[list[list[float]
     model = Decoder(spec)
     parallel.init_module(model, "", torch.device("cpu"), SEED)
     model.reset_buffers()
+    if run.force_load_balance:
+        experts.force_load_balance(model)
     shape = (run.batch_size, run.prompt_len + run.decode_steps, spec.kv_heads, spec.attention_head_dim)
-    model.caches = {n: (torch.zeros(shape), torch.zeros(shape)) for n in model.layers}
+    dtype = model_dtype(spec)
+    model.caches = {n: (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for n in model.layers}
     model.last_position_only = True
     tokens = serving_prompts(run, replica)
     logits, generated = [], []
@@ -366,16 +486,71 @@ def reference_serving(run: RunSpec, replica: int) -> tuple[list[list[list[float]
     return logits, generated
 
 
-def _probes(device: torch.device) -> dict[str, Any]:
-    """The hardware probes, after the plan's work and its memory are gone."""
+def _probes(device: torch.device, collective: bool = True) -> dict[str, Any]:
+    """The hardware probes, after the plan's work and its memory are gone (`collective`: with
+    the all-reduce, which every rank must join)."""
     gc.collect()
     torch.cuda.empty_cache()
-    return probes.run_probes(device)
+    return probes.run_probes(device, collective=collective)
+
+
+class RankOutOfMemory(Exception):
+    """This rank ran out of (real or simulated) device memory; `details` says where, and what
+    it had measured before."""
+
+    def __init__(self, details: dict[str, Any]) -> None:
+        super().__init__(details.get("error", "out of memory"))
+        self.details = details
+
+
+def _is_out_of_memory(e: BaseException, progress: dict[str, Any]) -> bool:
+    tracker = progress.get("tracker")
+    return isinstance(e, torch.OutOfMemoryError) or (tracker is not None and tracker.failure is not None)
+
+
+def _out_of_memory_details(e: BaseException, progress: dict[str, Any], rank: int, c: parallel.Coords,
+                           device: torch.device) -> dict[str, Any]:
+    """What the rank knows about its out-of-memory error, then the memory freed (the frames of
+    the failed step let go) and, on a GPU, the probes run on this rank alone."""
+    tracker = progress.pop("tracker", None)
+    failure = tracker.failure if tracker is not None and tracker.failure is not None else {
+        "op": None, "shape": None, "dtype": None, "allocation_bytes": None, "live_bytes": None,
+        "live_forward_bytes": None, "limit_bytes": None, "component": None,
+        "simulated": isinstance(e, measure.SimulatedOutOfMemory), "message": str(e).strip().splitlines()[0][:500]}
+    details: dict[str, Any] = {
+        "rank": rank, "pp": c.pp, "dp": c.dp, "tp": c.tp, "cp": c.cp, "stage": progress.get("stage", c.pp),
+        "step": progress.get("step"), "steps_completed": progress.get("steps_completed", 0),
+        "measured": dict(progress.get("measured", {})), "failure": failure,
+        "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:500],
+    }
+    traceback.clear_frames(e.__traceback__)
+    del tracker
+    gc.collect()
+    if device.type == "cuda":
+        details["device_total_bytes"] = int(torch.cuda.mem_get_info(device)[1])
+        try:
+            details["probes"] = _probes(device, collective=False)  # the peers wait in a collective
+        except Exception as probe_error:  # noqa: BLE001 - the report goes out without probes
+            details["probes_error"] = f"{type(probe_error).__name__}: {probe_error}"[:500]
+    return details
+
+
+def _limit_device(device: torch.device, limit_bytes: int | None) -> None:
+    """On a GPU, the caching allocator may reserve at most `limit_bytes` (the device memory the
+    run simulates, less the runtime's share): torch raises OutOfMemoryError beyond it."""
+    if device.type != "cuda" or limit_bytes is None:
+        return
+    total = torch.cuda.mem_get_info(device)[1]
+    torch.cuda.set_per_process_memory_fraction(min(1.0, max(limit_bytes, 0) / total), device)
 
 
 def run_rank(run: RunSpec, splits: dict[str, str], gpus_per_node: int, backend: str,
-             collective_timeout_seconds: float) -> tuple[int, list[dict[str, Any]] | None]:
-    """Run this rank; returns (rank, every rank's result on rank 0, else None)."""
+             collective_timeout_seconds: float, limit_bytes: int | None = None,
+             on_out_of_memory: Callable[[dict[str, Any]], None] | None = None) -> tuple[int, list[dict[str, Any]] | None]:
+    """Run this rank; returns (rank, every rank's result on rank 0, else None). `limit_bytes`:
+    the device memory torch may use (None: the device's own). When the rank runs out of memory,
+    `on_out_of_memory` gets what it knows (while the peers still wait, so that its report is
+    written before they are torn down), then RankOutOfMemory is raised."""
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     write_status(rank, state="started")
@@ -390,14 +565,30 @@ def run_rank(run: RunSpec, splits: dict[str, str], gpus_per_node: int, backend: 
                               f"within {collective_timeout_seconds:.0f} s ({type(e).__name__}: {first})",
                               hint="start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
                               "or raise --timeout") from None
+    progress: dict[str, Any] = {}
+    out_of_memory = False
     try:
+        _limit_device(device, limit_bytes)
         c = parallel.coords(rank, run.layout)
         mesh = parallel.build_mesh(device.type, run.layout, gpus_per_node, run.training)
         t0 = time.perf_counter()
-        if run.training:
-            result = run_training(run, splits, gpus_per_node, mesh, c, device, rank)
-        else:
-            result = run_serving(run, splits, mesh, c, device, rank)
+        try:
+            if run.training:
+                result = run_training(run, splits, gpus_per_node, mesh, c, device, rank, progress, limit_bytes)
+            else:
+                result = run_serving(run, splits, mesh, c, device, rank, progress, limit_bytes)
+        except Exception as e:
+            if not _is_out_of_memory(e, progress):
+                raise
+            out_of_memory = True
+            details = _out_of_memory_details(e, progress, rank, c, device)
+            details["wall_seconds"] = time.perf_counter() - t0
+            del e
+            write_status(rank, state="oom", error=details["error"])
+            if on_out_of_memory is not None:
+                on_out_of_memory(details)
+            raise RankOutOfMemory(details) from None
+        progress.clear()
         result.update(rank=rank, pp=c.pp, dp=c.dp, tp=c.tp, cp=c.cp, wall_seconds=time.perf_counter() - t0)
         if device.type == "cuda":  # what `shardplan calibrate` turns into efficiencies
             result["probes"] = _probes(device)
@@ -406,8 +597,11 @@ def run_rank(run: RunSpec, splits: dict[str, str], gpus_per_node: int, backend: 
         dist.barrier()  # nobody tears gloo down while a peer still talks to it (that aborts the process)
         write_status(rank, state="done")
         return rank, gathered
+    except RankOutOfMemory:
+        raise
     except BaseException as e:
         write_status(rank, state="error", error=f"{type(e).__name__}: {e}"[:2000])
         raise
     finally:
-        dist.destroy_process_group()
+        if not (out_of_memory and device.type == "cuda"):  # NCCL: peers wait in a collective; exiting tears it down
+            dist.destroy_process_group()

@@ -133,3 +133,76 @@ def test_the_probes_run_on_this_machine():
     for key in ("matmul_flops_per_second", "memory_bytes_per_second"):
         assert math.isfinite(p[key]) and p[key] > 1e6, (key, p[key])
     assert "all_reduce_bus_bytes_per_second" not in p  # no process group: nothing to reduce over
+
+
+# ----- a run that ran out of memory ------------------------------------------------------------
+
+def _oom_report(tmp_path: Path) -> dict:
+    """The report `verify` writes when a GPU rank runs out of memory (built by the same code
+    from what a rank hands over): the failed rank ran the matmul and copy probes alone after
+    freeing its memory, no all-reduce."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from conftest import build_plan
+
+    from shardplan.cost.layout import Layout
+    from shardplan.cost.workload import TrainingWorkload
+    from shardplan.plan.readback import plan_spec
+    from shardplan.verify.outofmemory import hardware_for, oom_report
+    from shardplan.verify.report import VerifyReport
+    from shardplan.verify.runspec import plan_run
+
+    m, _ = build_plan("llama-3.1-8b", 8, Layout(tp=2, dp=4, micro_batch_size=4),
+                      TrainingWorkload(seq_len=4096, global_batch_size=64))
+    run = plan_run(m, plan_spec(m), scale="full")
+    hw, _ = hardware_for(m, run)
+    probe = {"device_name": "NVIDIA H100 80GB HBM3", "matmul_dtype": "bf16", "matmul_size": 8192,
+             "matmul_flops_per_second": MATMUL, "memory_bytes_per_second": MEMORY}
+    details = {"rank": 1, "pp": 0, "dp": 0, "tp": 1, "cp": 0, "stage": 0, "step": 0, "steps_completed": 0,
+               "measured": {"weights_at_rest_bytes": 8 * 2**30}, "wall_seconds": 12.0, "error": "OutOfMemoryError: ...",
+               "failure": {"op": "aten.mm.default", "shape": [16384, 128256], "dtype": "bfloat16",
+                           "allocation_bytes": 16384 * 128256 * 2, "live_bytes": 70 * 2**30, "live_forward_bytes": 40 * 2**30,
+                           "limit_bytes": None, "component": "loss", "simulated": False,
+                           "message": "CUDA out of memory. Tried to allocate 3.91 GiB."},
+               "device_total_bytes": 85_000_000_000, "probes": probe}
+    report = oom_report(run, hw, [details], plan="plan.yaml", backend="nccl", device="cuda")
+    VerifyReport.model_validate(report)  # what `verify --json` prints
+    return report
+
+
+def test_a_run_that_ran_out_of_memory_calibrates_what_its_probes_measured(cli, tmp_path):
+    report = _oom_report(tmp_path)
+    path = tmp_path / "oom.json"
+    path.write_text(json.dumps(report))
+    out = tmp_path / "my-h100.yaml"
+    res = cli("calibrate", path, "-o", out, "--json")
+    assert res.exit_code == EXIT_OK, res.stderr
+    data = res.json()
+    changes = {c["field"]: c for c in data["changes"]}
+    assert set(changes) == {"efficiency.matmul", "efficiency.memory_bandwidth"}  # no all-reduce ran
+    assert changes["efficiency.memory_bandwidth"]["new"] == pytest.approx(2900 / 3350, abs=1e-4)
+    notes = " ".join(data["notes"])
+    assert "ran out of memory on rank 1" in notes and "aten.mm.default" in notes
+    assert "efficiency.intra_node_link: not measured" in notes
+    assert "not measured: gradients, optimizer_states, activations" in notes  # what the run never got to
+    hw = load_hardware(str(out))
+    assert hw.intra_node.efficiency == load_hardware("h100-sxm-80gb").intra_node.efficiency
+
+
+@pytest.mark.parametrize("edit,field", [
+    ({"oom": None}, "oom"),  # says it ran out of memory, but not where
+    ({"probes": []}, "probes"),  # the failed rank's probes did not run
+    ({"device": "cpu"}, "device"),  # a simulated out-of-memory on a CPU
+    ({"status": "failed"}, "status"),
+])
+def test_out_of_memory_reports_it_cannot_use_are_refused(cli, tmp_path, edit, field):
+    report = _oom_report(tmp_path) | edit
+    path = tmp_path / "oom.json"
+    path.write_text(json.dumps({k: v for k, v in report.items() if v is not None}))
+    out = tmp_path / "x.yaml"
+    res = cli("calibrate", path, "-o", out)
+    assert res.exit_code == EXIT_BAD_INPUT
+    line = res.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line and f"'{field}'" in line, line
+    assert not out.exists()

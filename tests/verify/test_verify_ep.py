@@ -19,7 +19,7 @@ from test_verify import SERVE, TRAIN, _assert_matches, _plan, _verify
 # expert gradients would pass the loss check (measured: a factor of 2 moves the loss by 2e-5
 # under AdamW, by 1.1e-3 under SGD).
 SGD_TRAIN = TrainingWorkload(seq_len=256, global_batch_size=64, optimizer="sgd")
-FP32_BYTES = 4
+ELEMENT_BYTES = 2  # the plans are bf16, and so are the runs' weights and RoPE cache
 
 
 def _weight_bytes(plan: Path) -> tuple[float, float]:
@@ -41,7 +41,7 @@ def _weight_bytes(plan: Path) -> tuple[float, float]:
         else:
             split = m.placement.tp_splits[split_key(name.removesuffix(".weight"))]
             dense += p.numel() / (1 if split == "replicated" else run.layout.tp)
-    return dense * FP32_BYTES, expert * FP32_BYTES
+    return dense * ELEMENT_BYTES, expert * ELEMENT_BYTES
 
 
 @pytest.mark.dist
@@ -74,7 +74,7 @@ def test_expert_parallel_serving(cli, tmp_path):
     _assert_matches(report, 2, training=False)
     m = mf.load_manifest(plan)
     run = plan_run(m, plan_spec(m), scale="proxy")
-    rope_bytes = run.spec.max_position_embeddings * run.spec.attention_head_dim * FP32_BYTES
+    rope_bytes = run.spec.max_position_embeddings * run.spec.attention_head_dim * ELEMENT_BYTES
     dense, one_expert = _weight_bytes(plan)
     for rank in report["ranks"]:
         comps = {c["component"]: c for c in rank["components"]}
