@@ -116,9 +116,11 @@ def stage_tensors(spec: ModelSpec, layout: Layout, stage: int) -> list[tuple[Wei
 def stage_weights(
     spec: ModelSpec, layout: Layout, stage: int, *, quantization: Quantization, dense_dtype: DType
 ) -> StageWeights:
-    """What one rank of `stage` stores. It depends on tp, ep, etp, pp and virtual stages only,
+    """What one rank of `stage` stores. It depends on tp, ep, etp and the pipeline split only,
     so the result is cached on those (the search costs many layouts that share them)."""
-    shape = Layout(tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.expert_tp, virtual_stages=layout.virtual_stages)
+    shape = Layout(tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.expert_tp, virtual_stages=layout.virtual_stages,
+                   pp_embedding_as_layer=layout.pp_embedding_as_layer, pp_loss_as_layer=layout.pp_loss_as_layer,
+                   pp_first_stage_layers=layout.pp_first_stage_layers, pp_last_stage_layers=layout.pp_last_stage_layers)
     return _stage_weights(spec, shape, stage, quantization, dense_dtype)
 
 

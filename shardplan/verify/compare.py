@@ -10,7 +10,7 @@ from typing import Any
 
 from shardplan.cost.estimate import estimate
 from shardplan.cost.report import CostReport, ServingTimeReport, TrainingTimeReport
-from shardplan.cost.layout import stage_layer_ranges
+from shardplan.cost.layout import layout_stage_ranges
 from shardplan.cost.memory_serving import kv_bytes_per_token_per_layer_per_rank
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.units import DType, bytes_per_element
@@ -103,7 +103,7 @@ def serving_kv_bytes(run: RunSpec, stage: int) -> float:
     """The KV cache of the run's own tokens (batch x (prompt + decode)) on a rank of `stage`,
     not vLLM's pool, which fills whatever memory is left."""
     L = run.layout
-    layers = sum(len(r) for r in stage_layer_ranges(run.spec.num_layers, L.pp, L.virtual_stages)[stage])
+    layers = sum(len(r) for r in layout_stage_ranges(run.spec.num_layers, L)[stage])
     tokens = run.batch_size * (run.prompt_len + run.decode_steps)
     return kv_bytes_per_token_per_layer_per_rank(run.spec, L.tp, bytes_per_element(run.dtype)) * layers * tokens
 

@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 from torch.utils.checkpoint import CheckpointPolicy
 
-from shardplan.cost.layout import Layout, Offload, Recompute, stage_layer_ranges
+from shardplan.cost.layout import Layout, Offload, Recompute, layout_stage_ranges
 from shardplan.verify.model import Decoder, RMSNorm, rope_cache
 
 INIT_STD = 0.02
@@ -70,7 +70,7 @@ def chunk_ids(layout: Layout, pp_rank: int) -> list[int]:
 
 def build_chunks(spec, layout: Layout, pp_rank: int) -> list[Decoder]:
     """This pipeline rank's chunks, on the meta device (no memory until materialised)."""
-    ranges = stage_layer_ranges(spec.num_layers, layout.pp, layout.virtual_stages)[pp_rank]
+    ranges = layout_stage_ranges(spec.num_layers, layout)[pp_rank]
     last_chunk = layout.pp * layout.virtual_stages - 1
     with torch.device("meta"):
         return [Decoder(spec, list(r), first=c == 0, last=c == last_chunk)

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
+from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, layout_stage_ranges
 from shardplan.cost.workload import (
     Framework,
     InferenceWorkload,
@@ -167,6 +167,9 @@ def check_runnable(spec: ModelSpec, layout: Layout, *, training: bool = True) ->
             raise _refuse(fld, what, "verify runs Llama-style dense and MoE decoders; check this model with estimate")
     L = layout
     _check_experts(spec, L, training)
+    if L.pp > 1 and min(len(r) for chunks in layout_stage_ranges(spec.num_layers, L) for r in chunks) == 0:
+        raise _refuse("layout.pp_embedding_as_layer", "a pipeline chunk holding only the embedding or the loss",
+                      "verify the plan with fewer virtual stages")
     if spec.moe is not None and L.sequence_parallel:
         raise _refuse("layout.sequence_parallel", "sequence parallelism with MoE blocks (Megatron's dispatcher gathers "
                       "the routed tokens over tp)", "verify the plan without sequence parallelism")

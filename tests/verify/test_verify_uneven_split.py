@@ -1,0 +1,46 @@
+"""An uneven pipeline split (issue: training per stack) runs as planned: the first stage holds
+the layers the plan gives it, and each stage's measured weights match the prediction for its
+own layers; a chunk left with only the embedding or the loss is refused before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+from test_verify import TRAIN, _plan, _verify
+
+from shardplan.cost.layout import Layout
+from shardplan.cost.weights import stage_weights
+from shardplan.cost.workload import Quantization
+from shardplan.errors import CannotVerify, EXIT_OK
+from shardplan.specs.loading import load_model
+from shardplan.units import DType
+from shardplan.verify.runspec import check_runnable
+
+
+def test_stage_weights_follow_the_split():
+    spec = load_model("llama-3.1-8b").spec  # 32 layers
+    even = Layout(pp=4, dp=1)
+    first3 = Layout(pp=4, dp=1, pp_first_stage_layers=3)
+    kw = dict(quantization=Quantization.NONE, dense_dtype=DType.BF16)
+    block = (stage_weights(spec, even, 1, **kw).numel) / 8  # stage 1: 8 decoder layers, nothing else
+    assert stage_weights(spec, first3, 0, **kw).numel == pytest.approx(stage_weights(spec, even, 0, **kw).numel - 5 * block)
+    assert stage_weights(spec, first3, 1, **kw).numel == pytest.approx(block * (29 // 3 + 1))  # 29 over 3: 10, 10, 9
+
+
+@pytest.mark.dist
+def test_verify_runs_the_first_stage_with_the_layers_the_plan_gives_it(cli, tmp_path):
+    plan = _plan(tmp_path, 2, TRAIN, pp=2, dp=1, pp_first_stage_layers=3, micro_batch_size=2)
+    res, report = _verify(cli, plan, tmp_path)
+    assert res.exit_code == EXIT_OK, res.stderr
+    weights = {r["stage"]: next(c for c in r["components"] if c["component"] == "weights") for r in report["ranks"]}
+    assert weights[0]["measured_bytes"] < weights[1]["measured_bytes"]  # 3 layers and the embedding vs 5 and the head
+    for w in weights.values():
+        assert abs(w["relative_error"]) <= 0.02
+
+
+def test_a_chunk_with_only_the_embedding_is_refused():
+    spec = load_model("debug").spec
+    layout = Layout(pp=2, virtual_stages=spec.num_layers // 2 + 1, pp_schedule="interleaved",
+                    pp_embedding_as_layer=True, pp_loss_as_layer=True)
+    with pytest.raises(CannotVerify) as e:
+        check_runnable(spec, layout)
+    assert e.value.field == "layout.pp_embedding_as_layer"
