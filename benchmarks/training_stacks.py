@@ -21,6 +21,7 @@ pipeline parallelism.
 
 from __future__ import annotations
 
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -41,7 +42,8 @@ GIB = 2**30
 
 
 def _memory_gib(measured: dict) -> tuple[float | None, str]:
-    for key, scale in (("peak_memory_gib", 1.0), ("peak_memory_mib", 1 / 1024), ("memory_gib", 1.0)):
+    for key, scale in (("peak_memory_gib", 1.0), ("peak_memory_mib", 1 / 1024), ("memory_gib", 1.0),
+                       ("mem_max_allocated_bytes", 1 / 2**30)):
         if isinstance(measured.get(key), (int, float)):
             counter = str(measured.get("memory_counter", ""))
             return measured[key] * scale, "allocated" if "allocated" in counter else "reserved"
@@ -65,7 +67,11 @@ def _tokens_per_gpu(r: dict) -> float | None:
         return v * seq / gpus
     if (v := number("step_time_s")) is not None:
         return (c.get("global_batch") or gpus * c["micro_batch"]) * seq / gpus / v
-    return number("tokens_per_s_per_gpu", r.get("inferred") or {})
+    inferred = r.get("inferred") or {}
+    if isinstance(inferred.get("tokens_per_s_per_gpu"), str):  # "inferred: <how> = N": the N
+        m = re.search(r"=\s*([0-9][0-9,]*(?:\.[0-9]+)?)\s*$", inferred["tokens_per_s_per_gpu"])
+        return float(m.group(1).replace(",", "")) if m else None
+    return number("tokens_per_s_per_gpu", inferred)
 
 
 # `shape:` keys -> the Hugging Face config keys of each family's translator (shardplan/specs/hf.py).

@@ -63,6 +63,11 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     "mbridge2511_qwen3_30b_a3b_16xh100_fp8cs": {"tokens": MOE},
     "mbridge2511_qwen3_235b_a22b_256xh100_fp8cs": {"tokens": MOE},
     "moezoo_qwen3_235b_tp2ep32pp8vp4_256xh100_bf16": {"tokens": MOE},
+    "mcore_ci_7b_tp1pp4vp8_h100": {"tokens": "Megatron's CI runs in deterministic mode (NVTE_ALLOW_NONDETERMINISTIC_ALGO=0): the deterministic attention backward is slower, not modelled"},
+    "mcore_ci_7b_tp4pp1_h100": {"tokens": "as the tp1 pp4 CI row (deterministic mode)"},
+    "mcore_ci_7b_tp1pp4vp8_a100": {"tokens": "as the H100 CI rows (deterministic mode)"},
+    "mcore_ci_7b_tp4pp1_a100": {"tokens": "as the H100 CI rows (deterministic mode)"},
+    "mcore_release_15b_tp8sp_h100": {"tokens": "the release run's data-parallel size is inferred from its memory, not published"},
     "mbridge2511_llama3_8b_8xb200_fp8cs": {"tokens": B200},
     "mbridge2511_llama31_405b_128xb200_fp8cs": {"tokens": B200},
     # DeepSpeed
@@ -106,6 +111,7 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
 # Cases within 10%, per stack and metric, at least (the issue asks for 6 per stack; these are
 # what holds today, and the closing note says which stacks fall short).
 WITHIN_AT_LEAST = {("torchtitan", "memory"): 8, ("torchtitan", "tokens"): 6, ("megatron", "tokens"): 7,
+                   ("megatron", "memory"): 5,
                    ("deepspeed", "memory"): 3, ("deepspeed", "tokens"): 1, ("hf", "tokens"): 1}
 
 
