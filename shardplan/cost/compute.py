@@ -103,6 +103,8 @@ FUSED = ElementwiseTraffic()
 # fp8 training (torchao Float8Linear, Transformer Engine with dynamic scaling): each GEMM input
 # is scanned for its absolute maximum (reads 2 bytes) and cast to fp8 (reads 2, writes 1).
 FP8_CAST_BYTES_PER_ELEMENT = 5.0
+# Dropout on a 16-bit score matrix: reads 2, writes 2 and a 1-byte mask.
+EAGER_DROPOUT_BYTES_PER_SCORE = 5.0
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,7 @@ class Work:
     attention_efficiency: float | None = None
     elementwise: ElementwiseTraffic = FUSED
     fp8_casts: bool = False
+    eager_attention_bytes_per_score: float = 13.0  # TrainingWorkload's: unfused attention's traffic a score
 
 
 def _share(d: float, half: float) -> float:
@@ -242,11 +245,12 @@ def attention_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: W
         share = base * _share(work.q_len, hw.matmul_half_dim) * _share(kv_eff, hw.matmul_half_dim)
         t = roofline(flops / (hw.peak_flops_for(work.act_dtype) * share), memory_seconds(hw, nbytes))
         return t, flops, 1
-    # Unfused: QK^T and AV as batched GEMMs, softmax (and dropout) over the score matrix.
+    # Unfused: QK^T and AV as batched GEMMs, softmax (and dropout) over the score matrix, with
+    # the stack's traffic per score (Megatron's fused softmax: QK^T writes, softmax reads and
+    # writes, AV reads; an eager stack's scale, mask, upcast and cast each read and write).
     scores = work.num_seqs * heads * work.q_len * kv_len
-    score_bytes = scores * a * 4  # written by QK^T, read and written by softmax, read by AV
-    if work.dropout:
-        score_bytes += scores * (2 * a + DROPOUT_MASK_BYTES)
+    per_score = work.eager_attention_bytes_per_score - (0.0 if work.dropout else EAGER_DROPOUT_BYTES_PER_SCORE)
+    score_bytes = scores * per_score * a / 2
     share = hw.matmul_efficiency * _share(work.q_len, hw.matmul_half_dim) * _share(kv_len, hw.matmul_half_dim)
     share *= _share(d_qk, hw.matmul_half_dim)
     t_gemm = roofline(flops / (hw.peak_flops_for(work.act_dtype) * share), memory_seconds(hw, nbytes))

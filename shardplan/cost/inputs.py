@@ -213,7 +213,8 @@ def training_workload(
             loss_forward_bytes_per_logit=stack.loss_forward_bytes_per_logit,
             loss_backward_bytes_per_logit=stack.loss_backward_bytes_per_logit,
             fsdp_unsharded_under_pp=stack.fsdp_unsharded_under_pp, pp_p2p_overlap=stack.pp_p2p_overlap,
-            collectives_multirail=stack.collectives_multirail)
+            collectives_multirail=stack.collectives_multirail,
+            eager_attention_bytes_per_score=stack.eager_attention_bytes_per_score)
         if tp_comm_overlap and not stack.tp_comm_overlap_offered:
             raise ShardplanError(f"{stack.display_name} has no tensor-parallel communication overlap",
                                  field="--tp-comm-overlap", hint="drop it, or use --stack megatron")

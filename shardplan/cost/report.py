@@ -120,6 +120,8 @@ class TrainingWorkloadReport(Frozen):
     rope_kernels: int = Field(description="kernels of the eager RoPE")
     act_bytes_per_element: float = Field(description="eager MLP activation traffic, bytes per element (16-bit)")
     act_kernels: int = Field(description="kernels of the eager MLP activation")
+    eager_attention_bytes_per_score: float = Field(description="unfused attention's forward traffic per score element "
+                                                               "(16-bit, dropout included)")
     loss_forward_bytes_per_logit: float = Field(description="the loss head's forward memory traffic, bytes per logit")
     loss_backward_bytes_per_logit: float = Field(description="the loss head's backward memory traffic, bytes per logit")
     matmul_dtype: str = Field(description="the linear layers' GEMM format (fp8: dynamic scaling)")

@@ -279,6 +279,7 @@ def _cached_stage_time(
         elementwise=elementwise_traffic(wl),
         quantization=Quantization.FP8 if wl.matmul_dtype is DType.FP8 else Quantization.NONE,
         fp8_casts=wl.matmul_dtype is DType.FP8,
+        eager_attention_bytes_per_score=wl.eager_attention_bytes_per_score,
     )
     layer_fwd = layers_forward(spec, hw, layout, work, layers)
     attn_fwd = PassTime(attention_seconds=layer_fwd.attention_seconds, attention_flops=layer_fwd.attention_flops)

@@ -143,6 +143,10 @@ class TrainingWorkload:
     rope_kernels: int = 1
     act_bytes_per_element: float = 6.0
     act_kernels: int = 1
+    # Unfused (eager) attention: memory traffic per score element in forward, at 16-bit
+    # activations, dropout included (a dropout adds 5: reads 2, writes 2, a 1-byte mask). 13:
+    # Megatron's fused scale-mask-softmax (QK^T writes 2, softmax reads and writes 4, AV reads 2).
+    eager_attention_bytes_per_score: float = 13.0
     # The loss head's memory traffic (upcast, log-softmax, its gradient, the downcast), bytes
     # per logit in forward and in backward; 0: not timed.
     loss_forward_bytes_per_logit: float = 0.0

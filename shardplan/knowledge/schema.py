@@ -285,6 +285,9 @@ class StackFile(Frozen):
     eager_elementwise: EagerElementwise | None = Field(
         description="the traffic of its unfused elementwise ops; required unless elementwise_fused")
     compile_offered: bool = Field(description="torch.compile can fuse its elementwise ops (--compile)")
+    eager_attention_bytes_per_score: float = Field(
+        gt=0, le=1000, description="unfused attention's forward memory traffic per score element at 16-bit "
+                                   "activations, dropout included (its 5 bytes come off without dropout)")
     attention_kernels: list[Literal["fa2", "fa3", "cudnn"]] = Field(
         description="the fused attention kernels it runs, in its order of preference (the first the GPU profile "
                     "measured is used); empty: eager attention")
@@ -311,7 +314,7 @@ class StackFile(Frozen):
                       "recompute", "selective", "attention", "amp_fp32_master", "norms_fp32", "elementwise_fused",
                       "compile_offered", "attention_kernels", "loss_forward_bytes_per_logit",
                       "loss_backward_bytes_per_logit", "fsdp_unsharded_under_pp", "tp_comm_overlap_offered",
-                      "pp_p2p_overlap", "collectives_multirail"}
+                      "pp_p2p_overlap", "collectives_multirail", "eager_attention_bytes_per_score"}
         if self.eager_elementwise is not None:
             documented.add("eager_elementwise")
         if self.compiled_loss is not None:

@@ -147,6 +147,7 @@ class TrainingWorkloadSection(_Section):
     rope_kernels: int = Field(1, ge=1, le=100, description="kernels of the eager RoPE")
     act_bytes_per_element: float = Field(6.0, gt=0, le=1000, description="eager MLP activation traffic, bytes per element")
     act_kernels: int = Field(1, ge=1, le=100, description="kernels of the eager MLP activation")
+    eager_attention_bytes_per_score: float = Field(13.0, gt=0, le=1000, description="unfused attention's traffic per score")
     loss_forward_bytes_per_logit: float = Field(0.0, ge=0, le=1000, description="the loss head's forward traffic, bytes per logit")
     loss_backward_bytes_per_logit: float = Field(0.0, ge=0, le=1000, description="its backward traffic, bytes per logit")
     matmul_dtype: DTypeName = Field("bf16", description="the linear layers' GEMM format (fp8: dynamic scaling)")

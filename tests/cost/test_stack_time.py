@@ -251,3 +251,26 @@ def test_layernorm_and_plain_gelu_are_single_kernels_even_in_an_eager_stack():
                  elementwise=elementwise_traffic(_wl("torchtitan")))
     fused = dataclasses.replace(eager, elementwise=FUSED)
     assert elementwise_bytes(gpt2, Layout(), eager, moe_layer=False) == elementwise_bytes(gpt2, Layout(), fused, moe_layer=False)
+
+
+@pytest.mark.parametrize(("stack", "per_score"), [("megatron", 13), ("hf", 42), ("deepspeed", 26), ("torchtitan", 21)])
+def test_unfused_attention_pays_the_stacks_traffic_per_score(stack, per_score):
+    """Without flash attention the score matrix is written and read by every eager op: Megatron's
+    fused softmax 13 bytes a score with dropout, HF's eager GPT-2 attention under autocast 42, the
+    same under DeepSpeed's 16-bit engine 26; without dropout, 5 fewer."""
+    from shardplan.cost.compute import attention_time
+
+    hw = _hw("a100-sxm-80gb", gpus=1)
+    gpt2 = load_model("gpt2").spec
+    wl = _wl(stack, attention_kernel="eager")
+    s = 1024.0
+    scores = 12 * s * s
+    base = Work(tokens=s, num_seqs=1, q_len=s, kv_len=s, decode=False, flash_attention=False, dropout=True,
+                eager_attention_bytes_per_score=wl.eager_attention_bytes_per_score)
+    none = dataclasses.replace(base, eager_attention_bytes_per_score=1e-9, dropout=True)
+    bw = hw.memory_bandwidth_bytes_per_second * hw.memory_bandwidth_efficiency
+    t, _, _ = attention_time(gpt2, hw, Layout(), base, 0)
+    t0, _, _ = attention_time(gpt2, hw, Layout(), none, 0)
+    assert t - t0 == pytest.approx(scores * per_score / bw, rel=1e-6)
+    t_nodrop, _, _ = attention_time(gpt2, hw, Layout(), dataclasses.replace(base, dropout=False), 0)
+    assert t - t_nodrop == pytest.approx(scores * 5 / bw, rel=1e-6)
