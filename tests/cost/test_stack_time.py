@@ -274,3 +274,13 @@ def test_unfused_attention_pays_the_stacks_traffic_per_score(stack, per_score):
     assert t - t0 == pytest.approx(scores * per_score / bw, rel=1e-6)
     t_nodrop, _, _ = attention_time(gpt2, hw, Layout(), dataclasses.replace(base, dropout=False), 0)
     assert t - t_nodrop == pytest.approx(scores * 5 / bw, rel=1e-6)
+
+
+@pytest.mark.parametrize("stack", ["hf", "torchtitan"])
+def test_compile_fuses_the_loss_unless_the_run_compiled_only_the_layers(stack):
+    """A whole-model compile (HF Trainer torch_compile; torchtitan since 2025-04) fuses the loss:
+    4 bytes a logit instead of 14; regional compilation (compile_loss=False) keeps the eager loss."""
+    assert _wl(stack).loss_bytes_per_logit == 14
+    assert _wl(stack, compile=True).loss_bytes_per_logit == 4
+    assert _wl(stack, compile=True).largest_allocation_bytes_per_logit == 2
+    assert _wl(stack, compile=True, compile_loss=False).loss_bytes_per_logit == 14

@@ -90,7 +90,12 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     "dc_llama3_70b_z3_offload_eager_s2048_16xh100": {"tokens": DEEPCOMPILE},
     "dc_llama3_8b_z1_eager_bs1_s2048_8xh100": {"tokens": DEEPCOMPILE},
     "dc_llama3_8b_z1_eager_bs4_s2048_8xh100": {"tokens": DEEPCOMPILE},
+    "xtuner_llama3_8b_8k_z3_4xa100": {"tokens": "+17% where the same recipe on 8 GPUs is -2% and ZeRO-3's per-GPU traffic does not grow with fewer GPUs; not explained"},
+    "dsmuon_qwen25_3b_adamw_z2_8xa100_40gb": {"memory": "the blog does not say which counter it printed: +16% as reserved, +3% as allocated"},
     # Hugging Face
+    "hf_liger_readme_llama3_8b_a100x8_fsdp_compile_s4096": {
+        "memory": "the whole-model compile's own savings beyond the fused loss (Inductor's activation choices) are not modelled: -21%",
+        "tokens": "compiled: 11% faster than the fused-elementwise model; not explained"},
     "hf_liger_llama3_8b_a100x4_fsdp_bs32": {"memory": LIGER_PAD, "tokens": LIGER_PAD},
     "hf_liger_llama3_8b_a100x4_fsdp_bs48": {"memory": LIGER_PAD, "tokens": LIGER_PAD},
     "hf_liger_qwen2_7b_a100x4_fsdp_bs32": {"memory": LIGER_PAD, "tokens": LIGER_PAD},
@@ -112,7 +117,7 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
 # what holds today, and the closing note says which stacks fall short).
 WITHIN_AT_LEAST = {("torchtitan", "memory"): 8, ("torchtitan", "tokens"): 6, ("megatron", "tokens"): 7,
                    ("megatron", "memory"): 5,
-                   ("deepspeed", "memory"): 3, ("deepspeed", "tokens"): 1, ("hf", "tokens"): 1}
+                   ("deepspeed", "memory"): 4, ("deepspeed", "tokens"): 8, ("hf", "memory"): 2, ("hf", "tokens"): 3}
 
 
 def _cases() -> list[tuple[str, str, str, float]]:
