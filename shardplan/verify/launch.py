@@ -279,6 +279,18 @@ def out_of_memory_report(statuses: list[dict[str, Any]]) -> dict[str, Any] | Non
     return report
 
 
+RENDEZVOUS_ATTEMPTS = 2
+
+
+def _lost_rendezvous(code: int | None, statuses: list[dict[str, Any]], log_path: Path) -> bool:
+    """torchrun failed in its rendezvous, before any rank wrote a status: the free port picked
+    for its store was taken by another process in between (a race with concurrent runs)."""
+    if code in (None, 0) or any(s.get("pid") for s in statuses):
+        return False
+    log = log_path.read_text(errors="replace")
+    return "RendezvousConnectionError" in log or "address already in use" in log.lower()
+
+
 def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: int, timeout_seconds: float,
                  on_event: Progress | None = None, dtype: str = "plan",
                  device_memory_gib: float | None = None) -> dict[str, Any]:
@@ -286,22 +298,27 @@ def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: i
     that ran out of memory, or a failure report. `on_event` gets a line at the launch and for
     each change of a rank's status."""
     world = run.world_size
-    run_dir = Path(tempfile.mkdtemp(prefix="shardplan-verify-"))
-    cmd, env = local_command(plan, world, _free_port(), run_dir, backend=backend, scale=scale, steps=steps,
-                             timeout_seconds=timeout_seconds, dtype=dtype, device_memory_gib=device_memory_gib)
-    log_path = run_dir / "torchrun.log"
-    timed_out = False
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        if on_event is not None:
-            on_event(f"launched {world} rank(s) with torchrun ({backend}, {scale} model); logs in {run_dir}")
-        try:
-            code, died_at = _watch(proc, run_dir, world, timeout_seconds, on_event)
-            timed_out = code is None
-        finally:
-            _kill_session(proc)
-            proc.wait()
-    statuses = _statuses(run_dir, world)
+    for attempt in range(RENDEZVOUS_ATTEMPTS):
+        run_dir = Path(tempfile.mkdtemp(prefix="shardplan-verify-"))
+        cmd, env = local_command(plan, world, _free_port(), run_dir, backend=backend, scale=scale, steps=steps,
+                                 timeout_seconds=timeout_seconds, dtype=dtype, device_memory_gib=device_memory_gib)
+        log_path = run_dir / "torchrun.log"
+        timed_out = False
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            if on_event is not None:
+                on_event(f"launched {world} rank(s) with torchrun ({backend}, {scale} model); logs in {run_dir}")
+            try:
+                code, died_at = _watch(proc, run_dir, world, timeout_seconds, on_event)
+                timed_out = code is None
+            finally:
+                _kill_session(proc)
+                proc.wait()
+        statuses = _statuses(run_dir, world)
+        if not _lost_rendezvous(code, statuses, log_path) or attempt == RENDEZVOUS_ATTEMPTS - 1:
+            break
+        if on_event is not None:  # another launcher took the port between its pick and torchrun's bind
+            on_event("torchrun lost its rendezvous store before any rank started; launching again on a new port")
     for s in statuses:  # a rank that left the session would still be caught here
         if s.get("pid") and _alive(s["pid"]):
             try:

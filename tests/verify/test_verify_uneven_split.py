@@ -44,3 +44,19 @@ def test_a_chunk_with_only_the_embedding_is_refused():
     with pytest.raises(CannotVerify) as e:
         check_runnable(spec, layout)
     assert e.value.field == "layout.pp_embedding_as_layer"
+
+
+def test_a_rendezvous_lost_before_any_rank_started_is_retried_and_nothing_else(tmp_path):
+    """A concurrent launcher can take the port picked for torchrun's store: a failure in the
+    rendezvous, with no rank started, is launched again; a rank's own failure is not."""
+    from shardplan.verify.launch import RENDEZVOUS_ATTEMPTS, _lost_rendezvous
+
+    log = tmp_path / "torchrun.log"
+    log.write_text("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d "
+                   "store has failed.")
+    assert RENDEZVOUS_ATTEMPTS == 2
+    assert _lost_rendezvous(1, [], log)
+    assert not _lost_rendezvous(1, [{"rank": 0, "pid": 123, "state": "failed"}], log)  # a rank ran
+    assert not _lost_rendezvous(None, [], log) and not _lost_rendezvous(0, [], log)  # timed out / succeeded
+    log.write_text("ValueError: something in a rank")
+    assert not _lost_rendezvous(1, [], log)
