@@ -380,7 +380,8 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
             detail["activations.head"] = head
             detail["activations.loss"] = logits
             act += head + logits
-            largest_what = "the fp32 logits of the loss"
+            largest_what = ("the fp32 logits of the loss" if wl.largest_allocation_bytes_per_logit == FP32_BYTES
+                            else f"the loss head's largest tensor ({wl.largest_allocation_bytes_per_logit:g} bytes a logit)")
         temporary = dense.temporary + expert.temporary
         gradients = dense.gradients + expert.gradients
         if wl.fsdp_unsharded_under_pp and layout.pp > 1 and layout.zero_stage == 3:

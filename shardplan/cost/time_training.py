@@ -286,17 +286,15 @@ def _cached_stage_time(
     fwd = layer_fwd
     if first:
         fwd = fwd + embedding_forward(spec, hw, work)
-    loss_bwd = PassTime()
+    loss_fwd = loss_bwd = PassTime()
     if last:
         fwd = fwd + head_forward(spec, hw, layout, work, work.tokens)
+        # The loss head's traffic has its own backward count, not twice the forward's.
         logits = work.tokens * spec.vocab_size / (layout.tp if wl.loss_vocab_parallel else 1)
-        fwd = fwd + PassTime(memory_seconds=memory_seconds(hw, logits * wl.loss_forward_bytes_per_logit))
+        loss_fwd = PassTime(memory_seconds=memory_seconds(hw, logits * wl.loss_forward_bytes_per_logit))
         loss_bwd = PassTime(memory_seconds=memory_seconds(hw, logits * wl.loss_backward_bytes_per_logit))
-        # the loss traffic's backward is its own count, not twice the forward's
-        fwd_for_bwd = fwd + PassTime(memory_seconds=-memory_seconds(hw, logits * wl.loss_forward_bytes_per_logit))
-    else:
-        fwd_for_bwd = fwd
-    bwd = _backward(fwd_for_bwd, wl.flash_attention, kernel[1] / kernel[2] if kernel else 1.0) + loss_bwd
+    bwd = _backward(fwd, wl.flash_attention, kernel[1] / kernel[2] if kernel else 1.0) + loss_bwd
+    fwd = fwd + loss_fwd
     n_layers = len(layers)
     if layout.recompute is Recompute.FULL:
         bwd = bwd + replace(layer_fwd, model_flops=0.0, dropped_matmul_seconds=0.0, dropped_matmul_flops=0.0)
