@@ -26,6 +26,13 @@ from shardplan.cli.options import (
     EnforceEagerOpt,
     AttentionKernelOpt,
     CompileOpt,
+    FineTuneOpt,
+    LoraAlphaOpt,
+    LoraDropoutOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
+    PagedOptimizerOpt,
+    QloraDoubleQuantOpt,
     FlashAttentionOpt,
     MatmulDtypeOpt,
     TpCommOverlapOpt,
@@ -75,6 +82,13 @@ def capacity(
     compile: CompileOpt = False,
     matmul_dtype: MatmulDtypeOpt = None,
     tp_comm_overlap: TpCommOverlapOpt = False,
+    finetune: FineTuneOpt = "full",
+    lora_rank: LoraRankOpt = 16,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_targets: LoraTargetsOpt = "all-linear",
+    lora_dropout: LoraDropoutOpt = 0.0,
+    qlora_double_quant: QloraDoubleQuantOpt = True,
+    paged_optimizer: PagedOptimizerOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """How much hardware does this model need? Serving: the fewest GPUs (and nodes) for each
@@ -97,7 +111,10 @@ def capacity(
                                          dropout=loaded.spec.trains_with_dropout,
                                          stack=stack_rules(stack_name), compile=compile,
                                          attention_kernel=attention_kernel, matmul_dtype=matmul_dtype,
-                                         tp_comm_overlap=tp_comm_overlap)
+                                         tp_comm_overlap=tp_comm_overlap, finetune=finetune, lora_rank=lora_rank,
+                                         lora_alpha=lora_alpha, lora_targets=lora_targets, lora_dropout=lora_dropout,
+                                         qlora_double_quant=qlora_double_quant, paged_optimizer=paged_optimizer,
+                                         spec=loaded.spec)
         with render_common.progress("finding the fewest GPUs per ZeRO stage and offload") as progress:
             result = CapacityResult(training_capacity(loaded.spec, hw, wl_t, max_gpus=limit, progress=progress))
     else:

@@ -35,7 +35,7 @@ SEARCH = "Search and goal"
 PIN = "Pinned degrees (given: fixed; left out: searched)"
 
 # Options shared by estimate and recommend, declared once.
-ModelOpt = Annotated[str, typer.Argument(help="Bundled name, config.json, directory or YAML spec.")]
+ModelOpt = Annotated[str, typer.Argument(help="Bundled name, config.json, directory, YAML spec, or Hugging Face Hub id org/name or org/name@revision (e.g. meta-llama/Llama-3.1-8B; the local cache first, HF_HUB_OFFLINE honoured).")]
 HardwareOpt = Annotated[str, typer.Option("--hardware", "-H", help="Bundled profile name or YAML.", rich_help_panel=CLUSTER)]
 GpusOpt = Annotated[Optional[int], typer.Option(min=1, help="GPUs in the plan (default: one node).", rich_help_panel=CLUSTER)]
 NodesOpt = Annotated[Optional[int], typer.Option(min=1, help="Nodes (default: as many as --gpus needs).", rich_help_panel=CLUSTER)]
@@ -71,6 +71,16 @@ MatmulDtypeOpt = Annotated[Optional[str], typer.Option(
     show_default=False, rich_help_panel=TRAIN)]
 TpCommOverlapOpt = Annotated[bool, typer.Option("--tp-comm-overlap/--no-tp-comm-overlap", help="Tensor-parallel collectives overlap the GEMMs they feed (Megatron --tp-comm-overlap with Transformer Engine userbuffers; --stack megatron).", rich_help_panel=TRAIN)]
 DropoutOpt = Annotated[Optional[bool], typer.Option("--dropout/--no-dropout", help="Dropout masks kept for backward; default: on when the model's config sets a dropout probability (GPT-2: 0.1), transformers' defaults where it is silent.", show_default=False, rich_help_panel=TRAIN)]
+FineTuneOpt = Annotated[str, typer.Option(
+    help="What trains: full (every weight), lora (rank-r adapters on a frozen bf16 base, PEFT) or qlora (the base's "
+         "decoder linears in 4-bit NF4, bitsandbytes). Example: --finetune qlora --lora-rank 64 --recompute full.",
+    callback=lambda v: choice("--finetune", ["full", "lora", "qlora"], "fine-tuning method")(v), rich_help_panel=TRAIN)]
+LoraRankOpt = Annotated[int, typer.Option(min=1, max=65536, help="LoRA rank r (adapter parameters: r x (in + out) per targeted linear).", rich_help_panel=TRAIN)]
+LoraAlphaOpt = Annotated[Optional[float], typer.Option(min=0.0, help="LoRA alpha (scaling alpha / r; no effect on memory or time); default 2 x rank.", show_default=False, rich_help_panel=TRAIN)]
+LoraTargetsOpt = Annotated[str, typer.Option(help="Comma-separated linear modules the adapters sit on (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj), or all-linear.", rich_help_panel=TRAIN)]
+LoraDropoutOpt = Annotated[float, typer.Option(min=0.0, max=0.99, help="PEFT lora_dropout: above 0 each adapter keeps a dropped copy of its input for backward.", rich_help_panel=TRAIN)]
+QloraDoubleQuantOpt = Annotated[bool, typer.Option("--qlora-double-quant/--no-qlora-double-quant", help="QLoRA: quantize the NF4 constants too (4.127 bits a weight instead of 4.5; bnb_4bit_use_double_quant).", rich_help_panel=TRAIN)]
+PagedOptimizerOpt = Annotated[bool, typer.Option("--paged-optimizer/--no-paged-optimizer", help="Optimizer states in CUDA unified memory (bitsandbytes paged optimizers): counted on the host, paged in when used.", rich_help_panel=TRAIN)]
 OverlapGradReduceOpt = Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)]
 
 

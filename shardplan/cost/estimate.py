@@ -122,7 +122,7 @@ def estimate(
         time = _training_time(spec, hw, layout, workload, tm.num_microbatches)  # type: ignore[arg-type]
         time = time.model_copy(update={"plan_fits": tm.fits})
         return CostReport(**common, fits=tm.fits, reason=tm.reason, memory=memory, time=time,
-                          assumptions=training_assumptions(hw, workload))  # type: ignore[arg-type]
+                          assumptions=training_assumptions(hw, workload, spec))  # type: ignore[arg-type]
     sm = serving_memory(spec, hw, layout, workload)  # type: ignore[arg-type]
     # The binding rank is the one with the least KV room.
     worst = min(sm.ranks, key=lambda r: r.breakdown.kv_cache)

@@ -4,6 +4,7 @@ takes the same flags, so they are declared and checked once; errors name the fla
 from __future__ import annotations
 
 
+from shardplan.cost.finetune import ALL_LINEAR, LORA_MODULES, BaseFormat, FineTune, check_targets
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import LayoutError, ShardplanError
@@ -11,7 +12,7 @@ from shardplan.cost.engine import resolve_serving
 from shardplan.knowledge.schema import EngineRules, StackFile
 from shardplan.specs.cluster import at_most
 from shardplan.specs.hardware import HardwareProfile
-from shardplan.specs.model import MAX_TOKENS
+from shardplan.specs.model import MAX_TOKENS, ModelSpec
 from shardplan.units import DType, parse_dtype
 
 MAX_SEQUENCES = 2**24  # sequences in a batch or in flight
@@ -195,6 +196,14 @@ def training_workload(
     matmul_dtype: str | None = None,
     tp_comm_overlap: bool = False,
     compile_loss: bool | None = None,
+    finetune: str = "full",
+    lora_rank: int = 16,
+    lora_alpha: float | None = None,
+    lora_targets: str = ALL_LINEAR,
+    lora_dropout: float = 0.0,
+    qlora_double_quant: bool = True,
+    paged_optimizer: bool = False,
+    spec: ModelSpec | None = None,
 ) -> TrainingWorkload:
     """The training workload from command-line values. With `stack`, what the stack fixes (its
     model-state bookkeeping, loss head, checkpointing, attention kernel, AMP, fusion) comes from
@@ -251,13 +260,55 @@ def training_workload(
             raise ShardplanError(f"training GEMMs in {matmul_dtype} are not modelled", field="--matmul-dtype",
                                  hint="use bf16 or fp8")
         from_stack["matmul_dtype"] = d
+    from_stack.update(_finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, lora_dropout, qlora_double_quant,
+                                       stack, spec, from_stack.get("matmul_dtype")))
     return TrainingWorkload(
         seq_len=seq_len,
         global_batch_size=global_batch_size,
         optimizer=Optimizer(optimizer),
+        paged_optimizer=paged_optimizer,
         framework=Framework(framework),
         flash_attention=flash_attention,
         dropout=dropout,
         overlap_grad_reduce=overlap_grad_reduce,
         **from_stack,
     )
+
+
+def _finetune_fields(
+    method: str, rank: int, alpha: float | None, targets: str, dropout: float, double_quant: bool,
+    stack: StackFile | None, spec: ModelSpec | None, matmul_dtype: DType | None,
+) -> dict:
+    """TrainingWorkload's fine-tuning fields from the options, checked against the stack and the model."""
+    ft = FineTune(method)
+    if stack is not None and ft.value not in stack.finetune.offered:
+        raise ShardplanError(f"{stack.display_name} does not run {ft.value} fine-tuning (it offers "
+                             f"{', '.join(stack.finetune.offered)})", field="--finetune",
+                             hint="use --stack hf (PEFT and bitsandbytes), or another --finetune")
+    if ft is FineTune.FULL:
+        return {}
+    if not 1 <= rank <= 65536:
+        raise ShardplanError(f"LoRA rank {rank} is outside 1-65536", field="--lora-rank", hint="use e.g. 8, 16 or 64")
+    if not 0.0 <= dropout < 1.0:
+        raise ShardplanError(f"lora dropout {dropout} is outside [0, 1)", field="--lora-dropout", hint="use e.g. 0.05")
+    names = tuple(dict.fromkeys(t.strip() for t in targets.split(",") if t.strip()))
+    if not names or len(names) > 64:
+        raise ShardplanError("no LoRA target modules given" if not names else "more than 64 LoRA target modules",
+                             field="--lora-targets", hint=f"name modules such as q_proj,v_proj, or {ALL_LINEAR}")
+    if spec is not None:
+        if spec.mla is not None and names != (ALL_LINEAR,):
+            raise ShardplanError("LoRA targets by module name are not modelled for multi-head latent attention",
+                                 field="--lora-targets", hint=f"use --lora-targets {ALL_LINEAR}")
+        unknown = check_targets(spec, names)
+        if unknown:
+            raise ShardplanError(f"{spec.name} has no linear module named {', '.join(unknown)}", field="--lora-targets",
+                                 hint=f"use {', '.join(LORA_MODULES)} or {ALL_LINEAR}")
+    if ft is FineTune.QLORA and matmul_dtype is DType.FP8:
+        raise ShardplanError("a 4-bit QLoRA base dequantizes to 16 bits for its GEMMs, not fp8", field="--matmul-dtype",
+                             hint="drop --matmul-dtype fp8")
+    out: dict = dict(finetune=ft, lora_rank=rank, lora_alpha=float(alpha) if alpha is not None else 2.0 * rank,
+                     lora_targets=names, lora_dropout=dropout)
+    if ft is FineTune.QLORA:
+        out.update(base_format=BaseFormat.NF4_DQ if double_quant else BaseFormat.NF4,
+                   base_fp32_non_quantized=stack.finetune.qlora_fp32_non_quantized if stack is not None else False)
+    return out

@@ -17,8 +17,10 @@ import math
 from dataclasses import dataclass
 
 from shardplan.cost.breakdown import MemoryBreakdown, RankMemory
+from shardplan.cost.finetune import adapter_params, base_format_bytes, targeted_modules
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, layout_stage_ranges
-from shardplan.cost.weights import stage_weights
+from shardplan.cost.params import WeightKind, block_weights
+from shardplan.cost.weights import is_quantized_tensor, numel_per_rank, stage_tensors, stage_weights
 from shardplan.cost.workload import Framework, Optimizer, Quantization, TrainingWorkload
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -29,6 +31,18 @@ DROPOUT_MASK_BYTES = 1.0  # Korthikanti et al.: one byte per element
 # DeepSpeed's estimators size host buffers at 1.5x the offloaded states
 # (`additional_buffer_factor` in deepspeed/runtime/zero/stage_1_and_2.py and stage3.py).
 DEEPSPEED_HOST_BUFFER_FACTOR = 1.5
+
+
+ADAM_8BIT_BLOCK = 256  # elements per fp32 absmax constant of a bitsandbytes 8-bit optimizer state
+
+
+def optimizer_moment_bytes(optimizer: Optimizer) -> float:
+    """Bytes per parameter of the optimizer's moments (no master copy): Adam's m and v in fp32;
+    SGD's momentum; 8-bit AdamW's two uint8 moments with an fp32 absmax per block of 256
+    (bitsandbytes Optimizer8bit, block-wise quantization)."""
+    if optimizer is Optimizer.ADAMW_8BIT:
+        return 2.0 * (1.0 + FP32_BYTES / ADAM_8BIT_BLOCK)
+    return {Optimizer.ADAMW: 8.0, Optimizer.ADAM: 8.0, Optimizer.SGD: 4.0}[optimizer]
 
 
 @dataclass(frozen=True)
@@ -49,7 +63,7 @@ def state_bytes(wl: TrainingWorkload, zero_stage: int) -> StateBytes:
     keeps the sharded parameter beside the gathered one). Under ZeRO-0/3 fp32 weights are
     their own master."""
     w = bytes_per_element(wl.param_dtype)
-    moments = {Optimizer.ADAMW: 8.0, Optimizer.ADAM: 8.0, Optimizer.SGD: 4.0}[wl.optimizer]
+    moments = optimizer_moment_bytes(wl.optimizer)
     separate_master = wl.param_dtype is not DType.FP32 or zero_stage in (1, 2)
     master_and_moments = moments + (FP32_BYTES if separate_master else 0.0)
     if wl.framework is Framework.DEEPSPEED:
@@ -130,18 +144,22 @@ def activation_bytes_per_layer(
     a_bytes = bytes_per_element(wl.activation_dtype)
     rep = 1.0 / t if layout.sequence_parallel else 1.0  # share of a "replicated" sbh term
     sbh = s * b * h
+    r_bytes = residual_bytes(wl)
     if layout.recompute is Recompute.FULL:
-        return a_bytes * sbh * rep
+        return r_bytes * sbh * rep
     heads = spec.num_attention_heads
     if (layout.recompute is Recompute.SELECTIVE and wl.selective_policy == "op_level" and spec.mla is None
             and not (moe_layer and spec.moe is not None)):
         return op_level_selective_bytes(spec, layout, wl, micro_batch_size)
     mask = DROPOUT_MASK_BYTES * sbh * rep if wl.dropout else 0.0
-    total = spec.num_norms_per_layer * a_bytes * sbh * rep  # norm inputs
+    # A linear's input is saved for its weight gradient; a frozen base (LoRA) keeps it only
+    # where an adapter sits on that linear (cost/finetune.py).
+    kept = _saved_linear_inputs(spec, wl, moe_layer)
+    total = spec.num_norms_per_layer * r_bytes * sbh * rep  # norm inputs (the residual stream)
     if wl.norms_fp32:  # the norm's fp32 copy of its input, saved for backward (HF RMSNorm)
         total += spec.num_norms_per_layer * FP32_BYTES * sbh * rep
     # Attention: input of the QKV projection, Q, K, V, input of the output projection.
-    total += a_bytes * sbh * rep
+    total += a_bytes * sbh * rep * kept["qkv"]
     if spec.mla is not None:
         m = spec.mla
         total += a_bytes * s * b * (heads * m.qk_head_dim / t + (m.kv_lora_rank + m.qk_rope_head_dim))
@@ -165,7 +183,7 @@ def activation_bytes_per_layer(
                 total += (DROPOUT_MASK_BYTES + a_bytes) * scores
     # MLP.
     width_factor = 3 if spec.mlp_gated else 2  # gate+up outputs and the activation output; or in/out of GeLU
-    total += a_bytes * sbh * rep + mask  # MLP input, output dropout
+    total += a_bytes * sbh * rep * kept["mlp"] + mask  # MLP input, output dropout
     if moe_layer and spec.moe is not None:
         moe = spec.moe
         k = moe.num_experts_per_token
@@ -187,7 +205,41 @@ def activation_bytes_per_layer(
         if moe.num_shared_experts:
             total += a_bytes * s * b * width_factor * moe.shared_intermediate_size * moe.num_shared_experts / t
     else:
-        total += a_bytes * s * b * width_factor * spec.intermediate_size / t
+        widths = width_factor - (0 if kept["down"] else 1)  # the last is the down projection's input
+        total += a_bytes * s * b * widths * spec.intermediate_size / t
+    if not wl.trains_base:
+        total += lora_saved_bytes(spec, wl, moe_layer, s * b)
+    return total
+
+
+def residual_bytes(wl: TrainingWorkload) -> float:
+    """Bytes per element of the residual stream: the activation dtype, or fp32 where the stack
+    upcasts a QLoRA base's embedding to fp32 (PEFT prepare_model_for_kbit_training): the
+    embedding's output is fp32, and each residual add of a 16-bit attention or MLP output into
+    it stays fp32 (PyTorch type promotion), so every layer's input, saved by checkpointing, is too."""
+    return FP32_BYTES if wl.base_fp32_non_quantized else bytes_per_element(wl.activation_dtype)
+
+
+def _saved_linear_inputs(spec: ModelSpec, wl: TrainingWorkload, moe_layer: bool) -> dict[str, bool]:
+    """Whether the inputs of the QKV projection, of the MLP's first projections and of the down
+    projection are saved: always when the base trains; under LoRA only for targeted linears."""
+    if wl.trains_base:
+        return {"qkv": True, "mlp": True, "down": True}
+    names = {name for name, _, _ in targeted_modules(spec, moe_layer and spec.moe is not None, wl.lora_targets)}
+    return {"qkv": bool(names & {"q_proj", "k_proj", "v_proj"}), "mlp": bool(names & {"gate_proj", "up_proj"}),
+            "down": "down_proj" in names}
+
+
+def lora_saved_bytes(spec: ModelSpec, wl: TrainingWorkload, moe_layer: bool, tokens: float) -> float:
+    """What one layer's adapters save for backward (PEFT's LoRA Linear: B(A(dropout(x)))):
+    A's output (r a token) for B's weight gradient and, with lora_dropout > 0, the dropped input
+    (a copy A's weight gradient needs) and its 1-byte mask. Adapters run outside tensor parallelism."""
+    a = bytes_per_element(wl.activation_dtype)
+    total = 0.0
+    for _, in_f, _ in targeted_modules(spec, moe_layer and spec.moe is not None, wl.lora_targets):
+        total += a * tokens * wl.lora_rank
+        if wl.lora_dropout > 0:
+            total += (a + DROPOUT_MASK_BYTES) * tokens * in_f
     return total
 
 
@@ -330,6 +382,70 @@ def loss_head_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, micro
     return per_logit * logits, wl.largest_allocation_bytes_per_logit * logits
 
 
+@dataclass(frozen=True)
+class FrozenBase:
+    """A LoRA/QLoRA rank's frozen base weights (dense and routed-expert parts, ZeRO-3 sharded
+    like trained weights) and the largest linear it dequantizes to 16 bits for a matmul."""
+
+    dense_bytes: float
+    expert_bytes: float
+    largest_quantized_numel: float
+    largest_layer_bytes: float  # one decoder layer as stored (the ZeRO-3 / FSDP gather unit)
+
+
+def frozen_base(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, stage: int) -> FrozenBase:
+    """Bytes per rank of the frozen base of `stage` before ZeRO sharding: decoder linears in the
+    base format (NF4 under QLoRA), everything else in the parameter dtype, or fp32 where the stack
+    upcasts the non-quantized parameters (PEFT prepare_model_for_kbit_training)."""
+    q_bytes = base_format_bytes(wl.base_format)
+    other = FP32_BYTES if (q_bytes is not None and wl.base_fp32_non_quantized) else bytes_per_element(wl.param_dtype)
+    dense = expert = largest = 0.0
+
+    def stored(w: WeightKind) -> float:
+        return q_bytes if (q_bytes is not None and is_quantized_tensor(w)) else other
+
+    for w, times in stage_tensors(spec, layout, stage):
+        n = numel_per_rank(w, spec, layout) * times
+        if w.routed_expert:
+            expert += n * stored(w)
+        else:
+            dense += n * stored(w)
+        if q_bytes is not None and is_quantized_tensor(w):
+            largest = max(largest, numel_per_rank(w, spec, layout) / w.copies)
+    layers = [i for r in layout_stage_ranges(spec.num_layers, layout)[stage] for i in r]
+    per_layer = [sum(numel_per_rank(w, spec, layout) * stored(w) for w in block_weights(spec, moe))
+                 for moe in {spec.is_moe_layer(i) and spec.moe is not None for i in layers}]
+    return FrozenBase(dense, expert, largest, max(per_layer, default=0.0))
+
+
+def finetune_states(
+    spec: ModelSpec, layout: Layout, wl: TrainingWorkload, stage: int, layers: list[int], dense_n: int, expert_n: int
+) -> tuple[ModelStates, dict[str, float]]:
+    """Model states of one LoRA/QLoRA rank: the frozen base (weights only, no gradients or
+    optimizer states) and the adapters in fp32 (PEFT's autocast_adapter_dtype) with fp32
+    gradients and the optimizer's moments, partitioned by ZeRO stage like any trained weights.
+    Paged optimizer states live in unified memory and are counted on the host."""
+    base = frozen_base(spec, layout, wl, stage)
+    z3 = layout.zero_stage >= 3
+    base_bytes = base.dense_bytes / (dense_n if z3 else 1) + base.expert_bytes / (expert_n if z3 else 1)
+    adapters = adapter_params(spec, layers, wl.lora_rank, wl.lora_targets)
+    sb = StateBytes(FP32_BYTES, FP32_BYTES, optimizer_moment_bytes(wl.optimizer), grads_partitioned_from_stage=2)
+    ad = model_states_bytes(adapters, 0.0, dense_n, layout.zero_stage, sb, layout.offload_optimizer, layout.offload_params)
+    host, optimizer = ad.host, ad.optimizer
+    if wl.paged_optimizer:
+        host, optimizer = host + optimizer, 0.0
+    detail = {"weights.frozen_base": base_bytes, "weights.adapters": ad.weights}
+    temporary = 2 * base.largest_quantized_numel if base_format_bytes(wl.base_format) is not None else 0.0
+    if temporary:
+        detail["temporary.dequantized_base_weight"] = temporary
+    if z3:  # the gathered unit of the frozen base, in its storage format (current and prefetched layer)
+        gathered = 2 * base.largest_layer_bytes
+        temporary += gathered
+        detail["temporary.zero3_gathered_layers"] = gathered
+    states = ModelStates(base_bytes + ad.weights, ad.gradients, optimizer, temporary + ad.temporary, host, ad.nvme)
+    return states, detail
+
+
 def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload) -> TrainingMemory:
     # Under bf16 autocast over fp32 weights, the weights are the master copy: 4-byte weights
     # and gradients, no separate fp32 master.
@@ -360,6 +476,10 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
             w.expert_numel, 0.0, expert_n, layout.zero_stage, sb, layout.offload_optimizer, layout.offload_params
         )
         layers = [i for r in chunks[stage] for i in r]
+        ft_detail: dict[str, float] = {}
+        if not wl.trains_base:
+            dense, ft_detail = finetune_states(spec, layout, wl, stage, layers, dense_n, expert_n)
+            expert = ModelStates(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         num_moe = sum(spec.is_moe_layer(i) for i in layers)
         per_layer_dense = activation_bytes_per_layer(spec, layout, wl, False, b)
         per_layer_moe = activation_bytes_per_layer(spec, layout, wl, True, b) if num_moe else 0.0
@@ -375,7 +495,8 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
         largest, largest_what = 0.0, ""
         if stage == layout.pp - 1:
             # Final norm input, lm_head input, and what the stack's loss keeps of the logits.
-            head = 2 * a_bytes * s_local * b * spec.hidden_size * rep
+            # A frozen lm_head (LoRA) saves no input for a weight gradient.
+            head = (2 if wl.trains_base else 1) * residual_bytes(wl) * s_local * b * spec.hidden_size * rep
             logits, largest = loss_head_bytes(spec, layout, wl, b)
             detail["activations.head"] = head
             detail["activations.loss"] = logits
@@ -384,7 +505,7 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
                             else f"the loss head's largest tensor ({wl.largest_allocation_bytes_per_logit:g} bytes a logit)")
         temporary = dense.temporary + expert.temporary
         gradients = dense.gradients + expert.gradients
-        if wl.fsdp_unsharded_under_pp and layout.pp > 1 and layout.zero_stage == 3:
+        if wl.trains_base and wl.fsdp_unsharded_under_pp and layout.pp > 1 and layout.zero_stage == 3:
             # FSDP under a pipeline schedule (torchtitan): the stage's parameters stay gathered
             # in 16 bits from the first forward to the last backward, and its gradients
             # accumulate unsharded in fp32 until the last micro-batch's reduce-scatter.
@@ -394,7 +515,7 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
             detail["gradients.unsharded_fp32_accumulation"] = FP32_BYTES * numel
             temporary = max(temporary, unsharded)
             gradients += FP32_BYTES * numel
-        if wl.amp_fp32_master:
+        if wl.amp_fp32_master and wl.trains_base:
             # autocast's bf16 copy of each weight, cached for the forward and saved for backward
             copies = 2.0 * (w.dense_numel + w.expert_numel) / (dense_n if layout.zero_stage == 3 else 1)
             detail["temporary.autocast_weight_copies"] = copies
@@ -407,6 +528,7 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
             temporary=temporary,
             overhead=overhead,
         )
+        detail.update(ft_detail)
         detail.update({f"overhead.{k}": v for k, v in overhead_detail.items()})
         host = dense.host + expert.host
         nvme = dense.nvme + expert.nvme

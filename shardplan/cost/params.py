@@ -8,6 +8,10 @@ row-parallel (input columns divided by tp), embedding and lm_head are vocabulary
 norms and row-parallel biases are replicated. K/V projections divide over KV heads and are
 replicated once tp exceeds the number of KV heads (vLLM `QKVParallelLinear`). For MLA,
 vLLM keeps q_a/kv_a projections replicated and splits q_b/kv_b by column, o by row.
+
+A linear-attention layer (Qwen3-Next Gated DeltaNet) replaces the attention weights with its
+own; a multimodal model's vision tower and projector live with the embedding on the first
+pipeline stage and are counted in the total and apart (`ParamCounts.vision`, `.projector`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
 
-from shardplan.specs.model import ModelSpec, NormType, PositionEmbedding, QKNorm
+from shardplan.specs.model import ModelSpec, NormType, PositionEmbedding, QKNorm, VisionSpec
 
 
 class Split(str, Enum):
@@ -37,6 +41,9 @@ class Component(str, Enum):
     ROUTER = "router"
     NORMS = "norms"
     LM_HEAD = "lm_head"
+    VISION = "vision"  # the vision tower of a multimodal model
+    PROJECTOR = "projector"  # its multimodal projector
+    OTHER = "other"  # measured minus analytic parameters of a transformers-derived spec (may be negative)
 
 
 @dataclass(frozen=True)
@@ -67,10 +74,11 @@ class WeightKind:
         return self.numel / tp
 
 
-def _norm(name: str, size: int, spec: ModelSpec, component: Component = Component.NORMS) -> list[WeightKind]:
-    out = [WeightKind(f"{name}.weight", component, (size,), Split.REPLICATED)]
+def _norm(name: str, size: int, spec: ModelSpec | VisionSpec, component: Component = Component.NORMS,
+          copies: int = 1) -> list[WeightKind]:
+    out = [WeightKind(f"{name}.weight", component, (size,), Split.REPLICATED, copies)]
     if spec.norm_type is NormType.LAYERNORM:
-        out.append(WeightKind(f"{name}.bias", component, (size,), Split.REPLICATED))
+        out.append(WeightKind(f"{name}.bias", component, (size,), Split.REPLICATED, copies))
     return out
 
 
@@ -91,6 +99,27 @@ def _linear(
         bias_split = Split.REPLICATED if split is Split.ROW else split
         out.append(WeightKind(f"{name}.bias", component, (out_features,), bias_split, copies, routed))
     return out
+
+
+def _linear_attention(spec: ModelSpec) -> list[WeightKind]:
+    """Qwen3NextGatedDeltaNet (transformers models/qwen3_next/modeling_qwen3_next.py):
+    in_proj_qkvz (h -> 2 key_dim + 2 value_dim: q, k, v and the gate z), in_proj_ba
+    (h -> 2 value heads: beta and alpha), a depthwise conv1d over q, k, v without bias
+    (conv_dim x 1 x kernel), dt_bias and A_log per value head, a gated RMSNorm of value_head_dim
+    and out_proj (value_dim -> h). Split over heads as vLLM's Qwen3NextGatedDeltaNet does."""
+    la = spec.linear_attention
+    if la is None:
+        raise ValueError(f"{spec.name} has no linear_attention")  # internal: only called for linear layers
+    h = spec.hidden_size
+    a = Component.ATTENTION
+    w = _linear("linear_attn.in_proj_qkvz", a, h, 2 * la.key_dim + 2 * la.value_dim, Split.COLUMN, False)
+    w += _linear("linear_attn.in_proj_ba", a, h, 2 * la.num_value_heads, Split.COLUMN, False)
+    w.append(WeightKind("linear_attn.conv1d.weight", a, (la.conv_dim, 1, la.conv_kernel_size), Split.COLUMN))
+    w.append(WeightKind("linear_attn.dt_bias", a, (la.num_value_heads,), Split.COLUMN))
+    w.append(WeightKind("linear_attn.A_log", a, (la.num_value_heads,), Split.COLUMN))
+    w.append(WeightKind("linear_attn.norm.weight", a, (la.value_head_dim,), Split.REPLICATED))
+    w += _linear("linear_attn.out_proj", a, la.value_dim, h, Split.ROW, False)
+    return w
 
 
 def _attention(spec: ModelSpec) -> list[WeightKind]:
@@ -119,7 +148,8 @@ def _attention(spec: ModelSpec) -> list[WeightKind]:
     d = spec.attention_head_dim
     q_out = spec.num_attention_heads * d
     kv_out = spec.kv_heads * d
-    w = _linear("self_attn.q_proj", a, h, q_out, Split.COLUMN, spec.qkv_bias)
+    # Qwen3-Next's gated attention: q_proj emits the query and a sigmoid gate of the same size.
+    w = _linear("self_attn.q_proj", a, h, q_out * (2 if spec.attention_output_gate else 1), Split.COLUMN, spec.qkv_bias)
     w += _linear("self_attn.k_proj", a, h, kv_out, Split.KV_COLUMN, spec.qkv_bias)
     w += _linear("self_attn.v_proj", a, h, kv_out, Split.KV_COLUMN, spec.qkv_bias)
     w += _linear("self_attn.o_proj", a, q_out, h, Split.ROW, spec.o_bias)
@@ -130,6 +160,9 @@ def _attention(spec: ModelSpec) -> list[WeightKind]:
         # Sharded with the heads they normalise.
         w.append(WeightKind("self_attn.q_norm.weight", a, (q_out,), Split.COLUMN))
         w.append(WeightKind("self_attn.k_norm.weight", a, (kv_out,), Split.KV_COLUMN))
+    if spec.attention_sinks:
+        # gpt-oss (GptOssAttention.sinks): one learned logit per query head, split with the heads.
+        w.append(WeightKind("self_attn.sinks", a, (spec.num_attention_heads,), Split.COLUMN))
     return w
 
 
@@ -151,7 +184,7 @@ def _moe(spec: ModelSpec) -> list[WeightKind]:
     if moe is None:
         raise ValueError(f"{spec.name} has no MoE layers")  # internal: only called for MoE layers
     h = spec.hidden_size
-    w = _linear("mlp.gate", Component.ROUTER, h, moe.num_experts, Split.REPLICATED, False)
+    w = _linear("mlp.gate", Component.ROUTER, h, moe.num_experts, Split.REPLICATED, moe.router_linear_bias)
     if moe.router_bias:
         w.append(WeightKind("mlp.gate.e_score_correction_bias", Component.ROUTER, (moe.num_experts,), Split.REPLICATED))
     w += _mlp(spec, "mlp.experts", Component.EXPERTS, moe.expert_intermediate_size, copies=moe.num_experts, routed=True)
@@ -168,9 +201,9 @@ def _moe(spec: ModelSpec) -> list[WeightKind]:
 
 
 @lru_cache(maxsize=256)
-def block_weights(spec: ModelSpec, moe_layer: bool) -> tuple[WeightKind, ...]:
-    """Weights of one transformer block (dense or MoE)."""
-    w = _attention(spec)
+def block_weights(spec: ModelSpec, moe_layer: bool, linear_attention: bool = False) -> tuple[WeightKind, ...]:
+    """Weights of one transformer block: dense or MoE MLP, softmax or linear attention."""
+    w = _linear_attention(spec) if linear_attention else _attention(spec)
     w += _mlp(spec, "mlp", Component.MLP, spec.intermediate_size) if not moe_layer else _moe(spec)
     for i in range(spec.num_norms_per_layer):
         w += _norm(f"norm{i}", spec.hidden_size, spec)
@@ -178,12 +211,57 @@ def block_weights(spec: ModelSpec, moe_layer: bool) -> tuple[WeightKind, ...]:
 
 
 def layer_weights(spec: ModelSpec, layer_index: int) -> tuple[WeightKind, ...]:
-    return block_weights(spec, spec.is_moe_layer(layer_index))
+    return block_weights(spec, spec.is_moe_layer(layer_index), spec.is_linear_attention_layer(layer_index))
+
+
+def layer_kinds(spec: ModelSpec) -> dict[tuple[bool, bool], int]:
+    """(MoE layer, linear-attention layer) -> how many layers of the main stack are of that kind."""
+    out: dict[tuple[bool, bool], int] = {}
+    for i in range(spec.num_layers):
+        key = (spec.is_moe_layer(i), spec.is_linear_attention_layer(i))
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def vision_weights(spec: ModelSpec) -> tuple[WeightKind, ...]:
+    """The vision tower (component VISION) and the projector (PROJECTOR) of a multimodal model.
+
+    A ViT block (Dosovitskiy et al. 2021, Sec. 3.1; CLIPEncoderLayer, SiglipEncoderLayer,
+    PixtralAttentionLayer, Qwen2VLVisionBlock, Llama4VisionEncoderLayer in transformers) holds
+    q, k, v, o of hidden x hidden (heads x head_dim), an MLP (fc1/fc2, or gate/up/down) and two
+    norms; the tower adds its patch embedding (a linear map of channels x patch^2 pixels, a conv
+    in most implementations), an optional class vector and learned position table, and its outer
+    norms. Splits follow vLLM's vision encoders (q/k/v and fc1 by column, o and fc2 by row)."""
+    v = spec.vision
+    if v is None:
+        return ()
+    vis, n = Component.VISION, v.num_layers
+    h, qd = v.hidden_size, v.num_attention_heads * v.attention_head_dim
+    w = _linear("vision.patch_embedding", vis, v.patch_embedding_inputs, h, Split.REPLICATED, v.patch_embedding_bias)
+    if v.class_embedding:
+        w.append(WeightKind("vision.class_embedding", vis, (h,), Split.REPLICATED))
+    if v.num_position_embeddings:
+        w.append(WeightKind("vision.position_embedding", vis, (v.num_position_embeddings, h), Split.REPLICATED))
+    for i in range(v.num_outer_norms):
+        w += _norm(f"vision.outer_norm{i}", h, v, vis)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        w += _linear(f"vision.layers.attn.{name}", vis, h, qd, Split.COLUMN, v.qkv_bias, copies=n)
+    w += _linear("vision.layers.attn.o_proj", vis, qd, h, Split.ROW, v.o_bias, copies=n)
+    ups = ("gate_proj", "up_proj") if v.mlp_gated else ("fc1",)
+    for name in ups:
+        w += _linear(f"vision.layers.mlp.{name}", vis, h, v.intermediate_size, Split.COLUMN, v.mlp_bias, copies=n)
+    w += _linear("vision.layers.mlp.down", vis, v.intermediate_size, h, Split.ROW, v.mlp_bias, copies=n)
+    for i in range(2):
+        w += _norm(f"vision.layers.norm{i}", h, v, vis, copies=n)
+    w += [WeightKind(f"vision.{t.name}", vis, t.shape, Split.REPLICATED) for t in v.extra_tensors]
+    w += [WeightKind(f"projector.{t.name}", Component.PROJECTOR, t.shape, Split.REPLICATED) for t in v.projector]
+    return tuple(w)
 
 
 @lru_cache(maxsize=256)
 def embedding_weights(spec: ModelSpec) -> tuple[WeightKind, ...]:
-    """Weights on the first pipeline stage: token (and learned position) embeddings."""
+    """Weights on the first pipeline stage: token (and learned position) embeddings, and a
+    multimodal model's vision tower and projector (vLLM runs the encoder on the first stage)."""
     w = [WeightKind("embed_tokens.weight", Component.EMBEDDING, (spec.vocab_size, spec.hidden_size), Split.VOCAB)]
     if spec.position_embedding is PositionEmbedding.LEARNED:
         w.append(
@@ -194,6 +272,7 @@ def embedding_weights(spec: ModelSpec) -> tuple[WeightKind, ...]:
                 Split.REPLICATED,
             )
         )
+    w += vision_weights(spec)
     return tuple(w)
 
 
@@ -240,6 +319,8 @@ class ParamCounts:
     mtp: int
     per_layer_dense: int
     per_layer_moe: int
+    vision: int = 0  # the vision tower, inside `total` (component "vision")
+    projector: int = 0  # the multimodal projector, inside `total` (component "projector")
 
     @property
     def total_with_mtp(self) -> int:
@@ -257,15 +338,16 @@ def count_params(spec: ModelSpec) -> ParamCounts:
     experts a token does not visit ((E - k) experts in every MoE layer)."""
     by_component = {c.value: 0 for c in Component}
     _sum_by_component(embedding_weights(spec), by_component)
-    num_moe = spec.num_moe_layers
-    num_dense = spec.num_layers - num_moe
-    dense_block = block_weights(spec, False) if num_dense else ()
-    moe_block = block_weights(spec, True) if num_moe else ()
-    _sum_by_component(dense_block, by_component, num_dense)
-    _sum_by_component(moe_block, by_component, num_moe)
+    kinds = layer_kinds(spec)
+    for (moe_layer, linear), num in kinds.items():
+        _sum_by_component(block_weights(spec, moe_layer, linear), by_component, num)
     _sum_by_component(head_weights(spec), by_component)
+    if spec.measured_num_params is not None:
+        by_component[Component.OTHER.value] = spec.measured_num_params - sum(by_component.values())
     total = sum(by_component.values())
 
+    num_moe = spec.num_moe_layers
+    moe_block = block_weights(spec, True) if num_moe else ()
     inactive = 0
     if spec.moe is not None:
         m = spec.moe
@@ -277,6 +359,13 @@ def count_params(spec: ModelSpec) -> ParamCounts:
         total=total,
         active_per_token=total - inactive,
         mtp=mtp,
-        per_layer_dense=sum(w.numel for w in dense_block),
+        per_layer_dense=sum(w.numel for w in block_weights(spec, False)) if num_moe < spec.num_layers else 0,
         per_layer_moe=sum(w.numel for w in moe_block),
+        vision=by_component[Component.VISION.value],
+        projector=by_component[Component.PROJECTOR.value],
     )
+
+
+def layer_numel(spec: ModelSpec, layer_index: int) -> int:
+    """Stored parameters of one block of the main stack."""
+    return sum(w.numel for w in layer_weights(spec, layer_index))

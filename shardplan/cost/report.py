@@ -131,6 +131,14 @@ class TrainingWorkloadReport(Frozen):
     pp_p2p_overlap: bool = Field(description="pipeline sends overlap compute under the interleaved schedule")
     collectives_multirail: bool = Field(description="cross-node collectives reach the NICs of all the group's ranks "
                                                     "in a node")
+    finetune: str = Field(description="full: every weight trains; lora / qlora: adapters on a frozen base")
+    lora_rank: int = Field(description="LoRA rank r")
+    lora_alpha: float = Field(description="LoRA alpha (adapter scaling alpha / r)")
+    lora_targets: list[str] = Field(description="the linear modules the adapters sit on (all-linear: every decoder linear)")
+    lora_dropout: float = Field(description="dropout on the adapters' input (PEFT lora_dropout)")
+    base_format: str = Field(description="storage of the frozen base's decoder linears: none (the dtype), nf4, nf4-dq")
+    base_fp32_non_quantized: bool = Field(description="the base's non-quantized parameters are upcast to fp32 (PEFT)")
+    paged_optimizer: bool = Field(description="optimizer states in CUDA unified memory, paged out to the host")
 
 
 WorkloadReport = Annotated[Union[InferenceWorkloadReport, TrainingWorkloadReport], Field(discriminator="kind")]

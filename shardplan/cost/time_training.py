@@ -38,13 +38,24 @@ from shardplan.cost.compute import (
     PassTime,
     Work,
     embedding_forward,
+    gemm_time,
     head_forward,
+    kernel_overhead_seconds,
     layers_forward,
     memory_seconds,
 )
+from shardplan.cost.finetune import adapter_params, base_format_bytes, targeted_modules
+from shardplan.cost.params import block_weights
 from shardplan.cost.layout import Layout, Offload, Recompute, layout_stage_ranges
-from shardplan.cost.memory_training import state_bytes, zero_shard_degrees
-from shardplan.cost.weights import stage_weights
+from shardplan.cost.memory_training import (
+    FP32_BYTES,
+    StateBytes,
+    frozen_base,
+    optimizer_moment_bytes,
+    state_bytes,
+    zero_shard_degrees,
+)
+from shardplan.cost.weights import is_quantized_tensor, numel_per_rank, stage_weights
 from shardplan.cost.workload import Quantization, TrainingWorkload
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -112,19 +123,67 @@ class TrainingTime:
     stages: list[StageTime]
 
 
-def _backward(fwd: PassTime, flash: bool, attention_slowdown: float = 1.0) -> PassTime:
+def _backward(fwd: PassTime, flash: bool, attention_slowdown: float = 1.0, weight_grads: bool = True) -> PassTime:
     """The backward of a forward pass; `attention_slowdown` is the kernel's forward efficiency
-    over its backward efficiency (FlashAttention-2 on an H100: 0.374 / 0.321)."""
+    over its backward efficiency (FlashAttention-2 on an H100: 0.374 / 0.321). A frozen base
+    (`weight_grads` False: LoRA) runs one GEMM per linear (the input gradient), not two."""
     attn_factor = FLASH_BACKWARD_FACTOR * attention_slowdown if flash else UNFUSED_BACKWARD_FACTOR
+    g = 2.0 if weight_grads else 1.0
+    matmul_flops = fwd.flops - fwd.attention_flops
     return PassTime(
-        matmul_seconds=2 * fwd.matmul_seconds,
+        matmul_seconds=g * fwd.matmul_seconds,
         attention_seconds=attn_factor * fwd.attention_seconds,
         memory_seconds=2 * fwd.memory_seconds,
         kernel_seconds=2 * fwd.kernel_seconds,
-        flops=2 * fwd.flops,
-        model_flops=2 * fwd.model_flops,
+        flops=g * matmul_flops + 2 * fwd.attention_flops,
+        model_flops=g * (fwd.model_flops - fwd.attention_flops) + 2 * fwd.attention_flops,
         attention_flops=2 * fwd.attention_flops,
     )
+
+
+def adapters_forward(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, layers: Sequence[int], tokens: float) -> PassTime:
+    """Forward of the LoRA adapters on `layers` (PEFT's LoRA Linear): x A^T and (x A^T) B^T as
+    thin GEMMs, then the scaled sum into the base output (reads two outputs, writes one); with
+    lora_dropout a dropout of the input first. Four kernels, six with dropout."""
+    a = bytes_per_element(wl.activation_dtype)
+    total = PassTime()
+    per_kind: dict[bool, PassTime] = {}
+    for i in layers:
+        moe = spec.is_moe_layer(i) and spec.moe is not None
+        if moe not in per_kind:
+            t = PassTime()
+            for _, in_f, out_f in targeted_modules(spec, moe, wl.lora_targets):
+                s1, f1 = gemm_time(hw, tokens, wl.lora_rank, in_f, count=1, weight_bytes=FP32_BYTES, act_bytes=a, dtype=wl.activation_dtype)
+                s2, f2 = gemm_time(hw, tokens, out_f, wl.lora_rank, count=1, weight_bytes=FP32_BYTES, act_bytes=a, dtype=wl.activation_dtype)
+                nbytes = 3 * a * tokens * out_f
+                kernels = 4
+                if wl.lora_dropout > 0:
+                    nbytes += (2 * a + 1) * tokens * in_f
+                    kernels += 2
+                mem = memory_seconds(hw, nbytes)
+                t = t + PassTime(matmul_seconds=s1 + s2, memory_seconds=mem, flops=f1 + f2, model_flops=f1 + f2,
+                                 kernels=kernels, kernel_seconds=kernel_overhead_seconds(hw, kernels, s1 + s2 + mem, False))
+            per_kind[moe] = t
+        total = total + per_kind[moe]
+    return total
+
+
+def dequantize_pass(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, layers: Sequence[int]) -> PassTime:
+    """QLoRA: every quantized base linear is dequantized to 16 bits before each matmul that uses
+    it (bitsandbytes dequantize_4bit): reads the 4-bit weight and its constants, writes 16 bits;
+    one kernel each. Once per pass (forward, input-gradient backward, recomputed forward)."""
+    q = base_format_bytes(wl.base_format)
+    if q is None:
+        return PassTime()
+    a = bytes_per_element(wl.activation_dtype)
+    numel = kernels = 0.0
+    for i in layers:
+        for w in block_weights(spec, spec.is_moe_layer(i) and spec.moe is not None):
+            if is_quantized_tensor(w):
+                numel += numel_per_rank(w, spec, layout)
+                kernels += w.copies
+    mem = memory_seconds(hw, numel * (q + a))
+    return PassTime(memory_seconds=mem, kernels=kernels, kernel_seconds=kernel_overhead_seconds(hw, int(kernels), mem, False))
 
 
 def _compute_shape(layout: Layout) -> Layout:
@@ -293,7 +352,15 @@ def _cached_stage_time(
         logits = work.tokens * spec.vocab_size / (layout.tp if wl.loss_vocab_parallel else 1)
         loss_fwd = PassTime(memory_seconds=memory_seconds(hw, logits * wl.loss_forward_bytes_per_logit))
         loss_bwd = PassTime(memory_seconds=memory_seconds(hw, logits * wl.loss_backward_bytes_per_logit))
-    bwd = _backward(fwd, wl.flash_attention, kernel[1] / kernel[2] if kernel else 1.0) + loss_bwd
+    bwd = _backward(fwd, wl.flash_attention, kernel[1] / kernel[2] if kernel else 1.0, wl.trains_base) + loss_bwd
+    if not wl.trains_base:
+        # The adapters train (their backward is twice their forward); a quantized base is
+        # dequantized again for the input-gradient GEMMs. Both rerun in a recomputed forward.
+        adapters = adapters_forward(spec, hw, wl, layers, work.tokens)
+        dequant = dequantize_pass(spec, hw, layout, wl, layers)
+        bwd = bwd + adapters.scaled(2.0) + dequant
+        layer_fwd = layer_fwd + adapters + dequant
+        fwd = fwd + adapters + dequant
     fwd = fwd + loss_fwd
     n_layers = len(layers)
     if layout.recompute is Recompute.FULL:
@@ -342,8 +409,8 @@ def attention_kernel(hw: HardwareProfile, wl: TrainingWorkload) -> tuple[str, fl
 KERNEL_NAMES = {"fa2": "FlashAttention-2", "fa3": "FlashAttention-3", "cudnn": "cuDNN fused attention"}
 
 
-def training_assumptions(hw: HardwareProfile, wl: TrainingWorkload) -> list[str]:
-    """What the time figures assume of the stack's kernels, one line each, as printed."""
+def training_assumptions(hw: HardwareProfile, wl: TrainingWorkload, spec: ModelSpec | None = None) -> list[str]:
+    """What the time figures assume of the stack's kernels (and of fine-tuning), one line each, as printed."""
     who = f"{wl.stack}: " if wl.stack else ""
     kernel = attention_kernel(hw, wl)
     if not wl.flash_attention:
@@ -365,7 +432,26 @@ def training_assumptions(hw: HardwareProfile, wl: TrainingWorkload) -> list[str]
     if wl.matmul_dtype is DType.FP8:
         lines.append(who + f"linear GEMMs in fp8 at {hw.matmul_fp8_efficiency:.0%} of the fp8 peak, with their inputs cast "
                            "(attention and the output layer in 16 bits)")
+    if not wl.trains_base:
+        lines.append(who + finetune_assumption(wl, spec))
     return lines
+
+
+def finetune_assumption(wl: TrainingWorkload, spec: ModelSpec | None) -> str:
+    """One line: what a LoRA/QLoRA plan keeps of the base and what it trains."""
+    q = base_format_bytes(wl.base_format)
+    if q is None:
+        base = f"frozen base in {wl.param_dtype.value}"
+    else:
+        others = "fp32 (PEFT prepare_model_for_kbit_training)" if wl.base_fp32_non_quantized else wl.param_dtype.value
+        base = (f"frozen base: decoder linears in {wl.base_format.value} ({8 * q:.3f} bits a weight), "
+                f"dequantized to 16 bits for each matmul; embeddings, norms and lm_head in {others}")
+    trained = f"rank-{wl.lora_rank} adapters on {','.join(wl.lora_targets)}"
+    if spec is not None:
+        n = adapter_params(spec, range(spec.num_layers), wl.lora_rank, wl.lora_targets)
+        trained += f" ({n / 1e6:,.1f}M trainable parameters)"
+    return (f"{wl.finetune.value}: {base}; {trained} in fp32 with fp32 gradients and {wl.optimizer.value} states; "
+            "backward computes input gradients only through the base")
 
 
 def elementwise_traffic(wl: TrainingWorkload) -> ElementwiseTraffic:
@@ -393,15 +479,28 @@ def training_time(
     grad_bytes = sb.gradients if sb.gradients else wbytes
     dp_sync = zero3 = 0.0
     mr = wl.collectives_multirail
-    sync_pairs = ((w.dense_numel, groups.zero), (w.expert_numel, groups.expert_dp))
+    # (trained elements, bytes ZeRO-3 gathers, group) for the dense and the routed-expert parts.
+    trained = ((w.dense_numel, w.dense_numel * wbytes, groups.zero), (w.expert_numel, w.expert_numel * wbytes, groups.expert_dp))
+    opt_dense, opt_expert = w.dense_numel, w.expert_numel
+    if not wl.trains_base:
+        # LoRA: only the fp32 adapters have gradients and optimizer states; ZeRO-3 still gathers
+        # the frozen base in its storage format.
+        layers = [i for r in layout_stage_ranges(spec.num_layers, layout)[slowest.stage] for i in r]
+        adapters = adapter_params(spec, layers, wl.lora_rank, wl.lora_targets)
+        base = frozen_base(spec, layout, wl, slowest.stage)
+        sb = StateBytes(FP32_BYTES, FP32_BYTES, optimizer_moment_bytes(wl.optimizer), grads_partitioned_from_stage=2)
+        grad_bytes = wbytes = FP32_BYTES
+        trained = ((adapters, base.dense_bytes + adapters * FP32_BYTES, groups.zero), (0.0, base.expert_bytes, groups.expert_dp))
+        opt_dense, opt_expert = adapters, 0.0
+    sync_pairs = tuple((numel, g) for numel, _, g in trained)
     if layout.zero_stage == 3:
         # Every micro-batch gathers the weights for forward and again for backward (and once
         # more for a recomputed forward, which runs in backward after forward released them),
         # and reduce-scatters the gradients.
         gathers_in_backward = 2 if layout.recompute is Recompute.FULL else 1
         gather = scatter = 0.0
-        for numel, g in sync_pairs:
-            gather += collective_seconds(Collective.ALL_GATHER, numel * wbytes, g, hw, mr)
+        for numel, gathered_bytes, g in trained:
+            gather += collective_seconds(Collective.ALL_GATHER, gathered_bytes, g, hw, mr)
             scatter += collective_seconds(Collective.REDUCE_SCATTER, numel * grad_bytes, g, hw, mr)
         units = max(1, slowest.num_layers)
         fwd_c, bwd_c = slowest.forward.seconds, slowest.backward.seconds
@@ -424,7 +523,7 @@ def training_time(
 
     # Optimizer step: fp32 master weights and Adam moments streamed once (read + write).
     shard = dense_n if layout.zero_stage >= 1 else 1
-    opt_params = w.dense_numel / shard + w.expert_numel / (expert_n if layout.zero_stage >= 1 else 1)
+    opt_params = opt_dense / shard + opt_expert / (expert_n if layout.zero_stage >= 1 else 1)
     offload = 0.0
     host = hw.host_link.bandwidth_bytes_per_second * hw.host_link.efficiency
     mb_compute = slowest.forward.seconds + slowest.backward.seconds

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from shardplan.cost.finetune import ALL_LINEAR, BaseFormat, FineTune
 from shardplan.units import DType
 
 
@@ -81,6 +82,9 @@ class Optimizer(str, Enum):
     ADAMW = "adamw"  # fp32 master weights, m, v: 12 bytes/param (ZeRO paper's K = 12)
     ADAM = "adam"
     SGD = "sgd"  # fp32 master weights and momentum: 8 bytes/param
+    # bitsandbytes 8-bit AdamW: both moments as uint8 in blocks of 256 with an fp32 absmax each
+    # (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization", Sec. 2)
+    ADAMW_8BIT = "adamw8bit"
 
 
 class Framework(str, Enum):
@@ -166,3 +170,22 @@ class TrainingWorkload:
     # The stack's collectives across nodes reach all the NICs of the group's ranks in a node
     # (cost/comm.py link_for); False: each rank's own NIC (DeepSpeed ZeRO-3 as measured in 2021).
     collectives_multirail: bool = False
+    # Fine-tuning (cost/finetune.py): "full" trains every weight; "lora" and "qlora" freeze the
+    # base (its decoder linears stored as `base_format` under qlora) and train rank-`lora_rank`
+    # adapters on `lora_targets` (module names, or "all-linear"), with PEFT's `lora_dropout`.
+    finetune: FineTune = FineTune.FULL
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    lora_targets: tuple[str, ...] = (ALL_LINEAR,)
+    lora_dropout: float = 0.0
+    base_format: BaseFormat = BaseFormat.NONE
+    # The stack casts the base's non-quantized parameters (embeddings, norms, lm_head) to fp32
+    # under qlora (PEFT prepare_model_for_kbit_training).
+    base_fp32_non_quantized: bool = False
+    # Optimizer states in CUDA unified memory (bitsandbytes paged optimizers): outside PyTorch's
+    # allocator, paged out to the host under memory pressure.
+    paged_optimizer: bool = False
+
+    @property
+    def trains_base(self) -> bool:
+        return self.finetune is FineTune.FULL

@@ -25,6 +25,7 @@ from shardplan.exporters.base import (
     Raw,
     cannot,
     command,
+    finetune_files,
     gpus_per_node_used,
     plan_header,
     script,
@@ -193,7 +194,9 @@ def _export_fsdp(ctx: ExportContext) -> list[ExportFile]:
                       "checkpointing is whole-layer, so enable selective recomputation in the model")
     if L.zero_stage == 1:
         header.append("ZeRO-1 becomes FSDP2 without resharding after forward (ZeRO-2 memory: no more than the plan's)")
+    ft_files, ft_notes = finetune_files(training(ctx, TARGET))
+    header += ft_notes
     body.append(command(None, ["accelerate", "launch"], args, tail=user))
     text = yaml.safe_dump(cfg, sort_keys=False)
     return [ExportFile("accelerate_fsdp.yaml", "\n".join(f"# {h}" for h in plan_header(m, TARGET)) + "\n" + text),
-            ExportFile("launch.sh", script(body, header=header), executable=True)]
+            ExportFile("launch.sh", script(body, header=header), executable=True), *ft_files]

@@ -4,6 +4,7 @@ express. Pure: exporters return text; the CLI writes it (`fileio.write_text_atom
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
@@ -337,3 +338,29 @@ def engine_lines(m: DeploymentManifest, target: str, table: FlagTable | None) ->
         lines.append(f"note: planned for {wl.engine} {wl.engine_version}, flags are {table.version}'s: run it on "
                      f"{table.version}, or re-plan with --engine-version {table.version}")
     return lines
+
+
+def finetune_files(wl: TrainingWorkloadSection) -> tuple[list[ExportFile], list[str]]:
+    """A LoRA/QLoRA plan's fine-tuning setup as the trainers take it: `peft_config.json` holds
+    `peft.LoraConfig` keyword arguments, `bnb_config.json` transformers' `BitsAndBytesConfig` ones
+    (NF4, double quantization as planned, bf16 compute; the quantized weights stored as bf16 so
+    that FSDP and ZeRO-3 can shard them: bnb_4bit_quant_storage), and how to load them."""
+    if wl.finetune == "full":
+        return [], []
+    targets: str | list[str] = "all-linear" if wl.lora_targets == ["all-linear"] else list(wl.lora_targets)
+    lora = {"r": wl.lora_rank, "lora_alpha": wl.lora_alpha, "lora_dropout": wl.lora_dropout,
+            "target_modules": targets, "bias": "none", "task_type": "CAUSAL_LM"}
+    files = [ExportFile("peft_config.json", json.dumps(lora, indent=2) + "\n")]
+    notes = ["wrap the model with peft.get_peft_model(model, peft.LoraConfig(**json.load(open('peft_config.json'))))"]
+    if wl.finetune == "qlora":
+        bnb = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+               "bnb_4bit_use_double_quant": wl.base_format == "nf4-dq",
+               "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_storage": "bfloat16"}
+        files.append(ExportFile("bnb_config.json", json.dumps(bnb, indent=2) + "\n"))
+        notes.insert(0, "load the base with quantization_config=transformers.BitsAndBytesConfig("
+                        "**json.load(open('bnb_config.json'))), then peft.prepare_model_for_kbit_training(model)")
+    if wl.paged_optimizer or wl.optimizer == "adamw8bit":
+        name = {(True, True): "paged_adamw_8bit", (True, False): "paged_adamw_32bit",
+                (False, True): "adamw_bnb_8bit"}[(wl.paged_optimizer, wl.optimizer == "adamw8bit")]
+        notes.append(f"the plan counts bitsandbytes optimizer states: TrainingArguments(optim='{name}')")
+    return files, notes

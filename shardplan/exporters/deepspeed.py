@@ -24,6 +24,7 @@ from shardplan.exporters.base import (
     Raw,
     cannot,
     command,
+    finetune_files,
     gpus_per_node_used,
     plan_header,
     script,
@@ -141,6 +142,8 @@ def export_deepspeed(ctx: ExportContext) -> list[ExportFile]:
     if ctx.options.script is None:
         notes.append("train.py stands for your training script: it must call deepspeed.initialize and accept "
                      "--deepspeed_config (deepspeed.add_config_arguments)")
+    ft_files, ft_notes = finetune_files(training(ctx, TARGET))
+    notes += ft_notes
     body = []
     if m.hardware.num_nodes > 1:
         body += ['HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of the first host in ./hostfile}"', ""]
@@ -148,6 +151,7 @@ def export_deepspeed(ctx: ExportContext) -> list[ExportFile]:
     files = [
         ExportFile("ds_config.json", json.dumps(cfg, indent=2) + "\n"),
         ExportFile("launch.sh", script(body, header=[*header, *notes]), executable=True),
+        *ft_files,
     ]
     if m.hardware.num_nodes > 1:
         hosts = "".join(f"node{i} slots={gpus_per_node_used(m)}\n" for i in range(m.hardware.num_nodes))

@@ -256,6 +256,15 @@ class CompiledLoss(Frozen):
     backward_bytes_per_logit: float = Field(ge=0, le=1000, description="backward memory traffic, bytes per logit")
 
 
+class FineTuneRules(Frozen):
+    """What the stack offers for parameter-efficient fine-tuning (cost/finetune.py)."""
+
+    offered: list[Literal["full", "lora", "qlora"]] = Field(min_length=1, description="the fine-tuning methods it runs")
+    qlora_fp32_non_quantized: bool = Field(
+        False, description="under qlora the base's non-quantized parameters (embeddings, norms, lm_head) are cast "
+                           "to fp32 (PEFT prepare_model_for_kbit_training)")
+
+
 class StackFile(Frozen):
     """`knowledge/stacks/<stack>.yaml`: what a training stack does that moves memory and time.
     Every field has its source in `sources` (the schema refuses one without)."""
@@ -306,6 +315,7 @@ class StackFile(Frozen):
     collectives_multirail: bool = Field(
         description="its data-parallel and tensor/expert collectives across nodes reach the NICs of all the group's "
                     "ranks in a node (NCCL multi-rail); false: each rank's own NIC")
+    finetune: FineTuneRules = Field(description="the fine-tuning methods it offers and how it holds a frozen base")
     sources: dict[str, str] = Field(description="field -> where it comes from (file at a tag, PR, doc)")
 
     @model_validator(mode="after")
@@ -314,7 +324,7 @@ class StackFile(Frozen):
                       "recompute", "selective", "attention", "amp_fp32_master", "norms_fp32", "elementwise_fused",
                       "compile_offered", "attention_kernels", "loss_forward_bytes_per_logit",
                       "loss_backward_bytes_per_logit", "fsdp_unsharded_under_pp", "tp_comm_overlap_offered",
-                      "pp_p2p_overlap", "collectives_multirail", "eager_attention_bytes_per_score"}
+                      "pp_p2p_overlap", "collectives_multirail", "eager_attention_bytes_per_score", "finetune"}
         if self.eager_elementwise is not None:
             documented.add("eager_elementwise")
         if self.compiled_loss is not None:
@@ -329,4 +339,4 @@ class StackFile(Frozen):
         return self
 
 
-__all__ += ["CompiledLoss", "EagerElementwise", "StackFile"]
+__all__ += ["CompiledLoss", "EagerElementwise", "FineTuneRules", "StackFile"]

@@ -81,8 +81,34 @@ def _source(origin: str) -> str:
 
 
 def spec_sha256(spec: ModelSpec) -> str:
-    """sha256 of the spec's fields as canonical JSON; `source` (a path) is provenance, not shape."""
-    data = spec.model_dump(mode="json", exclude={"source"})
+    """sha256 of the spec's fields as canonical JSON; `source` (a path) is provenance, not shape.
+    Fields at their defaults are left out, so a field added later with a default (a mechanism the
+    spec did not use) does not change the hash of plans written before it."""
+    return _sha256_json(spec.model_dump(mode="json", exclude={"source"}, exclude_defaults=True))
+
+
+# ModelSpec fields added after plans began recording a hash of the full dump (defaults included);
+# a plan written before them carries that hash, which `legacy_spec_sha256` reproduces.
+_FIELDS_ADDED_SINCE_FULL_DUMP = ("layer_types", "attention_chunk_size", "attention_sinks", "attention_output_gate",
+                                 "linear_attention", "vision", "measured_num_params", "expert_dtype")
+_MOE_FIELDS_ADDED_SINCE_FULL_DUMP = ("router_linear_bias",)
+
+
+def legacy_spec_sha256(spec: ModelSpec) -> str | None:
+    """The hash a plan written before `spec_sha256` left defaults out would carry for this spec,
+    or None when the spec uses a field those plans could not express."""
+    defaults = ModelSpec.model_fields
+    if any(getattr(spec, f) != defaults[f].get_default(call_default_factory=True) for f in _FIELDS_ADDED_SINCE_FULL_DUMP):
+        return None
+    if spec.moe is not None and spec.moe.router_linear_bias:
+        return None
+    data = spec.model_dump(mode="json", exclude={"source", *_FIELDS_ADDED_SINCE_FULL_DUMP})
+    if data.get("moe") is not None:
+        data["moe"] = {k: v for k, v in data["moe"].items() if k not in _MOE_FIELDS_ADDED_SINCE_FULL_DUMP}
+    return _sha256_json(data)
+
+
+def _sha256_json(data: dict) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode("ascii")).hexdigest()
 
 

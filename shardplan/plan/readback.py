@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardplan.cost.finetune import BaseFormat, FineTune
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import ShardplanError, UnknownNameError
-from shardplan.plan.manifest import load_manifest, spec_sha256
+from shardplan.plan.manifest import legacy_spec_sha256, load_manifest, spec_sha256
 from shardplan.plan.schema import DeploymentManifest
 from shardplan.specs import loading
 from shardplan.specs.hardware import HardwareProfile
@@ -49,8 +50,9 @@ def source_spec(m: DeploymentManifest) -> ModelSpec | None:
 
 
 def matches_plan(spec: ModelSpec, m: DeploymentManifest) -> bool:
-    """The spec hashes to what the plan recorded when it was written."""
-    return spec_sha256(spec) == m.model.spec_sha256
+    """The spec hashes to what the plan recorded when it was written (by this version's rule, or
+    by the full-dump rule of plans written before it)."""
+    return m.model.spec_sha256 in (spec_sha256(spec), legacy_spec_sha256(spec))
 
 
 def _changed(m: DeploymentManifest, plan: str | None) -> ShardplanError:
@@ -101,7 +103,9 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
                                    "activation_dtype": DType(w["activation_dtype"]),
                                    "recompute_offered": tuple(w["recompute_offered"]),
                                    "attention_kernels": tuple(w["attention_kernels"]),
-                                   "matmul_dtype": DType(w["matmul_dtype"])})
+                                   "matmul_dtype": DType(w["matmul_dtype"]),
+                                   "finetune": FineTune(w["finetune"]), "lora_targets": tuple(w["lora_targets"]),
+                                   "base_format": BaseFormat(w["base_format"])})
     kv = w["kv_cache_dtype"]
     return InferenceWorkload(**{**w, "kv_cache_dtype": DType(kv) if kv else None,
                                 "activation_dtype": DType(w["activation_dtype"]),

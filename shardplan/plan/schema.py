@@ -155,6 +155,15 @@ class TrainingWorkloadSection(_Section):
     tp_comm_overlap: bool = Field(False, description="tensor-parallel collectives overlap the GEMMs")
     pp_p2p_overlap: bool = Field(False, description="pipeline sends overlap compute (interleaved schedule)")
     collectives_multirail: bool = Field(False, description="cross-node collectives reach all the group's NICs in a node")
+    # Fine-tuning; the defaults (full fine-tuning) are what plans written before it meant.
+    finetune: Literal["full", "lora", "qlora"] = Field("full", description="full: every weight trains; lora/qlora: adapters on a frozen base")
+    lora_rank: int = Field(16, ge=1, le=65536, description="LoRA rank r")
+    lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scaling alpha / r)")
+    lora_targets: list[str] = Field(default_factory=lambda: ["all-linear"], max_length=64, description="modules the adapters sit on")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="PEFT lora_dropout")
+    base_format: Literal["none", "nf4", "nf4-dq"] = Field("none", description="storage of the frozen base's decoder linears")
+    base_fp32_non_quantized: bool = Field(False, description="the base's non-quantized parameters upcast to fp32 (PEFT)")
+    paged_optimizer: bool = Field(False, description="optimizer states in unified memory, paged to the host")
 
 
 class LayoutSection(_Section):

@@ -4,21 +4,36 @@ Each family's translator reads the keys its transformers config class defines, w
 class's defaults where a key is absent, and the structural facts its modelling code
 hard-codes (Qwen2's q/k/v bias, Gemma 2's four norms per layer). Pure: takes a dict,
 returns a ModelSpec or raises UnsupportedModelError/ValueError with the field named.
+
+The families of issue 27 (Llama 4, gpt-oss, Gemma 3, Qwen2-VL/2.5-VL, LLaVA/LLaVA-NeXT,
+Mistral 3, Phi-3.5-MoE, Qwen3-Next) read transformers' defaults from hf_defaults.yaml, also
+inside a composite's text_config / vision_config, and every key a translation does not read
+and does not know to be harmless is named in a warning (`translate`). A model_type outside
+TRANSLATORS is built by transformers on the meta device when it is installed (hf_meta.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
-from shardplan.errors import UnsupportedModelError
+import yaml
+
+from shardplan.errors import InputFileError, UnsupportedModelError
 from shardplan.specs.model import (
+    LayerType,
+    LinearAttentionSpec,
     MLASpec,
     ModelSpec,
     MoESpec,
+    NamedShape,
     NormType,
     PositionEmbedding,
     QKNorm,
+    VisionSpec,
 )
 
 Config = Mapping[str, Any]
@@ -34,7 +49,7 @@ class MissingField(ValueError):
 
 def _req(cfg: Config, key: str) -> Any:
     if key not in cfg or cfg[key] is None:
-        raise MissingField(key)
+        raise MissingField(_where(cfg, key))
     return cfg[key]
 
 
@@ -383,7 +398,7 @@ SPEC_FIELDS_HINT = (
 
 def detect_model_type(cfg: Config) -> str:
     model_type = cfg.get("model_type")
-    if isinstance(model_type, str) and model_type in TRANSLATORS:
+    if isinstance(model_type, str) and (model_type in TRANSLATORS or model_type in DEFAULTED):
         return model_type
     archs = cfg.get("architectures") or []
     if isinstance(archs, list):
@@ -392,7 +407,7 @@ def detect_model_type(cfg: Config) -> str:
                 return ARCHITECTURES[arch]
     label = model_type or (archs[0] if isinstance(archs, list) and archs else None)
     raise UnsupportedModelError(
-        f"unsupported model_type {label!r}; supported: {', '.join(sorted(TRANSLATORS))}",
+        f"unsupported model_type {label!r}; supported: {', '.join(sorted({*TRANSLATORS, *DEFAULTED}))}",
         field="model_type",
         hint=SPEC_FIELDS_HINT,
     )
@@ -422,12 +437,525 @@ def _dropouts(cfg: Config, model_type: str) -> dict[str, float]:
 
 def hf_config_to_spec_fields(cfg: Config, name: str) -> dict[str, Any]:
     """Return ModelSpec keyword arguments for an HF config dict (validation happens in ModelSpec)."""
+    return translate(cfg, name).fields
+
+
+@dataclass(frozen=True)
+class Translation:
+    """ModelSpec keyword arguments, the config keys nothing read (as warnings) and notes."""
+
+    fields: dict[str, Any]
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def translate(cfg: Config, name: str) -> Translation:
+    """An HF config dict as ModelSpec fields, with a warning naming each key not understood."""
+    model_type = cfg.get("model_type")
+    if model_type is None and isinstance(cfg.get("architectures"), list):
+        found = [ARCHITECTURES[a] for a in cfg["architectures"] if a in ARCHITECTURES]
+        if found and found[0] in DEFAULTED:
+            model_type = found[0]
+            cfg = {**cfg, "model_type": model_type}
+    if isinstance(model_type, str) and model_type in DEFAULTED:
+        tracked = _Tracked(cfg, hf_defaults().defaults(model_type))
+        fields = DEFAULTED[model_type](tracked, name)
+        if fields.get("vision") is None:
+            fields.update(_dropouts(tracked, model_type))
+        dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+        if fields.get("vision") is not None and isinstance(dtype, str):
+            fields["dtype"] = dtype  # a composite's dtype is the top-level one
+        notes = (f"routed experts stored as {fields['expert_dtype']}",) if fields.get("expert_dtype") else ()
+        return Translation(fields, tuple(tracked.unread_warnings()), notes)
     if "text_config" in cfg and "hidden_size" not in cfg and isinstance(cfg["text_config"], Mapping):
         cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
-    model_type = detect_model_type(cfg)
-    return {**TRANSLATORS[model_type](cfg, name), **_dropouts(cfg, model_type)}
+    try:
+        model_type = detect_model_type(cfg)
+    except UnsupportedModelError:
+        label = cfg.get("model_type")
+        if isinstance(label, str):
+            from shardplan.specs import hf_meta
+
+            return hf_meta.translate_with_transformers(cfg, name)
+        raise
+    return Translation({**TRANSLATORS[model_type](cfg, name), **_dropouts(cfg, model_type)})
 
 
 def spec_from_hf_config(cfg: Config, name: str, source: str | None = None) -> ModelSpec:
     fields = hf_config_to_spec_fields(cfg, name)
     return ModelSpec(**fields, source=source)
+
+
+# ----- transformers' defaults (hf_defaults.yaml) ----------------------------------------------
+
+DEFAULTS_FILE = Path(__file__).with_name("hf_defaults.yaml")
+
+
+@dataclass(frozen=True)
+class HfDefaults:
+    """transformers' config-class defaults per model_type, and each composite's sub-config types."""
+
+    transformers_version: str
+    configs: Mapping[str, Any]
+    subconfigs: Mapping[str, Any]
+
+    def defaults(self, model_type: str) -> dict[str, Any]:
+        entry = self.configs.get(model_type)
+        return dict(entry["defaults"]) if entry else {}
+
+    def subconfig_type(self, model_type: str, key: str) -> str | None:
+        return (self.subconfigs.get(model_type) or {}).get(key, {}).get("model_type")
+
+    def when_absent(self, model_type: str, key: str) -> dict[str, Any]:
+        return dict((self.subconfigs.get(model_type) or {}).get(key, {}).get("when_absent") or {})
+
+
+@lru_cache(maxsize=1)
+def hf_defaults() -> HfDefaults:
+    data = yaml.safe_load(DEFAULTS_FILE.read_text(encoding="utf-8"))
+    return HfDefaults(str(data["transformers_version"]), data["configs"], data["subconfigs"])
+
+
+# Keys that change no parameter count and no cache size: token ids, initialisation, numerics,
+# training-only switches, generation and bookkeeping. A key outside this list that no
+# translation reads is named in a warning.
+HARMLESS_KEYS = frozenset({
+    "_name_or_path", "architectures", "auto_map", "torch_dtype", "dtype", "transformers_version", "model_type",
+    "bos_token_id", "eos_token_id", "pad_token_id", "image_token_index", "image_token_id", "video_token_id",
+    "vision_start_token_id", "vision_end_token_id", "vision_token_id", "boi_token_index", "eoi_token_index",
+    "initializer_range", "initializer_factor", "rms_norm_eps", "layer_norm_eps", "norm_eps", "use_cache",
+    "rope_theta", "rope_scaling", "rope_parameters", "rope_local_base_freq", "partial_rotary_factor",
+    "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "cache_implementation",
+    "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "input_jitter_noise", "norm_topk_prob",
+    "swiglu_limit", "swiglu_alpha", "attn_temperature_tuning", "floor_scale", "attn_scale", "use_qk_norm",
+    "for_llm_compressor", "quantization_config", "initial_context_length", "hidden_act", "hidden_activation",
+    "projector_hidden_act", "vision_feature_select_strategy", "image_seq_length", "image_grid_pinpoints",
+    "mm_tokens_per_image", "projection_dim", "tokens_per_second", "window_size", "fullatt_block_indexes",
+    "spatial_patch_size", "in_chans", "attention_dropout", "projector_dropout", "hidden_dropout", "resid_pdrop",
+    "embd_pdrop", "attn_pdrop", "_attn_implementation_autoset", "use_bidirectional_attention",
+    "max_window_layers", "use_sliding_window", "tie_word_embeddings", "experts_per_token", "use_polar_compatible_rope",
+    "pretraining_tp", "multi_modal_projector_bias", "num_key_value_heads", "head_dim", "vocab_size",
+    "vision_output_dim", "mrope_section", "rope_type", "original_max_position_embeddings",
+    "ignore_index", "pixel_shuffle_ratio", "vision_feature_layer",  # shape-free (the projector reads the composite's)
+})
+
+
+class _Tracked(Mapping[str, Any]):
+    """A config with transformers' defaults under it that remembers which of its own keys were read."""
+
+    def __init__(self, cfg: Config, defaults: Mapping[str, Any], prefix: str = "") -> None:
+        self._cfg = dict(cfg)
+        self._merged = {**defaults, **{k: v for k, v in cfg.items()}}
+        self._read: set[str] = set()
+        self._children: list[_Tracked] = []
+        self.prefix = prefix
+
+    def __getitem__(self, key: str) -> Any:
+        self._read.add(key)
+        return self._merged[key]
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self._read.add(key)
+        return key in self._merged
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._merged)
+
+    def __len__(self) -> int:
+        return len(self._merged)
+
+    def given(self, key: str) -> bool:
+        """Whether the file itself sets `key` (not a default)."""
+        self._read.add(key)
+        return key in self._cfg
+
+    def child(self, key: str, defaults: Mapping[str, Any], absent: Mapping[str, Any] | None = None) -> "_Tracked":
+        self._read.add(key)
+        raw = self._cfg.get(key)
+        if raw is None:
+            raw = dict(absent or {})
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{self.prefix}{key} must be a mapping of keys to values")
+        sub = _Tracked(raw, defaults, prefix=f"{self.prefix}{key}.")
+        self._children.append(sub)
+        return sub
+
+    def unread_warnings(self) -> Iterator[str]:
+        for key in sorted(self._cfg):
+            if key not in self._read and key not in HARMLESS_KEYS:
+                yield (f"config key '{self.prefix}{key}' is not understood by shardplan and was ignored; "
+                       f"check that it changes no parameter count or cache size")
+        for sub in self._children:
+            yield from sub.unread_warnings()
+
+
+def _where(cfg: Config, key: str) -> str:
+    return f"{getattr(cfg, 'prefix', '')}{key}"
+
+
+def _int(cfg: Config, key: str) -> int:
+    value = _req(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputFileError(f"must be a positive integer, got {str(value)[:40]!r}", field=_where(cfg, key),
+                             hint="use the value from the model's config.json")
+    return value
+
+
+def _flag(cfg: Config, key: str) -> bool:
+    value = cfg.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise InputFileError(f"must be true or false, got {str(value)[:40]!r}", field=_where(cfg, key))
+    return bool(value)
+
+
+def _layer_types(cfg: Config, num_layers: int, default: Callable[[int], LayerType]) -> tuple[LayerType, ...]:
+    given = cfg.get("layer_types")
+    if given:
+        if not isinstance(given, list) or len(given) != num_layers:
+            raise ValueError(f"layer_types must list one type for each of the {num_layers} layers")
+        return tuple(LayerType(t) for t in given)
+    return tuple(default(i) for i in range(num_layers))
+
+
+# ----- text families --------------------------------------------------------------------------
+
+
+def _gpt_oss(cfg: Config, name: str) -> dict[str, Any]:
+    """GptOssForCausalLM (transformers models/gpt_oss/modeling_gpt_oss.py): biased q/k/v/o, a learned
+    sink per head, every layer MoE with a biased router and biased experts; layer_types default to
+    sliding on even, full on odd layers (GptOssConfig.__post_init__). Experts ship as MXFP4."""
+    d = _common(cfg, name, "gpt_oss")
+    layers = d["num_layers"]
+    bias = _flag(cfg, "attention_bias")
+    quant = cfg.get("quantization_config")
+    mxfp4 = isinstance(quant, Mapping) and quant.get("quant_method") == "mxfp4"
+    d.update(
+        qkv_bias=bias, o_bias=bias, mlp_bias=True, attention_sinks=True,
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
+        sliding_window=_sliding(cfg),
+        layer_types=_layer_types(cfg, layers, lambda i: LayerType.SLIDING if (i + 1) % 2 else LayerType.FULL),
+        moe=MoESpec(num_experts=_int(cfg, "num_local_experts"), num_experts_per_token=_int(cfg, "num_experts_per_tok"),
+                    expert_intermediate_size=_int(cfg, "intermediate_size"), router_linear_bias=True),
+        expert_dtype="mxfp4" if mxfp4 else None,
+    )
+    return d
+
+
+def _phimoe(cfg: Config, name: str) -> dict[str, Any]:
+    """PhimoeForCausalLM (Phi-3.5-MoE): Mixtral's block with LayerNorms (weight and bias), optional
+    q/k/v/o bias and lm_head bias."""
+    d = _common(cfg, name, "phimoe")
+    bias = _flag(cfg, "attention_bias")
+    d.update(
+        qkv_bias=bias, o_bias=bias, norm_type=NormType.LAYERNORM, lm_head_bias=_flag(cfg, "lm_head_bias"),
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings"), sliding_window=_sliding(cfg),
+        moe=MoESpec(num_experts=_int(cfg, "num_local_experts"), num_experts_per_token=_int(cfg, "num_experts_per_tok"),
+                    expert_intermediate_size=_int(cfg, "intermediate_size")),
+    )
+    return d
+
+
+def _gemma3_text(cfg: Config, name: str) -> dict[str, Any]:
+    """Gemma3TextModel: Gemma 2's four norms per block with per-head q/k RMSNorm; 5 sliding layers
+    to 1 global (layer_types, else the legacy sliding_window_pattern, 6 in Gemma3TextConfig)."""
+    d = _gemma(cfg, name)
+    pattern = cfg.get("sliding_window_pattern", 6)
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern <= 0:
+        raise ValueError(f"sliding_window_pattern must be a positive integer, got {pattern!r}")
+    d.update(
+        model_type="gemma3_text", num_norms_per_layer=4, qk_norm=QKNorm.PER_HEAD,
+        sliding_window=_sliding(cfg),
+        layer_types=_layer_types(cfg, d["num_layers"],
+                                 lambda i: LayerType.SLIDING if (i + 1) % pattern else LayerType.FULL),
+    )
+    return d
+
+
+def _llama4_text(cfg: Config, name: str) -> dict[str, Any]:
+    """Llama4TextModel: MoE layers (a routed top-k of num_local_experts plus one shared expert, both
+    of intermediate_size) at moe_layers, else every interleave_moe_layer_step-th layer; dense layers
+    of intermediate_size_mlp. RoPE layers attend in chunks of attention_chunk_size, every
+    no_rope_layer_interval-th layer is a global NoPE layer (Llama4TextConfig.__post_init__). The
+    q/k L2 norm has no weights."""
+    d = _common(cfg, name, "llama4_text")
+    layers = d["num_layers"]
+    bias = _flag(cfg, "attention_bias")
+    chunk = cfg.get("attention_chunk_size")
+    interval = cfg.get("no_rope_layer_interval", 4)
+    no_rope = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+    experts = cfg.get("num_local_experts") or 0
+    moe = None
+    if experts:
+        step = cfg.get("interleave_moe_layer_step", 1)
+        moe_layers = cfg.get("moe_layers")
+        if moe_layers is None:
+            moe_layers = list(range(step - 1, layers, step)) if step else []
+        moe = MoESpec(num_experts=experts, num_experts_per_token=_int(cfg, "num_experts_per_tok"),
+                      expert_intermediate_size=_int(cfg, "intermediate_size"), num_shared_experts=1,
+                      dense_layer_indices=tuple(i for i in range(layers) if i not in set(moe_layers)))
+    d.update(
+        intermediate_size=_int(cfg, "intermediate_size_mlp"), qkv_bias=bias, o_bias=bias,
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings"), moe=moe,
+        attention_chunk_size=int(chunk) if chunk else None,
+        layer_types=_layer_types(cfg, layers, lambda i: LayerType.CHUNKED if no_rope[i] and chunk else LayerType.FULL),
+    )
+    return d
+
+
+def _qwen3_next(cfg: Config, name: str) -> dict[str, Any]:
+    """Qwen3NextForCausalLM: linear-attention (Gated DeltaNet) layers and, every
+    full_attention_interval-th layer (4, Qwen3NextConfig.__post_init__), a gated softmax attention
+    with per-head q/k norms; Qwen2-MoE's experts with a gated shared expert."""
+    d = _qwen3(cfg, name)
+    interval = cfg.get("full_attention_interval", 4)
+    shared = cfg.get("shared_expert_intermediate_size") or 0
+    d.update(
+        model_type="qwen3_next", head_dim=_int(cfg, "head_dim"), attention_output_gate=True,
+        layer_types=_layer_types(cfg, d["num_layers"],
+                                 lambda i: LayerType.LINEAR if (i + 1) % interval else LayerType.FULL),
+        linear_attention=LinearAttentionSpec(
+            num_key_heads=_int(cfg, "linear_num_key_heads"), num_value_heads=_int(cfg, "linear_num_value_heads"),
+            key_head_dim=_int(cfg, "linear_key_head_dim"), value_head_dim=_int(cfg, "linear_value_head_dim"),
+            conv_kernel_size=_int(cfg, "linear_conv_kernel_dim")),
+        sliding_window=None,
+        moe=MoESpec(num_experts=_int(cfg, "num_experts"), num_experts_per_token=_int(cfg, "num_experts_per_tok"),
+                    expert_intermediate_size=_int(cfg, "moe_intermediate_size"), num_shared_experts=1 if shared else 0,
+                    shared_expert_intermediate_size=shared or None, shared_expert_gate=bool(shared),
+                    **_qwen_moe_layers(cfg)),
+    )
+    return d
+
+
+# ----- vision towers --------------------------------------------------------------------------
+
+
+def _patches(cfg: Config) -> int:
+    image, patch = _int(cfg, "image_size"), _int(cfg, "patch_size")
+    return (image // patch) ** 2
+
+
+def _vit(cfg: Config, model_type: str, **kw: Any) -> dict[str, Any]:
+    return dict(model_type=model_type, hidden_size=_int(cfg, "hidden_size"), num_layers=_int(cfg, "num_hidden_layers"),
+                num_attention_heads=_int(cfg, "num_attention_heads"), intermediate_size=_int(cfg, "intermediate_size"),
+                **kw)
+
+
+def _clip_tower(cfg: Config) -> dict[str, Any]:
+    """CLIPVisionModel: class vector, bias-free patch conv, (patches + 1) positions, pre and post
+    LayerNorm, biased blocks."""
+    return _vit(cfg, "clip_vision_model", class_embedding=True, num_position_embeddings=_patches(cfg) + 1,
+                num_outer_norms=2, patch_embedding_inputs=_int(cfg, "num_channels") * _int(cfg, "patch_size") ** 2)
+
+
+def _siglip_tower(cfg: Config) -> dict[str, Any]:
+    """SiglipVisionModel: biased patch conv, one position per patch, post LayerNorm, and the
+    attention-pooling head unless vision_use_head is false (probe, nn.MultiheadAttention, a
+    LayerNorm and an MLP)."""
+    h, inter = _int(cfg, "hidden_size"), _int(cfg, "intermediate_size")
+    extra: list[NamedShape] = []
+    if cfg.get("vision_use_head", True):
+        extra = [NamedShape(name=n, shape=s) for n, s in (
+            ("head.probe", (1, 1, h)), ("head.attention.in_proj_weight", (3 * h, h)),
+            ("head.attention.in_proj_bias", (3 * h,)), ("head.attention.out_proj.weight", (h, h)),
+            ("head.attention.out_proj.bias", (h,)), ("head.layernorm.weight", (h,)), ("head.layernorm.bias", (h,)),
+            ("head.mlp.fc1.weight", (inter, h)), ("head.mlp.fc1.bias", (inter,)), ("head.mlp.fc2.weight", (h, inter)),
+            ("head.mlp.fc2.bias", (h,)))]
+    return _vit(cfg, "siglip_vision_model", patch_embedding_bias=True, num_position_embeddings=_patches(cfg),
+                num_outer_norms=1, patch_embedding_inputs=_int(cfg, "num_channels") * _int(cfg, "patch_size") ** 2,
+                extra_tensors=tuple(extra))
+
+
+def _pixtral_tower(cfg: Config) -> dict[str, Any]:
+    """PixtralVisionModel: bias-free patch conv, ln_pre RMSNorm, bias-free blocks with a gated MLP
+    and RMSNorms, 2D rotary positions (no table)."""
+    cfg.get("image_size")  # sizes the rotary frequencies only: no parameters
+    return _vit(cfg, "pixtral", head_dim=cfg.get("head_dim"), mlp_gated=True, mlp_bias=False, qkv_bias=False,
+                o_bias=False, norm_type=NormType.RMSNORM, num_outer_norms=1,
+                patch_embedding_inputs=_int(cfg, "num_channels") * _int(cfg, "patch_size") ** 2)
+
+
+TOWERS: dict[str, Callable[[Config], dict[str, Any]]] = {
+    "clip_vision_model": _clip_tower, "siglip_vision_model": _siglip_tower, "pixtral": _pixtral_tower,
+}
+
+
+def _tower(parent: _Tracked, composite: str) -> tuple[_Tracked, dict[str, Any]]:
+    d = hf_defaults()
+    raw = parent._cfg.get("vision_config")
+    vt = (raw or {}).get("model_type") if isinstance(raw, Mapping) else None
+    vt = vt or d.subconfig_type(composite, "vision_config")
+    if vt not in TOWERS:
+        raise UnsupportedModelError(f"unsupported vision tower {vt!r}; supported: {', '.join(sorted(TOWERS))}",
+                                    field="vision_config.model_type", hint=SPEC_FIELDS_HINT)
+    vcfg = parent.child("vision_config", d.defaults(vt), d.when_absent(composite, "vision_config"))
+    return vcfg, TOWERS[vt](vcfg)
+
+
+def _text(parent: _Tracked, composite: str, name: str) -> tuple[_Tracked, dict[str, Any]]:
+    """The language model of a composite config: its own family's translation and defaults."""
+    d = hf_defaults()
+    raw = parent._cfg.get("text_config")
+    tt = (raw or {}).get("model_type") if isinstance(raw, Mapping) else None
+    tt = tt or d.subconfig_type(composite, "text_config")
+    translator = DEFAULTED.get(tt) or TRANSLATORS.get(tt)  # type: ignore[arg-type]
+    if translator is None:
+        raise UnsupportedModelError(f"unsupported text model_type {tt!r}", field="text_config.model_type",
+                                    hint=SPEC_FIELDS_HINT)
+    tcfg = parent.child("text_config", d.defaults(tt), d.when_absent(composite, "text_config"))
+    return tcfg, {**translator(tcfg, name), **_dropouts(tcfg, tt)}
+
+
+def _feature_layers(cfg: Config) -> int:
+    layer = cfg.get("vision_feature_layer", -1)
+    return len(layer) if isinstance(layer, list) else 1
+
+
+def _tie(cfg: _Tracked, text: Config) -> bool:
+    """The composite's tie_word_embeddings, or the text config's (pre-v5 configs saved it there;
+    LlavaConfig and Qwen2VLConfig __post_init__ forward it)."""
+    return _flag(cfg, "tie_word_embeddings") or _flag(text, "tie_word_embeddings")
+
+
+def _vision_spec(tower: dict[str, Any], projector: list[tuple[str, tuple[int, ...]]]) -> VisionSpec:
+    return VisionSpec(**tower, projector=tuple(NamedShape(name=n, shape=s) for n, s in projector))
+
+
+def _llava(cfg: _Tracked, name: str) -> dict[str, Any]:
+    """LlavaForConditionalGeneration: any text model, a CLIP (or SigLIP) tower, and a two-layer MLP
+    projector (vision hidden x feature layers -> text hidden -> text hidden, biased unless
+    multimodal_projector_bias is false); LLaVA-NeXT adds the image_newline vector."""
+    composite = cfg["model_type"]
+    tcfg, d = _text(cfg, composite, name)
+    vcfg, tower = _tower(cfg, composite)
+    th, vh = d["hidden_size"], tower["hidden_size"]
+    bias = cfg.get("multimodal_projector_bias", True)
+    proj = [("linear_1.weight", (th, vh * _feature_layers(cfg))), ("linear_2.weight", (th, th))]
+    if bias:
+        proj += [("linear_1.bias", (th,)), ("linear_2.bias", (th,))]
+    if composite == "llava_next":
+        proj.append(("image_newline", (th,)))
+    d.update(model_type=composite, tie_word_embeddings=_tie(cfg, tcfg), vision=_vision_spec(tower, proj))
+    return d
+
+
+def _mistral3(cfg: _Tracked, name: str) -> dict[str, Any]:
+    """Mistral3ForConditionalGeneration: a Mistral text model, a Pixtral tower, and a projector of an
+    RMSNorm, a patch merger (vision hidden x spatial_merge_size^2 -> vision hidden) and a two-layer
+    MLP; tie_word_embeddings defaults to true in Mistral3Config."""
+    tcfg, d = _text(cfg, "mistral3", name)
+    vcfg, tower = _tower(cfg, "mistral3")
+    th, vh = d["hidden_size"], tower["hidden_size"]
+    merge = _int(cfg, "spatial_merge_size")
+    proj = [("norm.weight", (vh,)), ("patch_merger.merging_layer.weight", (vh, vh * merge**2)),
+            ("linear_1.weight", (th, vh * _feature_layers(cfg))), ("linear_2.weight", (th, th))]
+    if cfg.get("multimodal_projector_bias"):
+        proj += [("linear_1.bias", (th,)), ("linear_2.bias", (th,))]
+    d.update(model_type="mistral3", tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
+             vision=_vision_spec(tower, proj))
+    return d
+
+
+def _gemma3(cfg: _Tracked, name: str) -> dict[str, Any]:
+    """Gemma3ForConditionalGeneration: a Gemma 3 text model, a SigLIP tower, and a projector of an
+    RMSNorm over the vision features and a (vision hidden x text hidden) matrix."""
+    tcfg, d = _text(cfg, "gemma3", name)
+    vcfg, tower = _tower(cfg, "gemma3")
+    th, vh = d["hidden_size"], tower["hidden_size"]
+    proj = [("mm_input_projection_weight", (vh, th)), ("mm_soft_emb_norm.weight", (vh,))]
+    d.update(model_type="gemma3", tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
+             vision=_vision_spec(tower, proj))
+    return d
+
+
+def _llama4(cfg: _Tracked, name: str) -> dict[str, Any]:
+    """Llama4ForConditionalGeneration: the Llama 4 text model and Llama4VisionModel (class vector,
+    bias-free patch linear, (patches + 1) positions, pre/post LayerNorm, biased blocks, and the
+    pixel-shuffle adapter fc1 intermediate -> projector_input_dim, fc2 projector_output_dim squared),
+    then a bias-free linear vision_output_dim -> text hidden."""
+    tcfg, d = _text(cfg, "llama4", name)
+    v = cfg.child("vision_config", hf_defaults().defaults("llama4_vision_model"))
+    inter, pin, pout = _int(v, "intermediate_size"), _int(v, "projector_input_dim"), _int(v, "projector_output_dim")
+    tower = _vit(v, "llama4_vision_model", class_embedding=True, num_position_embeddings=_patches(v) + 1,
+                 num_outer_norms=2, patch_embedding_inputs=_int(v, "num_channels") * _int(v, "patch_size") ** 2,
+                 extra_tensors=(NamedShape(name="vision_adapter.mlp.fc1.weight", shape=(pin, inter)),
+                                NamedShape(name="vision_adapter.mlp.fc2.weight", shape=(pout, pout))))
+    th = d["hidden_size"]
+    proj = [("linear_1.weight", (th, _int(v, "vision_output_dim")))]
+    if v.get("multi_modal_projector_bias"):
+        proj.append(("linear_1.bias", (th,)))
+    d.update(model_type="llama4", tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
+             vision=_vision_spec(tower, proj))
+    return d
+
+
+def _qwen_vl(cfg: _Tracked, name: str) -> dict[str, Any]:
+    """Qwen2VLForConditionalGeneration / Qwen2_5_VL: a Qwen2 text model (from text_config, or from
+    the top level as pre-v5 configs store it) and a ViT with a 3D patch conv (channels x temporal x
+    patch^2, no bias), no position table, and the patch merger as projector (a norm, then
+    hidden x merge^2 -> same -> output width, biased). Qwen2-VL: LayerNorms and fc1/fc2 of
+    embed_dim x mlp_ratio; Qwen2.5-VL: RMSNorms and a biased gated MLP of intermediate_size."""
+    composite = cfg["model_type"]
+    d_ = hf_defaults()
+    text_type = d_.subconfig_type(composite, "text_config") or ""
+    if cfg.given("text_config"):
+        tcfg = cfg.child("text_config", d_.defaults(text_type))
+    else:  # flat pre-v5 config: the text keys are the top-level ones
+        tcfg = _Tracked({}, {**d_.defaults(text_type), **cfg._cfg})
+        cfg._children.append(tcfg)
+        tcfg._cfg = {}
+        cfg._read |= {k for k in cfg._cfg if k in d_.defaults(text_type)}
+    d = {**_qwen2(tcfg, name), **_dropouts(tcfg, "qwen2")}
+    raw_v = cfg._cfg.get("vision_config")
+    vtype = d_.subconfig_type(composite, "vision_config") or ""
+    v = cfg.child("vision_config", d_.defaults(vtype))
+    if isinstance(raw_v, Mapping):
+        v._read.add("model_type")
+    patch = _int(v, "patch_size")
+    inputs = _int(v, "in_channels") * _int(v, "temporal_patch_size") * patch * patch
+    merge = _int(v, "spatial_merge_size")
+    if composite == "qwen2_vl":
+        vh = _int(v, "embed_dim")
+        out = _int(v, "hidden_size")
+        tower = dict(model_type="qwen2_vl_vision", hidden_size=vh, intermediate_size=vh * _int(v, "mlp_ratio"),
+                     norm_type=NormType.LAYERNORM, mlp_gated=False)
+        ln = [("merger.ln_q.weight", (vh,)), ("merger.ln_q.bias", (vh,))]
+    else:
+        vh = _int(v, "hidden_size")
+        out = _int(v, "out_hidden_size")
+        tower = dict(model_type="qwen2_5_vl_vision", hidden_size=vh, intermediate_size=_int(v, "intermediate_size"),
+                     norm_type=NormType.RMSNORM, mlp_gated=True)
+        ln = [("merger.ln_q.weight", (vh,))]
+    wide = vh * merge**2
+    proj = ln + [("merger.mlp.0.weight", (wide, wide)), ("merger.mlp.0.bias", (wide,)),
+                 ("merger.mlp.2.weight", (out, wide)), ("merger.mlp.2.bias", (out,))]
+    vision = VisionSpec(num_layers=_int(v, "depth"), num_attention_heads=_int(v, "num_heads"),
+                        patch_embedding_inputs=inputs, **tower,
+                        projector=tuple(NamedShape(name=n, shape=s) for n, s in proj))
+    d.update(model_type=composite, tie_word_embeddings=_tie(cfg, tcfg), vision=vision)
+    return d
+
+
+# Families whose translation reads transformers' defaults (hf_defaults.yaml) and warns on unread keys.
+DEFAULTED: dict[str, Callable[[Any, str], dict[str, Any]]] = {
+    "gpt_oss": _gpt_oss,
+    "phimoe": _phimoe,
+    "gemma3_text": _gemma3_text,
+    "gemma3": _gemma3,
+    "llama4_text": _llama4_text,
+    "llama4": _llama4,
+    "qwen3_next": _qwen3_next,
+    "llava": _llava,
+    "llava_next": _llava,
+    "mistral3": _mistral3,
+    "qwen2_vl": _qwen_vl,
+    "qwen2_5_vl": _qwen_vl,
+}
+ARCHITECTURES.update({
+    "GptOssForCausalLM": "gpt_oss", "PhimoeForCausalLM": "phimoe", "Gemma3ForCausalLM": "gemma3_text",
+    "Gemma3ForConditionalGeneration": "gemma3", "Llama4ForCausalLM": "llama4_text",
+    "Llama4ForConditionalGeneration": "llama4", "Qwen3NextForCausalLM": "qwen3_next",
+    "LlavaForConditionalGeneration": "llava", "LlavaNextForConditionalGeneration": "llava_next",
+    "Mistral3ForConditionalGeneration": "mistral3", "Qwen2VLForConditionalGeneration": "qwen2_vl",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+})

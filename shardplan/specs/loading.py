@@ -6,6 +6,7 @@ the fix. YAML is read with a safe loader that rejects duplicate keys and alias b
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -23,7 +24,8 @@ from shardplan import fileio
 from shardplan.errors import InputFileError, ShardplanError, UnknownNameError
 from shardplan.specs._base import StrictModel
 from shardplan.specs.hardware import HardwareProfile, HardwareProfileFile, profile_from_file
-from shardplan.specs.hf import MissingField, hf_config_to_spec_fields
+from shardplan.specs import hub
+from shardplan.specs.hf import MissingField, translate
 from shardplan.specs.model import ModelSpec
 
 MAX_INPUT_FILE_BYTES = 16 * 1024 * 1024
@@ -146,9 +148,10 @@ def _read_bytes(path: Path, label: str) -> bytes:
                                           hint="pass the config file itself, not a checkpoint")
 
 
-def read_structured(path: Path) -> Any:
-    """Parse a YAML or JSON file into plain data, with errors that name the file and line."""
-    label = str(path)
+def read_structured(path: Path, label: str | None = None) -> Any:
+    """Parse a YAML or JSON file into plain data, with errors that name the file (or `label`,
+    e.g. a Hub id for a cached config.json) and line."""
+    label = label or str(path)
     try:
         text = _read_bytes(path, label).decode("utf-8")
     except UnicodeDecodeError as e:
@@ -261,7 +264,11 @@ _HF_WORDS = {"num_kv_heads": "num_key_value_heads", "num_layers": "num_hidden_la
 
 def _spec_from_hf(cfg: dict[str, Any], name: str, source: str, prefix: str = "") -> ModelSpec:
     try:
-        fields = hf_config_to_spec_fields(cfg, name)
+        translation = translate(cfg, name)
+        fields = translation.fields
+        # Keys no translation read, and how a spec was derived: on stderr, never dropped silently.
+        for line in [f"warning: {source}: {w}" for w in translation.warnings] + [f"note: {n}" for n in translation.notes]:
+            print(line, file=sys.stderr)
     except MissingField as e:
         raise InputFileError(
             "required key is missing", source=source, field=prefix + e.key, hint="add it as in the model's config.json"
@@ -325,7 +332,11 @@ def _name_from_path(path: Path) -> str:
 
 
 def load_model(name_or_path: str) -> LoadedModel:
-    """A bundled model by name, an HF config.json, a directory holding one, or a shardplan YAML."""
+    """A bundled model by name, an HF config.json, a directory holding one, a shardplan YAML,
+    or a Hugging Face Hub id `org/name[@revision]`. In that order: an existing path wins, then
+    a bundled name, then the Hub (`hf:org/name` goes to the Hub directly)."""
+    if name_or_path.startswith(hub.HUB_PREFIX):
+        return _load_hub_model(hub.parse_hub_id(name_or_path))
     path = Path(name_or_path).expanduser()
     looks_like_path = os.sep in name_or_path or path.suffix.lower() in (".json", ".yaml", ".yml")
     if path.is_dir():
@@ -336,11 +347,22 @@ def load_model(name_or_path: str) -> LoadedModel:
             )
         path = cfg
     elif not path.exists():
+        if hub.is_hub_candidate(name_or_path):  # org/name: bundled names hold no '/'
+            return _load_hub_model(hub.parse_hub_id(name_or_path))
         if looks_like_path:
             raise InputFileError("file not found", source=str(path), hint="check the path")
         path = _bundled_file(model_specs_dir(), name_or_path, "model", "shardplan models")
     data = read_structured(path)
     return model_from_data(data, str(path), _name_from_path(path))
+
+
+def _load_hub_model(ref: hub.HubRef) -> LoadedModel:
+    """The config.json of a Hub repository (cache first), read with the same bounded reader as
+    a local one; recorded as `hf:org/name@<commit>` with `hf_id` org/name."""
+    got = hub.download(ref, "config.json")
+    data = read_structured(got.path, label=f"{got.origin}/config.json")
+    loaded = model_from_data(data, got.origin, ref.name)
+    return dataclasses.replace(loaded, hf_id=loaded.hf_id or ref.repo_id)
 
 
 def list_models() -> list[LoadedModel]:

@@ -4,7 +4,10 @@ One frozen, strict value object covers dense decoders (MHA/GQA/MQA, explicit hea
 QKV bias, q/k norms, tied embeddings, parallel residual, partial rotary, sliding-window and
 alternating local/global layers), mixture-of-experts (top-k routing, shared experts, a
 dense prefix, router bias) and multi-head latent attention (DeepSeek V2/V3), plus
-multi-token-prediction layers, which are counted apart from the main total.
+multi-token-prediction layers, which are counted apart from the main total. A per-layer
+attention pattern (`layer_types`: full, sliding-window, chunked and linear-attention layers)
+covers Gemma 3, gpt-oss, Llama 4 and Qwen3-Next; `vision` adds a multimodal model's vision
+tower and projector, counted in the total and reported apart.
 
 Field conventions: sizes are element counts (`_size`, `num_`), never bytes; `None` means
 "not used" where a field says so.
@@ -57,6 +60,95 @@ class AttentionKind(str, Enum):
     MLA = "mla"
 
 
+class LayerType(str, Enum):
+    """What one layer's token mixer is (transformers' `config.layer_types` vocabulary)."""
+
+    FULL = "full_attention"  # attends to every earlier token; KV grows with the sequence
+    SLIDING = "sliding_attention"  # attends to the last `sliding_window` tokens
+    CHUNKED = "chunked_attention"  # attends within its `attention_chunk_size` block (Llama 4)
+    LINEAR = "linear_attention"  # a fixed-size recurrent state, no KV cache (Qwen3-Next Gated DeltaNet)
+
+
+class LinearAttentionSpec(StrictModel):
+    """Gated DeltaNet (Yang et al. 2024, "Gated Delta Networks", Sec. 3), as Qwen3-Next builds it
+    (transformers models/qwen3_next/modeling_qwen3_next.py, Qwen3NextGatedDeltaNet): q and k
+    of `num_key_heads` x `key_head_dim`, v and the output gate z of `num_value_heads` x
+    `value_head_dim`, a depthwise causal conv of `conv_kernel_size` over q, k and v, and per
+    value head a decay (A_log), a step bias (dt_bias) and the beta/alpha projections."""
+
+    num_key_heads: int = Field(..., gt=0, le=MAX_HEADS, description="query/key heads")
+    num_value_heads: int = Field(..., gt=0, le=MAX_HEADS, description="value heads (a multiple of num_key_heads)")
+    key_head_dim: int = Field(..., gt=0, le=MAX_WIDTH, description="elements per query/key head")
+    value_head_dim: int = Field(..., gt=0, le=MAX_WIDTH, description="elements per value head")
+    conv_kernel_size: int = Field(..., gt=0, le=64, description="taps of the short causal convolution (tokens)")
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels the convolution runs over: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def state_elements_per_sequence(self) -> int:
+        """Recurrent state of one layer for one sequence, whatever its length: the delta-rule
+        matrix (one key_head_dim x value_head_dim matrix per value head) plus the conv window
+        (conv_kernel_size - 1 past inputs of conv_dim channels); the cache transformers and vLLM
+        keep (Qwen3NextDynamicCache recurrent_states / conv_states)."""
+        return self.num_value_heads * self.key_head_dim * self.value_head_dim + self.conv_dim * (self.conv_kernel_size - 1)
+
+
+class NamedShape(StrictModel):
+    """One stored tensor outside the repeated blocks: its name and shape (elements)."""
+
+    name: str = Field(..., min_length=1)
+    shape: tuple[int, ...] = Field(..., min_length=1, description="dimensions (elements)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "NamedShape":
+        if any(d <= 0 or d > MAX_VOCAB * MAX_WIDTH for d in self.shape):
+            raise ValueError(f"every dimension of {self.name} must be positive and bounded")
+        return self
+
+
+class VisionSpec(StrictModel):
+    """A multimodal model's vision tower (a ViT: patch embedding, `num_layers` identical
+    pre-norm blocks, optional class token, learned position table and outer norms) and the
+    projector that maps its features into the language model's embedding space. The tower's
+    blocks are described by fields; the few tensors that differ between families (Llama 4's
+    pixel-shuffle adapter, Qwen2-VL's patch merger, Gemma 3's soft-embedding norm) are listed
+    in `extra_tensors` (tower) and `projector` with their shapes."""
+
+    model_type: str = Field(..., description="the tower's HF model_type (clip_vision_model, siglip_vision_model, ...)")
+    hidden_size: int = Field(..., gt=0, le=MAX_WIDTH)
+    num_layers: int = Field(..., gt=0, le=MAX_LAYERS)
+    num_attention_heads: int = Field(..., gt=0, le=MAX_HEADS)
+    head_dim: int | None = Field(None, gt=0, le=MAX_WIDTH, description="None: hidden_size / num_attention_heads")
+    intermediate_size: int = Field(..., gt=0, le=MAX_WIDTH, description="MLP width of a block")
+    mlp_gated: bool = Field(False, description="gate/up/down (Pixtral, Qwen2.5-VL) vs fc1/fc2")
+    mlp_bias: bool = True
+    qkv_bias: bool = True
+    o_bias: bool = True
+    norm_type: NormType = NormType.LAYERNORM
+    patch_embedding_inputs: int = Field(..., gt=0, le=MAX_WIDTH, description="channels x (temporal x) patch x patch")
+    patch_embedding_bias: bool = False
+    class_embedding: bool = Field(False, description="a learned [CLS] vector (CLIP, Llama 4)")
+    num_position_embeddings: int = Field(0, ge=0, le=MAX_TOKENS, description="rows of a learned position table; 0: rotary or none")
+    num_outer_norms: int = Field(0, ge=0, le=4, description="norms of hidden_size around the encoder (pre/post layernorm)")
+    extra_tensors: tuple[NamedShape, ...] = Field((), description="tower tensors outside this pattern")
+    projector: tuple[NamedShape, ...] = Field((), description="the multimodal projector's tensors")
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+
 class MLASpec(StrictModel):
     """Multi-head latent attention (DeepSeek-V2 Sec. 2.1): K and V are compressed into a
     shared latent of `kv_lora_rank` plus a decoupled rotary key of `qk_rope_head_dim`;
@@ -89,6 +181,7 @@ class MoESpec(StrictModel):
     router_bias: bool = Field(
         False, description="a stored per-expert bias in the router (DeepSeek-V3 e_score_correction_bias)"
     )
+    router_linear_bias: bool = Field(False, description="the router linear has a bias (gpt-oss)")
     first_dense_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="leading layers with a dense MLP (DeepSeek first_k_dense_replace)")
     moe_layer_step: int = Field(1, gt=0, le=MAX_LAYERS, description="layer i (0-based) is MoE when (i+1) % step == 0 (Qwen decoder_sparse_step)")
     dense_layer_indices: tuple[int, ...] = Field((), description="0-based layers forced dense (Qwen mlp_only_layers)")
@@ -147,6 +240,26 @@ class ModelSpec(StrictModel):
         description="with sliding_window: 0 = every layer slides (Mistral); k = layer i is global when i % k == k-1 (Gemma 2: 2)",
     )
 
+    layer_types: tuple[LayerType, ...] = Field(
+        (), description="per-layer token mixer, one per layer; empty: derived from sliding_window/global_layer_every"
+    )
+    attention_chunk_size: int | None = Field(
+        None, gt=0, le=MAX_TOKENS, description="tokens per block of a chunked-attention layer (Llama 4); None: none"
+    )
+    attention_sinks: bool = Field(False, description="a learned sink logit per attention head (gpt-oss): parameters, no KV")
+    attention_output_gate: bool = Field(
+        False, description="q_proj also emits a per-element output gate, doubling its rows (Qwen3-Next)"
+    )
+    linear_attention: LinearAttentionSpec | None = Field(None, description="the linear_attention layers' mixer")
+    vision: VisionSpec | None = Field(None, description="vision tower and projector of a multimodal model")
+    measured_num_params: int | None = Field(
+        None, gt=0, description="stored parameters of the real module (a spec derived from transformers on the meta "
+        "device); the count reports its difference to the analytic total as component 'other'"
+    )
+    expert_dtype: str | None = Field(
+        None, description="storage format of the routed experts when it differs from dtype (gpt-oss: mxfp4); informational"
+    )
+
     mla: MLASpec | None = None
     moe: MoESpec | None = None
     num_mtp_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="multi-token-prediction modules (DeepSeek-V3), counted apart")
@@ -177,6 +290,15 @@ class ModelSpec(StrictModel):
                 raise ValueError(f"moe.dense_layer_indices {bad} are outside 0..{self.num_layers - 1}")
         if self.global_layer_every and self.sliding_window is None:
             raise ValueError("global_layer_every is set but sliding_window is not")
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+            kinds = set(self.layer_types)
+            for kind, field, value in ((LayerType.SLIDING, "sliding_window", self.sliding_window),
+                                       (LayerType.CHUNKED, "attention_chunk_size", self.attention_chunk_size),
+                                       (LayerType.LINEAR, "linear_attention", self.linear_attention)):
+                if kind in kinds and value is None:
+                    raise ValueError(f"layer_types has {kind.value} layers but {field} is not set")
         return self
 
     # ----- derived figures -------------------------------------------------------------
@@ -220,7 +342,17 @@ class ModelSpec(StrictModel):
             return False
         return (layer_index + 1) % m.moe_layer_step == 0
 
+    def layer_type(self, layer_index: int) -> LayerType:
+        if self.layer_types:
+            return self.layer_types[layer_index]
+        return LayerType.SLIDING if self.is_sliding_layer(layer_index) else LayerType.FULL
+
+    def is_linear_attention_layer(self, layer_index: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer_index] is LayerType.LINEAR
+
     def is_sliding_layer(self, layer_index: int) -> bool:
+        if self.layer_types:
+            return self.layer_types[layer_index] is LayerType.SLIDING
         if self.sliding_window is None:
             return False
         if self.global_layer_every == 0:

@@ -32,6 +32,7 @@ from shardplan.plan import readback
 from shardplan.plan.manifest import load_manifest
 from shardplan.plan.schema import DeploymentManifest
 from shardplan.plan.placement import Box, check_nameable, model_tensors, rank_holdings
+from shardplan.specs import hub
 from shardplan.specs.model import ModelSpec
 from shardplan.tasks._results import Result
 from shardplan.units import parse_dtype
@@ -165,7 +166,13 @@ def read_header(path: Path, rel: str) -> list[StoredTensor]:
         raise InputFileError(f"header is not JSON: {e}", source=label, field="header", hint=hint) from None
     if not isinstance(header, dict):
         raise InputFileError("header is not a JSON object", source=label, field="header", hint=hint)
-    data_base, data_bytes = HEADER_LENGTH_BYTES + n, size - HEADER_LENGTH_BYTES - n
+    return _stored_tensors(header, rel, label, HEADER_LENGTH_BYTES + n, size - HEADER_LENGTH_BYTES - n)
+
+
+def _stored_tensors(header: dict[str, Any], rel: str, label: str, data_base: int, data_bytes: int) -> list[StoredTensor]:
+    """The entries of a parsed header, each checked: a known dtype, a shape, and offsets that
+    hold exactly its bytes inside the `data_bytes` of data starting at file offset `data_base`."""
+    hint = "pass a file written by safetensors (save_file / save_pretrained)"
     out = []
     for name, entry in header.items():
         if name == "__metadata__":
@@ -387,9 +394,49 @@ def loading_plan(m: DeploymentManifest, spec: ModelSpec, folder: Path, stored: l
 
 def plan_checkpoint(plan: Path, checkpoint: Path, *, dtype: str | None = None) -> CheckpointResult:
     """The I/O edge of `shardplan checkpoint`: read the plan, its model and the checkpoint's
-    headers, check them against each other, and return the loading plan."""
+    headers (from a local folder, or a Hub id `org/name[@revision]` that is not a local path),
+    check them against each other, and return the loading plan."""
     m = load_manifest(plan)
     spec = readback.checked_model(m, str(plan)).spec
     check_nameable(spec, str(plan))
-    folder, stored, sizes = read_checkpoint(checkpoint)
+    text = str(checkpoint)
+    if not checkpoint.exists() and hub.is_hub_candidate(text):
+        folder, stored, sizes = remote_checkpoint(hub.safetensors_headers(hub.parse_hub_id(text)))
+    else:
+        folder, stored, sizes = read_checkpoint(checkpoint)
     return loading_plan(m, spec, folder, stored, sizes, dtype=expected_dtype(spec, dtype), source=str(plan))
+
+
+# ----- a checkpoint on the Hub ----------------------------------------------------------------
+
+
+def remote_checkpoint(rc: hub.RemoteCheckpoint) -> tuple[Path, list[StoredTensor], dict[str, int]]:
+    """`read_checkpoint` for headers fetched from the Hub: the same tensors, absolute offsets
+    and file sizes a local copy of the same files gives. The Hub reports each header's entries
+    but not its length; the format fixes it: the data section is "entirely indexed, and cannot
+    contain holes" (huggingface/safetensors README, "Format"), so it is exactly as long as the
+    entries' extent, and the header is what remains of the file after the 8-byte length."""
+    folder = Path(rc.origin)
+    label = str(folder / INDEX_FILE)
+    hint = "check the repository's safetensors files"
+    tensors: list[StoredTensor] = []
+    sizes: dict[str, int] = {}
+    for shard in rc.shards:
+        rel = shard.file
+        if not rel or rel.startswith("/") or "\\" in rel or ".." in Path(rel).parts:
+            raise InputFileError(f"file name {rel!r} is not a plain name in the repository", source=label,
+                                 field="weight_map", hint=hint)
+        where = f"{rc.origin}/{rel}"
+        header = {name: {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": list(t.data_offsets)}
+                  for name, t in shard.tensors.items()}
+        extents = sorted(tuple(t.data_offsets) for t in shard.tensors.values())
+        data_bytes = extents[-1][1] if extents else 0
+        holes = any(b0 != a1 for (_, a1), (b0, _) in zip([(0, 0), *extents], extents))
+        header_bytes = shard.size_bytes - HEADER_LENGTH_BYTES - data_bytes
+        if holes or not 2 <= header_bytes <= MAX_HEADER_BYTES:  # 2: the shortest header, '{}'
+            raise InputFileError(f"tensor data does not tile {data_bytes} bytes ending the {shard.size_bytes}-byte file",
+                                 source=where, field="header", hint=hint)
+        tensors += _stored_tensors(header, rel, where, HEADER_LENGTH_BYTES + header_bytes, data_bytes)
+        sizes[rel] = shard.size_bytes
+    _check_index_agrees(Path(label), rc.weight_map, tensors)
+    return folder, tensors, sizes

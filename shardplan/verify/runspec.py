@@ -316,6 +316,11 @@ def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int =
     layout = plan_layout(m)
     training = m.workload.kind == "training"
     check_runnable(spec, layout, training=training)
+    if training and m.workload.finetune != "full":  # type: ignore[union-attr]
+        raise _refuse("workload.finetune", f"{m.workload.finetune} fine-tuning (PEFT adapters on a frozen base)",  # type: ignore[union-attr]
+                      "check the plan with estimate; verify runs full fine-tuning")
+    if training and m.workload.optimizer == "adamw8bit":  # type: ignore[union-attr]
+        raise _refuse("workload.optimizer", "bitsandbytes' 8-bit AdamW", "verify the plan with --optimizer adamw")
     fmt, planned, notes = run_dtype(m, dtype)
     if device_memory_gib is not None and device_memory_gib <= 0:
         raise CannotVerify(f"--device-memory-gib {device_memory_gib:g} is not a memory size", field="--device-memory-gib",

@@ -1,6 +1,6 @@
 """Every published figure the golden tests compare with carries its source: each case, row,
 model and section of tests/data/validation/*.yaml, each model of tests/data/models/*.yaml, each
-measurement row of tests/data/training_stacks/*.yaml and each table of tests/data/gemm/*.yaml
+measurement row of tests/data/training_stacks/*.yaml and tests/data/finetune/*.yaml and each table of tests/data/gemm/*.yaml
 names where it comes from, so that an entry added without one fails here.
 
 Each file has its own shape (a table whose rows cite a top-level source, cases with a URL,
@@ -77,7 +77,7 @@ ENTRIES: dict[str, Callable[[dict], Iterator[Entry]]] = {
 
 def _golden_files() -> list[str]:
     files = sorted(p.relative_to(DATA).as_posix() for p in (DATA / "validation").glob("*.yaml"))
-    for folder in ("models", "training_stacks", "gemm"):
+    for folder in ("models", "training_stacks", "gemm", "finetune"):
         files += sorted(p.relative_to(DATA).as_posix() for p in (DATA / folder).glob("*.yaml"))
     return files
 
@@ -93,7 +93,7 @@ def _has_source(value: Any) -> bool:
 def missing_sources(rel: str, doc: Any) -> list[str]:
     if not isinstance(doc, dict):
         return [f"{rel}: not a mapping"]
-    entries = (_model_file if rel.startswith("models/") else _measurement_rows if rel.startswith("training_stacks/")
+    entries = (_model_file if rel.startswith("models/") else _measurement_rows if rel.startswith(("training_stacks/", "finetune/"))
                else _one_source if rel.startswith("gemm/") else ENTRIES.get(rel))
     if entries is None:
         return [f"{rel}: a golden file tests/golden/test_sources.py does not know; add its shape to ENTRIES"]

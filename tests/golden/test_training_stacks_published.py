@@ -70,7 +70,15 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     "mcore_release_15b_tp8sp_h100": {"tokens": "the release run's data-parallel size is inferred from its memory, not published"},
     "mbridge2511_llama3_8b_8xb200_fp8cs": {"tokens": B200},
     "mbridge2511_llama31_405b_128xb200_fp8cs": {"tokens": B200},
+    "bigscience_meg_gpt52b_tp4pp16_64xv100": {
+        "memory": "+21% (3.5 GiB): fp16 Megatron of 2021 without --accumulate-allreduce-grads-in-fp32 keeps 2-byte gradients "
+                  "where the stack file counts today's 4-byte main gradients (1.5 GiB of it); the rest is not found, and the "
+                  "stack's version is not an input yet",
+        "tokens": "Jean Zay's 4-GPU V100-SXM2 nodes over Omni-Path, not the DGX-2 the v100-sxm-32gb profile describes"},
     # DeepSpeed
+    "bigscience_mds3d_gpt52b_tp4pp16_z0_64xv100": {
+        "memory": "+14% (2.8 GiB), as the Megatron BigScience row: not explained beyond DeepSpeed's 2021 fp16 bookkeeping",
+        "tokens": "as the Megatron BigScience row: the cluster is not the profile's DGX-2"},
     "ds_bf16mw_baseline_z3_4xh100": {"tokens": SMALL_STEP},
     "ds_bf16mw_bf16_master_z3_4xh100": {"memory": "bf16 master weights and optimizer states (DeepSpeed PR #7700) cannot be expressed", "tokens": SMALL_STEP},
     "dschat_step1_sft_opt1.3b_z2_16xv100": {"tokens": V100},
@@ -116,7 +124,7 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
 # Cases within 10%, per stack and metric, at least (the issue asks for 6 per stack; these are
 # what holds today, and the closing note says which stacks fall short).
 WITHIN_AT_LEAST = {("torchtitan", "memory"): 8, ("torchtitan", "tokens"): 6, ("megatron", "tokens"): 7,
-                   ("megatron", "memory"): 5,
+                   ("megatron", "memory"): 6,
                    ("deepspeed", "memory"): 4, ("deepspeed", "tokens"): 8, ("hf", "memory"): 2, ("hf", "tokens"): 3}
 
 

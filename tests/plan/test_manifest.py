@@ -169,7 +169,7 @@ def test_spec_hash_ignores_where_the_spec_was_read_from(tmp_path):
     spec = load_model(str(copied)).spec
     assert spec.source != load_model("llama-3.1-8b").spec.source
     assert mf.spec_sha256(spec) == m.model.spec_sha256
-    canonical = json.dumps({k: v for k, v in spec.model_dump(mode="json").items() if k != "source"},
+    canonical = json.dumps({k: v for k, v in spec.model_dump(mode="json", exclude_defaults=True).items() if k != "source"},
                            sort_keys=True, separators=(",", ":"))
     assert m.model.spec_sha256 == hashlib.sha256(canonical.encode()).hexdigest()
     assert mf.spec_sha256(spec.model_copy(update={"num_layers": 31})) != m.model.spec_sha256
@@ -402,3 +402,19 @@ def test_json_schema_matches_the_snapshot():
         "the manifest schema changed: if on purpose, bump SCHEMA_VERSION when old files no longer load, then "
         f"regenerate with SHARDPLAN_UPDATE_SNAPSHOTS=1 pytest {__file__} and review the diff"
     )
+
+
+def test_a_plan_written_before_the_spec_hash_left_defaults_out_still_reads_back():
+    """Plans written up to 87a50f0 hashed the full dump: Llama 3.2 1B's was 0fcbf056... (the
+    train-1gpu Kubernetes snapshot at that commit). It must still match; a changed spec must not."""
+    from shardplan.plan.readback import matches_plan
+
+    m, _ = serving_8b()
+    spec = load_model("llama-3.2-1b").spec
+    old_hash = "0fcbf0566dcd9b3e52b7b5f8af49b6d7e612cdb84b46e8a4c2d5d2eeeb2dc506"
+    assert mf.legacy_spec_sha256(spec) == old_hash != mf.spec_sha256(spec)
+    old_plan = m.model_copy(update={"model": m.model.model_copy(update={"spec_sha256": old_hash})})
+    assert matches_plan(spec, old_plan)
+    assert not matches_plan(spec.model_copy(update={"num_layers": 15}), old_plan)
+    # A spec using a field old plans could not express has no legacy hash.
+    assert mf.legacy_spec_sha256(spec.model_copy(update={"attention_sinks": True})) is None
