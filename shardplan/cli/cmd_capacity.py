@@ -18,6 +18,10 @@ from shardplan.specs import loading
 from shardplan.cli.app import app, JsonOpt
 from shardplan.cli.options import (
     resolve_stack,
+    speculative_from_options,
+    NumSpeculativeTokensOpt,
+    SpeculativeMethodOpt,
+    SpeculativeModelOpt,
     ChunkedPrefillOpt,
     EngineOpt,
     EngineVersionOpt,
@@ -70,6 +74,9 @@ def capacity(
     engine: EngineOpt = "vllm",
     engine_version: EngineVersionOpt = None,
     enable_chunked_prefill: ChunkedPrefillOpt = None,
+    speculative_model: SpeculativeModelOpt = None,
+    speculative_method: SpeculativeMethodOpt = None,
+    num_speculative_tokens: NumSpeculativeTokensOpt = None,
     kv_cache_dtype: KvCacheDtypeOpt = None,
     enforce_eager: EnforceEagerOpt = False,
     seq_len: SeqLenOpt = 4096,
@@ -121,6 +128,7 @@ def capacity(
         rules = engine_rules(engine, engine_version)
         wl_s = options.inference_workload(
             engine=rules, hw=hw, model_max_len=loaded.spec.max_position_embeddings,
+            speculative=speculative_from_options(loaded.spec, speculative_model, speculative_method, num_speculative_tokens),
             enable_chunked_prefill=enable_chunked_prefill, max_model_len=context, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
             weight_dtype=None, quantization=None, enforce_eager=enforce_eager, input_len=1024, output_len=128, batch_size=None,

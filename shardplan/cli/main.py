@@ -13,7 +13,7 @@ from shardplan.cli import render_common
 from shardplan.errors import EXIT_INTERNAL, ShardplanError
 
 from shardplan.cli.app import app
-from shardplan.cli import cmd_catalog, cmd_plan, cmd_capacity, cmd_deploy, cmd_verify  # noqa: F401 - they register commands
+from shardplan.cli import cmd_catalog, cmd_plan, cmd_capacity, cmd_deploy, cmd_validate, cmd_verify  # noqa: F401 - they register commands
 
 
 def main() -> None:

@@ -162,7 +162,32 @@ EngineOpt = Annotated[str, typer.Option(
 EngineVersionOpt = Annotated[Optional[str], typer.Option(
     help="Engine version, X.Y[.Z] (default: the newest shardplan knows, printed with the answer).",
     show_default=False, rich_help_panel=SERVE)]
+SpeculativeModelOpt = Annotated[Optional[str], typer.Option(
+    help="Speculative decoding with a draft model: any MODEL shardplan loads (bundled name, config.json, Hub id), "
+         "e.g. llama-3.2-1b for llama-3.1-70b; its weights and KV join the last stage's (vLLM method draft_model).",
+    show_default=False, rich_help_panel=SERVE)]
+SpeculativeMethodOpt = Annotated[Optional[str], typer.Option(
+    help="Speculative method (vLLM's names): draft_model (with --speculative-model), mtp (the model's own "
+         "multi-token-prediction layers, e.g. DeepSeek-V3's) or ngram (prompt lookup, no memory).",
+    callback=lambda v: choice("--speculative-method", ["draft_model", "mtp", "ngram"], "speculative method")(v),
+    show_default=False, rich_help_panel=SERVE)]
+NumSpeculativeTokensOpt = Annotated[Optional[int], typer.Option(
+    help="Tokens the drafter proposes per step (K; also lookahead KV slots per sequence); mtp default: its layers.",
+    show_default=False, rich_help_panel=SERVE)]
 ChunkedPrefillOpt = Annotated[Optional[bool], typer.Option(
     "--enable-chunked-prefill/--no-enable-chunked-prefill",
     help="vLLM V0: chunked prefill on or off (default: the version's rule, e.g. on above a 32K context).",
     show_default=False, rich_help_panel=SERVE)]
+
+
+def speculative_from_options(spec, speculative_model: str | None, speculative_method: str | None,
+                             num_speculative_tokens: int | None):
+    """The workload's speculative setup from the three options: the draft loaded as any MODEL is."""
+    from shardplan.cost.inputs import speculative_setup
+    from shardplan.specs import loading
+
+    draft = loading.load_model(speculative_model) if speculative_model is not None else None
+    return speculative_setup(spec, method=speculative_method, num_speculative_tokens=num_speculative_tokens,
+                             draft=draft.spec if draft is not None else None,
+                             draft_source=draft.origin if draft is not None else None,
+                             draft_hf_id=draft.hf_id if draft is not None else None)

@@ -15,6 +15,7 @@ from shardplan.tasks.catalog import HardwareList, ModelList
 from shardplan.tasks.checkpoint import CheckpointResult
 from shardplan.tasks.export import ExportResult
 from shardplan.tasks.replan import ReplanResult
+from shardplan.tasks.validate import ValidateResult
 from shardplan.verify.engine_log_check import EngineLogCheck
 from shardplan.verify.report import VerifyReport
 
@@ -31,4 +32,5 @@ OUTPUTS: dict[str, type[BaseModel]] = {
     "calibrate": CalibrateResult,
     "verify": VerifyReport,
     "engine-log": EngineLogCheck,
+    "validate": ValidateResult,
 }

@@ -6,6 +6,7 @@ from typing import Any
 
 from shardplan.cost.breakdown import RankMemory
 from shardplan.cost.kv import kv_cache_bytes_per_token
+from shardplan.cost.speculative import draft_kv_bytes_per_token_per_rank, lookahead_tokens
 from shardplan.cost.layout import Layout, PipelineSchedule, layout_stage_ranges, validate_layout
 from shardplan.errors import LayoutError
 from shardplan.cost.memory_serving import serving_memory
@@ -128,7 +129,8 @@ def estimate(
     worst = min(sm.ranks, key=lambda r: r.breakdown.kv_cache)
     kv_elt = bytes_per_element(workload.kv_cache_dtype or workload.activation_dtype)  # type: ignore[union-attr]
     kv = KvCacheReport(
-        bytes_per_token=kv_cache_bytes_per_token(spec, kv_elt),
+        bytes_per_token=kv_cache_bytes_per_token(spec, kv_elt) + (  # the drafter's layers, unsplit
+            draft_kv_bytes_per_token_per_rank(spec, workload.speculative, 1, kv_elt) if workload.speculative else 0.0),  # type: ignore[union-attr]
         bytes_per_token_per_gpu=max(sm.kv_bytes_per_token_per_rank),
         capacity_tokens=sm.kv_capacity_tokens,
         num_blocks=sm.kv_num_blocks,
@@ -167,7 +169,7 @@ def _training_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tra
 
 def _serving_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: Any) -> ServingTimeReport:
     # The batch: as asked, else the most sequences of input_len + output_len the KV cache holds.
-    ctx = wl.input_len + wl.output_len
+    ctx = wl.input_len + wl.output_len + lookahead_tokens(wl.speculative)  # K lookahead slots per sequence
     fit_batch = int(sm.kv_capacity_tokens // ctx)
     limit = max(0, min(fit_batch, wl.max_num_seqs))
     batch = wl.batch_size if wl.batch_size is not None else max(1, limit)
@@ -216,6 +218,11 @@ def _workload_dict(w: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in w.__dict__.items():
         if k == "assumptions":  # reported once, at the top of the report
+            continue
+        if k == "speculative":
+            out[k] = None if v is None else dict(method=v.method.value, num_speculative_tokens=v.num_speculative_tokens,
+                                                 draft_model=v.draft_name, draft_source=v.draft_source,
+                                                 draft_hf_id=v.draft_hf_id)
             continue
         out[k] = v.value if hasattr(v, "value") else v
     return out

@@ -9,6 +9,8 @@ from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import LayoutError, ShardplanError
 from shardplan.cost.engine import resolve_serving
+from shardplan.cost import speculative as spec_decode
+from shardplan.cost.speculative import Speculative, SpeculativeMethod
 from shardplan.knowledge.schema import EngineRules, StackFile
 from shardplan.specs.cluster import at_most
 from shardplan.specs.hardware import HardwareProfile
@@ -118,6 +120,7 @@ def inference_workload(
     hw: HardwareProfile | None = None,
     model_max_len: int | None = None,
     enable_chunked_prefill: bool | None = None,
+    speculative: Speculative | None = None,
 ) -> InferenceWorkload:
     """The serving workload from command-line values. With `engine` (and the `hw` and model
     context it runs), what is left out (None) takes that engine version's default for this
@@ -164,6 +167,8 @@ def inference_workload(
                         warmup_free_share=d.warmup_free_share, warmup_total_factor=d.warmup_total_factor,
                         warmup_kv_tokens=d.warmup_kv_tokens, prefill_logit_bytes=d.prefill_logit_bytes,
                         assumptions=d.assumptions)
+    if speculative is not None:
+        switches["assumptions"] = (*switches.get("assumptions", ()), spec_decode.assumption(speculative))
     return InferenceWorkload(
         max_model_len=max_model_len,
         max_num_seqs=base.max_num_seqs if max_num_seqs is None else max_num_seqs,
@@ -178,7 +183,46 @@ def inference_workload(
         input_len=input_len,
         output_len=output_len,
         batch_size=batch_size,
+        speculative=speculative,
     )
+
+
+def speculative_setup(spec: ModelSpec, *, method: str | None, num_speculative_tokens: int | None,
+                      draft: ModelSpec | None, draft_source: str | None,
+                      draft_hf_id: str | None = None) -> Speculative | None:
+    """The speculative setup from --speculative-method, --num-speculative-tokens and
+    --speculative-model, checked against the target `spec`; None when none is asked for.
+    A draft model implies draft_model; mtp defaults K to the model's MTP layers (vLLM's n_predict)."""
+    if method is None and draft is None:
+        if num_speculative_tokens is not None:
+            raise ShardplanError("given without a speculative method", field="--num-speculative-tokens",
+                                 hint="add --speculative-model NAME or --speculative-method mtp|ngram")
+        return None
+    m = SpeculativeMethod(method) if method is not None else SpeculativeMethod.DRAFT_MODEL
+    if m is SpeculativeMethod.DRAFT_MODEL and draft is None:
+        raise ShardplanError("draft_model needs a draft", field="--speculative-method",
+                             hint="add --speculative-model NAME|config.json")
+    if m is not SpeculativeMethod.DRAFT_MODEL and draft is not None:
+        raise ShardplanError(f"{m.value} uses no draft model", field="--speculative-model",
+                             hint="drop --speculative-model, or use --speculative-method draft_model")
+    if m is SpeculativeMethod.MTP and spec.num_mtp_layers < 1:
+        raise ShardplanError(f"{spec.name} has no multi-token-prediction layers", field="--speculative-method",
+                             hint="use --speculative-model NAME (a draft model) or --speculative-method ngram")
+    if draft is not None and draft.vocab_size != spec.vocab_size:
+        raise ShardplanError(f"the draft {draft.name} has a vocabulary of {draft.vocab_size} tokens, the target "
+                             f"{spec.name} {spec.vocab_size}", field="--speculative-model",
+                             hint="use a draft with the target's tokenizer (vLLM refuses a different vocab_size)")
+    k = num_speculative_tokens
+    if k is None:
+        if m is not SpeculativeMethod.MTP:
+            raise ShardplanError(f"{m.value} needs the number of tokens to propose", field="--num-speculative-tokens",
+                                 hint="e.g. --num-speculative-tokens 4")
+        k = spec.num_mtp_layers
+    if k < 1:
+        raise ShardplanError(f"{k} tokens: at least 1 must be proposed", field="--num-speculative-tokens",
+                             hint="e.g. --num-speculative-tokens 4")
+    at_most(k, MAX_TOKENS, "--num-speculative-tokens")
+    return Speculative(method=m, num_speculative_tokens=k, draft=draft, draft_source=draft_source, draft_hf_id=draft_hf_id)
 
 
 def training_workload(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from shardplan.cost.breakdown import MemoryBreakdown, RankMemory
 from shardplan.cost.kv import kv_elements_per_token_per_layer
 from shardplan.cost.layout import Layout
+from shardplan.cost import speculative as spec_decode
 from shardplan.cost.weights import stage_weights
 from shardplan.cost.workload import InferenceWorkload
 from shardplan.specs.hardware import HardwareProfile
@@ -126,6 +127,15 @@ def kv_pool_bytes(wl: InferenceWorkload, budget: float, weights: float, overhead
     return budget - weights - overhead - act
 
 
+def draft_profile_peak_bytes(spec: ModelSpec, draft: ModelSpec, layout: Layout, wl: InferenceWorkload) -> float:
+    """The profiling pass's peak while the drafter runs: vLLM V1's `_dummy_run` calls
+    `self.drafter.dummy_run(num_tokens)` after the target's forward (vllm/v1/worker/gpu_model_runner.py
+    at v0.11.0), so the target's hidden states (tokens x hidden) are still held beside one draft
+    layer's transients at the target's tp; the draft's forward samples nothing there."""
+    held = wl.max_num_batched_tokens * spec.hidden_size * bytes_per_element(wl.activation_dtype)
+    return held + activation_peak_bytes(draft, Layout(tp=layout.tp), wl, last_stage=False)
+
+
 @dataclass(frozen=True)
 class ServingMemory:
     ranks: list[RankMemory]
@@ -171,34 +181,49 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     ranks: list[RankMemory] = []
     per_token: list[float] = []
     reasons: list[str] = []
-    capacities: list[tuple[int, int, float, float]] = []  # tokens, blocks, per-seq bytes, concurrency
+    # tokens, blocks, per-seq bytes, concurrency at start-up, concurrency with the lookahead slots
+    capacities: list[tuple[int, int, float, float, float]] = []
     for stage in range(layout.pp):
         w = stage_weights(spec, layout, stage, quantization=wl.quantization, dense_dtype=dense_dtype)
-        weights = w.bytes + rotary_cache_bytes(spec, dense_dtype)
+        sp = wl.speculative if stage == layout.pp - 1 else None  # the drafter lives on the last stage
+        draft_weights = spec_decode.draft_weight_bytes_per_rank(spec, sp, layout, wl.quantization, dense_dtype) if sp else 0.0
+        weights = w.bytes + rotary_cache_bytes(spec, dense_dtype) + draft_weights
         act = activation_peak_bytes(spec, layout, wl, last_stage=stage == layout.pp - 1, dummy_sampler=not static)
+        if sp is not None and sp.draft is not None and not static:
+            act = max(act, draft_profile_peak_bytes(spec, sp.draft, layout, wl))
         per_layer_token = kv_bytes_per_token_per_layer_per_rank(spec, layout.tp, kv_elt)
-        tok_bytes = per_layer_token * len(w.layers)
+        draft_tok_bytes = spec_decode.draft_kv_bytes_per_token_per_rank(spec, sp, layout.tp, kv_elt) if sp else 0.0
+        tok_bytes = per_layer_token * len(w.layers) + draft_tok_bytes
         per_token.append(tok_bytes)
-        kv_bytes = kv_pool_bytes(wl, budget, weights, overhead, act, per_layer_token * len(w.layers), utilization)
+        kv_bytes = kv_pool_bytes(wl, budget, weights, overhead, act, tok_bytes, utilization)
         # One max_model_len sequence: a sliding-window layer keeps window + one block of tokens.
         seq_tokens = sum(
             min(max_len, spec.sliding_window + wl.block_size) if spec.is_sliding_layer(i) else max_len for i in w.layers
         )
         seq_bytes = math.ceil(seq_tokens / max(1, len(w.layers)) / wl.block_size) * wl.block_size * per_layer_token * len(w.layers)
+        seq_bytes += math.ceil(max_len / wl.block_size) * wl.block_size * draft_tok_bytes  # the draft's layers: full attention
+        # Running, a sequence also holds K lookahead slots (the start-up check counts max_model_len only).
+        lookahead = spec_decode.lookahead_tokens(wl.speculative)
+        extra_blocks = math.ceil((max_len + lookahead) / wl.block_size) - math.ceil(max_len / wl.block_size)
+        seq_bytes_running = seq_bytes + extra_blocks * wl.block_size * tok_bytes
         if kv_bytes <= 0:
-            blocks, tokens, conc = 0, 0, 0.0
+            blocks, tokens, conc, conc_running = 0, 0, 0.0, 0.0
         elif tok_bytes == 0:
-            blocks, tokens, conc = 0, 0, math.inf
+            blocks, tokens, conc, conc_running = 0, 0, math.inf, math.inf
         else:
             blocks = int(kv_bytes // (wl.block_size * tok_bytes))
             conc = kv_bytes / seq_bytes
+            conc_running = kv_bytes / seq_bytes_running
             hybrid = spec.sliding_window is not None
             tokens = int(conc * max_len) if hybrid else blocks * wl.block_size
-        capacities.append((tokens, blocks, seq_bytes, conc))
+        capacities.append((tokens, blocks, seq_bytes, conc, conc_running))
         kv_alloc = max(kv_bytes, 0.0)
         breakdown = MemoryBreakdown(weights=weights, kv_cache=kv_alloc, activations=act, overhead=overhead)
         detail = {f"weights.{k}": v for k, v in w.bytes_by_component.items()}
         detail["weights.rotary_cache"] = rotary_cache_bytes(spec, dense_dtype)
+        if sp is not None and sp.method is not spec_decode.SpeculativeMethod.NGRAM:
+            detail[f"weights.{'mtp' if sp.method is spec_decode.SpeculativeMethod.MTP else 'draft'}"] = draft_weights
+            detail["kv_cache.draft"] = kv_alloc * draft_tok_bytes / tok_bytes if tok_bytes else 0.0
         detail.update({f"overhead.{k}": v for k, v in overhead_detail.items()})
         detail.update({f"outside_budget.{k}": v for k, v in outside.items()})
         ranks.append(
@@ -210,14 +235,17 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
                 detail=detail,
             )
         )
-        if kv_bytes <= 0:
+        split_problem = spec_decode.draft_split_problem(sp, layout.tp)
+        if split_problem is not None:
+            reasons.append(f"stage {stage}: {split_problem}")
+        elif kv_bytes <= 0:
             reasons.append(
                 f"stage {stage}: weights {weights / BYTES_PER_GIB:.2f} GiB + activations {act / BYTES_PER_GIB:.2f} GiB"
                 f" + overhead {overhead / BYTES_PER_GIB:.2f} GiB exceed the budget {budget / BYTES_PER_GIB:.2f} GiB"
                 f" ({utilization:g} x {capacity / BYTES_PER_GIB:.2f} GiB); no room for a KV cache"
             )
     binding = min(range(len(capacities)), key=lambda i: capacities[i][3])
-    _, _, seq_bytes, conc = capacities[binding]
+    _, _, seq_bytes, conc, conc_running = capacities[binding]
     tokens_min = min(c[0] for c in capacities)
     blocks_min = min(c[1] for c in capacities)
     if not reasons and wl.refusal == "tokens" and tokens_min < max_len:
@@ -264,7 +292,7 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         kv_num_blocks=blocks_min,
         max_model_len=max_len,
         kv_bytes_per_sequence=seq_bytes,
-        max_concurrency=conc,
+        max_concurrency=conc_running,
         fits=not reasons,
         reason="; ".join(reasons) or None,
     )

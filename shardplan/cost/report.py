@@ -49,6 +49,14 @@ class HardwareReport(Frozen):
     memory_capacity_bytes: int = Field(description="memory of one GPU, bytes")
 
 
+class SpeculativeReport(Frozen):
+    method: Literal["draft_model", "mtp", "ngram"] = Field(description="vLLM's speculative method name")
+    num_speculative_tokens: int = Field(description="tokens proposed per step (K); also lookahead slots per sequence")
+    draft_model: str | None = Field(description="the draft model's spec name (draft_model); null otherwise")
+    draft_source: str | None = Field(description="where the draft spec was loaded from, as given; null: none")
+    draft_hf_id: str | None = Field(description="the draft's Hugging Face id; null: unknown or none")
+
+
 class InferenceWorkloadReport(Frozen):
     kind: Literal["inference"] = Field(description="serving")
     max_model_len: int | None = Field(description="tokens per sequence the engine admits; null: the model's maximum")
@@ -87,6 +95,7 @@ class InferenceWorkloadReport(Frozen):
     warmup_total_factor: float = Field(description="TGI >= 3: the device share held back is 1 - fraction x this")
     warmup_kv_tokens: int = Field(description="TGI: the warm-up batch's KV tokens, counted back into the cache")
     prefill_logit_bytes: float = Field(description="bytes per logit the profiling prefill holds for every token")
+    speculative: SpeculativeReport | None = Field(None, description="speculative decoding; null: off")
 
 
 class TrainingWorkloadReport(Frozen):

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from shardplan.cost.finetune import ALL_LINEAR, BaseFormat, FineTune
 from shardplan.units import DType
+
+if TYPE_CHECKING:
+    from shardplan.cost.speculative import Speculative
 
 
 class Quantization(str, Enum):
@@ -76,6 +80,9 @@ class InferenceWorkload:
     warmup_total_factor: float = 1.0
     warmup_kv_tokens: int = 0
     prefill_logit_bytes: float = 0.0  # logits the profiling prefill holds for every token (TGI)
+    # Speculative decoding (cost/speculative.py): a draft model's or the MTP layers' weights and KV on
+    # the last stage, K lookahead slots per sequence; None: off.
+    speculative: Speculative | None = None
 
 
 class Optimizer(str, Enum):

@@ -7,6 +7,10 @@
   predicted weights + KV cache over the GPU's memory, rounded down to 0.01, raised to the least
   that holds one max_model_len sequence when that is more.
 - a replica over k nodes: --nnodes k --node-rank i --dist-init-addr HEAD:PORT on each node.
+- speculative decoding: mtp -> --speculative-algorithm NEXTN, draft_model -> STANDALONE with
+  --speculative-draft-model-path, each with --speculative-num-steps K, --speculative-eagle-topk 1 and
+  --speculative-num-draft-tokens K + 1 (server_args.py sets draft tokens to steps + 1 at topk 1);
+  ngram -> NGRAM with --speculative-num-draft-tokens K + 1.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from shardplan.exporters.base import (
     ExportContext,
     ExportFile,
     Raw,
+    checked_word,
     command,
     flag_table,
     model_ref,
     nodes_per_replica,
     plan_header,
+    safe_name,
     script,
     serving,
     share_holding_one_sequence,
@@ -70,8 +76,23 @@ def server_args(ctx: ExportContext, *, data_parallel: int, port: int, nnodes: in
     args += [("max-running-requests", wl.max_num_seqs), ("chunked-prefill-size", wl.max_num_batched_tokens)]
     if wl.enforce_eager:
         args.append(("disable-cuda-graph", None))
+    if wl.speculative is not None:
+        args += speculative_args(wl.speculative)
     args += [("host", "0.0.0.0"), ("port", port)]
     return args
+
+
+def speculative_args(sp) -> list[Arg]:
+    """SGLang 0.5.3's speculative flags for a plan's speculative setup."""
+    k = sp.num_speculative_tokens
+    if sp.method == "ngram":
+        return [("speculative-algorithm", "NGRAM"), ("speculative-num-draft-tokens", k + 1)]
+    args: list[Arg] = [("speculative-algorithm", "NEXTN" if sp.method == "mtp" else "STANDALONE")]
+    if sp.method == "draft_model":
+        ref = sp.draft_hf_id or f"/models/{safe_name(sp.draft_model or 'draft', 'draft')}"
+        args.append(("speculative-draft-model-path", checked_word(ref, "workload.speculative.draft_hf_id",
+                                                                  "a Hugging Face id")))
+    return args + [("speculative-num-steps", k), ("speculative-eagle-topk", 1), ("speculative-num-draft-tokens", k + 1)]
 
 
 def launch_command(ctx: ExportContext, **kw) -> str:

@@ -10,9 +10,15 @@ taken from that version's source (the file says which). Mapping:
   sequence (vLLM refuses to start otherwise); else the least share that does.
 - weights: fp8 -> --quantization fp8 (vLLM quantizes a 16-bit checkpoint at load); awq/gptq name
   their method; int8/int4 need a pre-quantized checkpoint, whose config names the method.
+- speculative decoding: --speculative-config '{"method": "mtp"|"ngram", "num_speculative_tokens": K}'.
+  A separate draft model is refused: vLLM 0.11.0 raises NotImplementedError for method draft_model
+  (vllm/config/speculative.py and engine/arg_utils.py at v0.11.0: "Draft model speculative decoding
+  is not supported yet"); later V1 releases run it (vllm/v1/spec_decode/draft_model.py at v0.22.0).
 """
 
 from __future__ import annotations
+
+import json
 
 from shardplan.exporters import k8s_objects as k8s
 from shardplan.exporters.base import (
@@ -21,6 +27,7 @@ from shardplan.exporters.base import (
     ExportContext,
     ExportFile,
     Raw,
+    cannot,
     command,
     flag_table,
     kv_tokens_at,
@@ -75,8 +82,19 @@ def serve_args(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool =
     args += [("max-num-seqs", wl.max_num_seqs), ("max-num-batched-tokens", wl.max_num_batched_tokens)]
     if wl.enforce_eager:
         args.append(("enforce-eager", None))
+    if wl.speculative is not None:
+        args.append(("speculative-config", speculative_config(wl.speculative)))
     args.append(("port", port))
     return args
+
+
+def speculative_config(sp) -> str:
+    """The --speculative-config JSON of a plan's speculative setup (mtp, ngram)."""
+    if sp.method == "draft_model":
+        raise cannot(TARGET, "workload.speculative.method",
+                     f"vLLM {flag_table(TARGET).version} does not run a separate draft model (NotImplementedError in "
+                     "vllm/config/speculative.py)", "export for sglang, or re-plan with --speculative-method mtp or ngram")
+    return json.dumps({"method": sp.method, "num_speculative_tokens": sp.num_speculative_tokens})
 
 
 def serve_command(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool = False) -> str:

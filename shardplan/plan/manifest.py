@@ -127,6 +127,12 @@ def _plain(workload: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
     for f in fields(workload):
         v = getattr(workload, f.name)
         out[f.name] = v.value if isinstance(v, Enum) else list(v) if isinstance(v, tuple) else v
+    sp = out.get("speculative")
+    if sp is not None:
+        out["speculative"] = dict(method=sp.method.value, num_speculative_tokens=sp.num_speculative_tokens,
+                                  draft_model=sp.draft_name,
+                                  draft_source=_source(sp.draft_source) if sp.draft_source is not None else None,
+                                  draft_hf_id=sp.draft_hf_id)
     if "static_fraction_by_tp" in out:
         out["static_fraction_by_tp"] = [{"min_tp": t, "fraction": f} for t, f in out["static_fraction_by_tp"]]
     return out

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from shardplan.cost.finetune import BaseFormat, FineTune
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
+from shardplan.cost.speculative import Speculative, SpeculativeMethod
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import ShardplanError, UnknownNameError
 from shardplan.plan.manifest import legacy_spec_sha256, load_manifest, spec_sha256
@@ -107,11 +108,30 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
                                    "finetune": FineTune(w["finetune"]), "lora_targets": tuple(w["lora_targets"]),
                                    "base_format": BaseFormat(w["base_format"])})
     kv = w["kv_cache_dtype"]
-    return InferenceWorkload(**{**w, "kv_cache_dtype": DType(kv) if kv else None,
+    return InferenceWorkload(**{**w, "speculative": plan_speculative(m), "kv_cache_dtype": DType(kv) if kv else None,
                                 "activation_dtype": DType(w["activation_dtype"]),
                                 "quantization": Quantization(w["quantization"]),
                                 "assumptions": tuple(w["assumptions"]),
                                 "static_fraction_by_tp": tuple((r["min_tp"], r["fraction"]) for r in w["static_fraction_by_tp"])})
+
+
+def plan_speculative(m: DeploymentManifest, plan: str | None = None) -> Speculative | None:
+    """The plan's speculative setup, its draft spec read again from `draft_source` (bundled:<name>
+    or a model file, read as a model spec and nothing else)."""
+    s = getattr(m.workload, "speculative", None)
+    if s is None:
+        return None
+    draft = None
+    if s.draft_source is not None:
+        src = s.draft_source
+        if src.startswith(BUNDLED_PREFIX):
+            src = src.removeprefix(BUNDLED_PREFIX)
+            if src not in loading.bundled_names(loading.model_specs_dir()):
+                raise UnknownNameError(f"no bundled model named {src!r}", source=plan,
+                                       field="workload.speculative.draft_source", hint="re-plan with --speculative-model")
+        draft = loading.load_model(src).spec
+    return Speculative(method=SpeculativeMethod(s.method), num_speculative_tokens=s.num_speculative_tokens,
+                       draft=draft, draft_source=s.draft_source, draft_hf_id=s.draft_hf_id)
 
 
 def plan_layout(m: DeploymentManifest) -> Layout:

@@ -76,6 +76,16 @@ class StaticFractionRow(_Section):
     fraction: float = Field(gt=0, le=1, description="mem_fraction_static")
 
 
+class SpeculativeSection(_Section):
+    """Speculative decoding (cost/speculative.py), as vLLM's --speculative-config names it."""
+
+    method: Literal["draft_model", "mtp", "ngram"] = Field(description="draft_model, mtp (the model's own MTP layers) or ngram")
+    num_speculative_tokens: int = Field(ge=1, description="tokens proposed per step (K); lookahead slots per sequence")
+    draft_model: str | None = Field(None, description="the draft model's spec name; null: none (mtp, ngram)")
+    draft_source: str | None = Field(None, description="where the draft spec is read from: bundled:<name> or a path")
+    draft_hf_id: str | None = Field(None, description="the draft's Hugging Face id, what the engine loads; null: unknown")
+
+
 class InferenceWorkloadSection(_Section):
     """`cost.workload.InferenceWorkload`, field for field (vLLM semantics)."""
 
@@ -113,6 +123,7 @@ class InferenceWorkloadSection(_Section):
     warmup_total_factor: float = Field(1.0, gt=0, le=1, description="TGI >= 3: the device share held back is 1 - fraction x this")
     warmup_kv_tokens: int = Field(0, ge=0, description="TGI: the warm-up batch's KV tokens, counted back")
     prefill_logit_bytes: float = Field(0.0, ge=0, description="bytes per logit the profiling prefill holds for every token")
+    speculative: SpeculativeSection | None = Field(None, description="speculative decoding; null: off (plans before it)")
 
 
 class TrainingWorkloadSection(_Section):

@@ -132,6 +132,12 @@ def _qwen2(cfg: Config, name: str) -> dict[str, Any]:
     d.update(qkv_bias=True, o_bias=False, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)))
     if cfg.get("use_sliding_window"):
         d["sliding_window"] = _sliding(cfg)
+    elif isinstance(cfg, _Tracked):
+        # Qwen2Config drops sliding_window unless use_sliding_window, and a layer_types of only
+        # full_attention layers is what it derives itself: neither changes a shape or the cache.
+        cfg.acknowledge("sliding_window")
+        if set(cfg._cfg.get("layer_types") or ()) <= {"full_attention"}:
+            cfg.acknowledge("layer_types")
     return d
 
 
@@ -548,6 +554,7 @@ class _Tracked(Mapping[str, Any]):
         self._merged = {**defaults, **{k: v for k, v in cfg.items()}}
         self._read: set[str] = set()
         self._children: list[_Tracked] = []
+        self._notes: list[str] = []
         self.prefix = prefix
 
     def __getitem__(self, key: str) -> Any:
@@ -581,7 +588,15 @@ class _Tracked(Mapping[str, Any]):
         self._children.append(sub)
         return sub
 
+    def acknowledge(self, key: str, warning: str | None = None) -> None:
+        """Mark `key` as accounted for: a key transformers itself ignores for this config; a
+        warning, if given, says why its value does not count."""
+        self._read.add(key)
+        if warning:
+            self._notes.append(warning)
+
     def unread_warnings(self) -> Iterator[str]:
+        yield from self._notes
         for key in sorted(self._cfg):
             if key not in self._read and key not in HARMLESS_KEYS:
                 yield (f"config key '{self.prefix}{key}' is not understood by shardplan and was ignored; "
@@ -900,6 +915,14 @@ def _qwen_vl(cfg: _Tracked, name: str) -> dict[str, Any]:
     text_type = d_.subconfig_type(composite, "text_config") or ""
     if cfg.given("text_config"):
         tcfg = cfg.child("text_config", d_.defaults(text_type))
+        # Configs re-saved by transformers >= 4.53 also repeat the text keys at the top level; the
+        # config class then builds its text config from text_config alone (Qwen2_5_VLConfig
+        # __post_init__ reads the flat keys only when text_config is absent).
+        for key in cfg._cfg.keys() & (tcfg._merged.keys() - HARMLESS_KEYS):
+            flat, nested = cfg._cfg[key], tcfg._merged[key]
+            cfg.acknowledge(key, None if flat == nested else (
+                f"config key '{key}' ({flat!r}) is ignored, as transformers ignores it: its text model "
+                f"reads text_config.{key} ({nested!r})"))
     else:  # flat pre-v5 config: the text keys are the top-level ones
         tcfg = _Tracked({}, {**d_.defaults(text_type), **cfg._cfg})
         cfg._children.append(tcfg)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from shardplan.errors import UnsupportedModelError
+from shardplan.specs.model import MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH
 
 if TYPE_CHECKING:
     from shardplan.specs.hf import Translation
@@ -56,7 +57,8 @@ def translate_with_transformers(cfg: Mapping[str, Any], name: str) -> Translatio
     kwargs = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "auto_map")}
     try:
         config = AutoConfig.for_model(label, **kwargs)
-    except (ValueError, KeyError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - a foreign config class may raise anything (transformers >= 5's strict
+        # dataclass validation raises huggingface_hub errors that are neither ValueError nor TypeError)
         raise UnsupportedModelError(f"unsupported model_type {label!r}; transformers "
                                     f"{transformers.__version__} cannot read it either ({str(e)[:120]})",
                                     field="model_type", hint=SPEC_FIELDS_HINT) from None
@@ -65,11 +67,17 @@ def translate_with_transformers(cfg: Mapping[str, Any], name: str) -> Translatio
     heads = _first(text, "num_attention_heads", "n_head")
     hidden = _first(text, "hidden_size", "n_embd", "d_model")
     vocab = _first(text, "vocab_size")
-    if not all(isinstance(x, int) and x > 0 for x in (layers, heads, hidden, vocab)):
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (layers, heads, hidden, vocab)):
         raise UnsupportedModelError(
             f"unsupported model_type {label!r}: its config gives no attention decoder shape "
             "(num_hidden_layers, num_attention_heads, hidden_size, vocab_size)",
             field="model_type", hint=SPEC_FIELDS_HINT)
+    # Building walks every layer even on the meta device: bound the work before it starts.
+    for what, value, most in (("num_hidden_layers", layers, MAX_LAYERS), ("hidden_size", hidden, MAX_WIDTH),
+                              ("num_attention_heads", heads, MAX_HEADS), ("vocab_size", vocab, MAX_VOCAB)):
+        if value > most:
+            raise UnsupportedModelError(f"{what} {value} is more than shardplan plans for ({most})", field=what,
+                                        hint="check the config")
     try:
         with torch.device("meta"):
             try:

@@ -10,7 +10,7 @@ from conftest import REPO
 
 from shardplan.errors import EXIT_BAD_INPUT, EXIT_OK
 
-LOGS = REPO / "tests" / "data" / "engine_logs"
+LOGS = REPO / "shardplan" / "validation" / "corpus" / "engine_logs"
 LOG_20K = LOGS / "vllm_v0_rtx3090_llama31_8b_20k.log"
 
 

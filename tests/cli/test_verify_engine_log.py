@@ -14,7 +14,7 @@ from shardplan.cost.workload import InferenceWorkload
 from shardplan.plan.manifest import write_manifest
 from shardplan.specs.engine_log import MAX_LOG_BYTES
 
-LOGS = REPO / "tests" / "data" / "engine_logs"
+LOGS = REPO / "shardplan" / "validation" / "corpus" / "engine_logs"
 HOSTILE_SECONDS = 3.0  # generous: each finishes well under a second here
 HOSTILE_PEAK_BYTES = 100 * 2**20
 

@@ -1,6 +1,6 @@
 """Every stored start-up log with a prediction case against the engine rules of its version.
 
-tests/data/engine_logs/index.yaml gives, per log, where it comes from and a `case:` block: the
+shardplan/validation/corpus/engine_logs/index.yaml gives, per log, where it comes from and a `case:` block: the
 model, the hardware profile, the GPU count and layout, the engine and version, the flags the
 command line set (null: the engine's default) and what the engine printed (KV tokens, started or
 refused). Each case is predicted the way a user would ask: the engine rules of that version fill
@@ -32,7 +32,7 @@ from shardplan.specs.cluster import cluster
 from shardplan.specs.loading import load_hardware, load_model
 from shardplan.units import BYTES_PER_GIB
 
-INDEX = REPO / "tests" / "data" / "engine_logs" / "index.yaml"
+INDEX = REPO / "shardplan" / "validation" / "corpus" / "engine_logs" / "index.yaml"
 KV_TOLERANCE = 0.05
 
 # Loaded checkpoint formats as vLLM names them -> shardplan's weight formats.
@@ -89,7 +89,7 @@ def device_as_logged_gib(case: dict, profile) -> float | None:
 def inputs(case: dict):
     """(loaded model, cluster, layout, workload) of a case, as a user would ask for its run."""
     model = case["model"]
-    loaded = load_model(str(REPO / model) if model.endswith(".yaml") else model)
+    loaded = load_model(str(INDEX.parent.parent / model) if model.endswith(".yaml") else model)
     profile = load_hardware(case["hardware"])
     if (logged := device_as_logged_gib(case, profile)) is not None:
         profile = dataclasses.replace(profile, memory_capacity_bytes=round(logged * BYTES_PER_GIB))
@@ -180,7 +180,7 @@ def test_verify_engine_log_passes_on_each_golden_log(entry, cli, tmp_path):
     case = entry["case"]
     hardware = _profile_as_the_log_saw_it(case, tmp_path)
     loaded, _, layout, wl = inputs({**case, "device_total_gib": None, "device_free_gib": None, "hardware": hardware})
-    manifest, _ = build_plan(loaded.spec.name if not case["model"].endswith(".yaml") else str(REPO / case["model"]),
+    manifest, _ = build_plan(loaded.spec.name if not case["model"].endswith(".yaml") else str(INDEX.parent.parent / case["model"]),
                              case["gpus"], layout, wl, hardware=hardware)
     plan = tmp_path / "plan.yaml"
     write_manifest(manifest, plan)

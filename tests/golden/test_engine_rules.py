@@ -1,6 +1,6 @@
 """Engine rules by version against what vLLM itself printed at start-up.
 
-The logs live in tests/data/engine_logs/ with their sources (index.yaml). Figures are read
+The logs live in shardplan/validation/corpus/engine_logs/ with their sources (index.yaml). Figures are read
 from the log lines here, not copied into the test.
 """
 
@@ -22,7 +22,7 @@ from shardplan.specs.cluster import cluster
 from shardplan.specs.loading import load_hardware, load_model
 from shardplan.units import BYTES_PER_GIB
 
-LOGS = REPO / "tests" / "data" / "engine_logs"
+LOGS = REPO / "shardplan" / "validation" / "corpus" / "engine_logs"
 
 # vllm issue #10517 (index.yaml): Llama-3.1-8B-Instruct on one RTX 3090, vLLM 0.6.4 (V0), default flags.
 RTX3090_V0 = {20000: "vllm_v0_rtx3090_llama31_8b_20k.log", 29000: "vllm_v0_rtx3090_llama31_8b_29k.log",
@@ -153,7 +153,7 @@ def test_sglang_static_pool_against_its_log():
     """SGLang 0.4.3.post4, QwQ-32B, tp 4 on 4 x L4 (sglang issue in index.yaml): the pool is
     (free memory at start) x mem_fraction_static - what loading the weights used."""
     log = _sglang_log()
-    loaded = load_model(str(REPO / "tests" / "data" / "models" / "qwq-32b.yaml"))
+    loaded = load_model(str(REPO / "shardplan" / "validation" / "corpus" / "models" / "qwq-32b.yaml"))
     hw = cluster(load_hardware("l4-24gb"), gpus=4, nodes=None, gpus_per_node=None)
     rules = engine_rules("sglang", "0.4.3")
     wl = inference_workload(
@@ -196,7 +196,7 @@ def test_v0_refusal_at_131k_on_two_rtx_4090():
     m = re.search(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)", text)
     max_len, cache_tokens = int(m.group(1)), int(m.group(2))
     weights_gib = float(re.search(r"Loading model weights took ([\d.]+) GB", text).group(1))
-    loaded = load_model(str(REPO / "tests" / "data" / "models" / "deepseek-r1-distill-qwen-14b.yaml"))
+    loaded = load_model(str(REPO / "shardplan" / "validation" / "corpus" / "models" / "deepseek-r1-distill-qwen-14b.yaml"))
     hw = cluster(load_hardware("rtx-4090-24gb"), gpus=2, nodes=None, gpus_per_node=None)
     wl = inference_workload(
         max_model_len=None, max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=0.98,

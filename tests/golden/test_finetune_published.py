@@ -1,4 +1,4 @@
-"""LoRA and QLoRA peak memory against published measurements (tests/data/finetune/lora_memory.yaml):
+"""LoRA and QLoRA peak memory against published measurements (shardplan/validation/corpus/finetune/lora_memory.yaml):
 every row with a case is costed as `benchmarks/finetune_memory.py` does and must come within 10%
 of what the source printed, except the misses listed with the mechanism they lack. A listed
 miss that comes within 10% fails too, so the list stays true."""

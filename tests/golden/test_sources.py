@@ -1,6 +1,6 @@
 """Every published figure the golden tests compare with carries its source: each case, row,
-model and section of tests/data/validation/*.yaml, each model of tests/data/models/*.yaml, each
-measurement row of tests/data/training_stacks/*.yaml and tests/data/finetune/*.yaml and each table of tests/data/gemm/*.yaml
+model and section of tests/data/validation/*.yaml, each model of shardplan/validation/corpus/models/*.yaml, each
+measurement row of shardplan/validation/corpus/training_stacks/*.yaml and shardplan/validation/corpus/finetune/*.yaml and each table of tests/data/gemm/*.yaml
 names where it comes from, so that an entry added without one fails here.
 
 Each file has its own shape (a table whose rows cite a top-level source, cases with a URL,
@@ -18,6 +18,7 @@ import yaml
 from conftest import REPO
 
 DATA = REPO / "tests" / "data"
+CORPUS = REPO / "shardplan" / "validation" / "corpus"  # the measured cases `shardplan validate` ships
 Entry = tuple[str, Any, tuple[str, ...]]  # (where, the entry, the fields that must name a source)
 
 
@@ -53,7 +54,7 @@ def _model_file(doc: dict) -> Iterator[Entry]:
 
 
 def _measurement_rows(doc: dict) -> Iterator[Entry]:
-    """Rows of published measurements (tests/data/training_stacks), each with its own source URL."""
+    """Rows of published measurements (shardplan/validation/corpus/training_stacks), each with its own source URL."""
     for i, row in enumerate(doc.get("rows") or [None]):
         yield f"rows[{i}] ({(row or {}).get('id', '?')})", row, ("source",)
         yield f"rows[{i}].source", (row or {}).get("source"), ("url",)
@@ -77,9 +78,14 @@ ENTRIES: dict[str, Callable[[dict], Iterator[Entry]]] = {
 
 def _golden_files() -> list[str]:
     files = sorted(p.relative_to(DATA).as_posix() for p in (DATA / "validation").glob("*.yaml"))
-    for folder in ("models", "training_stacks", "gemm", "finetune"):
-        files += sorted(p.relative_to(DATA).as_posix() for p in (DATA / folder).glob("*.yaml"))
+    files += sorted(p.relative_to(DATA).as_posix() for p in (DATA / "gemm").glob("*.yaml"))
+    for folder in ("models", "training_stacks", "finetune"):
+        files += sorted(p.relative_to(CORPUS).as_posix() for p in (CORPUS / folder).glob("*.yaml"))
     return files
+
+
+def _path(rel: str):
+    return CORPUS / rel if rel.startswith(("models/", "training_stacks/", "finetune/")) else DATA / rel
 
 
 def _has_source(value: Any) -> bool:
@@ -107,7 +113,7 @@ def missing_sources(rel: str, doc: Any) -> list[str]:
 
 @pytest.mark.parametrize("rel", _golden_files())
 def test_every_entry_names_its_source(rel):
-    doc = yaml.safe_load((DATA / rel).read_text())
+    doc = yaml.safe_load(_path(rel).read_text())
     missing = missing_sources(rel, doc)
     assert not missing, "\n".join(missing)
 
@@ -141,7 +147,7 @@ def test_the_golden_files_are_all_found():
     ("validation/new_table.yaml", lambda d: None),
 ])
 def test_an_entry_without_a_source_is_caught(rel, edit):
-    path = DATA / rel
+    path = _path(rel)
     doc = yaml.safe_load(path.read_text()) if path.is_file() else {"rows": []}
     assert not path.is_file() or not missing_sources(rel, doc)
     edit(doc)
@@ -149,12 +155,12 @@ def test_an_entry_without_a_source_is_caught(rel, edit):
 
 
 def test_every_engine_log_names_its_source_in_the_index_and_in_the_file():
-    index = yaml.safe_load((DATA / "engine_logs" / "index.yaml").read_text())
-    logs = {p.stem for p in (DATA / "engine_logs").glob("*.log")}
+    index = yaml.safe_load((CORPUS / "engine_logs" / "index.yaml").read_text())
+    logs = {p.stem for p in (CORPUS / "engine_logs").glob("*.log")}
     assert {e["id"] for e in index} == logs  # every log indexed, every entry has its log
     for e in index:
         assert str(e["source"]).strip(), e["id"]
-        first = (DATA / "engine_logs" / f"{e['id']}.log").read_text().splitlines()[0]
+        first = (CORPUS / "engine_logs" / f"{e['id']}.log").read_text().splitlines()[0]
         assert first.startswith("# source:") and len(first) > len("# source: "), e["id"]
 
 

@@ -25,7 +25,7 @@ from shardplan.specs.loading import load_hardware, load_model
 from shardplan.specs.model import ModelSpec
 from shardplan.units import DType
 
-TEST_MODELS = REPO / "tests" / "data" / "models"
+TEST_MODELS = REPO / "shardplan" / "validation" / "corpus" / "models"
 
 
 def _rows(name: str) -> list[dict]:

@@ -134,7 +134,7 @@ def test_a_time_for_a_plan_that_does_not_fit_says_so(cli):
     assert fits["time"]["plan_fits"] is True
 
 
-# torchtitan's own benchmark (tests/data/training_stacks/torchtitan.yaml, each row with its source):
+# torchtitan's own benchmark (shardplan/validation/corpus/training_stacks/torchtitan.yaml, each row with its source):
 # Llama 3.1 8B, FSDP over 8 and 128 GPUs, op-level selective checkpointing, 2 x 8192 tokens, eager.
 # The printed figure is the caching allocator's reserved peak. The H100s there are 96 GB parts;
 # memory does not depend on the capacity, so the 80 GB profile stands in.
@@ -146,7 +146,7 @@ def test_torchtitan_reserved_peak_against_its_benchmark(row_id):
     import yaml
     from conftest import REPO
 
-    rows = yaml.safe_load((REPO / "tests" / "data" / "training_stacks" / "torchtitan.yaml").read_text())["rows"]
+    rows = yaml.safe_load((REPO / "shardplan" / "validation" / "corpus" / "training_stacks" / "torchtitan.yaml").read_text())["rows"]
     row = next(r for r in rows if r["id"] == row_id)
     c = row["case"]
     spec = load_model(c["model"]).spec

@@ -1,5 +1,5 @@
 """Training per stack against published measurements (issue: training per stack): every row of
-tests/data/training_stacks/<stack>.yaml with a complete case (and its source) is predicted as
+shardplan/validation/corpus/training_stacks/<stack>.yaml with a complete case (and its source) is predicted as
 `benchmarks/training_stacks.py` does; peak memory and tokens/s per GPU must come within 10%
 of what was measured, except the misses listed below, each with the mechanism it lacks. A
 listed miss that comes within 10% fails too, so the list stays true."""

@@ -10,7 +10,7 @@ from shardplan.errors import ShardplanError
 from shardplan.specs.engine_log import MAX_LINE_CHARS, PATTERNS, parse_engine_log, read_engine_log
 from shardplan.units import BYTES_PER_GIB
 
-LOGS = REPO / "tests" / "data" / "engine_logs"
+LOGS = REPO / "shardplan" / "validation" / "corpus" / "engine_logs"
 
 
 def gib(x: float) -> int:

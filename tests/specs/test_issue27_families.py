@@ -16,7 +16,7 @@ from shardplan.specs.hf import translate
 from shardplan.specs.loading import load_model
 from shardplan.specs.model import LayerType, ModelSpec
 
-MODELS = REPO / "tests" / "data" / "models"
+MODELS = REPO / "shardplan" / "validation" / "corpus" / "models"
 BF16 = 2.0
 
 

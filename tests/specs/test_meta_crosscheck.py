@@ -145,12 +145,16 @@ def test_small_family_configs_match_meta_model(label):
         assert _stored_numel(layers[i]) == expected, f"layer {i}"
 
 
-# ----- issue 27 families: real configs (tests/data/models) and small ones, built by their own class ---
+# ----- issue 27 families: real configs (shardplan/validation/corpus/models) and small ones, built by their own class ---
 
 from conftest import REPO  # noqa: E402
 
-DATA_MODELS = REPO / "tests" / "data" / "models"
-ISSUE27_FILES = ["gemma-3-1b-it", "gemma-3-4b-it", "gpt-oss-120b", "llama-4-scout-17b-16e", "llava-1.5-7b"]
+DATA_MODELS = REPO / "shardplan" / "validation" / "corpus" / "models"
+ISSUE27_FILES = [
+    "gemma-3-1b-it", "gemma-3-4b-it", "gpt-oss-120b", "llama-4-maverick-17b-128e-instruct", "llama-4-scout-17b-16e",
+    "llava-1.5-7b", "mistral-small-3-24b-flux2-text-encoder", "qwen2.5-vl-7b-qwen-image-text-encoder",
+    "qwen3-next-80b-a3b-thinking",
+]
 
 
 def _build_by_architecture(hf_config: dict) -> torch.nn.Module:
@@ -197,6 +201,20 @@ def test_issue27_real_configs_match_meta_model(name):
     hf_config = read_structured(path)["hf_config"]
     spec = load_model(str(path)).spec
     _check_against_meta(spec, _build_by_architecture(hf_config))
+
+
+def test_qwen_vl_top_level_copies_of_text_config_raise_no_unknown_key_warning():
+    """Qwen2.5-VL re-saved by transformers >= 4.53 repeats the text keys beside text_config, which
+    alone transformers reads: equal copies are not reported, a differing one says which value counts."""
+    from shardplan.specs.hf import translate
+
+    hf_config = read_structured(DATA_MODELS / "qwen2.5-vl-7b-qwen-image-text-encoder.yaml")["hf_config"]
+    warnings = translate(hf_config, "qwen2.5-vl").warnings
+    assert not any("not understood" in w for w in warnings), warnings
+    assert warnings == ("config key 'sliding_window' (32768) is ignored, as transformers ignores it: its text "
+                        "model reads text_config.sliding_window (None)",)
+    sliding = {**hf_config["text_config"], "layer_types": ["sliding_attention"] * 28}
+    assert any("text_config.layer_types" in w for w in translate({**hf_config, "text_config": sliding}, "x").warnings)
 
 
 ISSUE27_SMALL = {

@@ -1,7 +1,7 @@
 """`shardplan calibrate --engine-log`: a vLLM start-up log's device memory and runtime overheads
 -> a hardware profile, held against the engine's own KV cache figures.
 
-Golden case: the RTX 3090 / Llama-3.1-8B logs of vllm issue #10517 (tests/data/engine_logs,
+Golden case: the RTX 3090 / Llama-3.1-8B logs of vllm issue #10517 (shardplan/validation/corpus/engine_logs,
 vLLM 0.6.4 format). The profile is calibrated from the 20k log only; the 29k log is held out."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from shardplan.specs.engine_log import parse_engine_log, read_engine_log
 from shardplan.specs.loading import hardware_from_data, hardware_path, load_hardware, read_structured
 from shardplan.tasks.calibrate import calibrate_from_engine_log
 
-LOGS = REPO / "tests" / "data" / "engine_logs"
+LOGS = REPO / "shardplan" / "validation" / "corpus" / "engine_logs"
 LOG_20K = LOGS / "vllm_v0_rtx3090_llama31_8b_20k.log"
 LOG_29K = LOGS / "vllm_v0_rtx3090_llama31_8b_29k.log"
 # The log the profile was calibrated from is predicted up to the rounding of its printed

@@ -10,7 +10,7 @@ from shardplan.specs.engine_log import parse_engine_log, read_engine_log
 from shardplan.units import BYTES_PER_GIB
 from shardplan.verify.engine_log_check import KV_CAPACITY_TOLERANCE, PredictedServing, compare_engine_log
 
-LOGS = REPO / "tests" / "data" / "engine_logs"
+LOGS = REPO / "shardplan" / "validation" / "corpus" / "engine_logs"
 GIB = BYTES_PER_GIB
 
 

@@ -1,0 +1,179 @@
+"""Measured cases: a real run's inputs and what it measured, typed, so that the cost model can
+predict the same run and be judged against it.
+
+Three kinds, each the shape of one published corpus shardplan ships (and the schema of a user's
+`--cases` file):
+
+- `engine_log`: a serving engine's start-up (vLLM, SGLang, TGI, TensorRT-LLM) and the KV-cache
+  capacity it printed, or its refusal to start;
+- `training`: a training step of a stack (torchtitan, Megatron, DeepSpeed, Hugging Face) with its
+  peak memory and/or tokens per second per GPU;
+- `finetune`: a LoRA / QLoRA run's peak memory.
+
+Units are in the field names (`_gib`, `_bytes`, `_per_second`); a flag left out takes the
+engine's or the stack's default, as `estimate` does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Discriminator, Field, Tag, model_validator
+
+from shardplan.specs._base import StrictModel
+
+Positive = Annotated[int, Field(gt=0, le=1_000_000)]
+
+
+class _Case(StrictModel):
+    id: str = Field(..., min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:+-]+$",
+                    description="a short name for the case (letters, digits, _ . : + -)")
+    source: str = Field(..., min_length=1, max_length=2000, description="where the measurement comes from (URL, log, job)")
+    model: str | None = Field(..., max_length=500, description="a bundled model name, a config.json or a spec YAML")
+    hardware: str = Field(..., min_length=1, max_length=500, description="a bundled GPU profile name or a profile YAML")
+    gpus: Positive
+
+
+class EngineFlags(StrictModel):
+    """The command-line settings a start-up used, in each engine's own words; absent: the default."""
+
+    max_model_len: Positive | None = None
+    max_num_seqs: Positive | None = None
+    max_num_batched_tokens: Positive | None = None
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    enable_chunked_prefill: bool | None = None
+    enforce_eager: bool | None = None
+    quantization: str | None = Field(None, max_length=40, description="vLLM --quantization (fp8, awq, gptq, ...)")
+    kv_cache_dtype: str | None = Field(None, max_length=40)
+    # SGLang
+    mem_fraction_static: float | None = Field(None, gt=0, le=1)
+    context_length: Positive | None = None
+    chunked_prefill_size: Positive | None = None
+    max_running_requests: Positive | None = None
+    disable_cuda_graph: bool | None = None
+    # TGI
+    cuda_memory_fraction: float | None = Field(None, gt=0, le=1)
+    max_batch_prefill_tokens: Positive | None = None
+    max_total_tokens: Positive | None = None
+    max_input_tokens: Positive | None = None
+    max_batch_total_tokens: Positive | None = None
+    num_shard: Positive | None = None
+    quantize: str | None = Field(None, max_length=40, description="TGI --quantize")
+
+
+class EngineLogCase(_Case):
+    kind: Literal["engine_log"] = "engine_log"
+    model: str = Field(..., min_length=1, max_length=500)
+    engine: Literal["vllm", "sglang", "tgi", "trtllm"]
+    engine_version: str = Field(..., min_length=1, max_length=40)
+    tp: Positive = 1
+    pp: Positive = 1
+    device_total_gib: float | None = Field(
+        None, gt=0, le=4096, description="the device memory the log prints (vLLM total_gpu_memory); absent: the profile's")
+    device_free_gib: float | None = Field(
+        None, gt=0, le=4096, description="SGLang: the free memory it prints before loading")
+    flags: EngineFlags = EngineFlags()
+    kv_cache_tokens: int | None = Field(None, ge=0, le=10**12, description="the KV capacity the engine printed (tokens)")
+    started: bool = Field(..., description="whether the engine started (false: it refused)")
+
+
+class TrainingMeasured(StrictModel):
+    peak_memory_gib: float | None = Field(None, gt=0, le=4096, description="peak memory per GPU (GiB)")
+    memory_counter: Literal["allocated", "reserved"] = Field(
+        "reserved", description="allocated: torch.cuda.max_memory_allocated; reserved: the caching allocator's "
+                                "reserved peak or nvidia-smi")
+    tokens_per_second_per_gpu: float | None = Field(None, gt=0, le=1e9)
+
+    @model_validator(mode="after")
+    def _something(self) -> "TrainingMeasured":
+        if self.peak_memory_gib is None and self.tokens_per_second_per_gpu is None:
+            raise ValueError("give peak_memory_gib, tokens_per_second_per_gpu or both")
+        return self
+
+
+class TrainingCase(_Case):
+    kind: Literal["training"] = "training"
+    stack: Literal["megatron", "torchtitan", "deepspeed", "hf"]
+    shape: dict | None = Field(None, description="shipped rows: the model's shape where no config is bundled")
+    tp: Positive = 1
+    pp: Positive = 1
+    dp: Positive | None = None
+    cp: Positive = 1
+    ep: Positive = 1
+    vp: Positive = 1
+    sequence_parallel: bool | None = None
+    zero_stage: int = Field(0, ge=0, le=3)
+    micro_batch: Positive
+    seq_len: Positive
+    global_batch: Positive | None = None
+    recompute: Literal["none", "selective", "full"] = "none"
+    flash_attention: bool | None = None
+    dropout: bool = False
+    fp8: bool = Field(False, description="fp8 linear GEMMs")
+    compile: bool = False
+    compile_loss: bool | None = None
+    tp_comm_overlap: bool = False
+    pp_embedding_as_layer: bool = False
+    pp_loss_as_layer: bool = False
+    measured: TrainingMeasured
+
+    @model_validator(mode="after")
+    def _model_or_shape(self) -> "TrainingCase":
+        if self.model is None and self.shape is None:
+            raise ValueError("give model (a bundled name or a config.json)")
+        return self
+
+
+class FineTuneCase(_Case):
+    kind: Literal["finetune"] = "finetune"
+    model: str = Field(..., min_length=1, max_length=500)
+    stack: Literal["megatron", "torchtitan", "deepspeed", "hf"]
+    finetune: Literal["lora", "qlora"]
+    zero_stage: int = Field(0, ge=0, le=3)
+    micro_batch: Positive
+    global_batch: Positive
+    seq_len: Positive
+    recompute: Literal["none", "selective", "full"] = "none"
+    lora_rank: Positive = 16
+    lora_targets: list[str] = Field(default_factory=lambda: ["all-linear"], min_length=1, max_length=64)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    double_quant: bool = True
+    optimizer: Literal["adamw", "adam", "sgd", "adamw8bit"] = "adamw"
+    counter: Literal["allocated", "reserved", "capacity"] = Field(
+        ..., description="allocated: torch.cuda.max_memory_allocated; reserved: nvidia-smi; capacity: the run filled "
+                         "the device (the longest sequence that fit)")
+    measured_bytes: float | None = Field(None, gt=0, le=2**42, description="the peak memory printed (bytes)")
+
+    @model_validator(mode="after")
+    def _measured(self) -> "FineTuneCase":
+        if self.counter != "capacity" and self.measured_bytes is None:
+            raise ValueError(f"counter {self.counter} needs measured_bytes")
+        return self
+
+
+def _kind(value: Any) -> Any:
+    return value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+
+
+Case = Annotated[Union[Annotated[EngineLogCase, Tag("engine_log")], Annotated[TrainingCase, Tag("training")],
+                       Annotated[FineTuneCase, Tag("finetune")]],
+                 Discriminator(_kind, custom_error_type="kind",
+                               custom_error_message="kind must be engine_log, training or finetune")]
+
+
+class CaseFile(StrictModel):
+    """A `--cases` file: `cases:`, a list of the kinds above."""
+
+    cases: list[Case] = Field(..., min_length=1, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "CaseFile":
+        seen: set[str] = set()
+        for c in self.cases:
+            if c.id in seen:
+                raise ValueError(f"case id {c.id!r} appears twice")
+            seen.add(c.id)
+        return self
+
+
+__all__ = ["Case", "CaseFile", "EngineFlags", "EngineLogCase", "FineTuneCase", "TrainingCase", "TrainingMeasured"]

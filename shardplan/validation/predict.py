@@ -1,0 +1,193 @@
+"""Each measured case predicted the way a user would ask for its run, and compared.
+
+An engine log is predicted with the engine rules of its version filling what the command line
+left out; the device memory is the one the log printed where it printed one (vLLM's
+`total_gpu_memory`; SGLang's free memory at start plus the profile's CUDA context). A training
+row is predicted with its stack's rules; peak memory is compared by the counter the source
+printed (the allocated total for `torch.cuda.max_memory_allocated`, the caching allocator's
+reserved peak for nvidia-smi and reserved figures). A fine-tuning row likewise, and a "capacity"
+row (the longest sequence that fit on the device) compares the predicted reserved peak at that
+length with the device's memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardplan.cost.estimate import estimate
+from shardplan.cost.inputs import inference_workload, training_workload
+from shardplan.cost.layout import Layout, PipelineSchedule, Recompute
+from shardplan.cost.report import CostReport
+from shardplan.errors import ShardplanError
+from shardplan.knowledge.load import engine_rules, stack_rules
+from shardplan.specs.cluster import cluster
+from shardplan.specs.loading import load_hardware, load_model, model_from_data
+from shardplan.specs.model import ModelSpec
+from shardplan.units import BYTES_PER_GIB
+from shardplan.validation.cases import Case, EngineLogCase, FineTuneCase, TrainingCase
+
+# Loaded checkpoint formats as the engines name them -> shardplan's weight formats.
+QUANTIZATION = {None: None, "fp8": "fp8", "compressed-tensors": "fp8", "gptq_marlin": "int4", "awq_marlin": "int4",
+                "gptq": "int4", "awq": "int4", "bitsandbytes-nf4": "int4", "eetq": "int8", "bitsandbytes": "int8"}
+
+# What `torch.cuda.max_memory_allocated` never sees: memory outside PyTorch's allocator.
+OUTSIDE_ALLOCATOR = ("overhead.cuda_context", "overhead.non_torch", "overhead.nccl_buffers")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One predicted quantity of one case against its measurement."""
+
+    case_id: str
+    source: str
+    kind: str  # engine_log, training, finetune
+    group: str  # the engine generation, or the stack (and the fine-tuning method)
+    version: str | None  # the engine version of an engine log
+    quantity: str  # kv_capacity, peak_memory, tokens_per_second, start_verdict
+    measured: float
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        """Signed relative error, predicted / measured - 1 (a verdict: 0 right, 1 wrong)."""
+        if self.quantity == "start_verdict":
+            return float(self.predicted != self.measured)
+        return self.predicted / self.measured - 1.0
+
+
+def _model(ref: str, corpus: Path | None) -> ModelSpec:
+    """A bundled name, or a file: relative paths resolve against the corpus folder."""
+    if corpus is not None and ref.endswith((".yaml", ".yml", ".json")) and not Path(ref).is_absolute():
+        ref = str(corpus / ref)
+    return load_model(ref).spec
+
+
+def _profile(name: str, corpus: Path | None):
+    if corpus is not None and name.endswith((".yaml", ".yml")) and not Path(name).is_absolute():
+        name = str(corpus / name)
+    return load_hardware(name)
+
+
+def engine_log_inputs(case: EngineLogCase, corpus: Path | None = None):
+    """(spec, cluster, layout, workload) of a start-up, as a user would ask for its run."""
+    spec = _model(case.model, corpus)
+    profile = _profile(case.hardware, corpus)
+    logged = case.device_total_gib
+    if logged is None and case.device_free_gib is not None:  # SGLang's pool is a fraction of the free memory
+        logged = case.device_free_gib + profile.cuda_context_bytes / BYTES_PER_GIB
+    if logged is not None:
+        profile = dataclasses.replace(profile, memory_capacity_bytes=round(logged * BYTES_PER_GIB))
+    hw = cluster(profile, gpus=case.gpus, nodes=None, gpus_per_node=None)
+    f = case.flags
+    # Each engine's name for the same input (vLLM, SGLang, TGI).
+    fraction = f.gpu_memory_utilization or f.mem_fraction_static or f.cuda_memory_fraction
+    max_len = f.max_model_len or f.context_length or f.max_total_tokens
+    if max_len is None and f.max_input_tokens:
+        max_len = f.max_input_tokens + 1  # TGI: max_total_tokens defaults to max_input_tokens + 1
+    batched = f.max_num_batched_tokens or f.chunked_prefill_size or f.max_batch_prefill_tokens
+    quant = f.quantization or f.quantize
+    if quant not in QUANTIZATION:
+        raise ShardplanError(f"quantization {quant!r} is not one shardplan maps", field="flags.quantization",
+                             hint=f"use one of {', '.join(q for q in QUANTIZATION if q)}")
+    wl = inference_workload(
+        max_model_len=max_len, max_num_seqs=f.max_num_seqs, max_num_batched_tokens=batched,
+        gpu_memory_utilization=fraction, block_size=None, kv_cache_dtype=f.kv_cache_dtype, weight_dtype=None,
+        quantization=QUANTIZATION[quant], enforce_eager=bool(f.enforce_eager), input_len=1024, output_len=128,
+        batch_size=None, engine=engine_rules(case.engine, case.engine_version), hw=hw,
+        model_max_len=spec.max_position_embeddings, enable_chunked_prefill=f.enable_chunked_prefill)
+    return spec, hw, Layout(tp=case.tp, pp=case.pp), wl
+
+
+def predict_engine_log(case: EngineLogCase, corpus: Path | None = None) -> CostReport:
+    spec, hw, layout, wl = engine_log_inputs(case, corpus)
+    return estimate(spec, hw, layout, wl)
+
+
+def _shape_spec(case: TrainingCase) -> ModelSpec:
+    from shardplan.validation.shapes import shape_config  # only shipped rows carry a shape
+
+    assert case.shape is not None  # the schema requires a model or a shape
+    spec = model_from_data(shape_config(case.shape), f"shape of {case.id}", case.id).spec
+    if case.shape.get("overrides"):
+        spec = ModelSpec.model_validate({**spec.model_dump(), **case.shape["overrides"]})
+    return spec
+
+
+def predict_training(case: TrainingCase, corpus: Path | None = None) -> CostReport:
+    spec = _model(case.model, corpus) if case.model is not None else _shape_spec(case)
+    hw = cluster(_profile(case.hardware, corpus), gpus=case.gpus, nodes=None, gpus_per_node=None)
+    dp = case.dp or case.gpus // (case.tp * case.pp * case.cp)
+    sp = case.sequence_parallel if case.sequence_parallel is not None else case.stack in ("torchtitan", "megatron")
+    layout = Layout(tp=case.tp, pp=case.pp, dp=dp, cp=case.cp, ep=case.ep, zero_stage=case.zero_stage,
+                    micro_batch_size=case.micro_batch, recompute=Recompute(case.recompute),
+                    sequence_parallel=case.tp > 1 and sp, virtual_stages=case.vp,
+                    pp_schedule=PipelineSchedule.INTERLEAVED if case.vp > 1 else PipelineSchedule.ONE_F_ONE_B,
+                    pp_embedding_as_layer=case.pp_embedding_as_layer, pp_loss_as_layer=case.pp_loss_as_layer)
+    wl = training_workload(seq_len=case.seq_len, global_batch_size=case.global_batch or dp * case.micro_batch,
+                           optimizer="adamw", framework=None, flash_attention=case.flash_attention,
+                           dropout=case.dropout, stack=stack_rules(case.stack), compile=case.compile,
+                           matmul_dtype="fp8" if case.fp8 else None, tp_comm_overlap=case.tp_comm_overlap,
+                           compile_loss=case.compile_loss)
+    return estimate(spec, hw, layout, wl)
+
+
+def predict_finetune(case: FineTuneCase, corpus: Path | None = None) -> CostReport:
+    spec = _model(case.model, corpus)
+    hw = cluster(_profile(case.hardware, corpus), gpus=case.gpus, nodes=None, gpus_per_node=None)
+    layout = Layout(dp=case.gpus, zero_stage=case.zero_stage, micro_batch_size=case.micro_batch,
+                    recompute=Recompute(case.recompute))
+    wl = training_workload(
+        seq_len=case.seq_len, global_batch_size=case.global_batch, optimizer=case.optimizer, framework=None,
+        flash_attention=None, dropout=False, stack=stack_rules(case.stack), finetune=case.finetune,
+        lora_rank=case.lora_rank, lora_targets=",".join(case.lora_targets), lora_dropout=case.lora_dropout,
+        qlora_double_quant=case.double_quant, spec=spec)
+    return estimate(spec, hw, layout, wl)
+
+
+def _peak(report: CostReport, counter: str) -> float:
+    """The predicted peak by the counter the source printed, bytes, on the rank that peaks."""
+    rank = max(report.memory.per_rank, key=lambda r: r.reserved_bytes)
+    if counter == "allocated":
+        return rank.per_gpu_bytes["total"] - sum(rank.detail_bytes.get(k, 0.0) for k in OUTSIDE_ALLOCATOR)
+    return rank.reserved_bytes
+
+
+def compare(case: Case, corpus: Path | None = None) -> list[Comparison]:
+    """The case's measured quantities against the prediction. Raises ShardplanError for a case
+    the model refuses (an unknown model, a layout it cannot run)."""
+    base = dict(case_id=case.id, source=case.source, kind=case.kind)
+    if isinstance(case, EngineLogCase):
+        rules = engine_rules(case.engine, case.engine_version)
+        rep = predict_engine_log(case, corpus)
+        group = dict(base, group=rules.era.generation, version=rules.version)
+        out = [Comparison(**group, quantity="start_verdict", measured=float(case.started), predicted=float(rep.fits))]
+        if case.kv_cache_tokens:
+            out.append(Comparison(**group, quantity="kv_capacity", measured=float(case.kv_cache_tokens),
+                                  predicted=float(rep.kv_cache.capacity_tokens)))
+        return out
+    if isinstance(case, TrainingCase):
+        rep = predict_training(case, corpus)
+        group = dict(base, group=case.stack, version=None)
+        out = []
+        m = case.measured
+        if m.peak_memory_gib is not None:
+            out.append(Comparison(**group, quantity="peak_memory", measured=m.peak_memory_gib * BYTES_PER_GIB,
+                                  predicted=_peak(rep, m.memory_counter)))
+        if m.tokens_per_second_per_gpu is not None:
+            out.append(Comparison(**group, quantity="tokens_per_second", measured=m.tokens_per_second_per_gpu,
+                                  predicted=rep.time.tokens_per_second_per_gpu))
+        return out
+    rep = predict_finetune(case, corpus)
+    group = dict(base, group=f"{case.stack} {case.finetune}", version=None)
+    if case.counter == "capacity":  # the run filled the device: its memory is what was measured
+        device = float(_profile(case.hardware, corpus).memory_capacity_bytes)
+        return [Comparison(**group, quantity="peak_memory", measured=device, predicted=_peak(rep, "reserved"))]
+    assert case.measured_bytes is not None  # the schema requires it for allocated and reserved
+    return [Comparison(**group, quantity="peak_memory", measured=case.measured_bytes,
+                       predicted=_peak(rep, case.counter))]
+
+
+__all__ = ["Comparison", "QUANTIZATION", "compare", "engine_log_inputs", "predict_engine_log", "predict_finetune",
+           "predict_training"]

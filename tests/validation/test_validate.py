@@ -1,0 +1,183 @@
+"""`shardplan validate`: the shipped corpus through the cost model, and a user's own cases.
+
+The figures are checked against an independent recomputation: three published runs (a vLLM
+start-up log, a torchtitan training row, a LoRA row) written as a user's case file, each also
+predicted here by calling `estimate` with the layout and workload built by hand, and the group
+statistics recomputed from those errors."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import yaml
+from conftest import REPO
+
+from shardplan.cost.estimate import estimate
+from shardplan.cost.inputs import inference_workload, training_workload
+from shardplan.cost.layout import Layout, Recompute
+from shardplan.knowledge.load import engine_rules, stack_rules
+from shardplan.specs.cluster import cluster
+from shardplan.specs.loading import load_hardware, load_model
+from shardplan.units import BYTES_PER_GIB
+from shardplan.validation.shipped import CORPUS_DIR
+from shardplan.validation.stats import nearest_rank
+
+# shardplan/validation/corpus/engine_logs/index.yaml, vllm_v1_a100-80gbx1_qwen2_7b_16k_util050 (dennislee22/vLLM-benchmarking log)
+VLLM = dict(kind="engine_log", id="qwen2-7b-a100-util050", source="https://github.com/dennislee22/vLLM-benchmarking",
+            model="models/qwen2-7b-instruct.yaml", hardware="a100-sxm-80gb", gpus=1, tp=1, engine="vllm",
+            engine_version="0.10.1.1", flags=dict(max_model_len=16384, gpu_memory_utilization=0.5),
+            kv_cache_tokens=464848, started=True)
+# training_stacks/torchtitan.yaml, tt_2412_t1_8b_fsdp8_eager (torchtitan docs/performance.md, Dec 2024)
+TITAN = dict(kind="training", id="titan-8b-fsdp8", source="torchtitan docs/performance.md", stack="torchtitan",
+             model="llama-3.1-8b", hardware="h100-sxm-94gb-hbm2e", gpus=8, dp=8, zero_stage=3, micro_batch=2,
+             seq_len=8192, global_batch=16, recompute="selective", flash_attention=True, compile_loss=False,
+             measured=dict(peak_memory_gib=82.4, memory_counter="reserved", tokens_per_second_per_gpu=5762))
+# finetune/lora_memory.yaml, fms_mistral7b_lora_r16_bs4_a100_80g (fms-acceleration A100 table)
+LORA = dict(kind="finetune", id="mistral-lora", source="foundation-model-stack/fms-acceleration", stack="hf",
+            model="mistral-7b", hardware="a100-sxm-80gb", gpus=1, finetune="lora", micro_batch=4, global_batch=4,
+            seq_len=4096, recompute="full", lora_rank=16, lora_targets=["q_proj", "k_proj", "v_proj", "o_proj"],
+            lora_dropout=0.1, double_quant=False, counter="allocated", measured_bytes=26704571904)
+
+
+def _by_hand() -> dict[str, float]:
+    """The three errors, predicted without shardplan.validation."""
+    errors = {}
+    spec = load_model(str(CORPUS_DIR / "models" / "qwen2-7b-instruct.yaml")).spec
+    hw = cluster(load_hardware("a100-sxm-80gb"), gpus=1, nodes=None, gpus_per_node=None)
+    wl = inference_workload(max_model_len=16384, max_num_seqs=None, max_num_batched_tokens=None,
+                            gpu_memory_utilization=0.5, block_size=None, kv_cache_dtype=None, weight_dtype=None,
+                            quantization=None, enforce_eager=False, input_len=1024, output_len=128, batch_size=None,
+                            engine=engine_rules("vllm", "0.10.1.1"), hw=hw, model_max_len=spec.max_position_embeddings,
+                            enable_chunked_prefill=None)
+    errors["kv"] = estimate(spec, hw, Layout(), wl).kv_cache.capacity_tokens / 464848 - 1
+
+    spec = load_model("llama-3.1-8b").spec
+    hw = cluster(load_hardware("h100-sxm-94gb-hbm2e"), gpus=8, nodes=None, gpus_per_node=None)
+    rep = estimate(spec, hw, Layout(dp=8, zero_stage=3, micro_batch_size=2, recompute=Recompute.SELECTIVE),
+                   training_workload(seq_len=8192, global_batch_size=16, optimizer="adamw", framework=None,
+                                     flash_attention=True, dropout=False, stack=stack_rules("torchtitan"),
+                                     compile_loss=False))
+    errors["titan_mem"] = max(r.reserved_bytes for r in rep.memory.per_rank) / (82.4 * BYTES_PER_GIB) - 1
+    errors["titan_tps"] = rep.time.tokens_per_second_per_gpu / 5762 - 1
+
+    spec = load_model("mistral-7b").spec
+    hw = cluster(load_hardware("a100-sxm-80gb"), gpus=1, nodes=None, gpus_per_node=None)
+    rep = estimate(spec, hw, Layout(micro_batch_size=4, recompute=Recompute.FULL),
+                   training_workload(seq_len=4096, global_batch_size=4, optimizer="adamw", framework=None,
+                                     flash_attention=None, dropout=False, stack=stack_rules("hf"), finetune="lora",
+                                     lora_rank=16, lora_targets="q_proj,k_proj,v_proj,o_proj", lora_dropout=0.1,
+                                     qlora_double_quant=False, spec=spec))
+    rank = rep.memory.per_rank[0]
+    outside = sum(rank.detail_bytes.get(k, 0.0) for k in ("overhead.cuda_context", "overhead.non_torch",
+                                                          "overhead.nccl_buffers"))
+    errors["lora"] = (rank.per_gpu_bytes["total"] - outside) / 26704571904 - 1
+    return errors
+
+
+@pytest.fixture
+def case_file(tmp_path):
+    # A user's file names models relative to itself: copy the one config the log's model needs.
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "qwen2-7b-instruct.yaml").write_bytes((CORPUS_DIR / "models" / "qwen2-7b-instruct.yaml").read_bytes())
+    path = tmp_path / "cases.yaml"
+    path.write_text(yaml.safe_dump({"cases": [VLLM, TITAN, LORA]}))
+    return path
+
+
+def test_user_cases_match_an_independent_recomputation(cli, case_file):
+    r = cli("validate", "--cases", case_file, "--json")
+    assert r.exit_code == 0, r.stderr
+    out = r.json()
+    want = _by_hand()
+    got = {(c["case_id"], c["quantity"]): c["error"] for c in out["cases"]}
+    assert got[("qwen2-7b-a100-util050", "kv_capacity")] == pytest.approx(want["kv"], abs=1e-12)
+    assert got[("titan-8b-fsdp8", "peak_memory")] == pytest.approx(want["titan_mem"], abs=1e-12)
+    assert got[("titan-8b-fsdp8", "tokens_per_second")] == pytest.approx(want["titan_tps"], abs=1e-12)
+    assert got[("mistral-lora", "peak_memory")] == pytest.approx(want["lora"], abs=1e-12)
+    assert got[("qwen2-7b-a100-util050", "start_verdict")] == 0.0  # it started, as predicted
+    groups = {(g["group"], g["quantity"]): g for g in out["groups"]}
+    titan = groups[("torchtitan", "peak_memory")]
+    assert titan["num_cases"] == 1 and titan["band_abs_error"] == pytest.approx(abs(want["titan_mem"]))
+    assert groups[("vLLM V1", "kv_capacity")]["versions"] == ["0.10.1.1"]
+    assert groups[("hf lora", "peak_memory")]["worst_case_id"] == "mistral-lora"
+    assert out["num_cases"] == 3 and out["corpus"] == str(case_file)
+
+
+def test_statistics_over_a_group_are_recomputed_by_hand():
+    errors = [0.02, -0.05, 0.10, 0.01, -0.30, 0.04, 0.0, 0.08, -0.03, 0.06, 0.2]
+    absolute = sorted(abs(e) for e in errors)
+    assert nearest_rank(absolute, 90) == absolute[math.ceil(0.9 * len(absolute)) - 1] == 0.2
+    assert nearest_rank([0.5, 0.1], 90) == 0.5  # fewer than ten cases: the largest
+    from shardplan.validation.predict import Comparison
+    from shardplan.validation.stats import group_stats
+
+    cs = [Comparison(case_id=f"c{i}", source="s", kind="training", group="g", version=None, quantity="peak_memory",
+                     measured=100.0, predicted=100.0 * (1 + e)) for i, e in enumerate(errors)]
+    (g,) = group_stats(cs)
+    assert g.mean_abs_error == pytest.approx(statistics.fmean(absolute))
+    assert g.median_abs_error == pytest.approx(statistics.median(absolute))
+    assert g.mean_signed_error == pytest.approx(statistics.fmean(errors))
+    assert g.worst.case_id == "c4" and g.max_abs_error == pytest.approx(0.3)
+
+
+def test_shipped_corpus_table_covers_engines_and_stacks(cli):
+    r = cli("validate", "--json")
+    assert r.exit_code == 0, r.stderr
+    out = r.json()
+    groups = {(g["group"], g["quantity"]): g for g in out["groups"]}
+    # The engine issue's golden set: vLLM V1 KV capacity over at least 10 logs, median within 5%.
+    v1 = groups[("vLLM V1", "kv_capacity")]
+    assert v1["num_cases"] >= 10 and v1["median_abs_error"] < 0.05
+    for stack in ("megatron", "torchtitan", "deepspeed", "hf"):
+        assert groups[(stack, "tokens_per_second")]["num_cases"] >= 6, stack
+    # Every verdict of the shipped start-up logs is the engine's.
+    assert all(g["mean_abs_error"] == 0 for g in out["groups"] if g["quantity"] == "start_verdict")
+    assert all(g["worst_source"] for g in out["groups"])
+    assert out["skipped"] and all(s["reason"] for s in out["skipped"])
+
+
+def test_filters_and_the_table(cli):
+    r = cli("validate", "--engine", "sglang")
+    assert r.exit_code == 0, r.stderr
+    assert "SGLang" in r.stdout and "torchtitan" not in r.stdout and "p90 (band)" in r.stdout
+    r = cli("validate", "--stack", "hf", "--json")
+    assert {g["group"] for g in r.json()["groups"]} == {"hf", "hf lora", "hf qlora"}
+
+
+@pytest.mark.parametrize("body,words", [
+    ({"cases": [{k: v for k, v in TITAN.items() if k != "seq_len"}]}, "seq_len"),
+    ({"cases": [{**TITAN, "measured": {"peak_memory_gb": 80}}]}, "peak_memory_gb"),
+    ({"cases": [{**LORA, "kind": "inference"}]}, "kind"),
+    ({"cases": [{**VLLM, "kv_cache_tokens": "lots"}]}, "kv_cache_tokens"),
+    ({"cases": []}, "cases"),
+    ({"cases": [VLLM, VLLM]}, "twice"),
+])
+def test_bad_case_files_are_one_line_exit_2(cli, tmp_path, body, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(body))
+    r = cli("validate", "--cases", path)
+    assert r.exit_code == 2
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and str(path) in lines[0] and words in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_nan_and_a_case_the_model_refuses_are_one_line(cli, tmp_path):
+    path = tmp_path / "nan.json"
+    path.write_text('{"cases": [{"kind": "training", "id": "x", "source": "s", "stack": "hf", "model": "llama-3.1-8b",'
+                    ' "hardware": "h100-sxm-80gb", "gpus": 1, "micro_batch": 1, "seq_len": 1024,'
+                    ' "measured": {"peak_memory_gib": NaN}}]}')
+    r = cli("validate", "--cases", path)
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1 and "nan.json" in r.stderr
+    path = tmp_path / "unknown.yaml"
+    path.write_text(yaml.safe_dump({"cases": [{**TITAN, "model": "no-such-model"}]}))
+    r = cli("validate", "--cases", path)
+    assert r.exit_code == 2 and "titan-8b-fsdp8" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_shipped_corpus_lives_in_the_package():
+    """`pip install .` ships the cases: they sit inside the package, not only in tests/."""
+    assert CORPUS_DIR.is_relative_to(REPO / "shardplan")
+    assert (CORPUS_DIR / "engine_logs" / "index.yaml").is_file()
