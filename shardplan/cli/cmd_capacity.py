@@ -132,6 +132,7 @@ def capacity(
             enable_chunked_prefill=enable_chunked_prefill, max_model_len=context, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
             weight_dtype=None, quantization=None, enforce_eager=enforce_eager, input_len=1024, output_len=128, batch_size=None,
+            vision=loaded.spec.vision,
         )
         if concurrency > wl_s.max_num_seqs:
             given = "--max-num-seqs" if max_num_seqs is not None else f"{rules.label}'s default max_num_seqs on this GPU"

@@ -32,6 +32,8 @@ def export_cmd(
     port: Annotated[Optional[int], typer.Option(min=1, max=65535, help="Serving port (first replica) or rendezvous port.")] = None,
     nvme_path: Annotated[str, typer.Option(help="deepspeed: folder NVMe offload writes to.")] = "/local_nvme",
     engine: Annotated[str, typer.Option(help="kubernetes: serving engine the pods run (vllm, sglang, tgi, trtllm).")] = "vllm",
+    cache_pvc: Annotated[Optional[str], typer.Option(help="kubernetes: PersistentVolumeClaim for the model cache (HF_HOME); default: an emptyDir per pod.")] = None,
+    hf_token_secret: Annotated[str, typer.Option(help="kubernetes: Secret whose key `token` the pods read as HF_TOKEN (optional).")] = "hf-token",
     json_out: JsonOpt = False,
 ) -> None:
     """Turn a plan into what a deployment tool takes: engine command lines (vllm, sglang, tgi,
@@ -40,7 +42,7 @@ def export_cmd(
     cannot express (e.g. pipeline stages for TGI, ZeRO for a serving engine) exits 2 saying why;
     a plan that does not fit exits 3. Files are written atomically."""
     opts = ExportOptions(model_path=model_path, script=script, plan_file=str(plan), image=image, port=port,
-                         nvme_path=nvme_path, engine=engine)
+                         nvme_path=nvme_path, engine=engine, cache_pvc=cache_pvc, hf_token_secret=hf_token_secret)
     result = export_plan(plan, to, opts, output)
     if json_out:
         render_common.print_json(result.model_dump(mode="json"))

@@ -22,6 +22,7 @@ from shardplan.tasks.export import export_plan
 from shardplan.plan.manifest import load_manifest, manifest_json_schema
 from shardplan.tasks.recommend import recommend as run_recommend
 from shardplan.tasks.recommend import with_allowed_dtypes
+from shardplan.tasks._bands import banded
 from shardplan.search import Goal, Objective, Space
 from shardplan.search.results import ExportSummary
 from shardplan.knowledge.load import engine_rules, stack_rules
@@ -35,6 +36,7 @@ from shardplan.cli.options import (
     SpeculativeMethodOpt,
     SpeculativeModelOpt,
     ChunkedPrefillOpt,
+    LimitMmPerPromptOpt,
     EngineOpt,
     EngineVersionOpt,
     ExportToOpt,
@@ -118,6 +120,7 @@ def estimate(
     engine: EngineOpt = "vllm",
     engine_version: EngineVersionOpt = None,
     enable_chunked_prefill: ChunkedPrefillOpt = None,
+    limit_mm_per_prompt: LimitMmPerPromptOpt = None,
     speculative_model: SpeculativeModelOpt = None,
     speculative_method: SpeculativeMethodOpt = None,
     num_speculative_tokens: NumSpeculativeTokensOpt = None,
@@ -174,6 +177,7 @@ def estimate(
         report = _fastest_interleaving(loaded.spec, hw, wl, pp, layout_with)
     else:
         report = run_estimate(loaded.spec, hw, layout_with(virtual_stages or 1), wl)
+    report = banded(report)  # each figure's measured error band, and the verdict at its edge
     render_common.emit(report.model_dump(mode="json"), json_out, lambda _: render_plan.estimate_report(report))
     if plot is not None:
         plots.write_plot(plot, plots.estimate_figure(report))
@@ -204,6 +208,7 @@ def recommend(
     allow_cross_node_tp: Annotated[bool, typer.Option(help="Let tensor parallelism span nodes.", rich_help_panel=SEARCH)] = False,
     allow_offload: Annotated[bool, typer.Option(help="Training: let the search offload optimizer states/parameters to CPU or NVMe.", rich_help_panel=SEARCH)] = True,
     top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.", rich_help_panel=SEARCH)] = 5,
+    strict_fit: Annotated[bool, typer.Option("--strict-fit", help="Leave out plans that fit only at the prediction, not at the pessimistic edge of the measured error band (`shardplan validate`); without it they rank after those that fit at the edge.", rich_help_panel=SEARCH)] = False,
     compare: Annotated[Optional[str], typer.Option(help="A layout to compare with the winner, e.g. tp=8,pp=16,dp=128 (a published one).", rich_help_panel=SEARCH)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the winner's deployment manifest (YAML) here.", rich_help_panel=SEARCH)] = None,
     export_to: ExportToOpt = None,
@@ -228,6 +233,7 @@ def recommend(
     engine: EngineOpt = "vllm",
     engine_version: EngineVersionOpt = None,
     enable_chunked_prefill: ChunkedPrefillOpt = None,
+    limit_mm_per_prompt: LimitMmPerPromptOpt = None,
     speculative_model: SpeculativeModelOpt = None,
     speculative_method: SpeculativeMethodOpt = None,
     num_speculative_tokens: NumSpeculativeTokensOpt = None,
@@ -308,7 +314,7 @@ def recommend(
     with render_common.progress("searching layouts") as progress:
         result = run_recommend(
             loaded, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, compare_layout=compare,
-            manifest_path=output, progress=progress,
+            manifest_path=output, progress=progress, strict_fit=strict_fit,
         )
     if result.top and export_to is not None:
         assert output is not None
@@ -405,4 +411,5 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
         gpu_memory_utilization=o["gpu_memory_utilization"], block_size=o["block_size"], kv_cache_dtype=o["kv_cache_dtype"],
         weight_dtype=o["weight_dtype"], quantization=q.value if q else None, enforce_eager=o["enforce_eager"],
         input_len=o["input_len"], output_len=o["output_len"], batch_size=o["batch_size"],
+        vision=o["loaded"].spec.vision, images_per_prompt=o.get("limit_mm_per_prompt"),
     )

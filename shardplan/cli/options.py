@@ -174,6 +174,11 @@ SpeculativeMethodOpt = Annotated[Optional[str], typer.Option(
 NumSpeculativeTokensOpt = Annotated[Optional[int], typer.Option(
     help="Tokens the drafter proposes per step (K; also lookahead KV slots per sequence); mtp default: its layers.",
     show_default=False, rich_help_panel=SERVE)]
+LimitMmPerPromptOpt = Annotated[Optional[int], typer.Option(
+    "--limit-mm-per-prompt", min=1, max=2**24,
+    help="Multimodal models: images per prompt the engine's profiling pass assumes (vLLM --limit-mm-per-prompt "
+         "image=N; default: the version's, 1 in V0, 999 in V1). The vision tower's pass on the largest images "
+         "is counted in the activation peak.", show_default=False, rich_help_panel=SERVE)]
 ChunkedPrefillOpt = Annotated[Optional[bool], typer.Option(
     "--enable-chunked-prefill/--no-enable-chunked-prefill",
     help="vLLM V0: chunked prefill on or off (default: the version's rule, e.g. on above a 32K context).",

@@ -15,6 +15,11 @@ def _fmt_gpus(row: FormatRow | TrainingRow) -> list[str]:
     return [str(row.min_num_gpus), str(row.num_nodes)]
 
 
+def _edge(row: FormatRow | TrainingRow) -> str:
+    """fits / tight at the measured error band's edge (`--json` has the band and the figures)."""
+    return row.fit_at_band_edge.verdict if row.fit_at_band_edge is not None else "-"
+
+
 def capacity_report(r: ServingCapacity | TrainingCapacity) -> None:
     from shardplan.search.explain import describe
 
@@ -22,15 +27,16 @@ def capacity_report(r: ServingCapacity | TrainingCapacity) -> None:
     searched = f"GPU counts considered: {', '.join(map(str, counts[:6]))}{', ...' if len(counts) > 6 else ''} up to {r.max_gpus} ({r.gpus_per_node} per node)"
     if isinstance(r, TrainingCapacity):
         cols = [("ZeRO", "right", 0), ("offload", "left", 0), ("GPUs", "right", 0), ("nodes", "right", 3),
-                ("fastest layout there", "left", 0), ("GiB/GPU", "right", 2), ("free", "right", 4), ("step", "right", 1)]
+                ("fastest layout there", "left", 0), ("GiB/GPU", "right", 2), ("free", "right", 4), ("step", "right", 1),
+                ("at band edge", "left", 5)]
         rows = []
         for row in r.rows:
             cells = [str(row.zero_stage), row.offload, *_fmt_gpus(row)]
             if row.min_num_gpus is None:
-                cells += ["not found", "-", "-", "-"]
+                cells += ["not found", "-", "-", "-", "-"]
             else:
                 cells += [describe(row.plan), f"{units.bytes_to_gib(row.per_gpu_bytes['total']):.1f}",
-                          f"{units.bytes_to_gib(row.headroom_bytes):.1f}", fmt_seconds(row.step_seconds)]
+                          f"{units.bytes_to_gib(row.headroom_bytes):.1f}", fmt_seconds(row.step_seconds), _edge(row)]
             rows.append(cells)
         t = fitted_table(f"{r.model} on {r.hardware}, training {r.seq_len:,} tokens x {r.global_batch_size} sequences: "
                          "fewest GPUs per ZeRO stage and offload", cols, rows)
@@ -43,17 +49,18 @@ def capacity_report(r: ServingCapacity | TrainingCapacity) -> None:
     tps = [p.tp for p in r.formats[0].per_tp]
     # (header, justify, priority): 0 never dropped; on a narrow terminal the per-tp columns go first.
     cols = [("weights", "left", 0), ("GPUs", "right", 0), ("nodes", "right", 4), ("layout", "left", 0),
-            ("weights/GPU", "right", 3), ("KV cache/GPU", "right", 2), ("seqs held", "right", 1)]
+            ("weights/GPU", "right", 3), ("KV cache/GPU", "right", 2), ("seqs held", "right", 1),
+            ("at band edge", "left", 4)]
     cols += [(f"tp={tp}", "right", 5 + i) for i, tp in enumerate(reversed(tps))][::-1]
     rows = []
     for row in r.formats:
         cells = [row.weight_dtype, *_fmt_gpus(row)]
         if row.min_num_gpus is None:
-            cells += ["not found", "-", "-", "-"]
+            cells += ["not found", "-", "-", "-", "-"]
         else:
             p, b = row.plan, row.per_gpu_bytes
             cells += [f"tp={p['tp']} pp={p['pp']}" + (f" ep={p['ep']}" if p["ep"] > 1 else ""),
-                      fmt_gib(b["weights"]), fmt_gib(b["kv_cache"]), f"{row.kv_cache['max_concurrency']:.1f}"]
+                      fmt_gib(b["weights"]), fmt_gib(b["kv_cache"]), f"{row.kv_cache['max_concurrency']:.1f}", _edge(row)]
         by_tp = {p.tp: p for p in row.per_tp}
         for tp in tps:
             p = by_tp.get(tp)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from shardplan import units
 from shardplan.cli.render_common import breakdown_table, console, file_written, fitted_table, fmt_count, fmt_gib, fmt_seconds
-from shardplan.cost.report import CostReport, TrainingMemoryReport, TrainingTimeReport
+from shardplan.cost.report import CostReport, FitAtBandEdge, PredictionBand, TrainingMemoryReport, TrainingTimeReport
 from shardplan.plan.schema import DeploymentManifest, ServingTime
 from shardplan.search.explain import describe
 from shardplan.search.results import ParetoPoint, RecommendEntry, RecommendResult
+from shardplan.search.space import TIGHT
 
 _COMPONENTS = ("weights", "kv_cache", "activations", "gradients", "optimizer_states", "temporary", "overhead")
 
@@ -24,6 +26,22 @@ def _chunks(pairs: Any) -> str:
 def _without_source(rule: str) -> str:
     """'vLLM 0.6.4: X (source ...)' -> 'vLLM 0.6.4: X': the table keeps the rule, --json the source."""
     return rule[: rule.index(" (")] if rule.endswith(")") and " (" in rule else rule
+
+
+def _band(bands: list[PredictionBand] | None, quantity: str) -> str:
+    """' ±8.9% (p90 of 11 vLLM V1 ... start-up logs)' after a figure; ' (... band unknown)'; '' without bands."""
+    b = next((b for b in bands or [] if b.quantity == quantity), None)
+    if b is None:
+        return ""
+    return f" {b.note}" if b.band_abs_error is not None else f" ({b.note})"
+
+
+def _verdict(edge: FitAtBandEdge) -> str:
+    """'fits at the band's edge: ...' / 'tight: fits at the prediction, not at the band's edge (...)'."""
+    head, colour = {"fits": ("fits", "green"), "tight": ("tight", "yellow"), "does not fit": ("does not fit", "red")}[
+        edge.verdict]
+    rest = edge.note[len(head):] if edge.note.startswith(head) else f": {edge.note}"
+    return f"[{colour}]{head}[/{colour}]{escape(rest)}"
 
 
 def estimate_report(r: CostReport) -> None:
@@ -57,17 +75,23 @@ def estimate_report(r: CostReport) -> None:
     if r.kv_cache is not None:
         kv = r.kv_cache
         console.print(
-            f"KV cache: {kv.bytes_per_token_per_gpu:,.0f} B/token/GPU; capacity {kv.capacity_tokens:,} tokens "
-            f"({kv.num_blocks:,} blocks of {kv.block_size}); max concurrency at {kv.max_model_len:,} tokens: "
-            f"{kv.max_concurrency:.2f}x"
+            f"KV cache: {kv.bytes_per_token_per_gpu:,.0f} B/token/GPU; capacity {kv.capacity_tokens:,} tokens"
+            f"{escape(_band(r.bands, 'kv_capacity'))} ({kv.num_blocks:,} blocks of {kv.block_size}); max concurrency "
+            f"at {kv.max_model_len:,} tokens: {kv.max_concurrency:.2f}x"
         )
     elif isinstance(mem, TrainingMemoryReport):
+        if r.bands:
+            peak = max(mem.per_rank, key=lambda rank: rank.reserved_bytes)
+            console.print(f"peak reserved {fmt_gib(peak.reserved_bytes)} per GPU (stage {peak.stage})"
+                          f"{escape(_band(r.bands, 'peak_memory'))}")
         if mem.host_offload_bytes_per_node:
             console.print(f"host RAM for offloaded states: {fmt_gib(mem.host_offload_bytes_per_node)} per node")
         if mem.nvme_offload_bytes_per_node:
             console.print(f"NVMe for offloaded states: {fmt_gib(mem.nvme_offload_bytes_per_node)} per node")
     _time_report(r)
-    if r.fits:
+    if r.fits and r.fit_at_band_edge is not None:
+        console.print(_verdict(r.fit_at_band_edge))
+    elif r.fits:
         console.print("[green]fits[/green]")
     else:
         console.print(f"[red]does not fit[/red]: {r.reason}")
@@ -80,8 +104,9 @@ def _time_report(r: CostReport) -> None:
         console.print(breakdown_table("Time per training step" + ("" if tm.plan_fits else " (the plan does not fit)"),
                                       {"step": tm.breakdown}))
         console.print(
-            f"step {fmt_seconds(tm.step_seconds)}; {tm.tokens_per_second_per_gpu:,.0f} tokens/s per GPU "
-            f"({tm.tokens_per_second:,.0f} in all); MFU {100 * tm.mfu:.1f}%, HFU {100 * tm.hfu:.1f}%{unfit}"
+            f"step {fmt_seconds(tm.step_seconds)}; {tm.tokens_per_second_per_gpu:,.0f} tokens/s per GPU"
+            f"{escape(_band(r.bands, 'tokens_per_second'))} ({tm.tokens_per_second:,.0f} in all); "
+            f"MFU {100 * tm.mfu:.1f}%, HFU {100 * tm.hfu:.1f}%{unfit}"
         )
         return
     console.print(
@@ -125,6 +150,9 @@ def _top_table(top: list[RecommendEntry]) -> Table:
     else:
         cols += [("TTFT", "right", 3), ("TPOT", "right", 2), ("tok/s", "right", 1), ("tok/s/GPU", "right", 5)]
     cols.append(("$/Mtok", "right", 7))
+    edges = any(e.fit_at_band_edge is not None for e in top)
+    if edges:
+        cols.append(("at band edge", "left", 8))
     rows = []
     for e in top:
         mem, tm, usd = e.memory, e.time, e.cost.usd_per_million_tokens
@@ -136,8 +164,28 @@ def _top_table(top: list[RecommendEntry]) -> Table:
             cells += [fmt_seconds(tm.ttft_seconds), fmt_seconds(tm.tpot_seconds),
                       f"{tm.throughput_tokens_per_second:,.0f}", f"{tm.throughput_tokens_per_second_per_gpu:,.0f}"]
         cells.append("-" if usd is None else f"{usd:,.3f}")
+        if edges:
+            cells.append(e.fit_at_band_edge.verdict if e.fit_at_band_edge is not None else "-")
         rows.append(cells)
     return fitted_table("Best plans", cols, rows)
+
+
+def _pick_band(e: RecommendEntry) -> None:
+    """The pick's fit-deciding figure with its measured error band, and the verdict at its edge."""
+    edge = e.fit_at_band_edge
+    if edge is None:
+        return
+    if edge.quantity == "kv_capacity":
+        figure = f"KV capacity {edge.predicted:,.0f} tokens"
+    else:
+        figure = f"peak reserved {fmt_gib(edge.predicted)} per GPU"
+    if edge.verdict == "tight":
+        verdict = "[yellow]tight[/yellow]: fits at the prediction, not at the band's edge"
+    elif edge.band_abs_error is None:
+        verdict = "[green]fits[/green] at the prediction"
+    else:
+        verdict = "[green]fits[/green] at the band's edge"
+    console.print(f"#1: {figure}{escape(_band(e.bands, edge.quantity))}; {verdict}", soft_wrap=True)
 
 
 def _pareto_table(points: list[ParetoPoint]) -> Table:
@@ -159,6 +207,7 @@ def recommend_report(r: RecommendResult) -> None:
     )
     if r.top:
         console.print(_top_table(r.top))
+        _pick_band(r.top[0])
     if r.pareto:
         console.print(_pareto_table(r.pareto))
     if r.rejected:
@@ -194,7 +243,11 @@ def recommend_report(r: RecommendResult) -> None:
             console.print(line)
     for s in r.suggestions:
         console.print(f"[yellow]would fit with[/yellow] {s.change}: {s.detail}")
-    if not r.top:
+    if not r.top and r.strict_fit and r.rejected.get(TIGHT):
+        band = r.bands[0].note if r.bands else "the band"
+        console.print(f"[red]no layout fits at the error band's edge[/red]: {r.rejected[TIGHT]:,} fit only at the "
+                      f"prediction ({escape(band)}); without --strict-fit they are ranked last", soft_wrap=True)
+    elif not r.top:
         console.print("[red]no layout fits[/red]" + ("" if r.suggestions else " (no single change found that makes one fit)"))
     if r.manifest:
         file_written(r.manifest, "manifest")
@@ -225,6 +278,8 @@ def manifest_report(m: DeploymentManifest) -> None:
         console.print(f"experts: {pl.experts.experts_per_rank} per expert-parallel rank")
     console.print("predicted: " + ("[green]fits[/green]" if pr.fits else f"[red]does not fit[/red]: {pr.reason}")
                   + f"; headroom {fmt_gib(pr.memory.headroom_bytes)}")
+    if pr.fit_at_band_edge is not None:
+        console.print(f"at the error band's edge: {escape(pr.fit_at_band_edge.note)}", soft_wrap=True)
     tm = pr.time
     if isinstance(tm, ServingTime):
         console.print(f"time: batch {tm.batch_size} per replica, TTFT {fmt_seconds(tm.ttft_seconds)}, TPOT "

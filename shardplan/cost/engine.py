@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardplan.knowledge.schema import EngineRules
+from shardplan.knowledge.schema import EngineRules, MultimodalEra
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.units import BYTES_PER_GIB, us_to_seconds
 
@@ -44,6 +44,52 @@ class ServingDefaults:
     warmup_kv_tokens: int
     prefill_logit_bytes: float
     assumptions: tuple[str, ...]
+    # The profiling pass of a multimodal model's vision tower (profile_vision below): the tokens it
+    # runs through the tower, and the encoder output rows still alive while the text pass profiles.
+    vision_encoder_tokens: int = 0
+    vision_kept_tokens: int = 0
+
+
+def profile_vision(mm: MultimodalEra, *, image_tokens: int, image_encoder_tokens: int, max_num_seqs: int,
+                   max_num_batched_tokens: int, max_model_len: int,
+                   images_per_prompt: int | None) -> tuple[int, int, str]:
+    """(tokens through the vision tower, encoder output rows kept during the text pass, why) in the
+    profiling pass of one engine version; images only (a video item is not modelled).
+
+    sequences (vLLM V0 worker/model_runner.py profile_run): max(1, min(S, B // (L x T))) dummy
+    sequences of B / S' tokens, each carrying L images of the largest size, run through the model
+    in one forward: the tower sees all of them, and its outputs become the sequences' embeddings (no
+    extra rows). From 0.7 the processor-based profiler gives a sequence too short for its images'
+    tokens no images at all (multimodal/profiling.py, "V0 does not support chunked prefill").
+    encoder_budget (V1 gpu_model_runner.py profile_run, encoder_cache_manager.py): a budget of
+    max(B, T) tokens; items = budget / T (ceil to 0.9, floor from 0.10), at most S x L (from 0.10
+    S x max(1, min(L, max_model_len // T))); the tower runs once on all of them and its outputs stay
+    in the encoder cache while the text pass runs (0.11.0 pads each to the whole budget)."""
+    limit = images_per_prompt or mm.items_per_prompt
+    t, b, s = image_tokens, max_num_batched_tokens, max_num_seqs
+    if mm.profile == "sequences":
+        seqs = max(1, min(s, b // (limit * t)))
+        if mm.text_only_when_longer and limit * t > b // seqs:
+            return 0, 0, (f"the profiling pass's {seqs} dummy sequence(s) of {b // seqs:,} tokens are too short for "
+                          f"{limit} image(s) of {t:,} tokens: text only ({mm.sources['text_only_when_longer']})")
+        items = seqs * limit
+        return items * image_encoder_tokens, 0, (
+            f"the profiling pass runs {items} image(s) of the largest size ({t:,} tokens, {image_encoder_tokens:,} "
+            f"through the tower) in {seqs} dummy sequence(s) ({mm.sources['profile']})")
+    budget = max(b, t)
+    if mm.items_rounding == "ceil":
+        by_budget = -(-budget // t)
+    else:
+        by_budget = budget // t
+    per_prompt = max(1, min(limit, max_model_len // t)) if mm.items_capped_by_context else limit
+    items = max(1, min(by_budget, s * per_prompt))
+    kept = 0
+    if mm.outputs_kept:
+        kept = items * (budget if mm.outputs_padded_to_budget else t)
+    return items * image_encoder_tokens, kept, (
+        f"encoder budget of {budget:,} tokens profiled with {items} image(s) of the largest size ({t:,} tokens, "
+        f"{image_encoder_tokens:,} through the tower); {kept:,} rows of its outputs stay alive during the text pass "
+        f"({mm.sources['profile']})")
 
 
 def chunked_prefill_on(rules: EngineRules, max_model_len: int, asked: bool | None, multimodal: bool) -> tuple[bool, str]:
@@ -64,7 +110,9 @@ def chunked_prefill_on(rules: EngineRules, max_model_len: int, asked: bool | Non
 def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: int | None,
                     model_max_len: int | None = None, multimodal: bool = False, max_num_seqs: int | None = None,
                     max_num_batched_tokens: int | None = None, gpu_memory_utilization: float | None = None,
-                    block_size: int | None = None, enable_chunked_prefill: bool | None = None) -> ServingDefaults:
+                    block_size: int | None = None, enable_chunked_prefill: bool | None = None,
+                    image_tokens: int | None = None, image_encoder_tokens: int | None = None,
+                    images_per_prompt: int | None = None) -> ServingDefaults:
     """Fill what the user left out with the engine's defaults for this device and context.
     `max_model_len` None takes the model's context (`model_max_len`), capped where the engine caps
     its default."""
@@ -83,8 +131,11 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
     if max_num_seqs is None:
         max_num_seqs = rules.by_device(era.max_num_seqs, memory_gib, device)
         notes.append(f"{rules.label}: max_num_seqs {max_num_seqs} by default on {device} ({era.sources['max_num_seqs']})")
+    multimodal = multimodal or image_tokens is not None
+    mm = rules.multimodal if multimodal else None
     chunked, why = chunked_prefill_on(rules, max_model_len, enable_chunked_prefill, multimodal)
     notes.append(why)
+    batched_given = max_num_batched_tokens is not None
     if max_num_batched_tokens is None:
         if chunked:
             max_num_batched_tokens = rules.by_device(era.chunked_budget_tokens, memory_gib, device)
@@ -96,6 +147,20 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
             plus = f" + {extra}" if extra else ""
             notes.append(f"{rules.label}: profile pass of {max_num_batched_tokens:,} tokens = max(max_model_len{plus}, "
                          f"{era.unchunked_min_tokens:,}) without chunked prefill ({era.sources['unchunked_min_tokens']})")
+    if mm is not None and not batched_given and not chunked and max_num_batched_tokens < mm.min_batched_tokens:
+        max_num_batched_tokens = mm.min_batched_tokens
+        notes.append(f"{rules.label}: a multimodal model profiles at least {max_num_batched_tokens:,} tokens "
+                     f"({mm.sources['min_batched_tokens']})")
+    vision_tokens = vision_kept = 0
+    if mm is not None and image_tokens and image_encoder_tokens:
+        vision_tokens, vision_kept, why = profile_vision(
+            mm, image_tokens=image_tokens, image_encoder_tokens=image_encoder_tokens, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+            images_per_prompt=images_per_prompt)
+        notes.append(f"{rules.label}: {why}")
+    elif multimodal:
+        notes.append(f"{rules.label}: the vision encoder's profiling pass is not modelled for this engine version or "
+                     "model; only its weights are counted")
     graph_max = rules.by_device(era.cuda_graph_max_batch, memory_gib, device)
     by_tp: tuple[tuple[int, float], ...] = ()
     if era.accounting == "static_fraction":
@@ -174,8 +239,8 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
         non_torch_bytes=None if era.non_torch_gib is None else era.non_torch_gib * BYTES_PER_GIB,
         warmup_free_share=era.warmup_free_share, warmup_total_factor=era.warmup_total_factor,
         warmup_kv_tokens=warm_tokens, prefill_logit_bytes=era.prefill_logit_bytes,
-        assumptions=tuple(notes),
+        assumptions=tuple(notes), vision_encoder_tokens=vision_tokens, vision_kept_tokens=vision_kept,
     )
 
 
-__all__ = ["ServingDefaults", "chunked_prefill_on", "resolve_serving"]
+__all__ = ["ServingDefaults", "chunked_prefill_on", "profile_vision", "resolve_serving"]

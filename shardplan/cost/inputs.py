@@ -14,7 +14,7 @@ from shardplan.cost.speculative import Speculative, SpeculativeMethod
 from shardplan.knowledge.schema import EngineRules, StackFile
 from shardplan.specs.cluster import at_most
 from shardplan.specs.hardware import HardwareProfile
-from shardplan.specs.model import MAX_TOKENS, ModelSpec
+from shardplan.specs.model import MAX_TOKENS, ModelSpec, VisionSpec
 from shardplan.units import DType, parse_dtype
 
 MAX_SEQUENCES = 2**24  # sequences in a batch or in flight
@@ -121,11 +121,16 @@ def inference_workload(
     model_max_len: int | None = None,
     enable_chunked_prefill: bool | None = None,
     speculative: Speculative | None = None,
+    vision: VisionSpec | None = None,
+    images_per_prompt: int | None = None,
 ) -> InferenceWorkload:
     """The serving workload from command-line values. With `engine` (and the `hw` and model
     context it runs), what is left out (None) takes that engine version's default for this
     device and context, and the budget switches follow its rules; without it, the fields take
-    the dataclass defaults."""
+    the dataclass defaults. `vision`: a multimodal model's tower, whose profiling pass the engine
+    version's rules size (`images_per_prompt`: its limit_mm_per_prompt for images)."""
+    if images_per_prompt is not None and not 1 <= images_per_prompt <= MAX_SEQUENCES:
+        raise ShardplanError(f"must be from 1 to {MAX_SEQUENCES}", field="--limit-mm-per-prompt", hint="e.g. 1")
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
         raise ShardplanError("must be in (0, 1]", field="--gpu-memory-utilization", hint="e.g. 0.9")
     for value, option in ((max_model_len, "--max-model-len"), (max_num_batched_tokens, "--max-num-batched-tokens"),
@@ -153,7 +158,10 @@ def inference_workload(
         d = resolve_serving(engine, hw, max_model_len=max_model_len, model_max_len=model_max_len,
                             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                             gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-                            enable_chunked_prefill=enable_chunked_prefill)
+                            enable_chunked_prefill=enable_chunked_prefill, multimodal=vision is not None,
+                            image_tokens=vision.image_tokens_max if vision else None,
+                            image_encoder_tokens=vision.image_encoder_tokens_max if vision else None,
+                            images_per_prompt=images_per_prompt)
         if d.max_model_len != (max_model_len or model_max_len):
             max_model_len = d.max_model_len  # the engine capped its default
         max_num_seqs, max_num_batched_tokens = d.max_num_seqs, d.max_num_batched_tokens
@@ -166,7 +174,8 @@ def inference_workload(
                         sampler_bytes_per_logit=d.sampler_bytes_per_logit, non_torch_bytes=d.non_torch_bytes,
                         warmup_free_share=d.warmup_free_share, warmup_total_factor=d.warmup_total_factor,
                         warmup_kv_tokens=d.warmup_kv_tokens, prefill_logit_bytes=d.prefill_logit_bytes,
-                        assumptions=d.assumptions)
+                        assumptions=d.assumptions, vision_encoder_tokens=d.vision_encoder_tokens,
+                        vision_kept_tokens=d.vision_kept_tokens)
     if speculative is not None:
         switches["assumptions"] = (*switches.get("assumptions", ()), spec_decode.assumption(speculative))
     return InferenceWorkload(

@@ -23,6 +23,7 @@ from shardplan.cost.breakdown import MemoryBreakdown, RankMemory
 from shardplan.cost.kv import kv_elements_per_token_per_layer
 from shardplan.cost.layout import Layout
 from shardplan.cost import speculative as spec_decode
+from shardplan.cost.vision import vision_profile_peak_bytes
 from shardplan.cost.weights import stage_weights
 from shardplan.cost.workload import InferenceWorkload
 from shardplan.specs.hardware import HardwareProfile
@@ -189,6 +190,9 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         draft_weights = spec_decode.draft_weight_bytes_per_rank(spec, sp, layout, wl.quantization, dense_dtype) if sp else 0.0
         weights = w.bytes + rotary_cache_bytes(spec, dense_dtype) + draft_weights
         act = activation_peak_bytes(spec, layout, wl, last_stage=stage == layout.pp - 1, dummy_sampler=not static)
+        if stage == 0 and not static:  # the vision tower lives with the embedding on the first stage
+            act = vision_profile_peak_bytes(spec, layout.tp, wl.vision_encoder_tokens, wl.vision_kept_tokens, act,
+                                            bytes_per_element(wl.activation_dtype))
         if sp is not None and sp.draft is not None and not static:
             act = max(act, draft_profile_peak_bytes(spec, sp.draft, layout, wl))
         per_layer_token = kv_bytes_per_token_per_layer_per_rank(spec, layout.tp, kv_elt)

@@ -17,10 +17,10 @@ import math
 from dataclasses import dataclass
 
 from shardplan.cost.breakdown import MemoryBreakdown, RankMemory
-from shardplan.cost.finetune import adapter_params, base_format_bytes, targeted_modules
+from shardplan.cost.finetune import adapter_params, base_format_bytes, is_nf4_base_weight, targeted_modules
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, layout_stage_ranges
-from shardplan.cost.params import WeightKind, block_weights
-from shardplan.cost.weights import is_quantized_tensor, numel_per_rank, stage_tensors, stage_weights
+from shardplan.cost.params import WeightKind, block_weights, layer_kinds
+from shardplan.cost.weights import numel_per_rank, stage_tensors, stage_weights
 from shardplan.cost.workload import Framework, Optimizer, Quantization, TrainingWorkload
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -124,7 +124,8 @@ def model_states_bytes(
 
 
 def activation_bytes_per_layer(
-    spec: ModelSpec, layout: Layout, wl: TrainingWorkload, moe_layer: bool, micro_batch_size: int
+    spec: ModelSpec, layout: Layout, wl: TrainingWorkload, moe_layer: bool, micro_batch_size: int,
+    linear_attention: bool = False,
 ) -> float:
     """Activations one layer keeps for backward, per micro-batch, on one GPU.
 
@@ -133,6 +134,8 @@ def activation_bytes_per_layer(
     attention, context parallelism (s -> s / cp), tensor and sequence parallelism (terms
     outside the tensor-parallel region are divided by t only with sequence parallelism),
     and recomputation (selective drops the attention core; full keeps the layer input).
+    `linear_attention` picks the layer's LoRA targets (its linears are a Gated DeltaNet's); the
+    attention terms themselves are softmax attention's.
     Under context parallelism K and V are s / cp too: ring and all-gather attention keep the
     rank's own K/V and exchange them again in backward (torch's `_templated_ring_attention_
     backward`; TransformerEngine's AttnFuncWithCPAndKVAllGather); `shardplan verify` measures it.
@@ -154,9 +157,12 @@ def activation_bytes_per_layer(
     mask = DROPOUT_MASK_BYTES * sbh * rep if wl.dropout else 0.0
     # A linear's input is saved for its weight gradient; a frozen base (LoRA) keeps it only
     # where an adapter sits on that linear (cost/finetune.py).
-    kept = _saved_linear_inputs(spec, wl, moe_layer)
+    kept = _saved_linear_inputs(spec, wl, moe_layer, linear_attention)
     total = spec.num_norms_per_layer * r_bytes * sbh * rep  # norm inputs (the residual stream)
-    if wl.norms_fp32:  # the norm's fp32 copy of its input, saved for backward (HF RMSNorm)
+    if wl.norms_fp32 and r_bytes < FP32_BYTES:
+        # The norm's fp32 copy of its input, saved for backward (HF RMSNorm: hidden_states.to(
+        # torch.float32)); an fp32 residual stream (QLoRA under prepare_model_for_kbit_training)
+        # is its own copy, since .to() of a tensor already in that dtype returns the tensor itself.
         total += spec.num_norms_per_layer * FP32_BYTES * sbh * rep
     # Attention: input of the QKV projection, Q, K, V, input of the output projection.
     total += a_bytes * sbh * rep * kept["qkv"]
@@ -208,7 +214,7 @@ def activation_bytes_per_layer(
         widths = width_factor - (0 if kept["down"] else 1)  # the last is the down projection's input
         total += a_bytes * s * b * widths * spec.intermediate_size / t
     if not wl.trains_base:
-        total += lora_saved_bytes(spec, wl, moe_layer, s * b)
+        total += lora_saved_bytes(spec, wl, moe_layer, s * b, linear_attention)
     return total
 
 
@@ -220,23 +226,34 @@ def residual_bytes(wl: TrainingWorkload) -> float:
     return FP32_BYTES if wl.base_fp32_non_quantized else bytes_per_element(wl.activation_dtype)
 
 
-def _saved_linear_inputs(spec: ModelSpec, wl: TrainingWorkload, moe_layer: bool) -> dict[str, bool]:
+def _saved_linear_inputs(
+    spec: ModelSpec, wl: TrainingWorkload, moe_layer: bool, linear_attention: bool = False
+) -> dict[str, bool]:
     """Whether the inputs of the QKV projection, of the MLP's first projections and of the down
-    projection are saved: always when the base trains; under LoRA only for targeted linears."""
+    projection are saved: always when the base trains; under LoRA only for targeted linears, and
+    only without lora_dropout: with it the frozen base linear saves no input (its weight needs no
+    gradient) and the adapter's A saves dropout(x), a copy `lora_saved_bytes` counts, not x
+    (PEFT tuners/lora/layer.py Linear.forward: lora_B(lora_A(dropout(x))); with lora_dropout 0
+    the dropout is nn.Identity and A saves x itself)."""
     if wl.trains_base:
         return {"qkv": True, "mlp": True, "down": True}
-    names = {name for name, _, _ in targeted_modules(spec, moe_layer and spec.moe is not None, wl.lora_targets)}
+    if wl.lora_dropout > 0:
+        return {"qkv": False, "mlp": False, "down": False}
+    names = {name for name, _, _ in targeted_modules(spec, moe_layer and spec.moe is not None, wl.lora_targets,
+                                                     linear_attention)}
     return {"qkv": bool(names & {"q_proj", "k_proj", "v_proj"}), "mlp": bool(names & {"gate_proj", "up_proj"}),
             "down": "down_proj" in names}
 
 
-def lora_saved_bytes(spec: ModelSpec, wl: TrainingWorkload, moe_layer: bool, tokens: float) -> float:
+def lora_saved_bytes(
+    spec: ModelSpec, wl: TrainingWorkload, moe_layer: bool, tokens: float, linear_attention: bool = False
+) -> float:
     """What one layer's adapters save for backward (PEFT's LoRA Linear: B(A(dropout(x)))):
     A's output (r a token) for B's weight gradient and, with lora_dropout > 0, the dropped input
     (a copy A's weight gradient needs) and its 1-byte mask. Adapters run outside tensor parallelism."""
     a = bytes_per_element(wl.activation_dtype)
     total = 0.0
-    for _, in_f, _ in targeted_modules(spec, moe_layer and spec.moe is not None, wl.lora_targets):
+    for _, in_f, _ in targeted_modules(spec, moe_layer and spec.moe is not None, wl.lora_targets, linear_attention):
         total += a * tokens * wl.lora_rank
         if wl.lora_dropout > 0:
             total += (a + DROPOUT_MASK_BYTES) * tokens * in_f
@@ -347,11 +364,7 @@ def activation_bytes_lower_bound(
     chunks = layout_stage_ranges(spec.num_layers, layout)[0]
     layers = [i for r in chunks for i in r]
     b = layout.micro_batch_size
-    per_layer = activation_bytes_per_layer(spec, layout, wl, False, b)
-    if any(spec.is_moe_layer(i) for i in layers):
-        per_layer = min(per_layer, activation_bytes_per_layer(spec, layout, wl, True, b))
-    if all(spec.is_moe_layer(i) for i in layers):
-        per_layer = activation_bytes_per_layer(spec, layout, wl, True, b)
+    per_layer = min(activation_bytes_per_layer(spec, layout, wl, moe, b, linear) for moe, linear in layer_kinds(spec, layers))
     overhead = hw.cuda_context_bytes + hw.non_torch_bytes + (hw.nccl_buffer_bytes if layout.world_size > 1 else 0)
     return per_layer * in_flight_layer_activations(layout, 0, len(layers), num_microbatches) + overhead
 
@@ -394,15 +407,16 @@ class FrozenBase:
 
 
 def frozen_base(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, stage: int) -> FrozenBase:
-    """Bytes per rank of the frozen base of `stage` before ZeRO sharding: decoder linears in the
-    base format (NF4 under QLoRA), everything else in the parameter dtype, or fp32 where the stack
-    upcasts the non-quantized parameters (PEFT prepare_model_for_kbit_training)."""
+    """Bytes per rank of the frozen base of `stage` before ZeRO sharding: decoder nn.Linear weights
+    in the base format (NF4 under QLoRA; routed experts and routers are not nn.Linear and stay,
+    `is_nf4_base_weight`), everything else in the parameter dtype, or fp32 where the stack upcasts
+    the non-quantized parameters (PEFT prepare_model_for_kbit_training)."""
     q_bytes = base_format_bytes(wl.base_format)
     other = FP32_BYTES if (q_bytes is not None and wl.base_fp32_non_quantized) else bytes_per_element(wl.param_dtype)
     dense = expert = largest = 0.0
 
     def stored(w: WeightKind) -> float:
-        return q_bytes if (q_bytes is not None and is_quantized_tensor(w)) else other
+        return q_bytes if (q_bytes is not None and is_nf4_base_weight(w)) else other
 
     for w, times in stage_tensors(spec, layout, stage):
         n = numel_per_rank(w, spec, layout) * times
@@ -410,11 +424,11 @@ def frozen_base(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, stage: in
             expert += n * stored(w)
         else:
             dense += n * stored(w)
-        if q_bytes is not None and is_quantized_tensor(w):
+        if q_bytes is not None and is_nf4_base_weight(w):
             largest = max(largest, numel_per_rank(w, spec, layout) / w.copies)
     layers = [i for r in layout_stage_ranges(spec.num_layers, layout)[stage] for i in r]
-    per_layer = [sum(numel_per_rank(w, spec, layout) * stored(w) for w in block_weights(spec, moe))
-                 for moe in {spec.is_moe_layer(i) and spec.moe is not None for i in layers}]
+    per_layer = [sum(numel_per_rank(w, spec, layout) * stored(w) for w in block_weights(spec, moe, linear))
+                 for moe, linear in layer_kinds(spec, layers)]
     return FrozenBase(dense, expert, largest, max(per_layer, default=0.0))
 
 
@@ -435,7 +449,9 @@ def finetune_states(
     if wl.paged_optimizer:
         host, optimizer = host + optimizer, 0.0
     detail = {"weights.frozen_base": base_bytes, "weights.adapters": ad.weights}
-    temporary = 2 * base.largest_quantized_numel if base_format_bytes(wl.base_format) is not None else 0.0
+    # bitsandbytes dequantizes to the compute dtype (bnb_4bit_compute_dtype: the activations')
+    temporary = (bytes_per_element(wl.activation_dtype) * base.largest_quantized_numel
+                 if base_format_bytes(wl.base_format) is not None else 0.0)
     if temporary:
         detail["temporary.dequantized_base_weight"] = temporary
     if z3:  # the gathered unit of the frozen base, in its storage format (current and prefetched layer)
@@ -480,10 +496,8 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
         if not wl.trains_base:
             dense, ft_detail = finetune_states(spec, layout, wl, stage, layers, dense_n, expert_n)
             expert = ModelStates(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        num_moe = sum(spec.is_moe_layer(i) for i in layers)
-        per_layer_dense = activation_bytes_per_layer(spec, layout, wl, False, b)
-        per_layer_moe = activation_bytes_per_layer(spec, layout, wl, True, b) if num_moe else 0.0
-        per_layer_avg = (per_layer_dense * (len(layers) - num_moe) + per_layer_moe * num_moe) / len(layers)
+        per_layer_avg = sum(num * activation_bytes_per_layer(spec, layout, wl, moe, b, linear)
+                            for (moe, linear), num in layer_kinds(spec, layers).items()) / len(layers)
         inflight = in_flight_layer_activations(layout, stage, len(layers), num_micro)
         act = per_layer_avg * inflight
         detail = {"activations.layers": act}

@@ -17,6 +17,7 @@ pipeline stage and are counted in the total and apart (`ParamCounts.vision`, `.p
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
@@ -211,14 +212,20 @@ def block_weights(spec: ModelSpec, moe_layer: bool, linear_attention: bool = Fal
 
 
 def layer_weights(spec: ModelSpec, layer_index: int) -> tuple[WeightKind, ...]:
-    return block_weights(spec, spec.is_moe_layer(layer_index), spec.is_linear_attention_layer(layer_index))
+    return block_weights(spec, *layer_kind(spec, layer_index))
 
 
-def layer_kinds(spec: ModelSpec) -> dict[tuple[bool, bool], int]:
-    """(MoE layer, linear-attention layer) -> how many layers of the main stack are of that kind."""
+def layer_kind(spec: ModelSpec, layer_index: int) -> tuple[bool, bool]:
+    """(MoE layer, linear-attention layer): the two facts `block_weights` needs for a layer's weights."""
+    return spec.is_moe_layer(layer_index), spec.is_linear_attention_layer(layer_index)
+
+
+def layer_kinds(spec: ModelSpec, layers: Iterable[int] | None = None) -> dict[tuple[bool, bool], int]:
+    """(MoE layer, linear-attention layer) -> how many of `layers` (None: the main stack) are of that
+    kind. Every per-layer sum over weights goes through this, so layer i's weights follow its type."""
     out: dict[tuple[bool, bool], int] = {}
-    for i in range(spec.num_layers):
-        key = (spec.is_moe_layer(i), spec.is_linear_attention_layer(i))
+    for i in range(spec.num_layers) if layers is None else layers:
+        key = layer_kind(spec, i)
         out[key] = out.get(key, 0) + 1
     return out
 

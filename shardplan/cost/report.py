@@ -96,6 +96,8 @@ class InferenceWorkloadReport(Frozen):
     warmup_kv_tokens: int = Field(description="TGI: the warm-up batch's KV tokens, counted back into the cache")
     prefill_logit_bytes: float = Field(description="bytes per logit the profiling prefill holds for every token")
     speculative: SpeculativeReport | None = Field(None, description="speculative decoding; null: off")
+    vision_encoder_tokens: int = Field(0, description="tokens the vision tower runs over in the profiling pass")
+    vision_kept_tokens: int = Field(0, description="encoder output rows alive during the text profiling pass")
 
 
 class TrainingWorkloadReport(Frozen):
@@ -269,10 +271,45 @@ class TrainingTimeReport(Frozen):
 TimeReport = Union[ServingTimeReport, TrainingTimeReport]
 
 
+class PredictionBand(Frozen):
+    """How far the model's prediction of one quantity fell from measurements of the same engine
+    generation or stack (`shardplan validate`; `knowledge/bands.yaml`)."""
+
+    quantity: Literal["kv_capacity", "peak_memory", "tokens_per_second"] = Field(
+        description="the predicted quantity: KV capacity (tokens), peak memory (bytes), tokens/s per GPU")
+    kind: Literal["engine_log", "training", "finetune"] = Field(description="the corpus whose cases set the band")
+    group: str = Field(description="the engine generation, the stack, or the stack and fine-tuning method")
+    band_abs_error: float | None = Field(description="the percentile of |predicted / measured - 1| over the group's "
+                                                     "cases, fraction; null: no measured case, band unknown")
+    percentile: int = Field(description="which percentile band_abs_error is (nearest rank)")
+    mean_signed_error: float | None = Field(description="mean predicted / measured - 1 of the cases, fraction (above "
+                                                        "0: the model predicts more); null: no case")
+    num_cases: int = Field(description="measured cases in the group (count; 0: band unknown)")
+    versions: list[str] = Field(description="the engine versions of the cases, oldest first (empty for stacks)")
+    note: str = Field(description="the band in words, e.g. '±3.4% (p90 of 11 vLLM V1 0.8.5-0.10.2 start-up logs)'")
+
+
+class FitAtBandEdge(Frozen):
+    """Whether the plan fits at the pessimistic edge of its band: training, the largest reserved
+    peak x (1 + the peak-memory band) within the device; serving, the KV capacity x (1 - the KV
+    band) holding one max_model_len sequence."""
+
+    verdict: Literal["fits", "tight", "does not fit"] = Field(
+        description="fits: at the band's edge (or the band is unknown and it fits at the prediction); tight: fits "
+                    "at the prediction only; does not fit: not even at the prediction")
+    quantity: Literal["kv_capacity", "peak_memory"] = Field(description="the figure the edge is taken on")
+    unit: Literal["bytes", "tokens"] = Field(description="the unit of predicted, at_band_edge and limit")
+    predicted: float = Field(description="the prediction (reserved peak bytes of the largest rank, or KV tokens)")
+    at_band_edge: float | None = Field(description="the prediction at the band's pessimistic edge; null: band unknown")
+    limit: float = Field(description="what it must stay within (device bytes) or reach (max_model_len tokens)")
+    band_abs_error: float | None = Field(description="the band applied, fraction; null: unknown")
+    note: str = Field(description="the verdict in words, with the band and its cases")
+
+
 class CostReport(OmitNone):
     """What `estimate --json` prints. `kv_cache` is serving only and absent from training's JSON."""
 
-    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"kv_cache", "assumptions"})
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"kv_cache", "assumptions", "bands", "fit_at_band_edge"})
 
     model: ModelReport = Field(description="the model")
     hardware: HardwareReport = Field(description="the cluster")
@@ -285,6 +322,11 @@ class CostReport(OmitNone):
     time: TimeReport = Field(description="serving or training time figures")
     assumptions: list[str] | None = Field(default=None, description="serving: each engine rule that shaped the "
                                           "figures, with its source (absent in training)")
+    bands: list[PredictionBand] | None = Field(default=None, description="the measured error band of each predicted "
+                                               "quantity (serving: KV capacity; training: peak memory, tokens/s); "
+                                               "absent where none was attached (cost/accuracy.py attaches them)")
+    fit_at_band_edge: FitAtBandEdge | None = Field(default=None, description="fits / tight / does not fit at the "
+                                                   "memory band's pessimistic edge; absent with bands")
 
     @property
     def training(self) -> bool:

@@ -44,8 +44,8 @@ from shardplan.cost.compute import (
     layers_forward,
     memory_seconds,
 )
-from shardplan.cost.finetune import adapter_params, base_format_bytes, targeted_modules
-from shardplan.cost.params import block_weights
+from shardplan.cost.finetune import adapter_params, base_format_bytes, is_nf4_base_weight, targeted_modules
+from shardplan.cost.params import layer_kind, layer_weights
 from shardplan.cost.layout import Layout, Offload, Recompute, layout_stage_ranges
 from shardplan.cost.memory_training import (
     FP32_BYTES,
@@ -55,7 +55,7 @@ from shardplan.cost.memory_training import (
     state_bytes,
     zero_shard_degrees,
 )
-from shardplan.cost.weights import is_quantized_tensor, numel_per_rank, stage_weights
+from shardplan.cost.weights import numel_per_rank, stage_weights
 from shardplan.cost.workload import Quantization, TrainingWorkload
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -147,12 +147,12 @@ def adapters_forward(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload,
     lora_dropout a dropout of the input first. Four kernels, six with dropout."""
     a = bytes_per_element(wl.activation_dtype)
     total = PassTime()
-    per_kind: dict[bool, PassTime] = {}
+    per_kind: dict[tuple[bool, bool], PassTime] = {}
     for i in layers:
-        moe = spec.is_moe_layer(i) and spec.moe is not None
-        if moe not in per_kind:
+        kind = layer_kind(spec, i)
+        if kind not in per_kind:
             t = PassTime()
-            for _, in_f, out_f in targeted_modules(spec, moe, wl.lora_targets):
+            for _, in_f, out_f in targeted_modules(spec, kind[0], wl.lora_targets, kind[1]):
                 s1, f1 = gemm_time(hw, tokens, wl.lora_rank, in_f, count=1, weight_bytes=FP32_BYTES, act_bytes=a, dtype=wl.activation_dtype)
                 s2, f2 = gemm_time(hw, tokens, out_f, wl.lora_rank, count=1, weight_bytes=FP32_BYTES, act_bytes=a, dtype=wl.activation_dtype)
                 nbytes = 3 * a * tokens * out_f
@@ -163,23 +163,24 @@ def adapters_forward(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload,
                 mem = memory_seconds(hw, nbytes)
                 t = t + PassTime(matmul_seconds=s1 + s2, memory_seconds=mem, flops=f1 + f2, model_flops=f1 + f2,
                                  kernels=kernels, kernel_seconds=kernel_overhead_seconds(hw, kernels, s1 + s2 + mem, False))
-            per_kind[moe] = t
-        total = total + per_kind[moe]
+            per_kind[kind] = t
+        total = total + per_kind[kind]
     return total
 
 
 def dequantize_pass(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, layers: Sequence[int]) -> PassTime:
-    """QLoRA: every quantized base linear is dequantized to 16 bits before each matmul that uses
-    it (bitsandbytes dequantize_4bit): reads the 4-bit weight and its constants, writes 16 bits;
-    one kernel each. Once per pass (forward, input-gradient backward, recomputed forward)."""
+    """QLoRA: every 4-bit base linear (`is_nf4_base_weight`: routed experts and routers stay 16-bit
+    or fp32) is dequantized to the compute dtype before each matmul that uses it (bitsandbytes
+    dequantize_4bit): reads the 4-bit weight and its constants, writes 16 bits; one kernel each.
+    Once per pass (forward, input-gradient backward, recomputed forward)."""
     q = base_format_bytes(wl.base_format)
     if q is None:
         return PassTime()
     a = bytes_per_element(wl.activation_dtype)
     numel = kernels = 0.0
     for i in layers:
-        for w in block_weights(spec, spec.is_moe_layer(i) and spec.moe is not None):
-            if is_quantized_tensor(w):
+        for w in layer_weights(spec, i):
+            if is_nf4_base_weight(w):
                 numel += numel_per_rank(w, spec, layout)
                 kernels += w.copies
     mem = memory_seconds(hw, numel * (q + a))
@@ -211,17 +212,22 @@ def _stage_time(
     return replace(st, stage=stage)
 
 
+def _time_kind(spec: ModelSpec, i: int) -> tuple[bool, bool, bool]:
+    """What a layer's time depends on: MoE, sliding window, linear attention (its own weights)."""
+    return spec.is_moe_layer(i), spec.is_sliding_layer(i), spec.is_linear_attention_layer(i)
+
+
 def _canonical_layers(spec: ModelSpec, chunks: Sequence[range]) -> tuple[int, ...]:
-    """The stage's layers with each replaced by the first layer of its kind (MoE, sliding window)."""
+    """The stage's layers with each replaced by the first layer of its kind (`_time_kind`)."""
     reps = _kind_representatives(spec)
-    return tuple(sorted(reps[(spec.is_moe_layer(i), spec.is_sliding_layer(i))] for r in chunks for i in r))
+    return tuple(sorted(reps[_time_kind(spec, i)] for r in chunks for i in r))
 
 
 @lru_cache(maxsize=256)
-def _kind_representatives(spec: ModelSpec) -> dict[tuple[bool, bool], int]:
-    kinds: dict[tuple[bool, bool], int] = {}
+def _kind_representatives(spec: ModelSpec) -> dict[tuple[bool, bool, bool], int]:
+    kinds: dict[tuple[bool, bool, bool], int] = {}
     for i in range(spec.num_layers):
-        kinds.setdefault((spec.is_moe_layer(i), spec.is_sliding_layer(i)), i)
+        kinds.setdefault(_time_kind(spec, i), i)
     return kinds
 
 
@@ -238,15 +244,15 @@ def layers_seconds_lower_bound(
 
 
 @lru_cache(maxsize=256)
-def _all_kind_counts(spec: ModelSpec) -> dict[tuple[bool, bool], int]:
+def _all_kind_counts(spec: ModelSpec) -> dict[tuple[bool, bool, bool], int]:
     return _kind_counts(spec, tuple(range(spec.num_layers)))
 
 
 @lru_cache(maxsize=4096)
-def _kind_counts(spec: ModelSpec, layers: tuple[int, ...]) -> dict[tuple[bool, bool], int]:
-    counts: dict[tuple[bool, bool], int] = {}
+def _kind_counts(spec: ModelSpec, layers: tuple[int, ...]) -> dict[tuple[bool, bool, bool], int]:
+    counts: dict[tuple[bool, bool, bool], int] = {}
     for i in layers:
-        kind = (spec.is_moe_layer(i), spec.is_sliding_layer(i))
+        kind = _time_kind(spec, i)
         counts[kind] = counts.get(kind, 0) + 1
     return counts
 
@@ -254,7 +260,7 @@ def _kind_counts(spec: ModelSpec, layers: tuple[int, ...]) -> dict[tuple[bool, b
 @lru_cache(maxsize=16384)
 def _kind_seconds(
     spec: ModelSpec, hw: HardwareProfile, shape: Layout, wl: TrainingWorkload, tp: Group, cp: Group, ep: Group
-) -> dict[tuple[bool, bool], float]:
+) -> dict[tuple[bool, bool, bool], float]:
     return {
         kind: _cached_stage_time(spec, hw, shape, wl, tp, cp, ep, (i,), False, False).per_microbatch_seconds
         for kind, i in _kind_representatives(spec).items()
@@ -444,8 +450,9 @@ def finetune_assumption(wl: TrainingWorkload, spec: ModelSpec | None) -> str:
         base = f"frozen base in {wl.param_dtype.value}"
     else:
         others = "fp32 (PEFT prepare_model_for_kbit_training)" if wl.base_fp32_non_quantized else wl.param_dtype.value
-        base = (f"frozen base: decoder linears in {wl.base_format.value} ({8 * q:.3f} bits a weight), "
-                f"dequantized to 16 bits for each matmul; embeddings, norms and lm_head in {others}")
+        base = (f"frozen base: decoder nn.Linear weights in {wl.base_format.value} ({8 * q:.3f} bits a weight), "
+                f"dequantized to 16 bits for each matmul; embeddings, norms, lm_head, routed experts and routers "
+                f"(not nn.Linear since transformers 5, so bitsandbytes leaves them) in {others}")
     trained = f"rank-{wl.lora_rank} adapters on {','.join(wl.lora_targets)}"
     if spec is not None:
         n = adapter_params(spec, range(spec.num_layers), wl.lora_rank, wl.lora_targets)
@@ -482,6 +489,7 @@ def training_time(
     # (trained elements, bytes ZeRO-3 gathers, group) for the dense and the routed-expert parts.
     trained = ((w.dense_numel, w.dense_numel * wbytes, groups.zero), (w.expert_numel, w.expert_numel * wbytes, groups.expert_dp))
     opt_dense, opt_expert = w.dense_numel, w.expert_numel
+    fetched_bytes = w.numel / max(1, dense_n) * wbytes  # what ZeRO-Infinity brings back per pass
     if not wl.trains_base:
         # LoRA: only the fp32 adapters have gradients and optimizer states; ZeRO-3 still gathers
         # the frozen base in its storage format.
@@ -492,6 +500,8 @@ def training_time(
         grad_bytes = wbytes = FP32_BYTES
         trained = ((adapters, base.dense_bytes + adapters * FP32_BYTES, groups.zero), (0.0, base.expert_bytes, groups.expert_dp))
         opt_dense, opt_expert = adapters, 0.0
+        # the frozen base as stored (NF4, 16-bit or fp32), and the fp32 adapters
+        fetched_bytes = (base.dense_bytes + adapters * FP32_BYTES) / max(1, dense_n) + base.expert_bytes / max(1, expert_n)
     sync_pairs = tuple((numel, g) for numel, _, g in trained)
     if layout.zero_stage == 3:
         # Every micro-batch gathers the weights for forward and again for backward (and once
@@ -544,10 +554,10 @@ def training_time(
     if layout.offload_params is not Offload.NONE:
         # ZeRO-Infinity: every micro-batch fetches the rank's parameters for forward and again
         # for backward, prefetched behind the compute of the unit before.
-        fetch = 2 * (w.numel / max(1, dense_n)) * wbytes / host
+        fetch = 2 * fetched_bytes / host
         if layout.offload_params is Offload.NVME:
             nvme = hw.nvme_bandwidth_bytes_per_second_per_node * hw.nvme_efficiency / max(1, min(hw.gpus_per_node, layout.world_size))
-            fetch = max(fetch, 2 * (w.numel / max(1, dense_n)) * wbytes / nvme)
+            fetch = max(fetch, 2 * fetched_bytes / nvme)
         offload += m * (overlapped(mb_compute, fetch, hw) - mb_compute)
 
     breakdown = TimeBreakdown(

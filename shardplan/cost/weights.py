@@ -13,6 +13,7 @@ from shardplan.cost.params import (
     block_weights,
     embedding_weights,
     head_weights,
+    layer_kinds,
     tied_lm_head_copy,
 )
 from shardplan.cost.workload import Quantization
@@ -97,15 +98,11 @@ def stage_tensors(spec: ModelSpec, layout: Layout, stage: int) -> list[tuple[Wei
     """(tensor kind, how many layers carry it) for one pipeline stage."""
     chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
     layers = [i for r in chunks for i in r]
-    num_moe = sum(spec.is_moe_layer(i) for i in layers)
-    num_dense = len(layers) - num_moe
     out: list[tuple[WeightKind, int]] = []
     if stage == 0:
         out += [(w, 1) for w in embedding_weights(spec)]
-    if num_dense:
-        out += [(w, num_dense) for w in block_weights(spec, False)]
-    if num_moe:
-        out += [(w, num_moe) for w in block_weights(spec, True)]
+    for (moe, linear), num in sorted(layer_kinds(spec, layers).items()):
+        out += [(w, num) for w in block_weights(spec, moe, linear)]
     if stage == layout.pp - 1:
         out += [(w, 1) for w in head_weights(spec)]
         if layout.pp > 1:
@@ -139,8 +136,8 @@ def _stage_weights(spec: ModelSpec, layout: Layout, stage: int, quantization: Qu
         if w.routed_expert:
             expert += n
     per_block = [
-        sum(numel_per_rank(w, spec, layout) for w in block_weights(spec, moe))
-        for moe in {spec.is_moe_layer(i) for i in layers}
+        sum(numel_per_rank(w, spec, layout) for w in block_weights(spec, moe, linear))
+        for moe, linear in layer_kinds(spec, layers)
     ]
     return StageWeights(
         stage=stage,

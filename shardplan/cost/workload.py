@@ -83,6 +83,10 @@ class InferenceWorkload:
     # Speculative decoding (cost/speculative.py): a draft model's or the MTP layers' weights and KV on
     # the last stage, K lookahead slots per sequence; None: off.
     speculative: Speculative | None = None
+    # A multimodal model's profiling pass (cost/engine.py profile_vision): the tokens its vision tower
+    # runs over, on the first stage, and the encoder output rows alive while the text pass profiles.
+    vision_encoder_tokens: int = 0
+    vision_kept_tokens: int = 0
 
 
 class Optimizer(str, Enum):

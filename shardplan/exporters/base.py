@@ -41,6 +41,8 @@ class ExportOptions:
     port: int | None = None  # serving port / rendezvous port
     nvme_path: str = "/local_nvme"  # where NVMe offload writes (a placeholder to edit)
     engine: str = "vllm"  # kubernetes: which serving engine the pods run
+    cache_pvc: str | None = None  # kubernetes: PersistentVolumeClaim for the model cache; None: an emptyDir
+    hf_token_secret: str = "hf-token"  # kubernetes: Secret whose key `token` becomes HF_TOKEN (optional)
 
 
 @dataclass(frozen=True)
@@ -162,8 +164,36 @@ def replica_gpus(m: DeploymentManifest) -> int:
     return m.layout.tp * m.layout.pp * m.layout.cp
 
 
-def nodes_per_replica(m: DeploymentManifest) -> int:
-    return max(1, math.ceil(replica_gpus(m) / gpus_per_node_used(m)))
+def engine_replicas(m: DeploymentManifest, target: str) -> int:
+    """Serving replicas that run as ONE engine process group: 1, unless expert parallelism spans
+    replicas. A serving plan's expert group of ep x etp ranks folds over its dp x tp ranks; when
+    it is wider than a replica's tp ranks it spans (ep x etp) / tp replicas, whose experts are
+    split among them, so they must run as one engine (vLLM --data-parallel-size with
+    --enable-expert-parallel, SGLang DP attention), never as independent servers that would each
+    need every expert. A group that is not a whole number of replicas is refused."""
+    L = m.layout
+    if not isinstance(m.workload, InferenceWorkloadSection) or L.ep * L.etp <= L.tp:
+        return 1
+    if (L.ep * L.etp) % L.tp:
+        raise cannot(target, "layout.ep", f"the expert group (ep x etp = {L.ep * L.etp}) is not a whole number of "
+                     f"replicas (tp={L.tp}): no engine splits a replica between expert groups",
+                     "re-plan with ep x etp a multiple of tp")
+    return L.ep * L.etp // L.tp
+
+
+def engine_gpus(m: DeploymentManifest, target: str) -> int:
+    """GPUs of one engine process group: replica_gpus, times engine_replicas."""
+    return replica_gpus(m) * engine_replicas(m, target)
+
+
+def num_engines(m: DeploymentManifest, target: str) -> int:
+    """Engine process groups the plan runs: dp / engine_replicas (a whole number: ep x etp divides dp x tp)."""
+    return m.layout.dp // engine_replicas(m, target)
+
+
+def nodes_per_replica(m: DeploymentManifest, target: str = "export") -> int:
+    """Nodes one engine process group spans (a replica's, or a dp x ep group's)."""
+    return max(1, math.ceil(engine_gpus(m, target) / gpus_per_node_used(m)))
 
 
 def torch_dtype(dtype: str) -> str:

@@ -10,14 +10,39 @@ the tests parse the config with):
   model chunk per stage), which works with ZeRO stage 0 or 1 only.
 Context parallelism, hybrid (within-node) sharding, interleaved or GPipe schedules and Megatron
 sequence parallelism are not expressible here: export those plans --to torchrun.
+
+NVMe offload (ZeRO-Infinity) is sized from DeepSpeed 0.19's own code, not left at its defaults:
+- `offload_param.buffer_size` (elements): each parameter partition swapped from NVMe lands in one
+  pinned buffer, and `AsyncPartitionedParameterSwapper.get_buffer` asserts
+  `numel <= self.elements_per_buffer` ("More elements ... than buffer size";
+  deepspeed/runtime/swap_tensor/partitioned_param_swapper.py), where numel is the partition
+  `_aligned_size(param) // _partition_world_size(param)` (deepspeed/runtime/zero/
+  partition_parameters.py, `_partition_param`): the tensor padded to a multiple of the ZeRO-3
+  group, split over it. The default 1e8 (deepspeed/runtime/zero/offload_config.py) is too small
+  for e.g. a 70B model's 128256 x 8192 = 1.05e9-element embedding over 8 ranks (1.31e8 each).
+- `offload_param.buffer_count`: one buffer per partition in use or in flight; `swap_in` asserts a
+  module's partitions fit the free buffers ("Not enough buffers"), and the NVMe prefetcher takes
+  only free ones. A Hugging Face decoder's leaf modules hold one or two swappable tensors
+  (weight, bias), so DeepSpeed's default 5 covers them; it is written out so the pinned-memory
+  cost (buffer_count x buffer_size x parameter bytes per rank) is visible beside it.
+- `offload_optimizer.buffer_count`: "at least the number of states maintained per parameter by
+  the optimizer" (offload_config.py); PartitionedOptimizerSwapper takes num_tensors() + 1 with
+  gradients: fp32 parameter + exp_avg + exp_avg_sq + gradient = 4 for Adam(W), 3 for SGD.
+- the `aio` block: the keys `get_aio_config` reads (deepspeed/runtime/swap_tensor/aio_config.py,
+  defaults in swap_tensor/constants.py): block_size, queue_depth, intra_op_parallelism (formerly
+  thread_count, a name 0.19 no longer reads), single_submit, overlap_events,
+  use_gds. We write DeepSpeed's defaults, which its docs suggest tuning per drive with
+  `ds_nvme_tune`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from shardplan.exporters.base import (
+    GIB,
     Arg,
     ExportContext,
     ExportFile,
@@ -32,9 +57,21 @@ from shardplan.exporters.base import (
     training,
 )
 from shardplan.exporters.torchrun import RDZV_PORT
+from shardplan.cost.params import block_weights, embedding_weights, head_weights, layer_kinds, vision_weights
+from shardplan.specs.model import ModelSpec
+from shardplan.units import bytes_per_element, parse_dtype
 
 TARGET = "deepspeed"
 _OPTIMIZER = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}
+# DeepSpeed 0.19, deepspeed/runtime/zero/offload_config.py: DeepSpeedZeroOffloadParamConfig defaults.
+PARAM_BUFFER_SIZE_DEFAULT = 100_000_000  # elements
+PARAM_BUFFER_COUNT = 5
+# Tensors the optimizer swapper holds per parameter: num_tensors() + 1 for the gradient
+# (deepspeed/runtime/swap_tensor/partitioned_optimizer_swapper.py); fp32 master + states + gradient.
+OPTIMIZER_SWAP_TENSORS = {"adamw": 4, "adam": 4, "sgd": 3}
+# deepspeed/runtime/swap_tensor/constants.py (AIO_*_DEFAULT), the keys aio_config.get_aio_config reads.
+AIO = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+       "overlap_events": True, "use_gds": False}
 
 
 def ds_config(ctx: ExportContext) -> dict[str, Any]:
@@ -52,8 +89,12 @@ def ds_config(ctx: ExportContext) -> dict[str, Any]:
         zero |= {"overlap_comm": wl.overlap_grad_reduce, "contiguous_gradients": True}
     if L.offload_optimizer != "none":
         zero["offload_optimizer"] = _offload(L.offload_optimizer, ctx)
+        if L.offload_optimizer == "nvme":
+            zero["offload_optimizer"]["buffer_count"] = OPTIMIZER_SWAP_TENSORS.get(wl.optimizer, 4)
     if L.offload_params != "none":
         zero["offload_param"] = _offload(L.offload_params, ctx)
+        if L.offload_params == "nvme":
+            zero["offload_param"] |= {"buffer_count": PARAM_BUFFER_COUNT, "buffer_size": param_buffer_size(ctx)}
     cfg: dict[str, Any] = {
         "train_batch_size": wl.global_batch_size,
         "train_micro_batch_size_per_gpu": mbs,
@@ -73,7 +114,33 @@ def ds_config(ctx: ExportContext) -> dict[str, Any]:
         cfg["tensor_parallel"] = {"autotp_size": L.tp}
     if L.recompute == "full":
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
+    if "nvme" in (L.offload_optimizer, L.offload_params):
+        cfg["aio"] = dict(AIO)
     return cfg
+
+
+def largest_tensor_numel(spec: ModelSpec) -> int:
+    """Elements of the model's largest stored tensor. Routed experts count as one fused tensor
+    of every expert's gate and up projections (transformers 5 stores them so: e.g.
+    MixtralExperts.gate_up_proj is num_experts x 2 x intermediate x hidden)."""
+    kinds = [*embedding_weights(spec), *head_weights(spec), *vision_weights(spec)]
+    for moe, linear in layer_kinds(spec):
+        kinds += block_weights(spec, moe, linear)
+    return max(w.numel_per_copy * (2 * w.copies if w.routed_expert else 1) for w in kinds)
+
+
+def param_buffer_size(ctx: ExportContext) -> int:
+    """offload_param.buffer_size: at least the largest ZeRO-3 partition DeepSpeed swaps, i.e. the
+    largest tensor padded to a multiple of dp and split dp ways (partition_parameters.py
+    `_partition_param`; the assert in partitioned_param_swapper.py `get_buffer`), and never
+    below DeepSpeed's default. The tensor is counted whole (before any tensor-parallel split),
+    so the bound holds with AutoTP too."""
+    if ctx.spec is None:
+        raise cannot(TARGET, "model.source", "NVMe parameter offload needs the largest tensor's size to set "
+                     "offload_param.buffer_size, and the plan's model spec could not be read back",
+                     "export where the plan's model spec (model.source) can be read")
+    dp = ctx.manifest.layout.dp
+    return max(PARAM_BUFFER_SIZE_DEFAULT, math.ceil(largest_tensor_numel(ctx.spec) / dp))
 
 
 def _offload(where: str, ctx: ExportContext) -> dict[str, Any]:
@@ -138,7 +205,14 @@ def export_deepspeed(ctx: ExportContext) -> list[ExportFile]:
         notes.append(f"the plan assumes {L.recompute} activation recomputation: enable it in the model "
                      "(e.g. model.gradient_checkpointing_enable())")
     if L.offload_optimizer == "nvme" or L.offload_params == "nvme":
-        notes.append(f"NVMe offload writes under {ctx.options.nvme_path}: point nvme_path at a local NVMe mount")
+        notes.append(f"NVMe offload writes under {ctx.options.nvme_path}: point nvme_path at a local NVMe mount; "
+                     "the aio block holds DeepSpeed's defaults: tune it per drive with ds_nvme_tune")
+    if L.offload_params == "nvme":
+        size = cfg["zero_optimization"]["offload_param"]["buffer_size"]
+        pinned = PARAM_BUFFER_COUNT * size * bytes_per_element(parse_dtype(training(ctx, TARGET).param_dtype))
+        notes.append(f"offload_param.buffer_size {size:,} elements: the largest parameter partition "
+                     f"(largest tensor / dp={L.dp}); its {PARAM_BUFFER_COUNT} buffers pin "
+                     f"{pinned / GIB:.2f} GiB of host memory per rank")
     if ctx.options.script is None:
         notes.append("train.py stands for your training script: it must call deepspeed.initialize and accept "
                      "--deepspeed_config (deepspeed.add_config_arguments)")

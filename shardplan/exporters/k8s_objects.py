@@ -8,6 +8,26 @@ transport and the engines' inter-process queues between tensor-parallel ranks (N
 troubleshooting guide asks for at least 1 GiB; vLLM production-stack #899/#994 added a shm
 size knob for TP). We size it 1 GiB plus 1 GiB per GPU in the pod; it counts against the pod's
 memory.
+
+What a platform team asks of a serving pod:
+- probes on the engine's health endpoint (GET /health in vLLM, SGLang, TGI and trtllm-serve; the
+  engine passes its path in) on every container that serves the API (LWS worker pods serve none):
+  readiness gates traffic, liveness restarts a wedged engine, and a startup probe holds both off
+  while weights download and load and CUDA graphs are captured: 10 s x 360 = 1 hour, because an
+  800 GB checkpoint (405B in bf16) takes 13+ minutes to read at 1 GB/s before any compilation,
+  and a liveness probe that fires during loading would restart the pod forever;
+- a model cache mounted at HF_CACHE_PATH with HF_HOME pointing there (the engines and
+  huggingface_hub read it; TGI's image otherwise sets HF_HOME=/data): an existing
+  PersistentVolumeClaim with --cache-pvc NAME (ReadWriteMany, or ReadOnlyMany pre-filled, when
+  several pods share it), else an emptyDir: it passes the restricted Pod Security Standard that
+  forbids hostPath, at the price of a download per pod start;
+- HF_TOKEN for gated weights from a Secret (default `hf-token`, key `token`, --hf-token-secret
+  NAME), optional so that open models start without it;
+- GPUs as the vendor's extended resource (nvidia.com/gpu, amd.com/gpu), requests = limits;
+- one port per pod: each pod has its own network namespace, so replicas never share a port
+  (the engines serve Prometheus metrics on it at /metrics).
+The YAML has no anchors or aliases (`&id001`/`*id001`, which PyYAML writes for a dict used twice,
+such as the labels of a selector and its template): the dumper ignores aliases.
 """
 
 from __future__ import annotations
@@ -18,11 +38,22 @@ from typing import Any, Callable
 import yaml
 
 from shardplan.errors import ShardplanError
-from shardplan.exporters.base import ExportContext, comment, gpus_per_node_used, nodes_per_replica, replica_gpus
+from shardplan.exporters.base import (
+    ExportContext,
+    comment,
+    engine_gpus,
+    gpus_per_node_used,
+    nodes_per_replica,
+    num_engines,
+)
 from shardplan.exporters.serving import DEFAULT_PORT
 
 K8S_API_VERSION = "1.34"
 LWS_API = "leaderworkerset.x-k8s.io/v1"  # kubernetes-sigs/lws, api/leaderworkerset/v1
+HF_CACHE_PATH = "/root/.cache/huggingface"  # HF_HOME's default for root in the vLLM and SGLang images
+HF_TOKEN_KEY = "token"  # the key inside the Secret: kubectl create secret generic hf-token --from-literal=token=...
+PROBE_PERIOD_SECONDS = 10
+STARTUP_FAILURES = 360  # x 10 s = 1 hour for download, load and graph capture
 
 
 # An engine's pod commands: (leader or only pod, worker) shell lines for a port.
@@ -59,24 +90,63 @@ def image_for(ctx: ExportContext, default: str) -> str:
     return image
 
 
+# A DNS-1123 subdomain (object names of PVCs and Secrets): lower-case alphanumerics, '-' and '.'.
+_OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def object_name(value: str, field: str) -> str:
+    if len(value) > 253 or not _OBJECT_NAME.fullmatch(value):
+        raise ShardplanError(f"{value!r} is not a Kubernetes object name", field=field,
+                             hint="give a DNS-1123 name: lower-case letters, digits, '-' and '.', e.g. llama-cache")
+    return value
+
+
+def probes(port: int, path: str) -> dict[str, Any]:
+    """Readiness, liveness and startup probes on the engine's health endpoint."""
+    get = {"path": path, "port": port}
+    return {
+        "startupProbe": {"httpGet": dict(get), "periodSeconds": PROBE_PERIOD_SECONDS,
+                         "failureThreshold": STARTUP_FAILURES},
+        "readinessProbe": {"httpGet": dict(get), "periodSeconds": PROBE_PERIOD_SECONDS, "timeoutSeconds": 5,
+                           "failureThreshold": 3},
+        "livenessProbe": {"httpGet": dict(get), "periodSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 5},
+    }
+
+
+def cache_volume(ctx: ExportContext) -> dict[str, Any]:
+    pvc = ctx.options.cache_pvc
+    if pvc is None:
+        return {"name": "model-cache", "emptyDir": {}}
+    return {"name": "model-cache", "persistentVolumeClaim": {"claimName": object_name(pvc, "--cache-pvc")}}
+
+
 def pod_spec(ctx: ExportContext, *, image: str, shell: str, gpus: int, port: int | None,
-              labels: dict[str, str]) -> dict[str, Any]:
+             labels: dict[str, str], health_path: str | None = None) -> dict[str, Any]:
+    """A pod template; `port` given: the container serves the API there, probed at health_path."""
     res = _gpu_resource(ctx)
+    secret = object_name(ctx.options.hf_token_secret, "--hf-token-secret")
     container: dict[str, Any] = {
         "name": "main",
         "image": image_for(ctx, image),
         "command": ["/bin/bash", "-c"],
         "args": [shell],
+        "env": [{"name": "HF_HOME", "value": HF_CACHE_PATH},
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": HF_TOKEN_KEY,
+                                                                   "optional": True}}}],
         "resources": {"limits": {res: gpus}, "requests": {res: gpus}},
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
+                         {"name": "model-cache", "mountPath": HF_CACHE_PATH}],
     }
     if port is not None:
         container["ports"] = [{"containerPort": port, "name": "http"}]
+        if health_path is not None:
+            container |= probes(port, health_path)
     return {
-        "metadata": {"labels": labels},
+        "metadata": {"labels": dict(labels)},
         "spec": {
             "containers": [container],
-            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib(gpus)}Gi"}}],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib(gpus)}Gi"}},
+                        cache_volume(ctx)],
         },
     }
 
@@ -89,8 +159,10 @@ def service(name: str, selector: dict[str, str], port: int, *, headless: bool = 
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec}
 
 
-def leader_worker_set(ctx: ExportContext, *, image: str, pod_commands: PodCommands) -> list[dict[str, Any]]:
-    """One group of nodes_per_replica pods per replica: the leader starts the engine, workers join it."""
+def leader_worker_set(ctx: ExportContext, *, image: str, pod_commands: PodCommands,
+                      health_path: str) -> list[dict[str, Any]]:
+    """One group of pods per engine (a replica, or a dp x ep group) over nodes_per_replica nodes:
+    the leader starts the engine and serves the API, workers join it."""
     m = ctx.manifest
     name, port = name_for(ctx), ctx.options.port or DEFAULT_PORT
     gpus = gpus_per_node_used(m)
@@ -101,12 +173,12 @@ def leader_worker_set(ctx: ExportContext, *, image: str, pod_commands: PodComman
         "kind": "LeaderWorkerSet",
         "metadata": {"name": name},
         "spec": {
-            "replicas": m.layout.dp,
+            "replicas": num_engines(m, "kubernetes"),
             "leaderWorkerTemplate": {
-                "size": nodes_per_replica(m),
+                "size": nodes_per_replica(m, "kubernetes"),
                 "restartPolicy": "RecreateGroupOnPodRestart",
                 "leaderTemplate": pod_spec(ctx, image=image, shell=leader_cmd, gpus=gpus, port=port,
-                                            labels={**labels, "role": "leader"}),
+                                           labels={**labels, "role": "leader"}, health_path=health_path),
                 "workerTemplate": pod_spec(ctx, image=image, shell=worker_cmd, gpus=gpus, port=None,
                                             labels={**labels, "role": "worker"}),
             },
@@ -115,8 +187,9 @@ def leader_worker_set(ctx: ExportContext, *, image: str, pod_commands: PodComman
     return [lws, service(name, {**labels, "role": "leader"}, port)]
 
 
-def deployment(ctx: ExportContext, *, image: str, pod_commands: PodCommands) -> list[dict[str, Any]]:
-    """One pod per replica, all the replica's GPUs in it."""
+def deployment(ctx: ExportContext, *, image: str, pod_commands: PodCommands,
+               health_path: str) -> list[dict[str, Any]]:
+    """One pod per engine (a replica, or a dp x ep group on one node), all its GPUs in it."""
     m = ctx.manifest
     name, port = name_for(ctx), ctx.options.port or DEFAULT_PORT
     shell, _ = pod_commands(ctx, port=port, multi_node=False)
@@ -126,16 +199,21 @@ def deployment(ctx: ExportContext, *, image: str, pod_commands: PodCommands) -> 
         "kind": "Deployment",
         "metadata": {"name": name},
         "spec": {
-            "replicas": m.layout.dp,
+            "replicas": num_engines(m, "kubernetes"),
             "selector": {"matchLabels": labels},
-            "template": pod_spec(ctx, image=image, shell=shell, gpus=replica_gpus(m), port=port, labels=labels),
+            "template": pod_spec(ctx, image=image, shell=shell, gpus=engine_gpus(m, "kubernetes"), port=port,
+                                 labels=labels, health_path=health_path),
         },
     }
     return [dep, service(name, labels, port)]
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (shell commands, the embedded plan) as literal blocks, as people write them."""
+    """Multi-line strings (shell commands, the embedded plan) as literal blocks, as people write them;
+    an object used twice written out twice, never as an anchor and alias."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:

@@ -1,6 +1,9 @@
 """Kubernetes objects for a plan: serving replicas as a Deployment (one pod per replica) or,
 when a replica spans nodes, a LeaderWorkerSet (one group of pods per replica); training as an
 Indexed Job (one pod per node, torchrun with c10d rendezvous through a headless Service).
+A dp x ep serving plan, whose expert group spans replicas, runs one pod (or LWS group) per
+engine group rather than per replica. What the pods carry (probes, model cache, HF_TOKEN) is
+described in `k8s_objects`.
 The pod builders live in `k8s_objects` (a leaf the engines import too). Core objects are
 checked in the tests with kubernetes-validate for API 1.34.
 """
@@ -70,8 +73,9 @@ def export_kubernetes(ctx: ExportContext) -> list[ExportFile]:
             header.append(f"replace {TRAINING_IMAGE} with an image holding torch and "
                           f"{'shardplan' if ctx.options.script is None else 'the script'} (or pass --image)")
         return [ExportFile("job.yaml", dump(objs, header))]
-    engine = ctx.options.engine
-    if nodes_per_replica(m) > 1:
+    eng = _engine(ctx.options.engine)
+    kw = {"image": eng.IMAGE, "pod_commands": eng.pod_commands, "health_path": eng.HEALTH_PATH}
+    if nodes_per_replica(m, eng.TARGET) > 1:
         header.append("needs the LeaderWorkerSet controller: https://github.com/kubernetes-sigs/lws")
-        return [ExportFile("lws.yaml", dump(leader_worker_set(ctx, image=_engine(engine).IMAGE, pod_commands=_engine(engine).pod_commands), header))]
-    return [ExportFile("deployment.yaml", dump(deployment(ctx, image=_engine(engine).IMAGE, pod_commands=_engine(engine).pod_commands), header))]
+        return [ExportFile("lws.yaml", dump(leader_worker_set(ctx, **kw), header))]
+    return [ExportFile("deployment.yaml", dump(deployment(ctx, **kw), header))]

@@ -1,12 +1,13 @@
-"""What the serving engines share: the replicas one node hosts, and a launch script that
-starts them as independent servers (each its own GPUs and port)."""
+"""What the serving engines share: the engine process groups one node hosts, and a launch
+script that starts them as independent servers (each its own GPUs and port). An engine group
+is one replica, or the replicas a dp x ep plan's expert group spans (`base.engine_replicas`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-from shardplan.exporters.base import ExportContext, gpus_per_node_used, replica_gpus
+from shardplan.exporters.base import ExportContext, engine_gpus, gpus_per_node_used, num_engines
 
 DEFAULT_PORT = 8000
 
@@ -18,12 +19,13 @@ class Replica:
     port: int
 
 
-def node_replicas(ctx: ExportContext) -> list[Replica]:
-    """The replicas one node hosts (every node hosts the same set when replicas fit in a node:
-    the GPUs per node are a multiple of a replica's, so nodes are filled alike)."""
+def node_replicas(ctx: ExportContext, target: str = "export") -> list[Replica]:
+    """The engine groups (replicas, unless expert parallelism spans several) one node hosts
+    (every node hosts the same set when a group fits in a node: the GPUs per node are a
+    multiple of a group's, so nodes are filled alike)."""
     m = ctx.manifest
-    g = replica_gpus(m)
-    n = m.layout.dp if m.hardware.num_nodes == 1 else gpus_per_node_used(m) // g
+    g = engine_gpus(m, target)
+    n = num_engines(m, target) if m.hardware.num_nodes == 1 else gpus_per_node_used(m) // g
     base = ctx.options.port or DEFAULT_PORT
     return [Replica(s, tuple(range(s * g, (s + 1) * g)), base + s) for s in range(n)]
 

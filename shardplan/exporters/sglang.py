@@ -2,7 +2,12 @@
 (SGLang 0.5.3's ServerArgs). Mapping:
 - tp, pp -> --tp-size, --pp-size (a replica's tp x pp GPUs); replicas on a node -> --dp-size
   (without --enable-dp-attention each DP rank is a whole replica); ep -> --ep-size (SGLang carves
-  the expert group out of the tp group, so ep is 1 or tp, as shardplan's serving plans are).
+  the expert group out of the tp group: moe_tp_size = tp_size // ep_size, parallel_state.py).
+- dp x ep (the expert group spans k = ep x etp / tp replicas): one server per group with DP
+  attention, --tp-size k x tp --dp-size k --enable-dp-attention --ep-size ep: attention runs
+  k data-parallel ways of tp GPUs each (tp_size / dp_size), the MoE layers ep x etp over all
+  k x tp GPUs; --max-running-requests and --chunked-prefill-size are k x the plan's per-replica
+  limits, as SGLang divides them over the DP ranks. Refused with pipeline stages (this export does not combine them with DP attention).
 - --mem-fraction-static covers the weights and the KV pool (server_args help); it is the plan's
   predicted weights + KV cache over the GPU's memory, rounded down to 0.01, raised to the least
   that holds one max_model_len sequence when that is more.
@@ -22,8 +27,10 @@ from shardplan.exporters.base import (
     ExportContext,
     ExportFile,
     Raw,
+    cannot,
     checked_word,
     command,
+    engine_replicas,
     flag_table,
     model_ref,
     nodes_per_replica,
@@ -34,11 +41,12 @@ from shardplan.exporters.base import (
     share_holding_one_sequence,
     torch_dtype,
 )
-from shardplan.exporters.serving import DEFAULT_PORT, each_node_note, node_replicas
+from shardplan.exporters.serving import DEFAULT_PORT, each_node_note, node_replicas, replicas_script
 
 TARGET = "sglang"
 IMAGE = f"lmsysorg/sglang:v{flag_table(TARGET).version}"
 DIST_PORT = 20000
+HEALTH_PATH = "/health"  # GET, 200 once the server runs (python/sglang/srt/entrypoints/http_server.py)
 _QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq"}
 _KV = {"fp8": "fp8_e4m3"}
 
@@ -53,14 +61,27 @@ def mem_fraction_static(ctx: ExportContext) -> float:
                                       target=TARGET, flag="--mem-fraction-static")
 
 
+def group_replicas(ctx: ExportContext) -> int:
+    """Replicas one server runs with DP attention because experts are split among them (1: none)."""
+    L = ctx.manifest.layout
+    k = engine_replicas(ctx.manifest, TARGET)
+    if k > 1 and L.pp > 1:
+        raise cannot(TARGET, "layout.pp", f"expert parallelism over {k} replicas runs as DP attention, which this "
+                     f"export does not combine with pipeline stages (pp={L.pp})", "re-plan with --pp 1, or export --to vllm")
+    return k
+
+
 def server_args(ctx: ExportContext, *, data_parallel: int, port: int, nnodes: int = 1,
                 node_rank: str | None = None, head: str | None = None) -> list[Arg]:
     m = ctx.manifest
     wl = serving(ctx, TARGET)
     L, kv = m.layout, m.predicted.kv_cache
     assert kv is not None
-    args: list[Arg] = [("model-path", model_ref(ctx)), ("tp-size", L.tp), ("pp-size", L.pp)]
-    if data_parallel > 1:
+    k = group_replicas(ctx)
+    args: list[Arg] = [("model-path", model_ref(ctx)), ("tp-size", L.tp * k), ("pp-size", L.pp)]
+    if k > 1:
+        args += [("dp-size", k), ("enable-dp-attention", None)]
+    elif data_parallel > 1:
         args.append(("dp-size", data_parallel))
     if L.ep > 1:
         args.append(("ep-size", L.ep))
@@ -73,7 +94,9 @@ def server_args(ctx: ExportContext, *, data_parallel: int, port: int, nnodes: in
         args.append(("kv-cache-dtype", _KV.get(L.kv_cache_dtype, L.kv_cache_dtype)))
     if L.weight_quantization in _QUANT:
         args.append(("quantization", _QUANT[L.weight_quantization]))
-    args += [("max-running-requests", wl.max_num_seqs), ("chunked-prefill-size", wl.max_num_batched_tokens)]
+    # With DP attention SGLang divides both over the DP ranks (server_args.py: chunked_prefill_size //= dp_size;
+    # the model runner: max_running_requests // dp_size), so a group of k replicas is given k times the plan's.
+    args += [("max-running-requests", wl.max_num_seqs * k), ("chunked-prefill-size", wl.max_num_batched_tokens * k)]
     if wl.enforce_eager:
         args.append(("disable-cuda-graph", None))
     if wl.speculative is not None:
@@ -106,13 +129,21 @@ def export_sglang(ctx: ExportContext) -> list[ExportFile]:
     port = ctx.options.port or DEFAULT_PORT
     header = [*plan_header(m, TARGET, table),
               f"--mem-fraction-static {mem_fraction_static(ctx):.2f}: the plan's weights + KV cache share of the GPU"]
-    k = nodes_per_replica(m)
+    g = group_replicas(ctx)
+    if g > 1:
+        header.append(f"expert parallelism spans {g} replicas: they run as one server with DP attention "
+                      f"(--dp-size {g} --enable-dp-attention, --ep-size {m.layout.ep}); SGLang supports DP attention "
+                      "for DeepSeek- and Qwen-MoE-style models")
+    k = nodes_per_replica(m, TARGET)
     if k > 1:
-        header += [f"each of the {m.layout.dp} replica(s) spans {k} nodes: run on each of them with HEAD_ADDR "
-                   f"(the replica's first node) and NODE_RANK (0..{k - 1}) set"]
+        header += [f"each of the {m.layout.dp // g} server(s) spans {k} nodes: run on each of them with HEAD_ADDR "
+                   f"(the server's first node) and NODE_RANK (0..{k - 1}) set"]
         body = ['HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of the first node of the replica}"',
                 f'NODE_RANK="${{NODE_RANK:?set NODE_RANK to 0..{k - 1}}}"', "",
                 launch_command(ctx, data_parallel=1, port=port, nnodes=k)]
+    elif g > 1 and len(node_replicas(ctx, TARGET)) > 1:
+        header += each_node_note(ctx)
+        body = replicas_script(ctx, lambda r: launch_command(ctx, data_parallel=1, port=r.port))
     else:
         header += each_node_note(ctx)
         body = [launch_command(ctx, data_parallel=len(node_replicas(ctx)), port=port)]
@@ -124,7 +155,7 @@ def pod_commands(ctx: ExportContext, *, port: int, multi_node: bool) -> tuple[st
     LWS_WORKER_INDEX, 0 on the leader)."""
     if not multi_node:
         return launch_command(ctx, data_parallel=1, port=port), None
-    k = nodes_per_replica(ctx.manifest)
+    k = nodes_per_replica(ctx.manifest, TARGET)
     cmd = launch_command(ctx, data_parallel=1, port=port, nnodes=k, node_rank="$LWS_WORKER_INDEX",
                          head="$LWS_LEADER_ADDRESS")
     return cmd, cmd

@@ -9,6 +9,12 @@ own GPUs, port, shard socket and NCCL port.
 - --max-total-tokens = max_model_len; --max-input-tokens one less (TGI requires input < total).
 - weights: fp8 -> --quantize fp8, awq/gptq by name; int8 -> eetq (8-bit weights quantized at
   load: the same bytes as the plan's W8A8); int4 needs a GPTQ/AWQ checkpoint (TGI reads it).
+- metrics: the router builds its Prometheus exporter on 0.0.0.0:9000 (metrics-exporter-prometheus's
+  default listener; router/src/server.rs) and exits with "failed to build prometheus recorder" when
+  that port is taken (huggingface/text-generation-inference#3062). --prometheus-port arrived in
+  v3.3.0 (PR #3187): with a pinned launcher that has it, each replica on a node gets its own
+  (9000 + slot); with 3.2.0's, the script says that replicas of one node contend for 9000.
+  Kubernetes pods each have their own network namespace, so they never contend.
 """
 
 from __future__ import annotations
@@ -27,13 +33,15 @@ from shardplan.exporters.base import (
     serving,
     torch_dtype,
 )
-from shardplan.exporters.serving import each_node_note, replicas_script
+from shardplan.exporters.serving import each_node_note, node_replicas, replicas_script
 
 TARGET = "tgi"
 IMAGE = f"ghcr.io/huggingface/text-generation-inference:{flag_table(TARGET).version}"
 _QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq", "int8": "eetq"}
 _KV = {"fp8": "fp8_e4m3fn"}
 NCCL_PORT = 29500
+PROMETHEUS_PORT = 9000  # the router's default metrics listener (see above)
+HEALTH_PATH = "/health"  # GET, 200 when the shards answer (router/src/server.rs at v3.2.0)
 
 
 def _expressible(ctx: ExportContext) -> None:
@@ -77,7 +85,14 @@ def launcher_args(ctx: ExportContext, *, slot: int, port: int) -> list[Arg]:
     if wl.enforce_eager:
         args.append(("cuda-graphs", "0"))
     args += [("port", port), ("shard-uds-path", f"/tmp/tgi-replica-{slot}"), ("master-port", NCCL_PORT + slot)]
+    if has_prometheus_port():
+        args.append(("prometheus-port", PROMETHEUS_PORT + slot))
     return args
+
+
+def has_prometheus_port() -> bool:
+    """Whether the pinned launcher can move the router's metrics listener (TGI >= 3.3.0)."""
+    return "prometheus-port" in flag_table(TARGET).flags
 
 
 def launch_command(ctx: ExportContext, *, slot: int, port: int) -> str:
@@ -91,6 +106,10 @@ def export_tgi(ctx: ExportContext) -> list[ExportFile]:
     header = [*plan_header(m, TARGET, flag_table(TARGET)), *each_node_note(ctx)]
     if m.layout.weight_quantization == "int4":
         header.append("int4 weights: point --model-id at a GPTQ/AWQ int4 checkpoint (TGI reads its quantization config)")
+    if len(node_replicas(ctx)) > 1 and not has_prometheus_port():
+        header.append(f"TGI {flag_table(TARGET).version}'s routers all bind the metrics port {PROMETHEUS_PORT} at start "
+                      "(no --prometheus-port before 3.3.0): if a replica exits with 'failed to build prometheus "
+                      "recorder', start the replicas one after another")
     body = replicas_script(ctx, lambda r: launch_command(ctx, slot=r.slot, port=r.port))
     return [ExportFile("serve.sh", script(body, header=header), executable=True)]
 

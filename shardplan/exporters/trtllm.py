@@ -22,6 +22,7 @@ from shardplan.exporters.base import (
     ExportFile,
     cannot,
     command,
+    engine_replicas,
     flag_table,
     model_ref,
     nodes_per_replica,
@@ -38,6 +39,7 @@ TARGET = "trtllm"
 IMAGE = f"nvcr.io/nvidia/tensorrt-llm/release:{flag_table('trtllm-serve').version}"
 LLAMA_CONVERTER = "examples/models/core/llama/convert_checkpoint.py"  # in the TensorRT-LLM repository
 _LLAMA_FAMILY = ("llama", "mistral", "mixtral")
+HEALTH_PATH = "/health"  # GET (tensorrt_llm/serve/openai_server.py, register_routes)
 
 
 def kv_free_fraction(ctx: ExportContext) -> float:
@@ -52,6 +54,11 @@ def kv_free_fraction(ctx: ExportContext) -> float:
 
 def _expressible(ctx: ExportContext) -> None:
     m = ctx.manifest
+    k = engine_replicas(m, TARGET)
+    if k > 1:
+        raise cannot(TARGET, "layout.ep", f"expert parallelism spans {k} replicas (ep={m.layout.ep} > tp={m.layout.tp}), "
+                     "which needs one trtllm-serve over all their GPUs with attention data parallelism "
+                     "(enable_attention_dp), not written by this export", "export --to vllm or sglang")
     if nodes_per_replica(m) > 1:
         raise cannot(TARGET, "layout", f"a replica spans {nodes_per_replica(m)} nodes, which needs an MPI launch "
                      "(trtllm-llmapi-launch under mpirun/srun) this export does not write",

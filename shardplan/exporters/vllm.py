@@ -4,8 +4,13 @@ worker commands and a Kubernetes LeaderWorkerSet.
 Every flag is checked against `flags/vllm.yaml`, the flag list of the pinned vLLM version,
 taken from that version's source (the file says which). Mapping:
 - tp, pp -> --tensor-parallel-size, --pipeline-parallel-size; replicas (dp) -> --data-parallel-size
-  on a node. vLLM's expert parallelism spans all tp x dp ranks of one server, so a plan with ep = tp
-  per replica and several replicas runs one server per replica.
+  on a node. vLLM's expert parallelism spans all tp x dp ranks of one server (FusedMoEParallelConfig:
+  ep = tp x dp, experts unsplit), so a plan with ep = tp per replica and several replicas runs one
+  server per replica, and a dp x ep plan (ep = tp x k: the expert group spans k replicas) runs one
+  server per group: --data-parallel-size k --enable-expert-parallel. Other ep/etp are refused.
+  A group wider than a node uses vLLM's multi-node data parallelism (no Ray): the first node runs
+  the API server with --data-parallel-size-local, --data-parallel-address and -rpc-port, the
+  others `--headless --data-parallel-start-rank` (vLLM docs, serving/data_parallel_deployment.md).
 - --gpu-memory-utilization: the plan's, when its predicted KV cache holds one max_model_len
   sequence (vLLM refuses to start otherwise); else the least share that does.
 - weights: fp8 -> --quantization fp8 (vLLM quantizes a 16-bit checkpoint at load); awq/gptq name
@@ -29,12 +34,15 @@ from shardplan.exporters.base import (
     Raw,
     cannot,
     command,
+    engine_replicas,
     flag_table,
+    gpus_per_node_used,
     kv_tokens_at,
     model_ref,
     nodes_per_replica,
     non_kv_bytes,
     plan_header,
+    replica_gpus,
     script,
     serving,
     torch_dtype,
@@ -44,6 +52,8 @@ from shardplan.exporters.serving import DEFAULT_PORT, each_node_note, node_repli
 TARGET = "vllm"
 IMAGE = f"vllm/vllm-openai:v{flag_table(TARGET).version}"  # the release image of the pinned version
 RAY_PORT = 6379
+DP_RPC_PORT = 13345  # --data-parallel-rpc-port: the engines' coordination port on the first node (vLLM docs' example)
+HEALTH_PATH = "/health"  # GET, 200 once the engine serves (vllm/entrypoints/openai/api_server.py)
 _QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq"}
 
 
@@ -54,10 +64,24 @@ def memory_utilization(ctx: ExportContext) -> float:
 def separate_replicas(ctx: ExportContext) -> bool:
     """One server per replica: vLLM's data parallelism would widen expert parallelism to tp x dp."""
     L = ctx.manifest.layout
-    return L.ep > 1 and L.dp > 1
+    return L.ep > 1 and L.dp > 1 and group_replicas(ctx) == 1
 
 
-def serve_args(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool = False) -> list[Arg]:
+def group_replicas(ctx: ExportContext) -> int:
+    """Replicas one vLLM server runs as data-parallel ranks because experts are split among them
+    (1 when each replica holds every expert). vLLM's expert-parallel size is tp x that, with whole
+    experts: a plan with another ep, or experts split by tensor parallelism under ep, is refused."""
+    L = ctx.manifest.layout
+    k = engine_replicas(ctx.manifest, TARGET)
+    if L.ep > 1 and (L.ep != L.tp * k or L.etp != 1):
+        raise cannot(TARGET, "layout.ep", f"vLLM's expert parallelism spans every tp x data-parallel rank of a server "
+                     f"with whole experts (ep = tp x dp, etp = 1), and the plan has ep={L.ep}, etp={L.etp}, tp={L.tp}",
+                     "re-plan with --ep equal to tp (or tp x replicas), or export --to sglang")
+    return k
+
+
+def serve_args(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool = False,
+               dp_nodes: list[Arg] | None = None) -> list[Arg]:
     m = ctx.manifest
     wl = serving(ctx, TARGET)
     L = m.layout
@@ -66,6 +90,7 @@ def serve_args(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool =
     args: list[Arg] = [("tensor-parallel-size", L.tp), ("pipeline-parallel-size", L.pp)]
     if data_parallel > 1:
         args.append(("data-parallel-size", data_parallel))
+    args += dp_nodes or []
     if L.ep > 1:
         args.append(("enable-expert-parallel", None))
     if ray:
@@ -97,9 +122,32 @@ def speculative_config(sp) -> str:
     return json.dumps({"method": sp.method, "num_speculative_tokens": sp.num_speculative_tokens})
 
 
-def serve_command(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool = False) -> str:
+def serve_command(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool = False,
+                  dp_nodes: list[Arg] | None = None) -> str:
     return command(flag_table(TARGET), ["vllm", "serve", model_ref(ctx)],
-                   serve_args(ctx, data_parallel=data_parallel, port=port, ray=ray))
+                   serve_args(ctx, data_parallel=data_parallel, port=port, ray=ray, dp_nodes=dp_nodes))
+
+
+def local_dp_ranks(ctx: ExportContext) -> int:
+    """Data-parallel ranks (replicas) per node when a dp x ep group spans nodes; refused unless
+    each rank sits on one node and the group fills whole nodes."""
+    m = ctx.manifest
+    g, k = gpus_per_node_used(m), group_replicas(ctx)
+    if replica_gpus(m) > g or g % replica_gpus(m) or (k * replica_gpus(m)) % g:
+        raise cannot(TARGET, "layout", f"a data-parallel rank of {replica_gpus(m)} GPUs does not tile nodes of {g} GPUs "
+                     f"in a {k}-replica expert-parallel group", "re-plan so that tp x pp divides the GPUs per node")
+    return g // replica_gpus(m)
+
+
+def dp_node_args(ctx: ExportContext, *, head: str, node_rank: str) -> list[Arg]:
+    """vLLM's multi-node data parallelism: node 0 runs the API server and ranks 0..local-1; the
+    others run `--headless` from rank node_rank x local."""
+    local = local_dp_ranks(ctx)
+    args: list[Arg] = [("data-parallel-size-local", local), ("data-parallel-address", Raw(head)),
+                       ("data-parallel-rpc-port", DP_RPC_PORT)]
+    if node_rank != "0":
+        args = [("headless", None), ("data-parallel-start-rank", Raw(f"$(({node_rank} * {local}))")), *args]
+    return args
 
 
 def ray_head_command() -> str:
@@ -129,20 +177,48 @@ def export_vllm(ctx: ExportContext) -> list[ExportFile]:
     table = flag_table(TARGET)
     header = [*plan_header(m, TARGET, table), *_notes(ctx)]
     port = ctx.options.port or DEFAULT_PORT
-    if nodes_per_replica(m) > 1:
-        return _multi_node(ctx, header, port)
+    k = group_replicas(ctx)
+    if k > 1:
+        header.append(f"expert parallelism spans {k} replicas: they run as one vLLM server, --data-parallel-size {k} "
+                      f"--enable-expert-parallel (ep = tp x dp = {m.layout.tp * k})")
+    if nodes_per_replica(m, TARGET) > 1:
+        return _multi_node_dp(ctx, header, port) if k > 1 else _multi_node(ctx, header, port)
     header += each_node_note(ctx)
-    if separate_replicas(ctx):
-        body = replicas_script(ctx, lambda r: serve_command(ctx, data_parallel=1, port=r.port))
+    if separate_replicas(ctx) or (k > 1 and len(node_replicas(ctx, TARGET)) > 1):
+        body = replicas_script(ctx, lambda r: serve_command(ctx, data_parallel=k, port=r.port))
     else:
-        body = [serve_command(ctx, data_parallel=len(node_replicas(ctx)), port=port)]
+        body = [serve_command(ctx, data_parallel=k if k > 1 else len(node_replicas(ctx)), port=port)]
     return [ExportFile("serve.sh", script(body, header=header), executable=True)]
+
+
+def _multi_node_dp(ctx: ExportContext, header: list[str], port: int) -> list[ExportFile]:
+    """A dp x ep group over several nodes: one serve.sh run on each with HEAD_ADDR and NODE_RANK."""
+    m = ctx.manifest
+    n = nodes_per_replica(m, TARGET)
+    header = [*header, f"each of the {m.layout.dp // group_replicas(ctx)} server(s) spans {n} nodes: run serve.sh on each "
+              f"of them with HEAD_ADDR (the first node) and NODE_RANK (0..{n - 1}) set; node 0 serves the API",
+              "or apply lws.yaml (LeaderWorkerSet) on Kubernetes"]
+    body = ['HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of the first node of the server}"',
+            f'NODE_RANK="${{NODE_RANK:?set NODE_RANK to 0..{n - 1}}}"', "",
+            'if [ "$NODE_RANK" = 0 ]; then',
+            dp_serve_command(ctx, port=port, head="$HEAD_ADDR", node_rank="0"),
+            "else",
+            dp_serve_command(ctx, port=port, head="$HEAD_ADDR", node_rank="$NODE_RANK"),
+            "fi"]
+    return [ExportFile("serve.sh", script(body, header=header), executable=True),
+            ExportFile("lws.yaml", k8s.dump(k8s.leader_worker_set(ctx, image=IMAGE, pod_commands=pod_commands,
+                                                                  health_path=HEALTH_PATH)))]
+
+
+def dp_serve_command(ctx: ExportContext, *, port: int, head: str, node_rank: str) -> str:
+    return serve_command(ctx, data_parallel=group_replicas(ctx), port=port,
+                         dp_nodes=dp_node_args(ctx, head=head, node_rank=node_rank))
 
 
 def _multi_node(ctx: ExportContext, header: list[str], port: int) -> list[ExportFile]:
     """Each replica spans nodes_per_replica nodes: one Ray cluster per replica, vLLM on its head."""
     m = ctx.manifest
-    k = nodes_per_replica(m)
+    k = nodes_per_replica(m, TARGET)
     header = [*header, f"each of the {m.layout.dp} replica(s) spans {k} nodes and runs as its own Ray cluster:",
               "  1. on the replica's first node: bash ray-head.sh",
               f"  2. on its other {k - 1} node(s): HEAD_ADDR=<first node> bash ray-worker.sh",
@@ -154,13 +230,18 @@ def _multi_node(ctx: ExportContext, header: list[str], port: int) -> list[Export
     serve = script([serve_command(ctx, data_parallel=1, port=port, ray=True)], header=header)
     return [ExportFile("ray-head.sh", head, executable=True), ExportFile("ray-worker.sh", worker, executable=True),
             ExportFile("serve.sh", serve, executable=True),
-            ExportFile("lws.yaml", k8s.dump(k8s.leader_worker_set(ctx, image=IMAGE, pod_commands=pod_commands)))]
+            ExportFile("lws.yaml", k8s.dump(k8s.leader_worker_set(ctx, image=IMAGE, pod_commands=pod_commands,
+                                                                  health_path=HEALTH_PATH)))]
 
 
 def pod_commands(ctx: ExportContext, *, port: int, multi_node: bool) -> tuple[str, str | None]:
     """Container shell commands: (leader or only pod, worker or None) for Kubernetes."""
+    k = group_replicas(ctx)
     if not multi_node:
-        return serve_command(ctx, data_parallel=1, port=port), None
+        return serve_command(ctx, data_parallel=k, port=port), None
+    if k > 1:  # LWS sets LWS_LEADER_ADDRESS and LWS_WORKER_INDEX (0 on the leader) in every pod
+        return (dp_serve_command(ctx, port=port, head="$LWS_LEADER_ADDRESS", node_rank="0"),
+                dp_serve_command(ctx, port=port, head="$LWS_LEADER_ADDRESS", node_rank="$LWS_WORKER_INDEX"))
     leader = f"{ray_head_command()} && \\\n{serve_command(ctx, data_parallel=1, port=port, ray=True)}"
     worker = ray_worker_command("$LWS_LEADER_ADDRESS")
     return leader, worker

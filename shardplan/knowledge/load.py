@@ -10,11 +10,12 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from shardplan.errors import ShardplanError, UnknownNameError
-from shardplan.knowledge.schema import EngineFile, EngineRules, StackFile, parse_version
+from shardplan.knowledge.schema import BandsFile, EngineFile, EngineRules, StackFile, parse_version
 from shardplan.specs.loading import read_structured, validation_error
 
 ENGINES_DIR = Path(__file__).resolve().parent / "engines"
 STACKS_DIR = Path(__file__).resolve().parent / "stacks"
+BANDS_PATH = Path(__file__).resolve().parent / "bands.yaml"
 DEFAULT_ENGINE = "vllm"
 DEFAULT_STACK = "torchtitan"
 
@@ -54,8 +55,9 @@ def engine_rules(engine: str = DEFAULT_ENGINE, version: str | None = None) -> En
     era = next((e for e in f.eras if e.holds_for(v)), None)
     if era is None:
         raise ShardplanError(f"no rules for {f.display_name} {chosen}", field="--engine-version", hint=known)
+    multimodal = next((m for m in f.multimodal_eras if m.holds_for(v)), None)
     return EngineRules(engine=f.engine, display_name=f.display_name, version=chosen, era=era,
-                       fraction_name=f.fraction_name)
+                       fraction_name=f.fraction_name, multimodal=multimodal)
 
 
 def known_stacks() -> list[str]:
@@ -75,5 +77,23 @@ def stack_rules(stack: str = DEFAULT_STACK) -> StackFile:
         raise validation_error(e, str(path)) from None
 
 
-__all__ = ["DEFAULT_ENGINE", "DEFAULT_STACK", "engine_file", "engine_rules", "known_engines", "known_stacks",
-           "stack_rules"]
+def engine_generation(engine: str, version: str | None) -> str | None:
+    """The engine generation ('vLLM V1') whose measured cases band a prediction at `version`;
+    None when no version is given (the fields as given: no rules, so no generation)."""
+    if version is None:
+        return None
+    return engine_rules(engine, version).era.generation
+
+
+@lru_cache(maxsize=None)
+def bands_file(path: Path = BANDS_PATH) -> BandsFile:
+    """The measured error bands (`knowledge/bands.yaml`, written by
+    `python -m shardplan.validation.bands`)."""
+    try:
+        return BandsFile.model_validate(read_structured(path))
+    except ValidationError as e:
+        raise validation_error(e, str(path)) from None
+
+
+__all__ = ["BANDS_PATH", "DEFAULT_ENGINE", "DEFAULT_STACK", "bands_file", "engine_file", "engine_generation",
+           "engine_rules", "known_engines", "known_stacks", "stack_rules"]

@@ -185,6 +185,52 @@ class EngineEra(Frozen):
         return lo <= version and (hi is None or version < hi)
 
 
+class MultimodalEra(Frozen):
+    """How one version range, [min_version, max_version), profiles a multimodal model's vision
+    encoder before sizing the KV cache (docs/research/vllm-multimodal-profiling.md has the lines)."""
+
+    min_version: str = Field(description="first version the rules hold for (inclusive)")
+    max_version: str | None = Field(description="first version they no longer hold for (exclusive); null: still")
+    profile: Literal["sequences", "encoder_budget"] = Field(
+        description="sequences: the text pass's dummy sequences carry the items, max(1, min(max_num_seqs, "
+                    "max_num_batched_tokens // (items x tokens per item))) of them (V0); encoder_budget: the "
+                    "encoder runs apart on max(max_num_batched_tokens, tokens per item) tokens of items (V1)")
+    items_per_prompt: int = Field(ge=1, description="default limit_mm_per_prompt of a modality")
+    min_batched_tokens: int = Field(0, ge=0, description="a multimodal model's default max_num_batched_tokens is at "
+                                                         "least this (tokens); 0: no floor")
+    text_only_when_longer: bool = Field(
+        False, description="sequences: a dummy sequence too short for its items' tokens profiles text only")
+    items_rounding: Literal["ceil", "floor"] = Field(
+        "floor", description="encoder_budget: items = budget / tokens per item, rounded so")
+    items_capped_by_context: bool = Field(
+        False, description="encoder_budget: at most max_num_seqs x max(1, min(limit, max_model_len // tokens per item)) "
+                           "items (else max_num_seqs x limit)")
+    outputs_kept: bool = Field(False, description="encoder_budget: the encoder outputs stay alive during the text pass")
+    outputs_padded_to_budget: bool = Field(
+        False, description="encoder_budget: each kept output is padded to the whole budget's rows")
+    sources: dict[str, str] = Field(description="field -> where the rule comes from")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MultimodalEra":
+        parse_version(self.min_version)
+        documented = {"profile", "items_per_prompt"}
+        for name in ("min_batched_tokens", "text_only_when_longer", "outputs_kept", "outputs_padded_to_budget",
+                     "items_capped_by_context"):
+            if getattr(self, name):
+                documented.add(name)
+        if self.profile == "encoder_budget":
+            documented.add("items_rounding")
+        missing = sorted(documented - set(self.sources))
+        if missing:
+            raise ValueError(f"no source for {', '.join(missing)}")
+        return self
+
+    def holds_for(self, version: tuple[int, int, int]) -> bool:
+        lo = parse_version(self.min_version)
+        hi = parse_version(self.max_version) if self.max_version else None
+        return lo <= version and (hi is None or version < hi)
+
+
 class EngineFile(Frozen):
     """`knowledge/engines/<engine>.yaml`."""
 
@@ -194,6 +240,8 @@ class EngineFile(Frozen):
     fraction_name: str = Field("gpu_memory_utilization", description="the engine's name for the share of device "
                                                                      "memory it may use (its command-line flag)")
     eras: list[EngineEra] = Field(min_length=1, description="rules by version range, oldest first")
+    multimodal_eras: list[MultimodalEra] = Field(
+        default_factory=list, description="how each version range profiles a vision encoder; none: not modelled")
 
     @model_validator(mode="after")
     def _cover(self) -> "EngineFile":
@@ -217,6 +265,7 @@ class EngineRules(Frozen):
     era: EngineEra
 
     fraction_name: str = "gpu_memory_utilization"  # what the engine calls the share of memory it may use
+    multimodal: MultimodalEra | None = None  # how it profiles a vision encoder; None: not modelled for it
 
     @property
     def label(self) -> str:
@@ -229,7 +278,8 @@ class EngineRules(Frozen):
         return table[-1].value
 
 
-__all__ = ["DeviceDefault", "EngineEra", "EngineFile", "EngineRules", "ReservedMemory", "TpDefault", "parse_version"]
+__all__ = ["DeviceDefault", "EngineEra", "EngineFile", "EngineRules", "MultimodalEra", "ReservedMemory", "TpDefault",
+           "parse_version"]
 
 
 class EagerElementwise(Frozen):
@@ -340,3 +390,49 @@ class StackFile(Frozen):
 
 
 __all__ += ["CompiledLoss", "EagerElementwise", "FineTuneRules", "StackFile"]
+
+
+# --- Measured error bands (knowledge/bands.yaml, written by `python -m shardplan.validation.bands`) ---
+
+BandQuantity = Literal["kv_capacity", "peak_memory", "tokens_per_second"]
+
+
+class ErrorBand(Frozen):
+    """How far the cost model's prediction of one quantity fell from the measurement, over the
+    shipped cases of one engine generation or training stack (`shardplan validate`'s figures)."""
+
+    kind: Literal["engine_log", "training", "finetune"] = Field(description="the corpus the cases come from")
+    group: str = Field(min_length=1, description="the engine generation ('vLLM V1'), the stack ('torchtitan') or "
+                                                 "the stack and fine-tuning method ('hf lora')")
+    quantity: BandQuantity = Field(description="the predicted quantity: KV capacity (tokens), peak memory (bytes) "
+                                               "or tokens per second per GPU")
+    versions: tuple[str, ...] = Field(description="the engine versions of the cases, oldest first (empty for stacks)")
+    num_cases: int = Field(ge=1, description="cases measured (count)")
+    band_abs_error: float = Field(ge=0, description="the percentile of |predicted / measured - 1|, fraction "
+                                                    "(0.05: within 5%)")
+    mean_signed_error: float = Field(description="mean predicted / measured - 1, fraction: above 0 the model "
+                                                 "predicts more than was measured")
+
+
+class BandsFile(Frozen):
+    """`knowledge/bands.yaml`: the band each predicted quantity carries, by engine generation or
+    stack. Generated, not edited: a test checks it equals a fresh computation."""
+
+    percentile: int = Field(ge=1, le=100, description="the band is this percentile of |error| (nearest rank)")
+    generated_by: str = Field(min_length=1, description="the command that wrote the file")
+    corpus: str = Field(min_length=1, description="what the cases are (the shipped corpus, each row with its source)")
+    bands: tuple[ErrorBand, ...] = Field(description="one per (kind, group, quantity)")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "BandsFile":
+        keys = [(b.kind, b.group, b.quantity) for b in self.bands]
+        if len(keys) != len(set(keys)):
+            raise ValueError("a (kind, group, quantity) appears twice")
+        return self
+
+    def band(self, kind: str, group: str, quantity: str) -> ErrorBand | None:
+        """The band of one group and quantity; None when no shipped case measured it."""
+        return next((b for b in self.bands if (b.kind, b.group, b.quantity) == (kind, group, quantity)), None)
+
+
+__all__ += ["BandQuantity", "BandsFile", "ErrorBand"]

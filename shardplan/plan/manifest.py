@@ -30,7 +30,9 @@ from shardplan.fileio import write_text_atomic
 from shardplan.plan.schema import (
     MESH_AXIS_ORDER,
     SCHEMA_VERSION,
+    BandSection,
     DeploymentManifest,
+    FitAtBandEdgeSection,
     HardwareSection,
     InferenceWorkloadSection,
     Invalid,
@@ -175,7 +177,12 @@ def _predicted(report: CostReport) -> PredictedSection:
             capacity_tokens=int(c.capacity_tokens), num_blocks=int(c.num_blocks), block_size_tokens=c.block_size,
             max_model_len_tokens=c.max_model_len, bytes_per_sequence=float(c.bytes_per_sequence),
             max_concurrent_sequences=float(c.max_concurrency))
-    return PredictedSection(fits=report.fits, reason=report.reason, memory=memory, time=time, kv_cache=kv)
+    bands = [BandSection(**b.model_dump()) for b in report.bands or []]
+    edge = report.fit_at_band_edge
+    at_edge = None if edge is None else FitAtBandEdgeSection(verdict=edge.verdict, band_abs_error=edge.band_abs_error,
+                                                              note=edge.note)
+    return PredictedSection(fits=report.fits, reason=report.reason, memory=memory, time=time, kv_cache=kv,
+                            bands=bands, fit_at_band_edge=at_edge)
 
 
 def _assumptions(report: CostReport, hw: HardwareProfile) -> list[str]:

@@ -124,6 +124,8 @@ class InferenceWorkloadSection(_Section):
     warmup_kv_tokens: int = Field(0, ge=0, description="TGI: the warm-up batch's KV tokens, counted back")
     prefill_logit_bytes: float = Field(0.0, ge=0, description="bytes per logit the profiling prefill holds for every token")
     speculative: SpeculativeSection | None = Field(None, description="speculative decoding; null: off (plans before it)")
+    vision_encoder_tokens: int = Field(0, ge=0, description="tokens the vision tower runs over in the profiling pass")
+    vision_kept_tokens: int = Field(0, ge=0, description="encoder output rows alive during the text profiling pass")
 
 
 class TrainingWorkloadSection(_Section):
@@ -295,12 +297,39 @@ class KvCacheSection(_Section):
     max_concurrent_sequences: float = Field(ge=0, description="max_model_len sequences the cache holds at once")
 
 
+class BandSection(_Section):
+    """The measured error band of one predicted figure (`shardplan validate`; knowledge/bands.yaml)."""
+
+    quantity: Literal["kv_capacity", "peak_memory", "tokens_per_second"] = Field(description="the predicted figure")
+    kind: Literal["engine_log", "training", "finetune"] = Field(description="the corpus whose cases set the band")
+    group: str = Field(description="the engine generation, the stack, or the stack and fine-tuning method")
+    band_abs_error: float | None = Field(ge=0, description="the percentile of |predicted / measured - 1|, fraction; "
+                                                           "null: no measured case, band unknown")
+    percentile: int = Field(ge=1, le=100, description="which percentile (nearest rank)")
+    mean_signed_error: float | None = Field(description="mean predicted / measured - 1, fraction; null: no case")
+    num_cases: int = Field(ge=0, description="measured cases in the group")
+    versions: list[str] = Field(description="the engine versions of the cases, oldest first (empty for stacks)")
+    note: str = Field(description="the band in words")
+
+
+class FitAtBandEdgeSection(_Section):
+    verdict: Literal["fits", "tight", "does not fit"] = Field(
+        description="fits: at the memory band's pessimistic edge (or the band is unknown); tight: at the prediction "
+                    "only; does not fit: not even at the prediction")
+    band_abs_error: float | None = Field(ge=0, description="the band applied, fraction; null: unknown")
+    note: str = Field(description="the verdict in words, with the band and its cases")
+
+
 class PredictedSection(_Section):
     fits: bool = Field(description="every rank fits its memory")
     reason: str | None = Field(description="why not, when it does not fit")
     memory: MemorySection = Field(description="bytes per GPU")
     time: Annotated[Union[TrainingTime, ServingTime], Field(discriminator="kind", description="time figures")]
     kv_cache: KvCacheSection | None = Field(description="serving only")
+    bands: list[BandSection] = Field(default_factory=list, description="the measured error band of each predicted "
+                                     "figure; empty in plans written before bands were recorded")
+    fit_at_band_edge: FitAtBandEdgeSection | None = Field(
+        default=None, description="the verdict at the memory band's edge; null in plans written before it was recorded")
 
 
 class DeploymentManifest(_Section):

@@ -93,7 +93,11 @@ def search(
             progress((i + 1) * PROGRESS_STEPS, total)
         if first_fit and res.feasible:
             break
-    ranked = sorted(res.feasible, key=lambda e: (e.objective_value, e.key))
+    # Plans that fit only at the prediction ("tight") rank after those that fit at the band's
+    # edge. Serving costs every point, so this order is exact; training's branch and bound keeps
+    # each GPU count's best K by the objective, and this orders those (with --strict-fit the
+    # search rejects tight plans where it decides fit, so the K kept all fit at the edge).
+    ranked = sorted(res.feasible, key=lambda e: (e.tight, e.objective_value, e.key))
     res.top = ranked[: max(1, goal.top_k)]
     if not training:
         res.pareto = pareto_front(res.feasible)

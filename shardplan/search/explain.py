@@ -48,9 +48,13 @@ def plan_dict(e: Evaluated, report: CostReport) -> dict[str, Any]:
     return plan_report(e, report).model_dump(mode="json")
 
 
-def entry(spec: ModelSpec, e: Evaluated, goal: Goal, rank: int) -> RecommendEntry:
-    """One ranked plan: the estimate's memory and time for it, its cost and objective."""
+def entry(spec: ModelSpec, e: Evaluated, goal: Goal, rank: int,
+          banded: Callable[[CostReport], CostReport] | None = None) -> RecommendEntry:
+    """One ranked plan: the estimate's memory and time for it, its cost and objective;
+    `banded` attaches the measured error bands and the verdict at their edge."""
     report = estimate(spec, e.hw, e.layout, e.workload)
+    if banded is not None:
+        report = banded(report)
     t = report.time
     tokens_per_second = t.tokens_per_second if isinstance(t, TrainingTimeReport) else t.throughput_tokens_per_second
     return RecommendEntry(
@@ -63,6 +67,8 @@ def entry(spec: ModelSpec, e: Evaluated, goal: Goal, rank: int) -> RecommendEntr
         kv_cache=report.kv_cache,
         time=t,
         cost=CostFigures(**cost_figures(e.hw, goal, e.num_gpus, tokens_per_second)),
+        bands=report.bands,
+        fit_at_band_edge=report.fit_at_band_edge,
     )
 
 

@@ -9,11 +9,13 @@ from typing import Any, ClassVar, Union
 from pydantic import Field
 
 from shardplan.cost.report import (
+    FitAtBandEdge,
     Frozen,
     KvCacheReport,
     MemoryReport,
     OmitNone,
     PlanReport,
+    PredictionBand,
     ServingPlanReport,
     TimeReport,
     TrainingMemoryReport,
@@ -33,7 +35,7 @@ class CostFigures(Frozen):
 class RecommendEntry(OmitNone):
     """One ranked plan with its full estimate."""
 
-    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"kv_cache"})
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"kv_cache", "bands", "fit_at_band_edge"})
 
     rank: int = Field(description="1 = the pick")
     num_gpus: int = Field(description="GPUs of the plan (count)")
@@ -44,6 +46,10 @@ class RecommendEntry(OmitNone):
     kv_cache: KvCacheReport | None = Field(default=None, description="serving only")
     time: TimeReport = Field(description="time figures; throughput is the whole plan's (all replicas)")
     cost: CostFigures = Field(description="price of the plan")
+    bands: list[PredictionBand] | None = Field(default=None, description="the measured error band of each figure "
+                                               "(as `estimate --json`)")
+    fit_at_band_edge: FitAtBandEdge | None = Field(default=None, description="fits / tight at the memory band's "
+                                                   "edge; tight plans rank after those that fit at the edge")
 
     @property
     def throughput_tokens_per_second(self) -> float:
@@ -154,6 +160,10 @@ class RecommendResult(OmitNone):
     binding_constraint: BindingConstraint | None = Field(description="the pick's tightest limit")
     runner_up_gap_fraction: float | None = Field(description="how far the runner-up is behind, fraction")
     why: str = Field(description="the choice in words")
+    strict_fit: bool = Field(False, description="--strict-fit: plans that fit only at the prediction (tight) were "
+                                                "left out, not ranked last")
+    bands: list[PredictionBand] = Field(default_factory=list, description="the measured error bands of the "
+                                        "workload's predictions; the first is the one fit is decided on")
     compare: Comparison | None = Field(description="--compare: the named layout against the pick")
     suggestions: list[Suggestion] = Field(description="when nothing fits: single changes that make something fit")
     manifest: str | None = Field(description="where the pick's manifest was written")

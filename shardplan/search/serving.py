@@ -11,11 +11,13 @@ from collections import Counter
 from dataclasses import replace
 from typing import Iterator
 
+from shardplan.cost.accuracy import kv_holds_at_edge
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.time_serving import serving_time
 from shardplan.cost.workload import InferenceWorkload, Quantization
 from shardplan.search.space import (
+    TIGHT,
     Evaluated,
     Goal,
     Objective,
@@ -84,11 +86,12 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
         res.num_costed += 1
         res.num_steps += 1
         fit_batch = int(sm.kv_capacity_tokens // ctx)
-        if not sm.fits:
+        tight = not kv_holds_at_edge(sm.kv_capacity_tokens, sm.max_model_len, goal.kv_capacity_band_fraction)
+        if not sm.fits or (tight and goal.strict_fit):
             n = len(_batch_sizes(wlq, wl.max_num_seqs))  # the points this replica would have had
             res.num_candidates += n
             res.num_evaluated += n
-            res.rejected[memory_reason(sm.reason)] += n
+            res.rejected[memory_reason(sm.reason) if not sm.fits else TIGHT] += n
             continue
         for b in _batch_sizes(wlq, fit_batch):
             res.num_candidates += 1
@@ -118,7 +121,7 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
             res.num_feasible += 1
             key = (layout.world_size, layout.tp, layout.pp, layout.ep, _quant_rank(wlq), b)
             res.feasible.append(
-                Evaluated(layout, replace(wlq, batch_size=b), hw, serving_objective(goal, figures), key, figures)
+                Evaluated(layout, replace(wlq, batch_size=b), hw, serving_objective(goal, figures), key, figures, tight)
             )
 
 

@@ -39,10 +39,19 @@ class Goal:
     min_throughput_tokens_per_second: float | None = None  # all GPUs together
     gpu_hour_price_usd: float | None = None  # None: the profile's price
     top_k: int = 5
+    # "Fits" at the edge of the measured error band (cost/accuracy.py; the caller looks the band
+    # up): the fraction applied to the reserved peak (training, x (1 + band)) or to the KV
+    # capacity (serving, x (1 - band)); None: no band known, the prediction decides. A plan that
+    # fits only at the prediction is "tight": ranked after those that fit at the edge, or
+    # rejected with `strict_fit`.
+    peak_memory_band_fraction: float | None = None
+    kv_capacity_band_fraction: float | None = None
+    strict_fit: bool = False
 
     def __post_init__(self) -> None:
         limits = (("max_ttft_seconds", "--max-ttft-ms"), ("max_tpot_seconds", "--max-tpot-ms"),
-                  ("min_throughput_tokens_per_second", "--min-throughput"), ("gpu_hour_price_usd", "--gpu-hour-price"))
+                  ("min_throughput_tokens_per_second", "--min-throughput"), ("gpu_hour_price_usd", "--gpu-hour-price"),
+                  ("peak_memory_band_fraction", "bands.yaml"), ("kv_capacity_band_fraction", "bands.yaml"))
         for name, option in limits:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -91,6 +100,7 @@ class Evaluated:
     objective_value: float  # lower is better (throughput is negated)
     key: tuple[Any, ...]  # deterministic tie-break
     figures: dict[str, float]  # the headline numbers the ranking used
+    tight: bool = False  # fits at the prediction, not at the band's edge (Goal.*_band_fraction): ranked last
 
     @property
     def num_gpus(self) -> int:
@@ -119,6 +129,7 @@ class SearchResult:
 
 
 BUDGET_SPENT = "not searched: the search budget (max_search_steps) was spent"
+TIGHT = "tight: fits at the prediction, not at the error band's edge (--strict-fit)"
 
 
 Progress = Callable[[int, int], None]  # (done, total)

@@ -27,6 +27,7 @@ import math
 from dataclasses import replace
 from typing import Any, Iterator
 
+from shardplan.cost.accuracy import memory_fits_at_edge
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
 from shardplan.cost.memory_training import activation_bytes_lower_bound, stage_states_bytes, training_memory
 from shardplan.cost.time_training import (
@@ -39,6 +40,7 @@ from shardplan.cost.workload import TrainingWorkload
 from shardplan.search.space import (
     BUDGET_SPENT,
     SECONDS_PER_HOUR,
+    TIGHT,
     TOKENS_PER_MILLION,
     Evaluated,
     Goal,
@@ -325,6 +327,10 @@ def _cost_variants(
         if not tm.fits:
             res.rejected[memory_reason(tm.reason)] += 1
             continue
+        tight = not memory_fits_at_edge(max(r.reserved_bytes for r in tm.ranks), cap, goal.peak_memory_band_fraction)
+        if tight and goal.strict_fit:  # a tighter memory test: the bounds above stay lower bounds
+            res.rejected[TIGHT] += 1
+            continue
         fitted += 1
         tt = training_time(spec, hw, layout, wl, tm.num_microbatches)
         res.num_feasible += 1
@@ -335,7 +341,7 @@ def _cost_variants(
             "headroom_bytes": cap - max(r.breakdown.total for r in tm.ranks),
         }
         value = objective_value(goal, hw, layout.world_size, tt.step_seconds, tokens)
-        best.append(Evaluated(layout, wl, hw, value, shape_key + (v[0], v[1], v[2].value, v[3].value), figures))
+        best.append(Evaluated(layout, wl, hw, value, shape_key + (v[0], v[1], v[2].value, v[3].value), figures, tight))
         best.sort(key=lambda e: (e.objective_value, e.key))
         del best[k:]
     return fitted

@@ -850,8 +850,33 @@ def _llava(cfg: _Tracked, name: str) -> dict[str, Any]:
         proj += [("linear_1.bias", (th,)), ("linear_2.bias", (th,))]
     if composite == "llava_next":
         proj.append(("image_newline", (th,)))
+    tower.update(_llava_image_tokens(cfg, vcfg, tower, composite))
     d.update(model_type=composite, tie_word_embeddings=_tie(cfg, tcfg), vision=_vision_spec(tower, proj))
     return d
+
+
+def _llava_image_tokens(cfg: _Tracked, vcfg: Config, tower: dict[str, Any], composite: str) -> dict[str, int]:
+    """The largest image's tokens as vLLM counts them (model_executor/models/llava.py and
+    llava_next.py at v0.10.2, `get_num_image_tokens` / `get_image_size_with_most_features`): the
+    tower's tokens per tile (patches, plus the class token for CLIP), less the class token under
+    vision_feature_select_strategy "default"; LLaVA-NeXT adds, for the grid pinpoint (h, w) with
+    the most features, the unpadded grid of (h / image_size) x (w / image_size) tiles of patches
+    and one newline per row of patches. The tower runs over the base tile and every grid tile."""
+    side = _int(vcfg, "image_size") // _int(vcfg, "patch_size")
+    per_tile = side * side + (1 if tower.get("class_embedding") else 0)
+    base = per_tile - 1 if cfg.get("vision_feature_select_strategy", "default") == "default" else per_tile
+    if composite != "llava_next":
+        return dict(image_tokens_max=base, image_encoder_tokens_max=per_tile)
+    size = _int(vcfg, "image_size")
+    best = (base, per_tile)
+    for point in cfg.get("image_grid_pinpoints") or []:
+        if not (isinstance(point, (list, tuple)) and len(point) == 2 and all(isinstance(x, int) and x > 0 for x in point)):
+            continue  # a malformed pinpoint shapes no parameter; the processor would refuse it
+        rows, cols = point[0] // size, point[1] // size
+        tokens = base + (side * rows) * (side * cols) + side * rows
+        if tokens > best[0]:
+            best = (tokens, per_tile * (1 + rows * cols))
+    return dict(image_tokens_max=best[0], image_encoder_tokens_max=best[1])
 
 
 def _mistral3(cfg: _Tracked, name: str) -> dict[str, Any]:
@@ -866,6 +891,10 @@ def _mistral3(cfg: _Tracked, name: str) -> dict[str, Any]:
             ("linear_1.weight", (th, vh * _feature_layers(cfg))), ("linear_2.weight", (th, th))]
     if cfg.get("multimodal_projector_bias"):
         proj += [("linear_1.bias", (th,)), ("linear_2.bias", (th,))]
+    # vLLM's PixtralHFEncoderInfo (pixtral.py at v0.10.2): a square image of vision image_size runs
+    # (image_size / patch)^2 patches and takes (image_size / (patch x spatial_merge_size))^2 tokens.
+    side = _int(vcfg, "image_size") // _int(vcfg, "patch_size")
+    tower.update(image_tokens_max=(side // merge) ** 2, image_encoder_tokens_max=side * side)
     d.update(model_type="mistral3", tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
              vision=_vision_spec(tower, proj))
     return d
@@ -878,9 +907,17 @@ def _gemma3(cfg: _Tracked, name: str) -> dict[str, Any]:
     vcfg, tower = _tower(cfg, "gemma3")
     th, vh = d["hidden_size"], tower["hidden_size"]
     proj = [("mm_input_projection_weight", (vh, th)), ("mm_soft_emb_norm.weight", (vh,))]
+    # The SigLIP tower runs every patch of its square image; average pooling leaves mm_tokens_per_image
+    # (vLLM gemma3_mm.py at v0.10.2: processor.image_seq_length; pan-and-scan crops are off by default).
+    tower.update(image_tokens_max=_int(cfg, "mm_tokens_per_image"), image_encoder_tokens_max=_patches(vcfg))
     d.update(model_type="gemma3", tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
              vision=_vision_spec(tower, proj))
     return d
+
+
+# Llama4ImageProcessor's max_patches (the published preprocessor_config.json; vLLM's get_max_num_tiles
+# reads it), which config.json does not carry.
+LLAMA4_MAX_TILES = 16
 
 
 def _llama4(cfg: _Tracked, name: str) -> dict[str, Any]:
@@ -899,9 +936,23 @@ def _llama4(cfg: _Tracked, name: str) -> dict[str, Any]:
     proj = [("linear_1.weight", (th, _int(v, "vision_output_dim")))]
     if v.get("multi_modal_projector_bias"):
         proj.append(("linear_1.bias", (th,)))
+    # The largest image: LLAMA4_MAX_TILES tiles of image_size (16:1) plus the global tile the processor
+    # adds to a tiled image; each tile runs (patches + class) tokens through the tower and keeps
+    # patches x pixel_shuffle_ratio^2 features (vLLM mllama4.py at v0.10.2, get_max_num_tiles,
+    # get_image_size_with_most_features, get_patch_per_chunk).
+    side = _int(v, "image_size") // _int(v, "patch_size")
+    ratio = v.get("pixel_shuffle_ratio")
+    shuffle = int(round(1.0 / float(ratio) ** 2)) if isinstance(ratio, (int, float)) and 0 < ratio <= 1 else 1
+    chunks = LLAMA4_MAX_TILES + 1
+    tower.update(image_tokens_max=chunks * (side * side // shuffle), image_encoder_tokens_max=chunks * (side * side + 1))
     d.update(model_type="llama4", tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
              vision=_vision_spec(tower, proj))
     return d
+
+
+# max_pixels of Qwen2-VL's and Qwen2.5-VL's published preprocessor_config.json (Qwen2VLImageProcessor;
+# 12845056 = 16384 x 28 x 28), which config.json does not carry and vLLM's profiling reads.
+QWEN_VL_MAX_PIXELS = 12_845_056
 
 
 def _qwen_vl(cfg: _Tracked, name: str) -> dict[str, Any]:
@@ -952,8 +1003,13 @@ def _qwen_vl(cfg: _Tracked, name: str) -> dict[str, Any]:
     wide = vh * merge**2
     proj = ln + [("merger.mlp.0.weight", (wide, wide)), ("merger.mlp.0.bias", (wide,)),
                  ("merger.mlp.2.weight", (out, wide)), ("merger.mlp.2.bias", (out,))]
+    # The largest image the processor admits: max_pixels / (patch x merge)^2 tokens after the merger,
+    # merge^2 times as many patches through the tower (vLLM qwen2_vl.py at v0.10.2,
+    # get_image_size_with_most_features with the processor's max_pixels).
+    tokens = QWEN_VL_MAX_PIXELS // (patch * merge) ** 2
     vision = VisionSpec(num_layers=_int(v, "depth"), num_attention_heads=_int(v, "num_heads"),
-                        patch_embedding_inputs=inputs, **tower,
+                        patch_embedding_inputs=inputs, **tower, image_tokens_max=tokens,
+                        image_encoder_tokens_max=tokens * merge**2,
                         projector=tuple(NamedShape(name=n, shape=s) for n, s in proj))
     d.update(model_type=composite, tie_word_embeddings=_tie(cfg, tcfg), vision=vision)
     return d

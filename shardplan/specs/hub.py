@@ -69,10 +69,16 @@ def looks_like_local_path(text: str) -> bool:
 
 def is_hub_candidate(text: str) -> bool:
     """Shaped like `org/name[@rev]` (or a URL), not like a path: try the Hub rather than say
-    "file not found". Checked only after the local path and the bundled names."""
+    "file not found". Checked only after the local path and the bundled names. A name whose first
+    component is a folder here (`ckpts/llama-8b` with ./ckpts present) is a mistyped local path:
+    it is never sent to the Hub (that would leak the path, with the user's token); `hf:` forces
+    the Hub reading."""
     if text.startswith(HUB_PREFIX):
         return True
-    return ("/" in text or "://" in text) and not looks_like_local_path(text)
+    if looks_like_local_path(text) or not ("/" in text or "://" in text):
+        return False
+    first = text.split("/", 1)[0]
+    return "://" in text or not (first and Path(first).is_dir())
 
 
 def parse_hub_id(text: str) -> HubRef:

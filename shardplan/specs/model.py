@@ -143,6 +143,13 @@ class VisionSpec(StrictModel):
     num_outer_norms: int = Field(0, ge=0, le=4, description="norms of hidden_size around the encoder (pre/post layernorm)")
     extra_tensors: tuple[NamedShape, ...] = Field((), description="tower tensors outside this pattern")
     projector: tuple[NamedShape, ...] = Field((), description="the multimodal projector's tensors")
+    # The processor's largest image, as serving engines size their profiling pass by it (vLLM
+    # `get_max_image_tokens`, `get_image_size_with_most_features`); None: not known for the family.
+    image_tokens_max: int | None = Field(
+        None, gt=0, le=MAX_TOKENS, description="language-model placeholder tokens of the largest image (tokens)")
+    image_encoder_tokens_max: int | None = Field(
+        None, gt=0, le=MAX_TOKENS, description="tokens the tower runs over for that image: patches (and class "
+                                              "tokens) of every tile, before any merger or pooling (tokens)")
 
     @property
     def attention_head_dim(self) -> int:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Literal, Union
 from pydantic import Field, RootModel
 
 from shardplan.cost.estimate import estimate
-from shardplan.cost.report import TrainingMemoryReport, TrainingTimeReport
+from shardplan.cost.report import FitAtBandEdge, TrainingMemoryReport, TrainingTimeReport
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import ServingMemory, serving_memory
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
@@ -34,6 +34,7 @@ from shardplan.search import Goal, Objective, Space, search
 from shardplan.search.space import check_layout, gpu_counts, topology, tp_choices
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
+from shardplan.tasks._bands import banded
 from shardplan.tasks._results import Result, absent
 
 DEFAULT_MAX_NODES = 64  # --max-gpus defaults to this many whole nodes
@@ -68,6 +69,7 @@ class FormatRow(Result):
     not_found: str | None = Field(description="why nothing was found; None when found")
     plan: dict[str, int] | None = absent("the layout's degrees: tp, pp, dp, ep")
     fits: bool | None = absent("the estimate's verdict for the layout")
+    fit_at_band_edge: FitAtBandEdge | None = absent("fits / tight at the KV band's edge (as `estimate --json`)")
     per_gpu_bytes: dict[str, float] | None = absent("the estimate's memory per GPU by component (bytes)")
     headroom_bytes: float | None = absent("device memory left per GPU (bytes)")
     budget_bytes: float | None = absent("vLLM's memory budget per GPU (bytes)")
@@ -113,6 +115,7 @@ class TrainingRow(Result):
     not_found: str | None = Field(description="why nothing was found; None when found")
     plan: dict[str, Any] | None = absent("the fastest layout there (as `estimate --json` prints its plan)")
     fits: bool | None = absent("the estimate's verdict")
+    fit_at_band_edge: FitAtBandEdge | None = absent("fits / tight at the peak-memory band's edge (as `estimate --json`)")
     per_gpu_bytes: dict[str, float] | None = absent("memory per GPU by component (bytes)")
     headroom_bytes: float | None = absent("device memory left per GPU (bytes)")
     host_offload_bytes_per_node: float | None = absent("host memory the offload uses per node (bytes)")
@@ -227,12 +230,13 @@ def _format_label(wl: InferenceWorkload, q: Quantization) -> str:
 
 def _serving_figures(spec: ModelSpec, s: Served) -> dict[str, Any]:
     """The estimate's own memory and KV figures for one layout (what `estimate --json` prints)."""
-    report = estimate(spec, s.hw, s.layout, s.workload)
+    report = banded(estimate(spec, s.hw, s.layout, s.workload))
     assert report.kv_cache is not None  # a serving estimate always has one
     plan = report.plan
     return {
         "plan": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "ep": plan.ep},
         "fits": report.fits,
+        "fit_at_band_edge": report.fit_at_band_edge,
         "per_gpu_bytes": report.memory.per_gpu_bytes,
         "headroom_bytes": report.memory.headroom_bytes,
         "budget_bytes": report.memory.budget_bytes,
@@ -334,12 +338,13 @@ def training_capacity(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload
                 not_found=f"no layout of up to {max_gpus} GPUs fits at {wl.seq_len:,} tokens x {wl.global_batch_size} sequences"))
         else:
             best = res.top[0]
-            report = estimate(spec, best.hw, best.layout, best.workload)
+            report = banded(estimate(spec, best.hw, best.layout, best.workload))
             mem, time = report.memory, report.time
             assert isinstance(mem, TrainingMemoryReport) and isinstance(time, TrainingTimeReport)
             rows.append(TrainingRow(
                 zero_stage=z, offload=off, min_num_gpus=best.num_gpus, num_nodes=best.hw.num_nodes, not_found=None,
-                plan=report.plan.model_dump(mode="json"), fits=report.fits, per_gpu_bytes=mem.per_gpu_bytes,
+                plan=report.plan.model_dump(mode="json"), fits=report.fits, fit_at_band_edge=report.fit_at_band_edge,
+                per_gpu_bytes=mem.per_gpu_bytes,
                 headroom_bytes=mem.headroom_bytes, host_offload_bytes_per_node=mem.host_offload_bytes_per_node,
                 nvme_offload_bytes_per_node=mem.nvme_offload_bytes_per_node, step_seconds=time.step_seconds,
             ))

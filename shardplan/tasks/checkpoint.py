@@ -42,6 +42,8 @@ SINGLE_FILE = "model.safetensors"
 HEADER_LENGTH_BYTES = 8
 MAX_HEADER_BYTES = 100 * 2**20  # the safetensors library refuses headers above 100 MB too
 MAX_INDEX_BYTES = 100 * 2**20
+MAX_TENSORS = 1_000_000  # tensors in one shard's header: a bound on the work a hostile header can ask for
+MAX_SHARDS = 100_000  # files of one checkpoint
 
 # safetensors dtype -> bytes per element (safetensors `Dtype`)
 SAFETENSORS_DTYPE_BYTES = {
@@ -410,6 +412,10 @@ def plan_checkpoint(plan: Path, checkpoint: Path, *, dtype: str | None = None) -
 # ----- a checkpoint on the Hub ----------------------------------------------------------------
 
 
+def _natural(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
 def remote_checkpoint(rc: hub.RemoteCheckpoint) -> tuple[Path, list[StoredTensor], dict[str, int]]:
     """`read_checkpoint` for headers fetched from the Hub: the same tensors, absolute offsets
     and file sizes a local copy of the same files gives. The Hub reports each header's entries
@@ -421,12 +427,24 @@ def remote_checkpoint(rc: hub.RemoteCheckpoint) -> tuple[Path, list[StoredTensor
     hint = "check the repository's safetensors files"
     tensors: list[StoredTensor] = []
     sizes: dict[str, int] = {}
+    if len(rc.shards) > MAX_SHARDS:
+        raise InputFileError(f"{len(rc.shards)} safetensors files, more than {MAX_SHARDS}", source=label, hint=hint)
     for shard in rc.shards:
         rel = shard.file
         if not rel or rel.startswith("/") or "\\" in rel or ".." in Path(rel).parts:
             raise InputFileError(f"file name {rel!r} is not a plain name in the repository", source=label,
                                  field="weight_map", hint=hint)
         where = f"{rc.origin}/{rel}"
+        if len(shard.tensors) > MAX_TENSORS:
+            raise InputFileError(f"{len(shard.tensors)} tensors, more than {MAX_TENSORS}", source=where, field="header",
+                                 hint=hint)
+        for name, t in shard.tensors.items():  # huggingface_hub passes the header's entries through unchecked
+            offsets, shape = tuple(t.data_offsets or ()), tuple(t.shape or ())
+            if len(offsets) != 2 or not all(_natural(x) for x in offsets) or offsets[0] > offsets[1] \
+                    or not all(_natural(x) for x in shape):
+                raise InputFileError(f"tensor {str(name)[:80]!r} has data_offsets {str(t.data_offsets)[:40]} and shape "
+                                     f"{str(t.shape)[:40]}: two offsets begin <= end and a shape of sizes are needed",
+                                     source=where, field="header", hint=hint)
         header = {name: {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": list(t.data_offsets)}
                   for name, t in shard.tensors.items()}
         extents = sorted(tuple(t.data_offsets) for t in shard.tensors.values())

@@ -20,6 +20,7 @@ from shardplan.search.results import BestAtGpuCount, RecommendResult, SearchBudg
 from shardplan.search.space import BUDGET_SPENT, Progress
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import LoadedModel
+from shardplan.tasks._bands import banded, goal_at_edge, workload_bands
 from shardplan.units import DType
 
 
@@ -70,10 +71,15 @@ def recommend(
     manifest_path: Path | None = None,
     progress: Progress | None = None,
     suggest: bool = True,
+    strict_fit: bool = False,
 ) -> RecommendResult:
+    """The search with "fits" decided at the edge of the workload's measured error band
+    (`knowledge/bands.yaml`): plans that fit only at the prediction (tight) rank after those
+    that fit at the edge, or, with `strict_fit`, are rejected where the search decides fit."""
     spec = loaded.spec
+    goal = goal_at_edge(goal, workload, strict_fit=strict_fit)
     res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, progress=progress)
-    top = [explain.entry(spec, e, goal, i + 1) for i, e in enumerate(res.top)]
+    top = [explain.entry(spec, e, goal, i + 1, banded) for i, e in enumerate(res.top)]
     binding = explain.binding_constraint(top[0], goal) if top else None
     gap = explain.gap(top[0], top[1]) if len(top) > 1 else None
     comparison = None
@@ -96,7 +102,7 @@ def recommend(
     manifest = None
     if manifest_path is not None and res.top:
         best = res.top[0]
-        report = estimate(spec, best.hw, best.layout, best.workload)
+        report = banded(estimate(spec, best.hw, best.layout, best.workload))
         summary: dict[str, Any] = {"num_candidates": res.num_candidates, "num_evaluated": res.num_evaluated,
                                    "num_costed": res.num_costed, "num_feasible": res.num_feasible}
         if gap is not None:
@@ -134,11 +140,23 @@ def recommend(
         best_per_num_gpus=_best_per_num_gpus(res) if res.training else [],
         binding_constraint=binding,
         runner_up_gap_fraction=gap,
-        why=explain.why(top, goal, binding),
+        why=explain.why(top, goal, binding) + _tight_ranked_last(top),
+        strict_fit=strict_fit,
+        bands=workload_bands(workload),
         compare=comparison,
         suggestions=suggestions,
         manifest=manifest,
     )
+
+
+def _tight_ranked_last(top: list[Any]) -> str:
+    """Why a faster plan may rank below the pick: it fits only at the prediction."""
+    tight = [e.rank for e in top if e.fit_at_band_edge is not None and e.fit_at_band_edge.verdict == "tight"]
+    if not tight or len(tight) == len(top):
+        return ""
+    ranks = ", ".join(f"#{r}" for r in tight)
+    return (f"; {ranks} fit only at the prediction, not at the error band's edge (tight), so they rank after the "
+            "plans that fit at the edge")
 
 
 _BEST = {
@@ -169,10 +187,10 @@ def assumptions(workload: InferenceWorkload | TrainingWorkload, goal: Goal) -> s
 
 
 def _best_per_num_gpus(res: SearchResult) -> list[BestAtGpuCount]:
-    """Training: the best plan found at each GPU count, by the objective (what `--plot` draws
-    as step time against GPUs)."""
+    """Training: the best plan found at each GPU count, by the objective, those that fit at the
+    error band's edge first, as the ranking does (what `--plot` draws as step time against GPUs)."""
     best: dict[int, Any] = {}
-    for e in sorted(res.feasible, key=lambda e: (e.objective_value, e.key)):
+    for e in sorted(res.feasible, key=lambda e: (e.tight, e.objective_value, e.key)):
         best.setdefault(e.num_gpus, e)
     return [
         BestAtGpuCount(num_gpus=n, step_seconds=e.figures["step_seconds"],

@@ -31,6 +31,7 @@ from shardplan.errors import ShardplanError
 from shardplan.fileio import write_text_atomic
 from shardplan.plan import readback
 from shardplan.plan.manifest import DeploymentManifest, build_manifest, write_manifest
+from shardplan.tasks._bands import banded
 from shardplan.plan.placement import Box, box_numel, bytes_per_element, check_nameable, rank_holdings, states
 from shardplan.search import Goal, Objective, Space, search
 from shardplan.search import explain
@@ -290,7 +291,7 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
     best = candidates[0].objective_value
     built, rows = [], []
     for i, e in enumerate(candidates):
-        report = estimate(spec, e.hw, e.layout, e.workload)
+        report = banded(estimate(spec, e.hw, e.layout, e.workload))  # the manifest records the bands
         m = build_manifest(loaded=loaded, hw=e.hw, layout=e.layout, workload=e.workload, report=report,
                            objective=goal.objective.value,
                            search={"num_evaluated": res.num_evaluated, "num_feasible": res.num_feasible})

@@ -43,6 +43,7 @@ class EngineFlags(StrictModel):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     enable_chunked_prefill: bool | None = None
     enforce_eager: bool | None = None
+    limit_mm_per_prompt: Positive | None = Field(None, description="images per prompt the profiling pass assumes")
     quantization: str | None = Field(None, max_length=40, description="vLLM --quantization (fp8, awq, gptq, ...)")
     kv_cache_dtype: str | None = Field(None, max_length=40)
     # SGLang

@@ -96,7 +96,8 @@ def engine_log_inputs(case: EngineLogCase, corpus: Path | None = None):
         gpu_memory_utilization=fraction, block_size=None, kv_cache_dtype=f.kv_cache_dtype, weight_dtype=None,
         quantization=QUANTIZATION[quant], enforce_eager=bool(f.enforce_eager), input_len=1024, output_len=128,
         batch_size=None, engine=engine_rules(case.engine, case.engine_version), hw=hw,
-        model_max_len=spec.max_position_embeddings, enable_chunked_prefill=f.enable_chunked_prefill)
+        model_max_len=spec.max_position_embeddings, enable_chunked_prefill=f.enable_chunked_prefill,
+        vision=spec.vision, images_per_prompt=f.limit_mm_per_prompt)
     return spec, hw, Layout(tp=case.tp, pp=case.pp), wl
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from shardplan.specs.loading import read_structured, validation_error
+from shardplan.units import BYTES_PER_GIB
 from shardplan.validation.cases import (
     Case,
     EngineFlags,
@@ -67,7 +68,7 @@ def engine_log_cases(corpus: Path = CORPUS_DIR) -> tuple[list[Case], list[Skippe
 def memory_gib(measured: dict) -> tuple[float | None, str]:
     """The peak memory a training row printed, GiB, and its counter (allocated or reserved)."""
     for key, scale in (("peak_memory_gib", 1.0), ("peak_memory_mib", 1 / 1024), ("memory_gib", 1.0),
-                       ("mem_max_allocated_bytes", 1 / 2**30)):
+                       ("mem_max_allocated_bytes", 1 / BYTES_PER_GIB)):
         if isinstance(measured.get(key), (int, float)) and not isinstance(measured.get(key), bool):
             counter = str(measured.get("memory_counter", ""))
             return measured[key] * scale, "allocated" if "allocated" in counter else "reserved"

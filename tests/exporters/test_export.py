@@ -40,6 +40,10 @@ def plan(name: str):
         "serve-2node-span": ("llama-3.1-405b", 16, Layout(tp=8, pp=2), InferenceWorkload(max_model_len=8192), 8),
         "serve-pp-1node": ("llama-3.1-8b", 2, Layout(pp=2), InferenceWorkload(max_model_len=8192), None),
         "serve-moe-ep": ("mixtral-8x7b", 8, Layout(tp=2, dp=4, ep=2), InferenceWorkload(max_model_len=32768), None),
+        # expert parallelism spanning replicas: one engine per expert group (DeepSeek-V3 as the issue names it)
+        "serve-dp-ep-1node": ("mixtral-8x7b", 8, Layout(tp=2, dp=4, ep=8), InferenceWorkload(max_model_len=32768), None),
+        "serve-dp-ep-2node": ("deepseek-v3", 16, Layout(tp=1, dp=16, ep=16), InferenceWorkload(max_model_len=8192),
+                              (8, "h200-sxm-141gb")),
         # training
         "train-1gpu": ("llama-3.2-1b", 1, Layout(), TrainingWorkload(seq_len=2048, global_batch_size=16), None),
         "train-1node": ("llama-3.1-8b", 8, Layout(dp=8, zero_stage=3, micro_batch_size=2),
@@ -49,7 +53,8 @@ def plan(name: str):
                         TrainingWorkload(seq_len=4096, global_batch_size=64), 8),
     }
     model, gpus, layout, wl, gpn = cases[name]
-    m, _ = build_plan(model, gpus, layout, wl, gpus_per_node=gpn)
+    gpn, hardware = gpn if isinstance(gpn, tuple) else (gpn, "h100-sxm-80gb")
+    m, _ = build_plan(model, gpus, layout, wl, gpus_per_node=gpn, hardware=hardware)
     assert m.predicted.fits, name
     return m
 
@@ -58,15 +63,15 @@ SERVING = ["serve-1gpu", "serve-1node", "serve-2node-span"]
 TRAINING = ["train-1gpu", "train-1node", "train-2node"]
 # target -> the plans of its golden files (single GPU, one node, several nodes)
 GOLDEN = {
-    "vllm": [*SERVING, "serve-2node-replicas", "serve-moe-ep"],
-    "sglang": [*SERVING, "serve-moe-ep"],
+    "vllm": [*SERVING, "serve-2node-replicas", "serve-moe-ep", "serve-dp-ep-1node", "serve-dp-ep-2node"],
+    "sglang": [*SERVING, "serve-moe-ep", "serve-dp-ep-1node", "serve-dp-ep-2node"],
     "tgi": ["serve-1gpu", "serve-1node", "serve-2node-replicas"],
     "trtllm": ["serve-1gpu", "serve-1node", "serve-2node-replicas"],
     "deepspeed": ["train-1gpu", "train-1node", "train-2node-zero"],
     "torchrun": [*TRAINING, "serve-1node"],
     "slurm": TRAINING,
     "accelerate": ["serve-1gpu", "serve-pp-1node", "train-1gpu", "train-1node", "train-2node-fsdp"],
-    "kubernetes": [*SERVING, "serve-2node-replicas", *TRAINING],
+    "kubernetes": [*SERVING, "serve-2node-replicas", "serve-dp-ep-2node", *TRAINING],
     "jax": ["serve-1gpu", "serve-1node", "train-1node", "train-2node-dp"],
 }
 
@@ -193,7 +198,8 @@ def check_flags(table_name: str, args: list[str]) -> int:
 
 @pytest.mark.parametrize("target", ["vllm", "sglang", "tgi", "trtllm", "kubernetes"])
 def test_every_engine_flag_is_in_the_pinned_versions_list(target):
-    names = [n for n in GOLDEN[target] if n.startswith("serve")] + ["serve-2node-replicas", "serve-moe-ep"]
+    names = [n for n in GOLDEN[target] if n.startswith("serve")] + ["serve-2node-replicas", "serve-moe-ep",
+                                                                     "serve-dp-ep-1node", "serve-dp-ep-2node"]
     checked = 0
     for name in dict.fromkeys(names):
         try:
@@ -524,3 +530,196 @@ def test_cli_unknown_kubernetes_engine_is_one_line_exit_2(cli, tmp_path):
     r = cli("export", str(_write(tmp_path, "serve-1gpu")), "--to", "kubernetes", "--engine", "foo")
     assert r.exit_code == 2
     assert r.stderr.strip() == "error: field '--engine': unknown serving engine 'foo' (fix: use one of vllm, sglang, tgi, trtllm)"
+
+
+# ----- issue 26: Kubernetes a platform team merges, dp x ep as one engine, TGI metrics ports ----------
+
+
+GRID = ["serve-1gpu", "serve-1node", "serve-2node-replicas", "serve-2node-span", "serve-pp-1node", "serve-moe-ep",
+        "serve-dp-ep-1node", "serve-dp-ep-2node", "train-1gpu", "train-1node", "train-2node", "train-2node-zero",
+        "train-2node-fsdp", "train-2node-dp"]
+
+
+def kubernetes_files(**opts) -> list[tuple[str, str]]:
+    """(label, text) of every Kubernetes file the export grid yields: the kubernetes target for
+    each serving engine (training once), and vLLM's own lws.yaml; plans an engine cannot run skipped."""
+    out = []
+    for name in GRID:
+        engines = ["vllm", "sglang", "tgi", "trtllm"] if name.startswith("serve") else ["vllm"]
+        for engine in engines:
+            try:
+                got = files("kubernetes", name, engine=engine, **opts)
+            except CannotExpress:
+                continue
+            out += [(f"{name}/{engine}/{f}", t) for f, t in got.items()]
+        if name.startswith("serve"):
+            out += [(f"{name}/vllm/{f}", t) for f, t in files("vllm", name, **opts).items() if f.endswith(".yaml")]
+    return out
+
+
+def yaml_anchors(text: str) -> list[str]:
+    """Anchors and aliases as a YAML parser sees them (plus their PyYAML spelling in the text)."""
+    found = [e.anchor for e in yaml.parse(text) if getattr(e, "anchor", None) is not None]
+    import re
+
+    return found + re.findall(r"[&*]id\d+", text)
+
+
+def test_yaml_anchor_check_can_fail():
+    shared = {"app": "x"}
+    assert yaml_anchors(yaml.safe_dump({"a": shared, "b": shared})) != []  # what PyYAML writes by default
+
+
+def test_no_exported_kubernetes_file_has_a_yaml_anchor_or_alias():
+    texts = kubernetes_files()
+    assert len(texts) >= 25
+    for label, text in texts:
+        assert yaml_anchors(text) == [], label
+
+
+def _containers(text: str) -> list[dict]:
+    out = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            out.extend(node.get("containers", []))
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    for doc in yaml.safe_load_all(text):
+        walk(doc)
+    return out
+
+
+def test_every_serving_container_is_probed_on_its_health_endpoint_and_reads_the_cache_and_token():
+    serving_containers = 0
+    for label, text in kubernetes_files():
+        for c in _containers(text):
+            env = {e["name"]: e for e in c["env"]}
+            ref = env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": "hf-token", "key": "token", "optional": True}, label
+            mounts = {v["name"]: v["mountPath"] for v in c["volumeMounts"]}
+            assert env["HF_HOME"]["value"] == mounts["model-cache"], label
+            if "ports" not in c:  # an LWS worker or a training pod: no API to probe
+                assert "readinessProbe" not in c, label
+                continue
+            serving_containers += 1
+            port = c["ports"][0]["containerPort"]
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                assert c[probe]["httpGet"] == {"path": "/health", "port": port}, (label, probe)
+            start = c["startupProbe"]
+            assert start["failureThreshold"] * start["periodSeconds"] >= 30 * 60, label  # model loading
+    assert serving_containers >= 15
+
+
+def test_kubernetes_cache_pvc_and_token_secret_are_configurable():
+    text = files("kubernetes", "serve-1node", cache_pvc="llama-cache", hf_token_secret="team.hf")["deployment.yaml"]
+    pod = next(yaml.safe_load_all(text))["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["model-cache"] == {"name": "model-cache", "persistentVolumeClaim": {"claimName": "llama-cache"}}
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "team.hf"
+    default = next(yaml.safe_load_all(files("kubernetes", "serve-1node")["deployment.yaml"]))
+    assert {"name": "model-cache", "emptyDir": {}} in default["spec"]["template"]["spec"]["volumes"]
+
+
+@pytest.mark.parametrize("field,value", [("cache_pvc", "Bad_Name"), ("cache_pvc", "x; rm -rf /"),
+                                         ("hf_token_secret", "a\nb: c"), ("hf_token_secret", "-x")])
+def test_kubernetes_refuses_object_names_that_are_not_dns_names(field, value):
+    with pytest.raises(ShardplanError, match="is not a Kubernetes object name"):
+        files("kubernetes", "serve-1gpu", **{field: value})
+
+
+def _vllm_ep(words: list[str]) -> int:
+    """vLLM's expert-parallel size for a `vllm serve` argv: tp x dp with --enable-expert-parallel
+    (FusedMoEParallelConfig.make), else 1."""
+    if "--enable-expert-parallel" not in words:
+        return 1
+    tp = int(words[words.index("--tensor-parallel-size") + 1])
+    dp = int(words[words.index("--data-parallel-size") + 1]) if "--data-parallel-size" in words else 1
+    return tp * dp
+
+
+@pytest.mark.parametrize("name", ["serve-dp-ep-1node", "serve-dp-ep-2node"])
+def test_dp_ep_plan_runs_as_one_vllm_engine_whose_expert_parallel_size_is_the_plans(name):
+    m = plan(name)
+    assert m.layout.ep > m.layout.tp  # the expert group spans replicas
+    cmds = [args for t, args in engine_commands(files("vllm", name)["serve.sh"]) if t == "vllm"]
+    servers = [a for a in cmds if "--headless" not in a]
+    assert len(servers) == 1  # one API server: one engine, not one per replica
+    for words in cmds:
+        assert _vllm_ep(words) == m.layout.ep
+        assert int(words[words.index("--data-parallel-size") + 1]) * m.layout.tp == m.layout.ep
+    if m.hardware.num_nodes > 1:  # ranks split over the nodes: each holds gpus_per_node / tp of them
+        (head,) = servers
+        (worker,) = [a for a in cmds if "--headless" in a]
+        local = int(head[head.index("--data-parallel-size-local") + 1])
+        assert local * m.layout.tp == m.hardware.gpus_per_node
+        assert worker[worker.index("--data-parallel-start-rank") + 1] == f"$(($NODE_RANK * {local}))"
+
+
+@pytest.mark.parametrize("name", ["serve-dp-ep-1node", "serve-dp-ep-2node"])
+def test_dp_ep_plan_runs_as_one_sglang_engine_with_dp_attention_and_the_plans_ep(name):
+    m = plan(name)
+    (words,) = [args for t, args in engine_commands(files("sglang", name)["serve.sh"]) if t == "sglang"]
+    flag = lambda f: words[words.index(f) + 1]  # noqa: E731
+    k = m.layout.ep // m.layout.tp
+    assert int(flag("--ep-size")) == m.layout.ep
+    assert int(flag("--tp-size")) == m.layout.tp * k and int(flag("--dp-size")) == k
+    assert "--enable-dp-attention" in words
+    assert int(flag("--tp-size")) // int(flag("--dp-size")) == m.layout.tp  # attention tp per DP rank
+    assert int(flag("--max-running-requests")) == k * m.workload.max_num_seqs  # SGLang divides it by dp_size
+    if m.hardware.num_nodes > 1:
+        assert int(flag("--nnodes")) == m.hardware.num_nodes
+
+
+def test_dp_ep_plan_on_kubernetes_is_one_pod_group_per_engine():
+    lws = next(yaml.safe_load_all(files("kubernetes", "serve-dp-ep-2node")["lws.yaml"]))
+    assert lws["spec"]["replicas"] == 1 and lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    dep = next(yaml.safe_load_all(files("kubernetes", "serve-dp-ep-1node")["deployment.yaml"]))
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8}
+
+
+@pytest.mark.parametrize("target,update,field,words", [
+    ("trtllm", {}, "layout.ep", "expert parallelism spans 4 replicas"),
+    ("vllm", {"tp": 4, "dp": 2, "ep": 2}, "layout.ep", "ep = tp x dp"),
+    ("vllm", {"tp": 4, "dp": 2, "ep": 6}, "layout.ep", "not a whole number of replicas"),
+])
+def test_expert_groups_an_engine_cannot_run_are_refused(target, update, field, words):
+    m = plan("serve-dp-ep-1node")
+    m = m.model_copy(update={"layout": m.layout.model_copy(update=update)})
+    with pytest.raises(CannotExpress) as info:
+        export(m, target)
+    assert info.value.field == field and words in info.value.message, info.value.message
+
+
+def test_tgi_replicas_on_one_node_get_their_own_metrics_port_when_the_pinned_launcher_has_the_flag(monkeypatch):
+    from dataclasses import replace as dc_replace
+
+    from shardplan.exporters import tgi
+
+    text = files("tgi", "serve-1node")["serve.sh"]
+    assert "bind the metrics port 9000" in text  # 3.2.0 has no flag: the script says so
+    assert not any("--prometheus-port" in args for t, args in engine_commands(text) if t == "tgi")
+    real = tgi.flag_table("tgi")
+    newer = dc_replace(real, version="3.3.7", flags={**real.flags, "prometheus-port": {"takes_value": True}})
+    monkeypatch.setattr(tgi, "flag_table", lambda name: newer if name == "tgi" else real)
+    text = files("tgi", "serve-1node")["serve.sh"]
+    ports = [args[args.index("--prometheus-port") + 1] for t, args in engine_commands(text) if t == "tgi"]
+    assert ports == ["9000", "9001"] and "bind the metrics port" not in text
+
+
+def test_cli_passes_the_cache_pvc_and_token_secret_and_refuses_bad_names_in_one_line(cli, tmp_path):
+    p = _write(tmp_path, "serve-1gpu")
+    r = cli("export", str(p), "--to", "kubernetes", "--cache-pvc", "models", "--hf-token-secret", "hf")
+    assert r.exit_code == 0, r.stderr
+    pod = next(yaml.safe_load_all(r.stdout))["spec"]["template"]["spec"]
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "models"}} in pod["volumes"]
+    assert pod["containers"][0]["env"][1]["valueFrom"]["secretKeyRef"]["name"] == "hf"
+    bad = cli("export", str(p), "--to", "kubernetes", "--cache-pvc", "My Cache")
+    assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "field '--cache-pvc'" in bad.stderr and "is not a Kubernetes object name" in bad.stderr

@@ -241,6 +241,25 @@ def test_single_node_serving_is_a_valid_deployment_and_service(engine, program):
     assert words[words.index("--port") + 1] == "8000"
 
 
+def test_every_kubernetes_export_of_the_grid_passes_kubernetes_validate():
+    """Every Kubernetes file over the export test grid (each engine, PVC cache or not): core
+    objects validated as they are, LeaderWorkerSet pod templates as PodTemplates."""
+    from test_export import kubernetes_files
+
+    checked = 0
+    for opts in ({}, {"cache_pvc": "model-cache-rwx", "hf_token_secret": "hf-token"}):
+        for label, text in kubernetes_files(**opts):
+            for o in k8s_objects(text):
+                if o["kind"] == "LeaderWorkerSet":
+                    lwt = o["spec"]["leaderWorkerTemplate"]
+                    for t in (lwt["leaderTemplate"], lwt["workerTemplate"]):
+                        k8s_validate(as_pod_template(t))
+                else:
+                    k8s_validate(o)
+                checked += 1
+    assert checked >= 60, checked
+
+
 def _check_lws(text: str, *, replicas: int, size: int, gpus: int) -> tuple[dict, dict, dict]:
     objs = k8s_objects(text)
     assert [o["kind"] for o in objs] == ["LeaderWorkerSet", "Service"]
@@ -402,7 +421,8 @@ def test_ds_config_parses_in_deepspeed_with_the_plans_batch_and_zero_stage(ds_co
 @pytest.mark.parametrize("where", [Offload.CPU, Offload.NVME])
 def test_ds_config_offload_is_read_by_deepspeed(ds_config, where):
     m = training("llama-3.1-8b", 8, dp=8, zero_stage=3, offload_optimizer=where, offload_params=where)
-    cfg = ds_config(files(m, "deepspeed", options=ExportOptions(nvme_path="/mnt/nvme0"))["ds_config.json"].text, 8)
+    cfg = ds_config(files(m, "deepspeed", spec=spec_of("llama-3.1-8b"),
+                          options=ExportOptions(nvme_path="/mnt/nvme0"))["ds_config.json"].text, 8)
     assert cfg.zero_optimization_stage == 3
     for part in (cfg.zero_config.offload_optimizer, cfg.zero_config.offload_param):
         assert part is not None
@@ -412,6 +432,56 @@ def test_ds_config_offload_is_read_by_deepspeed(ds_config, where):
             assert str(part.nvme_path) == "/mnt/nvme0"
         else:
             assert part.nvme_path is None
+
+
+def _swapper_partition_numel(numel: int, dp: int) -> int:
+    """The partition DeepSpeed's ZeRO-3 hands its NVMe swapper for a tensor of `numel` elements
+    over `dp` ranks, computed by DeepSpeed's own Init._aligned_size / _partition_world_size
+    (partition_parameters.py `_partition_param`: partition_size = aligned // world)."""
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    fake = types.SimpleNamespace(_partition_world_size=lambda p: dp)
+    fake._padding_size = lambda p: Init._padding_size(fake, p)
+    return Init._aligned_size(fake, types.SimpleNamespace(ds_numel=numel)) // dp
+
+
+def _swapper_accepts(cfg, numel: int) -> bool:
+    """AsyncPartitionedParameterSwapper.get_buffer's check, on DeepSpeed's parsed config:
+    `assert numel <= self.elements_per_buffer` with elements_per_buffer = offload_param.buffer_size."""
+    import inspect
+
+    from deepspeed.runtime.swap_tensor.partitioned_param_swapper import AsyncPartitionedParameterSwapper
+
+    src = inspect.getsource(AsyncPartitionedParameterSwapper.get_buffer)
+    assert "assert numel <= self.elements_per_buffer" in src  # the rule this test reproduces is still DeepSpeed's
+    return numel <= cfg.zero_config.offload_param.buffer_size
+
+
+def test_nvme_parameter_offload_buffers_hold_a_70b_models_largest_tensor(ds_config):
+    """A 70B model's embedding (128256 x 8192 = 1.05e9 elements) split over 8 ranks is 1.31e8
+    elements per partition, above DeepSpeed's default buffer_size of 1e8: the export sizes the
+    buffers so that DeepSpeed's swapper takes it, and sets the aio block DeepSpeed reads."""
+    from shardplan.exporters.deepspeed import largest_tensor_numel
+
+    spec = spec_of("llama-3.1-70b")
+    m = training("llama-3.1-70b", 8, dp=8, zero_stage=3, offload_optimizer=Offload.NVME, offload_params=Offload.NVME,
+                 recompute="full")
+    assert largest_tensor_numel(spec) == 128256 * 8192
+    part = _swapper_partition_numel(128256 * 8192, 8)
+    assert part > 100_000_000  # DeepSpeed's default would assert "More elements ... than buffer size"
+    default = ds_config(json.dumps({"train_batch_size": 512, "train_micro_batch_size_per_gpu": 1,
+                                    "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+                                                                                          "nvme_path": "/x"}}}), 8)
+    assert not _swapper_accepts(default, part)
+    text = files(m, "deepspeed", spec=spec)["ds_config.json"].text
+    cfg = ds_config(text, 8)
+    assert _swapper_accepts(cfg, part)
+    # every tensor of the model fits, the largest included
+    assert cfg.zero_config.offload_param.buffer_count >= 5 and cfg.zero_config.offload_optimizer.buffer_count >= 4
+    raw = json.loads(text)
+    assert set(raw["aio"]) == {"block_size", "queue_depth", "intra_op_parallelism", "single_submit",
+                               "overlap_events", "use_gds"}
+    assert cfg.aio_config == raw["aio"]  # DeepSpeed read every key we wrote (get_aio_config)
 
 
 def test_deepspeed_single_node_launch_line_parses_in_deepspeeds_runner():
@@ -779,7 +849,7 @@ def test_single_node_slurm_script_runs_standalone_torchrun():
     (serving_405b, "vllm", {}),
     (serving_405b, "sglang", {}),
     (lambda: training("llama-3.1-8b", 8, dp=8, zero_stage=3, offload_optimizer=Offload.NVME,
-                      offload_params=Offload.NVME), "deepspeed", {}),
+                      offload_params=Offload.NVME), "deepspeed", {"spec": spec_of("llama-3.1-8b")}),
     (training_8b_two_nodes, "deepspeed", {}),
     (lambda: training("llama-3.1-8b", 8, dp=8, zero_stage=3), "accelerate", {"spec": spec_of("llama-3.1-8b")}),
     (training_8b_two_nodes, "accelerate", {"spec": spec_of("llama-3.1-8b")}),

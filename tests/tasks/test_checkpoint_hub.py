@@ -180,3 +180,32 @@ def test_index_naming_a_tensor_no_shard_holds_is_refused():
     with pytest.raises(InputFileError) as info:
         remote_checkpoint(_remote([shard], {"t0": shard.file, "t1": shard.file, "t9": shard.file}))
     assert "'t9'" in info.value.one_line()
+
+
+def _hostile(offsets, shape=(2,)):
+    return hub.RemoteShard(file="model.safetensors", size_bytes=48,
+                           tensors={"t0": hub.RemoteTensor(dtype="F32", shape=shape, data_offsets=offsets)})
+
+
+@pytest.mark.parametrize("shard", [
+    _hostile((0, 8, 16)),  # three offsets
+    _hostile(("0", "8")),  # strings
+    _hostile((None, 8)),  # null
+    _hostile((8, 0)),  # end before begin
+    _hostile((0, 8), shape=(-1,)),  # a negative size
+    _hostile((0, 8), shape=("2",)),
+])
+def test_hostile_hub_header_entries_are_input_errors_not_crashes(shard):
+    """huggingface_hub hands the header's entries through unchecked: each must be two offsets,
+    begin <= end, and a shape of sizes, or the header is refused in one line (exit 2)."""
+    with pytest.raises(InputFileError) as info:
+        remote_checkpoint(_remote([shard]))
+    assert "data_offsets" in info.value.one_line() and "t0" in info.value.one_line()
+
+
+def test_a_mistyped_local_path_is_not_sent_to_the_hub(tmp_path, monkeypatch):
+    """`ckpts/llama-8b` with ./ckpts present is a path with a typo, not the Hub repository ckpts/llama-8b."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpts").mkdir()
+    assert not hub.is_hub_candidate("ckpts/llama-8b")
+    assert hub.is_hub_candidate("meta-llama/Llama-3.1-8B") and hub.is_hub_candidate("hf:ckpts/llama-8b")

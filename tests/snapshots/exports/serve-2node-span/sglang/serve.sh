@@ -3,7 +3,7 @@
 # predicted peak per GPU: 71.20 GiB of 79.11 GiB (binding: stage 1, weights)
 # flags checked against sglang 0.5.3 (https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/server_args.py)
 # --mem-fraction-static 0.87: the plan's weights + KV cache share of the GPU
-# each of the 1 replica(s) spans 2 nodes: run on each of them with HEAD_ADDR (the replica's first node) and NODE_RANK (0..1) set
+# each of the 1 server(s) spans 2 nodes: run on each of them with HEAD_ADDR (the server's first node) and NODE_RANK (0..1) set
 set -euo pipefail
 
 HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of the first node of the replica}"

@@ -1,0 +1,152 @@
+"""The measured error band of each predicted quantity, and "fits" decided at the band's edge.
+
+The bands are data (`knowledge/bands.yaml`: `shardplan validate`'s p90 of |predicted /
+measured - 1| over the shipped measured cases, by engine generation or stack) that the caller
+loads and passes in; this module only looks them up and applies them, so cost/ stays pure.
+
+Which band a prediction carries:
+  serving   KV capacity, the cases of the workload's engine generation ('vLLM V1' for vLLM
+            0.21.0: `knowledge.load.engine_generation`); none without an engine version
+  training  peak memory and tokens/s per GPU, the cases of the stack ('torchtitan'); with
+            LoRA / QLoRA, peak memory from the stack's fine-tuning cases ('hf qlora')
+
+The edge (the band applied to the prediction, pessimistically):
+  training  fits when the largest per-rank reserved peak x (1 + peak-memory band) is within the
+            device's memory; tight when it fits only at the prediction
+  serving   fits when KV capacity x (1 - KV band) still holds one max_model_len sequence;
+            tight when the plan fits only at the prediction
+A band no case measured is unknown: the verdict is the prediction's, and the note says so.
+"""
+
+from __future__ import annotations
+
+from shardplan.cost.report import CostReport, FitAtBandEdge, PredictionBand
+from shardplan.knowledge.schema import BandsFile
+from shardplan.units import BYTES_PER_GIB
+
+# What one case of each corpus is, in the notes.
+_CASE_WORDS = {"engine_log": "start-up logs", "training": "runs", "finetune": "runs"}
+_QUANTITY_WORDS = {"kv_capacity": "KV capacity", "peak_memory": "peak memory", "tokens_per_second": "tokens/s"}
+
+
+def _pct(fraction: float) -> str:
+    return f"{100 * fraction:.1f}%"
+
+
+def _cases(kind: str, group: str, versions: list[str], num_cases: int) -> str:
+    """'11 vLLM V1 0.8.5.post1-0.10.2 start-up logs', '20 torchtitan runs'."""
+    span = "" if not versions else f" {versions[0]}" if len(versions) == 1 else f" {versions[0]}-{versions[-1]}"
+    return f"{num_cases} {group}{span} {_CASE_WORDS[kind]}"
+
+
+def prediction_band(bands: BandsFile, quantity: str, kind: str, group: str | None,
+                    unknown_group: str | None = None) -> PredictionBand:
+    """The band of `quantity` for `group`; a band with `band_abs_error` None when no shipped
+    case measured it (`unknown_group` names what was looked for when `group` is None)."""
+    found = bands.band(kind, group, quantity) if group is not None else None
+    if found is None:
+        what = group if group is not None else (unknown_group or "this workload")
+        return PredictionBand(quantity=quantity, kind=kind, group=group or what, band_abs_error=None,  # type: ignore[arg-type]
+                              percentile=bands.percentile, mean_signed_error=None, num_cases=0, versions=[],
+                              note=f"no measured cases for {what}: band unknown")
+    versions = list(found.versions)
+    return PredictionBand(
+        quantity=found.quantity, kind=found.kind, group=found.group, band_abs_error=found.band_abs_error,
+        percentile=bands.percentile, mean_signed_error=found.mean_signed_error, num_cases=found.num_cases,
+        versions=versions,
+        note=f"±{_pct(found.band_abs_error)} (p{bands.percentile} of "
+             f"{_cases(found.kind, found.group, versions, found.num_cases)})")
+
+
+def training_group(stack: str | None, finetune: str) -> tuple[str, str | None]:
+    """(kind, group) of a training workload's peak memory: the stack's full-training runs, or its
+    LoRA / QLoRA runs ('hf lora'). The group is None without a stack (the fields as given)."""
+    if finetune == "full":
+        return "training", stack
+    return "finetune", None if stack is None else f"{stack} {finetune}"
+
+
+def training_bands(bands: BandsFile, stack: str | None, finetune: str) -> list[PredictionBand]:
+    """Peak memory, then tokens/s per GPU (fine-tuning: the stack's full-training tokens/s cases,
+    the only throughput measurements there are)."""
+    kind, group = training_group(stack, finetune)
+    unknown = "training without a stack" if stack is None else None
+    return [prediction_band(bands, "peak_memory", kind, group, unknown),
+            prediction_band(bands, "tokens_per_second", "training", stack, unknown)]
+
+
+def serving_bands(bands: BandsFile, engine_generation: str | None, engine: str) -> list[PredictionBand]:
+    """KV capacity of the engine generation's start-up logs."""
+    return [prediction_band(bands, "kv_capacity", "engine_log", engine_generation,
+                            f"{engine} without a version")]
+
+
+def memory_fits_at_edge(peak_bytes: float, capacity_bytes: float, band_abs_error: float | None) -> bool:
+    """The reserved peak x (1 + band) within the device (an unknown band counts as 0)."""
+    return peak_bytes * (1 + (band_abs_error or 0.0)) <= capacity_bytes
+
+
+def kv_holds_at_edge(kv_capacity_tokens: float, max_model_len: int, band_abs_error: float | None) -> bool:
+    """KV capacity x (1 - band) still holds one max_model_len sequence (an unknown band counts as 0)."""
+    return kv_capacity_tokens * (1 - (band_abs_error or 0.0)) >= max_model_len
+
+
+def _edge_words(band: PredictionBand, sign: str) -> str:
+    assert band.band_abs_error is not None
+    return (f"{sign}{_pct(band.band_abs_error)} p{band.percentile} on "
+            f"{_cases(band.kind, band.group, band.versions, band.num_cases)}")
+
+
+def fit_at_band_edge(report: CostReport, band: PredictionBand) -> FitAtBandEdge:
+    """The verdict of `report` at the pessimistic edge of `band` (peak memory for training, KV
+    capacity for serving)."""
+    b = band.band_abs_error
+    gib = BYTES_PER_GIB
+    if report.kv_cache is None:
+        peak = max(r.reserved_bytes for r in report.memory.per_rank)
+        cap = float(report.hardware.memory_capacity_bytes)
+        edge = None if b is None else peak * (1 + b)
+        at_edge = memory_fits_at_edge(peak, cap, b)
+        figures = f"{peak / gib:.2f} GiB reserved + {_pct(b or 0)} = {(edge or 0) / gib:.2f} GiB"
+        fits_words = f"{figures} within {cap / gib:.2f} GiB"
+        tight_words = f"{figures}, over {cap / gib:.2f} GiB"
+        sign, quantity, unit, predicted, limit = "+", "peak_memory", "bytes", peak, cap
+    else:
+        kv = report.kv_cache
+        tokens, need = float(kv.capacity_tokens), kv.max_model_len
+        edge = None if b is None else tokens * (1 - b)
+        at_edge = kv_holds_at_edge(tokens, need, b)
+        figures = f"KV capacity {tokens:,.0f} tokens - {_pct(b or 0)} = {edge or 0:,.0f}"
+        fits_words = f"{figures} hold a {need:,}-token sequence"
+        tight_words = f"{figures}, under max_model_len {need:,}"
+        sign, quantity, unit, predicted, limit = "-", "kv_capacity", "tokens", tokens, float(need)
+
+    def verdict(word: str, note: str) -> FitAtBandEdge:
+        return FitAtBandEdge(verdict=word, quantity=quantity, unit=unit, predicted=predicted,  # type: ignore[arg-type]
+                             at_band_edge=edge, limit=limit, band_abs_error=b, note=note)
+
+    if not report.fits:
+        return verdict("does not fit", "does not fit at the prediction")
+    if b is None:
+        return verdict("fits", f"fits at the prediction; {band.note}")
+    if at_edge:
+        return verdict("fits", f"fits at the band's edge: {fits_words} ({_edge_words(band, sign)})")
+    return verdict("tight", f"tight: fits at the prediction, not at the band's edge ({_edge_words(band, sign)}): "
+                            f"{tight_words}")
+
+
+def with_bands(report: CostReport, bands: BandsFile, *, engine_generation: str | None) -> CostReport:
+    """`report` with the band of each figure it predicts and its verdict at the band's edge.
+    `engine_generation`: serving, the generation of the workload's engine and version
+    (`knowledge.load.engine_generation`); ignored for training."""
+    w = report.workload
+    if w.kind == "training":
+        found = training_bands(bands, w.stack, w.finetune)
+    else:
+        found = serving_bands(bands, engine_generation, w.engine)
+    verdict = fit_at_band_edge(report, found[0])
+    return report.model_copy(update={"bands": found, "fit_at_band_edge": verdict})
+
+
+__all__ = ["fit_at_band_edge", "kv_holds_at_edge", "memory_fits_at_edge", "prediction_band", "serving_bands",
+           "training_bands", "training_group", "with_bands"]
