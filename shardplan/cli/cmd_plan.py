@@ -177,7 +177,7 @@ def estimate(
         report = _fastest_interleaving(loaded.spec, hw, wl, pp, layout_with)
     else:
         report = run_estimate(loaded.spec, hw, layout_with(virtual_stages or 1), wl)
-    report = banded(report)  # each figure's measured error band, and the verdict at its edge
+    report = banded(report, hw)  # each figure's measured error band, and the verdict at its edge
     render_common.emit(report.model_dump(mode="json"), json_out, lambda _: render_plan.estimate_report(report))
     if plot is not None:
         plots.write_plot(plot, plots.estimate_figure(report))

@@ -123,7 +123,8 @@ def _progress_line(text: str) -> None:
 def calibrate_cmd(
     report: Annotated[Optional[Path], typer.Argument(help="A report written by `shardplan verify --report` on GPUs (or give --engine-log).", show_default=False)] = None,
     engine_log: Annotated[Optional[Path], typer.Option("--engine-log", help="Calibrate the device memory and runtime overheads from this vLLM start-up log instead of a report.", show_default=False)] = None,
-    tp: Annotated[Optional[int], typer.Option("--tp", help="With --engine-log: the logged run's tensor-parallel size (default 1; its non-torch memory holds NCCL buffers when > 1).", show_default=False)] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", help="With --engine-log: the logged run's tensor-parallel size (default: the --plan's, else 1; its non-torch memory holds NCCL buffers when > 1).", show_default=False)] = None,
+    plan: Annotated[Optional[Path], typer.Option("--plan", help="The plan the measured run deployed (with --engine-log: the plan the engine was started from; with REPORT: default, the plan the report names). The run is recorded in the profile as a measured case, and predictions made with the profile take their error band from its cases.", show_default=False)] = None,
     hardware: HardwareOpt = "h100-sxm-80gb",
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the calibrated profile (YAML).")] = Path("my-hw.yaml"),
     name: Annotated[Optional[str], typer.Option(help="The new profile's name (default: the file's stem).")] = None,
@@ -136,6 +137,12 @@ def calibrate_cmd(
     With --engine-log FILE instead of REPORT: a vLLM start-up log's total_gpu_memory,
     non_torch_memory and CUDA-graph figures become the profile's device memory and runtime
     overheads (each with the log line it comes from).
+
+    The run is also recorded in the profile (`measured_cases:`, the `validate --cases` schema):
+    an engine log with --plan as an engine_log case (its KV capacity, or its refusal), a
+    full-scale training run's report as a training case (its allocated peak). Estimates,
+    recommend and capacity with the profile then show the band of its own cases where they
+    match ("±0.2% (p90 of 1 ... measured on this profile)"); other figures keep the shipped band.
 
     A report of a run that ran out of memory is read for the probes the failed rank ran after
     freeing its memory (matmul and memory bandwidth; the all-reduce could not run, so the link
@@ -153,10 +160,10 @@ def calibrate_cmd(
         raise ShardplanError("give a verify REPORT or --engine-log FILE, not both", field="--engine-log",
                              hint="calibrate from one source at a time")
     if engine_log is not None:
-        result = calibrate_profile_from_engine_log(engine_log, hardware, output, name=name, tp=1 if tp is None else tp)
+        result = calibrate_profile_from_engine_log(engine_log, hardware, output, name=name, tp=tp, plan=plan)
     else:
         if tp is not None:
             raise ShardplanError("--tp describes an engine log's run; a verify report states its own ranks",
                                  field="--tp", hint="drop --tp, or calibrate from --engine-log")
-        result = calibrate_profile(report, hardware, output, name=name)
+        result = calibrate_profile(report, hardware, output, name=name, plan=plan)
     render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_verify.calibrate_report)

@@ -16,12 +16,20 @@ The edge (the band applied to the prediction, pessimistically):
   serving   fits when KV capacity x (1 - KV band) still holds one max_model_len sequence;
             tight when the plan fits only at the prediction
 A band no case measured is unknown: the verdict is the prediction's, and the note says so.
+
+A calibrated hardware profile carries the runs measured on it (`measured_cases:`, written by
+`shardplan calibrate`). Where those cases measured the prediction's own group and quantity (its
+vLLM V1 start-up logs, for a vLLM V1 KV capacity), their band replaces the shipped one: the
+caller predicts them with the profile and passes the statistics in as `ProfileBands`, and the
+note says "measured on this profile". Every other quantity keeps the shipped band.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from shardplan.cost.report import CostReport, FitAtBandEdge, PredictionBand
-from shardplan.knowledge.schema import BandsFile
+from shardplan.knowledge.schema import BandsFile, ErrorBand
 from shardplan.units import BYTES_PER_GIB
 
 # What one case of each corpus is, in the notes.
@@ -30,19 +38,47 @@ _QUANTITY_WORDS = {"kv_capacity": "KV capacity", "peak_memory": "peak memory", "
 
 
 def _pct(fraction: float) -> str:
+    """'3.4%'; under 1%, two significant figures ('0.031%'), so a profile's own band is not '0.0%'."""
+    if 0 < abs(fraction) < 0.01:
+        return f"{100 * fraction:.2g}%"
     return f"{100 * fraction:.1f}%"
 
 
-def _cases(kind: str, group: str, versions: list[str], num_cases: int) -> str:
-    """'11 vLLM V1 0.8.5.post1-0.10.2 start-up logs', '20 torchtitan runs'."""
+@dataclass(frozen=True)
+class ProfileBands:
+    """The bands of one hardware profile's own measured cases: `shardplan validate`'s statistics
+    over them, as the caller computed them with the profile (few cases, so on the fly)."""
+
+    profile: str  # the profile's name, for the notes
+    bands: tuple[ErrorBand, ...]
+
+    def band(self, kind: str, group: str, quantity: str) -> ErrorBand | None:
+        return next((b for b in self.bands if (b.kind, b.group, b.quantity) == (kind, group, quantity)), None)
+
+
+def _cases(kind: str, group: str, versions: list[str], num_cases: int, measured_on: str | None = None) -> str:
+    """'11 vLLM V1 0.8.5.post1-0.10.2 start-up logs', '20 torchtitan runs', '1 vLLM V1 0.10.1.1
+    start-up log measured on this profile (my-a100)'."""
     span = "" if not versions else f" {versions[0]}" if len(versions) == 1 else f" {versions[0]}-{versions[-1]}"
-    return f"{num_cases} {group}{span} {_CASE_WORDS[kind]}"
+    words = _CASE_WORDS[kind] if num_cases != 1 else _CASE_WORDS[kind].removesuffix("s")
+    where = "" if measured_on is None else f" measured on this profile ({measured_on})"
+    return f"{num_cases} {group}{span} {words}{where}"
 
 
 def prediction_band(bands: BandsFile, quantity: str, kind: str, group: str | None,
-                    unknown_group: str | None = None) -> PredictionBand:
-    """The band of `quantity` for `group`; a band with `band_abs_error` None when no shipped
-    case measured it (`unknown_group` names what was looked for when `group` is None)."""
+                    unknown_group: str | None = None, own: ProfileBands | None = None) -> PredictionBand:
+    """The band of `quantity` for `group`: the profile's own cases' where they measured it, else
+    the shipped cases'; a band with `band_abs_error` None when no case measured it
+    (`unknown_group` names what was looked for when `group` is None)."""
+    mine = own.band(kind, group, quantity) if own is not None and group is not None else None
+    if own is not None and mine is not None:
+        versions = list(mine.versions)
+        return PredictionBand(
+            quantity=mine.quantity, kind=mine.kind, group=mine.group, band_abs_error=mine.band_abs_error,
+            percentile=bands.percentile, mean_signed_error=mine.mean_signed_error, num_cases=mine.num_cases,
+            versions=versions, measured_on=own.profile,
+            note=f"±{_pct(mine.band_abs_error)} (p{bands.percentile} of "
+                 f"{_cases(mine.kind, mine.group, versions, mine.num_cases, own.profile)})")
     found = bands.band(kind, group, quantity) if group is not None else None
     if found is None:
         what = group if group is not None else (unknown_group or "this workload")
@@ -66,19 +102,21 @@ def training_group(stack: str | None, finetune: str) -> tuple[str, str | None]:
     return "finetune", None if stack is None else f"{stack} {finetune}"
 
 
-def training_bands(bands: BandsFile, stack: str | None, finetune: str) -> list[PredictionBand]:
+def training_bands(bands: BandsFile, stack: str | None, finetune: str,
+                   own: ProfileBands | None = None) -> list[PredictionBand]:
     """Peak memory, then tokens/s per GPU (fine-tuning: the stack's full-training tokens/s cases,
     the only throughput measurements there are)."""
     kind, group = training_group(stack, finetune)
     unknown = "training without a stack" if stack is None else None
-    return [prediction_band(bands, "peak_memory", kind, group, unknown),
-            prediction_band(bands, "tokens_per_second", "training", stack, unknown)]
+    return [prediction_band(bands, "peak_memory", kind, group, unknown, own),
+            prediction_band(bands, "tokens_per_second", "training", stack, unknown, own)]
 
 
-def serving_bands(bands: BandsFile, engine_generation: str | None, engine: str) -> list[PredictionBand]:
+def serving_bands(bands: BandsFile, engine_generation: str | None, engine: str,
+                  own: ProfileBands | None = None) -> list[PredictionBand]:
     """KV capacity of the engine generation's start-up logs."""
     return [prediction_band(bands, "kv_capacity", "engine_log", engine_generation,
-                            f"{engine} without a version")]
+                            f"{engine} without a version", own)]
 
 
 def memory_fits_at_edge(peak_bytes: float, capacity_bytes: float, band_abs_error: float | None) -> bool:
@@ -94,7 +132,7 @@ def kv_holds_at_edge(kv_capacity_tokens: float, max_model_len: int, band_abs_err
 def _edge_words(band: PredictionBand, sign: str) -> str:
     assert band.band_abs_error is not None
     return (f"{sign}{_pct(band.band_abs_error)} p{band.percentile} on "
-            f"{_cases(band.kind, band.group, band.versions, band.num_cases)}")
+            f"{_cases(band.kind, band.group, band.versions, band.num_cases, band.measured_on)}")
 
 
 def fit_at_band_edge(report: CostReport, band: PredictionBand) -> FitAtBandEdge:
@@ -135,18 +173,20 @@ def fit_at_band_edge(report: CostReport, band: PredictionBand) -> FitAtBandEdge:
                             f"{tight_words}")
 
 
-def with_bands(report: CostReport, bands: BandsFile, *, engine_generation: str | None) -> CostReport:
+def with_bands(report: CostReport, bands: BandsFile, *, engine_generation: str | None,
+               own: ProfileBands | None = None) -> CostReport:
     """`report` with the band of each figure it predicts and its verdict at the band's edge.
     `engine_generation`: serving, the generation of the workload's engine and version
-    (`knowledge.load.engine_generation`); ignored for training."""
+    (`knowledge.load.engine_generation`); ignored for training. `own`: the bands of the hardware
+    profile's own measured cases, which replace the shipped ones where they match."""
     w = report.workload
     if w.kind == "training":
-        found = training_bands(bands, w.stack, w.finetune)
+        found = training_bands(bands, w.stack, w.finetune, own)
     else:
-        found = serving_bands(bands, engine_generation, w.engine)
+        found = serving_bands(bands, engine_generation, w.engine, own)
     verdict = fit_at_band_edge(report, found[0])
     return report.model_copy(update={"bands": found, "fit_at_band_edge": verdict})
 
 
-__all__ = ["fit_at_band_edge", "kv_holds_at_edge", "memory_fits_at_edge", "prediction_band", "serving_bands",
+__all__ = ["ProfileBands", "fit_at_band_edge", "kv_holds_at_edge", "memory_fits_at_edge", "prediction_band", "serving_bands",
            "training_bands", "training_group", "with_bands"]

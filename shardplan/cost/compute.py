@@ -32,6 +32,11 @@ and writes f (gated; plain: reads f, writes f), dropout reads, writes and keeps 
 mask. Outside the tensor-parallel region (norms, residuals, dropout) every TP rank repeats
 the work unless sequence parallelism splits it (Korthikanti et al. 2022, Sec. 4.2.2).
 
+A linear-attention layer (Qwen3-Next Gated DeltaNet) has its own weights (`cost.params`): its
+projections are GEMMs like any other, and its token mixer is the chunked gated delta rule
+(`delta_rule_flops_per_token_per_head`), whose work per token is fixed by the heads and the
+head dimensions, not by the context: no KV is read, one recurrent state per sequence is.
+
 Mixture-of-experts: with balanced routing an EP rank's local experts see
 k x T x (distinct token sets in the EP group) / E tokens each; a decode step reads only
 the experts its tokens touch, E_local (1 - (1 - k/E)^(tokens)) of them.
@@ -44,7 +49,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from shardplan.cost.layout import Layout
-from shardplan.cost.params import Split, WeightKind, block_weights
+from shardplan.cost.params import Split, WeightKind, block_weights, layer_kind
 from shardplan.cost.weights import bytes_per_weight_element, is_quantized_tensor, numel_per_rank
 from shardplan.cost.workload import Quantization
 from shardplan.specs.hardware import HardwareProfile
@@ -53,6 +58,11 @@ from shardplan.units import DType, bytes_per_element
 
 LOW_PRECISION = (DType.FP8, DType.INT8)
 DROPOUT_MASK_BYTES = 1.0
+# fla's chunked gated delta rule (fla/ops/gated_delta_rule/chunk.py, chunk_gated_delta_rule_fwd:
+# `chunk_local_cumsum(g, chunk_size=64)`), the kernel vLLM and transformers run for Qwen3-Next.
+DELTA_RULE_CHUNK_TOKENS = 64
+# Its forward kernels: cumsum, K K^T, the triangular solve, w/u, the chunk states, the output.
+DELTA_RULE_PREFILL_KERNELS = 6
 
 
 @dataclass(frozen=True)
@@ -257,7 +267,72 @@ def attention_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: W
     return t_gemm + memory_seconds(hw, score_bytes), flops, 3 + int(work.dropout)
 
 
-def elementwise_bytes(spec: ModelSpec, layout: Layout, work: Work, moe_layer: bool) -> tuple[float, int]:
+def delta_rule_flops_per_token_per_head(key_head_dim: int, value_head_dim: int, chunk_tokens: float) -> float:
+    """FLOPs of the gated delta rule for one token and one value head, chunkwise with chunks of
+    C tokens (Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule over
+    Sequence Length", arXiv 2406.06484, the chunkwise form: O(L C d + L d^2); Gated DeltaNet,
+    Yang, Kautz and Hatamizadeh 2024, arXiv 2412.06464, adds a per-token decay, elementwise
+    work). Per chunk, as fla's forward runs it
+    (fla/ops/gated_delta_rule/chunk.py, chunk_gated_delta_rule_fwd), with K and V the head dims:
+
+        A = beta K K^T (chunk_scaled_dot_kkt)          2 C^2 K
+        (I + A)^-1, unit lower triangular (solve_tril)   C^3 / 3
+        w = A (beta k e^g), u = A (beta v) (recompute_w_u)  2 C^2 K + 2 C^2 V
+        v' = u - w S, S <- S + k^T v' (fwd_h)         2 C K V + 2 C K V
+        o = q S + (q k^T masked) v' (fwd_o)             2 C K V + 2 C^2 K + 2 C^2 V
+
+    so per token 6 K V + C (6 K + 4 V) + C^2 / 3: the state terms (6 K V) do not grow with the
+    context, unlike attention's 2 n_ctx (d_qk + d_v). A decode step is the recurrence itself
+    (fused_recurrent: S k, the rank-one update, S q: 6 K V), the same formula with C = 1 up to
+    its O(K + V) terms. Elementwise work (decay, gates) is left to the memory-bound ops."""
+    k, v, c = key_head_dim, value_head_dim, chunk_tokens
+    return 6.0 * k * v + c * (6.0 * k + 4.0 * v) + c * c / 3.0
+
+
+def linear_attention_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work) -> tuple[float, float, int]:
+    """(seconds, FLOPs, kernels) of a Gated DeltaNet token mixer on one rank: value heads split
+    over tp (vLLM Qwen3NextGatedDeltaNet). Bytes: q, k, v in and the output out per token, the
+    per-chunk states fla writes and reads back (prefill), or each sequence's recurrent state
+    read and written once (decode; kept in the KV dtype, as `kv.kv_cache_bytes_per_sequence`)."""
+    la = spec.linear_attention
+    if la is None:  # internal: only linear-attention layers come here
+        raise ValueError(f"{spec.name} has no linear_attention")
+    heads = la.num_value_heads / layout.tp
+    a = bytes_per_element(work.act_dtype)
+    state_elements = heads * la.key_head_dim * la.value_head_dim
+    state_bytes = state_elements * bytes_per_element(work.kv_dtype)
+    chunk = 1.0 if work.decode else max(1.0, min(float(DELTA_RULE_CHUNK_TOKENS), work.q_len))
+    flops = work.tokens * heads * delta_rule_flops_per_token_per_head(la.key_head_dim, la.value_head_dim, chunk)
+    io_bytes = work.tokens * (2 * la.key_dim + 2 * la.value_dim) / layout.tp * a
+    if work.decode:
+        nbytes = io_bytes + 2 * work.num_seqs * state_bytes
+        share = hw.attention_efficiency * _share(heads, hw.matmul_half_dim)
+        kernels = 1
+    else:
+        chunks = work.num_seqs * -(-work.q_len // DELTA_RULE_CHUNK_TOKENS)
+        nbytes = io_bytes + 2 * chunks * state_elements * a + 2 * work.num_seqs * state_bytes
+        share = hw.attention_efficiency * _share(chunk, hw.matmul_half_dim) * _share(la.key_head_dim, hw.matmul_half_dim)
+        kernels = DELTA_RULE_PREFILL_KERNELS
+    t = roofline(flops / (hw.peak_flops_for(work.act_dtype) * share), memory_seconds(hw, nbytes))
+    return t, flops, kernels
+
+
+def _linear_attention_elementwise(spec: ModelSpec, layout: Layout, work: Work) -> tuple[float, int]:
+    """(bytes, kernels) of a Gated DeltaNet layer's elementwise ops inside the TP region (vLLM
+    Qwen3NextGatedDeltaNet.forward): the short causal conv with its SiLU over q, k and v (reads
+    and writes conv_dim), the L2 norm of q and k (reads and writes 2 key_dim), the gates g and
+    beta (fp32, per value head: negligible bytes, one kernel), and the gated RMSNorm of the
+    output (reads o and z, writes value_dim). No rotary embedding."""
+    la = spec.linear_attention
+    if la is None:
+        return 0.0, 0
+    a = bytes_per_element(work.act_dtype)
+    per_token = 2 * la.conv_dim + 2 * 2 * la.key_dim + 3 * la.value_dim
+    return per_token / layout.tp * work.tokens * a, 4
+
+
+def elementwise_bytes(spec: ModelSpec, layout: Layout, work: Work, moe_layer: bool,
+                      linear_attention: bool = False) -> tuple[float, int]:
     """(bytes, kernels) of the memory-bound elementwise ops of one layer's forward on one rank."""
     a = bytes_per_element(work.act_dtype)
     ew = work.elementwise
@@ -276,7 +351,11 @@ def elementwise_bytes(spec: ModelSpec, layout: Layout, work: Work, moe_layer: bo
     if work.dropout:
         nbytes += residual_adds * (2 * a + DROPOUT_MASK_BYTES) * h * outside
         kernels += residual_adds
-    if spec.position_embedding is PositionEmbedding.ROPE:
+    if linear_attention:
+        mixer_bytes, mixer_kernels = _linear_attention_elementwise(spec, layout, work)
+        nbytes += mixer_bytes
+        kernels += mixer_kernels
+    elif spec.position_embedding is PositionEmbedding.ROPE:
         if spec.mla is not None:
             rot = spec.mla.qk_rope_head_dim * (spec.num_attention_heads / t + 1)
         else:
@@ -302,7 +381,9 @@ def elementwise_bytes(spec: ModelSpec, layout: Layout, work: Work, moe_layer: bo
         mlp_inputs = work.tokens * (h + spec.intermediate_size / t)
     if work.fp8_casts:
         # The inputs of the QKV and output projections and of the MLP's two GEMMs, cast to fp8.
-        attn_inputs = work.tokens * (h + spec.num_attention_heads * spec.attention_head_dim / t)
+        la = spec.linear_attention
+        mixed = la.value_dim if linear_attention and la is not None else spec.num_attention_heads * spec.attention_head_dim
+        attn_inputs = work.tokens * (h + mixed / t)
         nbytes += FP8_CAST_BYTES_PER_ELEMENT * (attn_inputs + mlp_inputs)
         kernels += 8
     return nbytes, kernels
@@ -317,11 +398,12 @@ def kernel_overhead_seconds(hw: HardwareProfile, kernels: int, gpu_seconds: floa
 def layer_forward(
     spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, layer_index: int
 ) -> PassTime:
-    """One forward pass of layer `layer_index` on one rank."""
-    moe_layer = spec.is_moe_layer(layer_index)
+    """One forward pass of layer `layer_index` on one rank: its own weights' GEMMs (`layer_kind`),
+    its token mixer (softmax attention or the gated delta rule) and its elementwise ops."""
+    moe_layer, linear = layer_kind(spec, layer_index)
     mm_t = mm_f = drop_t = drop_f = 0.0
     kernels = 0
-    for w in block_weights(spec, moe_layer):
+    for w in block_weights(spec, moe_layer, linear):
         if len(w.shape) != 2:
             continue
         t, f = _linear_time(spec, hw, layout, w, work)
@@ -331,8 +413,11 @@ def layer_forward(
         if kernels % 2 == 0:  # the 2nd, 4th, ... matmul in forward order
             drop_t += t
             drop_f += f
-    at_t, at_f, at_k = attention_time(spec, hw, layout, work, layer_index)
-    ew_bytes, ew_k = elementwise_bytes(spec, layout, work, moe_layer)
+    if linear:
+        at_t, at_f, at_k = linear_attention_time(spec, hw, layout, work)
+    else:
+        at_t, at_f, at_k = attention_time(spec, hw, layout, work, layer_index)
+    ew_bytes, ew_k = elementwise_bytes(spec, layout, work, moe_layer, linear)
     kernels += at_k + ew_k
     flops = mm_f + at_f
     ew_t = memory_seconds(hw, ew_bytes)
@@ -351,14 +436,15 @@ def layer_forward(
 
 
 def layers_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, layers: Sequence[int]) -> PassTime:
-    """One forward pass over `layers` on one rank; layers of the same kind are costed once."""
-    counts: dict[tuple[bool, bool], tuple[int, int]] = {}
+    """One forward pass over `layers` on one rank; layers of the same kind (MoE, sliding window,
+    linear attention) are costed once."""
+    counts: dict[tuple[bool, bool, bool], tuple[int, int]] = {}
     for i in layers:
-        key = (spec.is_moe_layer(i), spec.is_sliding_layer(i))
+        key = (spec.is_moe_layer(i), spec.is_sliding_layer(i), spec.is_linear_attention_layer(i))
         first, n = counts.get(key, (i, 0))
         counts[key] = (first, n + 1)
     total = PassTime()
-    for (moe, _), (first, n) in counts.items():
+    for (moe, _, _), (first, n) in counts.items():
         total = total + _layer_forward(spec, hw, _compute_shape(layout, moe), work, first).scaled(n)
     return total
 

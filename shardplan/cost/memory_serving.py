@@ -7,6 +7,9 @@
                baseline snapshot excludes it)
     blocks   = KV bytes // (block_size x KV bytes per token on this rank)
 
+Only layers that attend keep KV; a linear-attention layer (Qwen3-Next) adds a fixed state to
+each sequence instead (`kv.py`), counted in the bytes of one max_model_len sequence.
+
 Which terms the budget counts, and how the engine refuses a max_model_len that does not fit,
 change with the engine version: the workload carries them as switches resolved from
 knowledge/engines/*.yaml (cost/engine.py). The engine allocates every remaining byte to the
@@ -17,6 +20,7 @@ context after vLLM 0.6.5, CUDA graphs before 0.21) must fit in the remaining sha
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardplan.cost.breakdown import MemoryBreakdown, RankMemory
@@ -47,6 +51,18 @@ def kv_bytes_per_token_per_layer_per_rank(spec: ModelSpec, tp: int, kv_bytes_per
         return kv_elements_per_token_per_layer(spec) * kv_bytes_per_element
     heads_per_rank = max(1, spec.kv_heads // tp)
     return 2 * heads_per_rank * spec.attention_head_dim * kv_bytes_per_element
+
+
+def linear_state_bytes_per_sequence_per_rank(spec: ModelSpec, layers: Sequence[int], tp: int,
+                                             state_bytes_per_element: float) -> float:
+    """The recurrent state one sequence holds in the linear-attention layers among `layers` on
+    one rank: LinearAttentionSpec.state_elements_per_sequence per layer, its heads (and conv
+    channels) split over tp as vLLM's Qwen3NextGatedDeltaNet splits them; stored like the KV."""
+    la = spec.linear_attention
+    if la is None:
+        return 0.0
+    num_linear = sum(spec.is_linear_attention_layer(i) for i in layers)
+    return num_linear * la.state_elements_per_sequence / tp * state_bytes_per_element
 
 
 def rotary_cache_bytes(spec: ModelSpec, dtype: DType) -> float:
@@ -197,14 +213,17 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
             act = max(act, draft_profile_peak_bytes(spec, sp.draft, layout, wl))
         per_layer_token = kv_bytes_per_token_per_layer_per_rank(spec, layout.tp, kv_elt)
         draft_tok_bytes = spec_decode.draft_kv_bytes_per_token_per_rank(spec, sp, layout.tp, kv_elt) if sp else 0.0
-        tok_bytes = per_layer_token * len(w.layers) + draft_tok_bytes
+        # Linear-attention layers keep no KV but one fixed state per sequence (kv.py).
+        kv_layers = [i for i in w.layers if not spec.is_linear_attention_layer(i)]
+        tok_bytes = per_layer_token * len(kv_layers) + draft_tok_bytes
         per_token.append(tok_bytes)
         kv_bytes = kv_pool_bytes(wl, budget, weights, overhead, act, tok_bytes, utilization)
         # One max_model_len sequence: a sliding-window layer keeps window + one block of tokens.
         seq_tokens = sum(
-            min(max_len, spec.sliding_window + wl.block_size) if spec.is_sliding_layer(i) else max_len for i in w.layers
+            min(max_len, spec.sliding_window + wl.block_size) if spec.is_sliding_layer(i) else max_len for i in kv_layers
         )
-        seq_bytes = math.ceil(seq_tokens / max(1, len(w.layers)) / wl.block_size) * wl.block_size * per_layer_token * len(w.layers)
+        seq_bytes = math.ceil(seq_tokens / max(1, len(kv_layers)) / wl.block_size) * wl.block_size * per_layer_token * len(kv_layers)
+        seq_bytes += linear_state_bytes_per_sequence_per_rank(spec, w.layers, layout.tp, kv_elt)
         seq_bytes += math.ceil(max_len / wl.block_size) * wl.block_size * draft_tok_bytes  # the draft's layers: full attention
         # Running, a sequence also holds K lookahead slots (the start-up check counts max_model_len only).
         lookahead = spec_decode.lookahead_tokens(wl.speculative)

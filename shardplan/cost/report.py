@@ -286,6 +286,8 @@ class PredictionBand(Frozen):
                                                         "0: the model predicts more); null: no case")
     num_cases: int = Field(description="measured cases in the group (count; 0: band unknown)")
     versions: list[str] = Field(description="the engine versions of the cases, oldest first (empty for stacks)")
+    measured_on: str | None = Field(None, description="the hardware profile whose own measured cases (its "
+                                                      "`measured_cases:`) set the band; null: the shipped cases")
     note: str = Field(description="the band in words, e.g. '±3.4% (p90 of 11 vLLM V1 0.8.5-0.10.2 start-up logs)'")
 
 

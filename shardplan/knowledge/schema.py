@@ -74,6 +74,13 @@ class ReservedMemory(Frozen):
         return round((device_mib - reserved) / device_mib, 3)
 
 
+def version_in_range(version: tuple[int, int, int], min_version: str, max_version: str | None) -> bool:
+    """Whether `version` lies in [min_version, max_version) (None: no upper end)."""
+    lo = parse_version(min_version)
+    hi = parse_version(max_version) if max_version else None
+    return lo <= version and (hi is None or version < hi)
+
+
 class EngineEra(Frozen):
     """The rules of one version range, [min_version, max_version)."""
 
@@ -180,9 +187,7 @@ class EngineEra(Frozen):
         return self
 
     def holds_for(self, version: tuple[int, int, int]) -> bool:
-        lo = parse_version(self.min_version)
-        hi = parse_version(self.max_version) if self.max_version else None
-        return lo <= version and (hi is None or version < hi)
+        return version_in_range(version, self.min_version, self.max_version)
 
 
 class MultimodalEra(Frozen):
@@ -226,9 +231,7 @@ class MultimodalEra(Frozen):
         return self
 
     def holds_for(self, version: tuple[int, int, int]) -> bool:
-        lo = parse_version(self.min_version)
-        hi = parse_version(self.max_version) if self.max_version else None
-        return lo <= version and (hi is None or version < hi)
+        return version_in_range(version, self.min_version, self.max_version)
 
 
 class EngineFile(Frozen):

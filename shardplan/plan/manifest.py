@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from shardplan import __version__
 from shardplan.cost.layout import Layout, layout_stage_ranges
 from shardplan.cost.report import CostReport, TrainingMemoryReport, TrainingTimeReport
-from shardplan.cost.params import block_weights, embedding_weights, head_weights, tied_lm_head_copy
+from shardplan.cost.params import block_weights, embedding_weights, head_weights, layer_kinds, tied_lm_head_copy
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import InputFileError
 from shardplan.fileio import write_text_atomic
@@ -115,11 +115,11 @@ def _sha256_json(data: dict) -> str:
 
 
 def _tp_splits(spec: ModelSpec, pp: int) -> dict[str, str]:
+    """Split per weight name, over every layer kind the model has (dense or MoE MLP, softmax or
+    linear attention: `layer_kinds`), dense before MoE and softmax before linear attention."""
     kinds = list(embedding_weights(spec))
-    if spec.num_moe_layers < spec.num_layers:
-        kinds += block_weights(spec, False)
-    if spec.num_moe_layers:
-        kinds += block_weights(spec, True)
+    for moe_layer, linear in sorted(layer_kinds(spec)):
+        kinds += block_weights(spec, moe_layer, linear)
     kinds += head_weights(spec) + (tied_lm_head_copy(spec) if pp > 1 else ())
     return {w.name: w.split.value for w in kinds}
 

@@ -4,7 +4,10 @@ The tensors are named as a Hugging Face checkpoint of the Llama family names the
 (`model.embed_tokens.weight`, `model.layers.{i}.self_attn.q_proj.weight`, ...,
 `model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight` for Mixtral, `model.norm.weight`,
 `lm_head.weight`), with their shapes from the weight inventory (`cost.params`), so the
-checkpoint plan and the parameter counts cannot disagree.
+checkpoint plan and the parameter counts cannot disagree. Every layer lists its own kind's
+weights (`params.layer_weights`): a Qwen3-Next linear-attention layer holds
+`model.layers.{i}.linear_attn.*` (in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm,
+out_proj) where a full-attention layer holds `self_attn.*`.
 
 A slice is a box: one [start, stop) per dimension. What a rank holds follows the manifest:
 - pipeline: a rank of stage s = rank // (tp x cp x dp) holds the layers of its stage's chunks;
@@ -13,6 +16,9 @@ A slice is a box: one [start, stop) per dimension. What a rank holds follows the
 - tensor parallelism (`placement.tp_splits`, tp rank = rank % tp): HF linear weights are
   [out, in], so column-parallel splits dim 0 and row-parallel dim 1; vocab splits dim 0;
   kv_column splits dim 0 over min(tp, kv heads) (a KV head is replicated once tp exceeds them).
+  The box is one contiguous range: right in size for every tensor, but for Qwen3-Next's
+  `linear_attn.conv1d.weight`, whose channels are q, k, v one after the other, vLLM takes each
+  rank's heads from all three sections, which one range cannot express.
 - experts: ep rank = (rank // etp) % ep holds `placement.experts.expert_ranges[ep rank]`; each
   expert is split over etp (etp rank = rank % etp).
 - training, at rest: ZeRO-3/FSDP shards each parameter's tensor-parallel slice along dim 0 over
@@ -34,9 +40,9 @@ from shardplan.cost.memory_training import state_bytes, zero_shard_degrees
 from shardplan.cost.params import (
     Split,
     WeightKind,
-    block_weights,
     embedding_weights,
     head_weights,
+    layer_weights,
     tied_lm_head_copy,
 )
 from shardplan.cost.weights import bytes_per_weight_element
@@ -50,7 +56,9 @@ Box = tuple[tuple[int, int], ...]  # one [start, stop) per dimension
 
 # model_type -> Hugging Face naming of the MoE block; every family here names attention,
 # dense MLP, norms, embedding and head the Llama way.
-_MOE_PREFIX = {"mixtral": "block_sparse_moe", "qwen2_moe": "mlp", "qwen3_moe": "mlp"}
+_MOE_PREFIX = {"mixtral": "block_sparse_moe", "qwen2_moe": "mlp", "qwen3_moe": "mlp", "qwen3_next": "mlp"}
+# Families that name their shared expert `mlp.shared_expert` (one MLP) with a sigmoid gate beside it.
+_SHARED_EXPERT_SINGULAR = {"qwen2_moe", "qwen3_next"}
 _LLAMA_NAMED = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", *_MOE_PREFIX}
 _BLOCK_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 _MIXTRAL_EXPERT = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
@@ -89,8 +97,8 @@ def chunk(start: int, stop: int, parts: int, index: int) -> tuple[int, int]:
 
 def _unsupported(spec: ModelSpec, why: str, source: str | None = None) -> ShardplanError:
     return ShardplanError(f"cannot name the checkpoint tensors of '{spec.name}': {why}", source=source, field="model",
-                          hint="checkpoint and replan know the Llama, Mistral, Mixtral, Qwen2/3(-MoE) and Gemma "
-                               "naming; for a custom spec with Llama names set architecture.model_type: llama")
+                          hint="checkpoint and replan know the Llama, Mistral, Mixtral, Qwen2/3(-MoE), Qwen3-Next "
+                               "and Gemma naming; for a custom spec with Llama names set architecture.model_type: llama")
 
 
 def _hf_block_name(spec: ModelSpec, inv: str, layer: int, expert: int | None) -> str:
@@ -98,7 +106,7 @@ def _hf_block_name(spec: ModelSpec, inv: str, layer: int, expert: int | None) ->
     if inv.startswith("norm"):
         index, _, suffix = inv[len("norm"):].partition(".")
         return base + f"{_BLOCK_NORMS[int(index)]}.{suffix}"
-    if inv.startswith(("self_attn.", "mlp.gate_proj.", "mlp.up_proj.", "mlp.down_proj.")) and expert is None:
+    if inv.startswith(("self_attn.", "linear_attn.", "mlp.gate_proj.", "mlp.up_proj.", "mlp.down_proj.")) and expert is None:
         return base + inv
     moe = _MOE_PREFIX.get(spec.model_type)
     if moe is None:
@@ -110,9 +118,9 @@ def _hf_block_name(spec: ModelSpec, inv: str, layer: int, expert: int | None) ->
         return base + f"{moe}.experts.{expert}.{proj}.{suffix}"
     if inv.startswith("mlp.gate."):
         return base + f"{moe}.gate.{inv[len('mlp.gate.'):]}"
-    if inv.startswith("mlp.shared_experts.") and spec.model_type == "qwen2_moe":
+    if inv.startswith("mlp.shared_experts.") and spec.model_type in _SHARED_EXPERT_SINGULAR:
         return base + "mlp.shared_expert." + inv[len("mlp.shared_experts."):]
-    if inv == "mlp.shared_expert_gate.weight" and spec.model_type == "qwen2_moe":
+    if inv == "mlp.shared_expert_gate.weight" and spec.model_type in _SHARED_EXPERT_SINGULAR:
         return base + inv
     raise _unsupported(spec, f"no Hugging Face name for '{inv}' in a {spec.model_type} model")
 
@@ -133,7 +141,7 @@ def model_tensors(spec: ModelSpec) -> list[Tensor]:
     check_nameable(spec)
     out = [Tensor("model.embed_tokens.weight", w.shape, w, w.name, None, None) for w in embedding_weights(spec)]
     for layer in range(spec.num_layers):
-        for w in block_weights(spec, spec.is_moe_layer(layer)):
+        for w in layer_weights(spec, layer):  # a linear-attention layer holds linear_attn.*, not self_attn.*
             for e in (range(w.copies) if w.routed_expert else (None,)):
                 out.append(Tensor(_hf_block_name(spec, w.name, layer, e), w.shape, w, w.name, layer, e))
     for w in head_weights(spec):

@@ -309,6 +309,8 @@ class BandSection(_Section):
     mean_signed_error: float | None = Field(description="mean predicted / measured - 1, fraction; null: no case")
     num_cases: int = Field(ge=0, description="measured cases in the group")
     versions: list[str] = Field(description="the engine versions of the cases, oldest first (empty for stacks)")
+    measured_on: str | None = Field(None, description="the hardware profile whose own measured cases set the band; "
+                                                      "null: the shipped cases")
     note: str = Field(description="the band in words")
 
 

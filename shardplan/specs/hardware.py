@@ -4,6 +4,12 @@ Two layers, so that units are converted exactly once, at load:
 - `HardwareProfileFile` mirrors the YAML, with human units in the key names
   (`_gib` = 2**30 bytes, `_gb_per_s` = 1e9 bytes/s, `_tflops` = 1e12 FLOP/s, `_us`);
 - `HardwareProfile` is what the cost model uses: SI units only.
+
+A profile `shardplan calibrate` wrote may also carry `measured_cases:`, the runs measured on
+this machine that it was calibrated from (the `--cases` schema, `specs/cases.py`): the cost
+model ignores them; predictions made with the profile take their error band from them where
+they match (tasks/_bands.py). The loader (`specs.loading.load_hardware`) points each case at
+the profile's own file and its relative model paths at the profile's folder.
 """
 
 from __future__ import annotations
@@ -12,10 +18,11 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shardplan import units
 from shardplan.specs._base import StrictModel
+from shardplan.specs.cases import Case
 from shardplan.units import DType
 
 # Upper bounds, orders of magnitude above any GPU or node sold (B200: 180 GiB, 8 TB/s, 4.5 PFLOP/s
@@ -26,6 +33,7 @@ MAX_BANDWIDTH_GB_PER_S = 1e9
 MAX_TFLOPS = 1e9
 MAX_MICROSECONDS = 1e9  # latencies and per-kernel costs (1000 s)
 MAX_GPUS_PER_NODE = 2**16
+MAX_MEASURED_CASES = 100  # a profile's own cases are predicted with every estimate: a few, not a corpus
 
 
 class LinkKind(str, Enum):
@@ -167,6 +175,17 @@ class HardwareProfileFile(StrictModel):
     efficiency: EfficiencyFile
     runtime: RuntimeFile
     sources: dict[str, str] = Field(default_factory=dict)
+    measured_cases: list[Case] = Field(
+        default_factory=list, max_length=MAX_MEASURED_CASES,
+        description="runs measured on this machine (the `--cases` schema), written by `shardplan calibrate`; "
+                    "predictions made with this profile take their error band from them where they match")
+
+    @model_validator(mode="after")
+    def _unique_cases(self) -> "HardwareProfileFile":
+        ids = [c.id for c in self.measured_cases]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"measured_cases: case id {next(i for i in ids if ids.count(i) > 1)!r} appears twice")
+        return self
 
 
 @dataclass(frozen=True)
@@ -213,6 +232,9 @@ class HardwareProfile:
     sources: dict[str, str] = field(default_factory=dict)
     # kernel -> (forward, backward) achieved / dense 16-bit peak (EfficiencyFile.attention_kernels)
     attention_kernels: tuple[tuple[str, float, float], ...] = ()
+    # The runs measured on this machine (HardwareProfileFile.measured_cases); the cost model
+    # never reads them, tasks/_bands.py bands predictions with them.
+    measured_cases: tuple[Case, ...] = ()
 
     def __hash__(self) -> int:
         # The dict fields make the generated hash impossible; equal profiles share these fields,
@@ -288,4 +310,5 @@ def profile_from_file(f: HardwareProfileFile) -> HardwareProfile:
         cuda_graph_bytes=units.gib_to_bytes(f.runtime.cuda_graphs_gib),
         sources=dict(f.sources),
         attention_kernels=tuple((k, v.forward, v.backward) for k, v in sorted(eff.attention_kernels.items())),
+        measured_cases=tuple(f.measured_cases),
     )

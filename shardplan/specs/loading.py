@@ -422,7 +422,24 @@ def _bundled_file(folder: Path, name: str, kind: str, list_command: str) -> Path
 
 def load_hardware(name_or_path: str) -> HardwareProfile:
     path = hardware_path(name_or_path)
-    return hardware_from_data(read_structured(path), str(path))
+    return own_cases_resolved(hardware_from_data(read_structured(path), str(path)), path)
+
+
+def own_cases_resolved(hw: HardwareProfile, path: Path) -> HardwareProfile:
+    """`hw`, read from `path`, with its measured cases pointed at the profile itself (they were
+    measured on this machine, whatever the file is called now) and their relative model files
+    at the profile's folder, so that each case predicts as it stands anywhere."""
+    if not hw.measured_cases:
+        return hw
+    own = str(path.resolve())
+
+    def resolved(model: str | None) -> str | None:
+        if model is None or Path(model).is_absolute() or not model.endswith((".yaml", ".yml", ".json")):
+            return model
+        return str((path.parent / model).resolve())
+
+    cases = tuple(c.model_copy(update={"hardware": own, "model": resolved(c.model)}) for c in hw.measured_cases)
+    return dataclasses.replace(hw, measured_cases=cases)
 
 
 def list_hardware() -> list[HardwareProfile]:

@@ -1,41 +1,86 @@
 """The measured error bands, loaded once and attached to what the tasks predict (shared by
-recommend and capacity, and by the CLI's estimate; not a task). The lookup and the edge are
-pure (cost/accuracy.py); this is where the bands file is read and the engine version is
-resolved to its generation."""
+recommend, capacity and replan, and by the CLI's estimate; not a task). The lookup and the edge
+are pure (cost/accuracy.py); this is where the bands file is read, the engine version is
+resolved to its generation, and a calibrated profile's own measured cases are predicted.
+
+A profile `shardplan calibrate` wrote carries the runs it was calibrated from
+(`measured_cases:`). Its bands are `shardplan validate`'s statistics over those cases, predicted
+with the profile by the validation code (validation/predict.py, validation/stats.py) when a
+prediction made with the profile is banded: a few cases, so computed on the fly (and cached per
+profile) rather than stored, and never stale when the cost model moves. They replace the shipped
+band where they measured the prediction's group and quantity (its engine generation's KV
+capacity, its stack's peak memory); the rest keep the shipped band."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from shardplan.cost import accuracy
 from shardplan.cost.report import CostReport, PredictionBand
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
+from shardplan.errors import ShardplanError
 from shardplan.knowledge.load import bands_file, engine_generation
+from shardplan.knowledge.schema import ErrorBand
 from shardplan.search import Goal
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.validation.bands import BANDED
+from shardplan.validation.predict import Comparison, compare
+from shardplan.validation.stats import group_stats
 
 
-def banded(report: CostReport) -> CostReport:
-    """`report` with its bands and its verdict at the band's edge (`cost.accuracy.with_bands`)."""
+def profile_bands(hw: HardwareProfile) -> accuracy.ProfileBands | None:
+    """The bands of `hw`'s own measured cases (None without any). A case the model cannot
+    predict (its model file gone) is bad input: one line naming the profile and the case."""
+    if not hw.measured_cases:
+        return None
+    # Each case states its own GPUs: one computation per profile, whatever cluster it was sized to.
+    return _profile_bands(hw.with_topology(gpus_per_node=1, num_nodes=1))
+
+
+@lru_cache(maxsize=32)
+def _profile_bands(hw: HardwareProfile) -> accuracy.ProfileBands:
+    comparisons: list[Comparison] = []
+    for i, case in enumerate(hw.measured_cases):
+        try:
+            comparisons += compare(case)
+        except ShardplanError as e:
+            raise ShardplanError(f"measured case {case.id}: {e.message}", source=case.hardware,
+                                 field=f"measured_cases.{i}" + (f".{e.field}" if e.field else ""),
+                                 hint=e.hint or "fix the case or remove it from the profile") from None
+    bands = tuple(
+        ErrorBand(kind=g.kind, group=g.group, quantity=g.quantity, versions=g.versions, num_cases=g.num_cases,  # type: ignore[arg-type]
+                  band_abs_error=g.band_abs_error, mean_signed_error=g.mean_signed_error)
+        for g in group_stats(comparisons) if g.quantity in BANDED)
+    return accuracy.ProfileBands(profile=hw.name, bands=bands)
+
+
+def banded(report: CostReport, hw: HardwareProfile) -> CostReport:
+    """`report`, predicted on `hw`, with its bands and its verdict at the band's edge
+    (`cost.accuracy.with_bands`): `hw`'s own measured cases' bands where they match, else the
+    shipped ones."""
     w = report.workload
     generation = engine_generation(w.engine, w.engine_version) if w.kind == "inference" else None
-    return accuracy.with_bands(report, bands_file(), engine_generation=generation)
+    return accuracy.with_bands(report, bands_file(), engine_generation=generation, own=profile_bands(hw))
 
 
-def workload_bands(workload: InferenceWorkload | TrainingWorkload) -> list[PredictionBand]:
-    """The bands a workload's predictions carry; the first is the one "fits" is decided on."""
+def workload_bands(workload: InferenceWorkload | TrainingWorkload, hw: HardwareProfile) -> list[PredictionBand]:
+    """The bands a workload's predictions on `hw` carry; the first is the one "fits" is decided on."""
+    own = profile_bands(hw)
     if isinstance(workload, TrainingWorkload):
-        return accuracy.training_bands(bands_file(), workload.stack, workload.finetune.value)
+        return accuracy.training_bands(bands_file(), workload.stack, workload.finetune.value, own)
     generation = engine_generation(workload.engine, workload.engine_version)
-    return accuracy.serving_bands(bands_file(), generation, workload.engine)
+    return accuracy.serving_bands(bands_file(), generation, workload.engine, own)
 
 
-def goal_at_edge(goal: Goal, workload: InferenceWorkload | TrainingWorkload, *, strict_fit: bool) -> Goal:
+def goal_at_edge(goal: Goal, workload: InferenceWorkload | TrainingWorkload, hw: HardwareProfile, *,
+                 strict_fit: bool) -> Goal:
     """`goal` with the band the search applies where it decides fit: tight plans rank after
     those that fit at the band's edge, or are left out with `strict_fit`."""
-    band = workload_bands(workload)[0].band_abs_error
+    band = workload_bands(workload, hw)[0].band_abs_error
     if isinstance(workload, TrainingWorkload):
         return replace(goal, peak_memory_band_fraction=band, strict_fit=strict_fit)
     return replace(goal, kv_capacity_band_fraction=band, strict_fit=strict_fit)
 
 
-__all__ = ["banded", "goal_at_edge", "workload_bands"]
+__all__ = ["banded", "goal_at_edge", "profile_bands", "workload_bands"]

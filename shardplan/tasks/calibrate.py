@@ -17,6 +17,13 @@ that makes it comparable with a bundled efficiency is in `verify/probes.py`.
 
 The median over ranks is taken (one slow rank does not set the machine's speed). A measured
 figure above the profile's peak is capped at efficiency 1 and said: the peak is wrong then.
+
+Calibration closes the loop: what it was given is also recorded in the written profile as a
+measured case (`measured_cases:`, the `--cases` schema; validation/measured.py makes them), so
+that predictions made with the profile carry the error band of the runs measured on it
+(tasks/_bands.py). An engine log with the plan it deployed (`--plan`) is an engine_log case; a
+GPU verify report of a full-scale training run, a training case with its allocated peak. A
+base profile's own cases are carried over (one with the same id is replaced).
 """
 
 from __future__ import annotations
@@ -30,12 +37,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardplan import units
-from shardplan.errors import InputFileError
+from shardplan.errors import InputFileError, ShardplanError
 from shardplan.fileio import write_text_atomic
 from shardplan.specs import loading
 from shardplan.specs.engine_log import ENGINE_NAMES, EngineLog, IntTerm, read_engine_log
 from shardplan.specs.hardware import HardwareProfileFile
+from shardplan.plan import readback
+from shardplan.specs.cases import Case, EngineLogCase, TrainingCase
 from shardplan.tasks._results import Result
+from shardplan.validation import measured
 
 MAX_EFFICIENCY = 1.0
 
@@ -123,6 +133,10 @@ class CalibrateResult(Result):
     profile_changes: list[ProfileChange] = Field(
         default_factory=list, description="device memory and runtime overheads an engine log replaced (none from a report)")
     notes: list[str] = Field(description="what was not calibrated, capped or mismatched, and why")
+    measured_case: str | None = Field(
+        None, description="the id of the measured case the profile records from this input (its `measured_cases:`); "
+                          "null: none, and a note says why")
+    num_measured_cases: int = Field(0, ge=0, description="measured cases the written profile carries (count)")
 
 
 def parse_report(data: Any, source: str) -> CalibrationReport:
@@ -236,20 +250,75 @@ def calibrate(report: CalibrationReport, base: dict[str, Any], *, name: str, rep
     return out, rows, notes
 
 
-def calibrate_profile(report: Path, hardware: str, output: Path, *, name: str | None = None) -> CalibrateResult:
+def calibrate_profile(report: Path, hardware: str, output: Path, *, name: str | None = None,
+                      plan: Path | None = None) -> CalibrateResult:
     """Read a GPU verify report and a base profile (a bundled name or a YAML file), write a copy
     of the profile with the measured efficiencies to `output` (atomically; it loads as
-    written), and say what changed. The new profile is named `name`, default the file's stem."""
-    parsed = parse_report(loading.read_structured(report), str(report))
+    written), and say what changed. The new profile is named `name`, default the file's stem.
+    A full-scale training run's allocated peak is recorded as a measured case of `plan` (default:
+    the plan the report names)."""
+    raw = loading.read_structured(report)
+    parsed = parse_report(raw, str(report))
     base_path = loading.hardware_path(hardware)
     data, rows, notes = calibrate(parsed, loading.read_structured(base_path), name=name or output.stem,
                                   report_source=str(report))
-    text = (f"# calibrated by `shardplan calibrate {report}` from {base_path.name}\n"
-            + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
-    loading.hardware_from_data(yaml.safe_load(text), str(output))  # loads as written
+    case = _report_case(report, raw, parsed, plan, hardware, output, notes)
+    text = _profile_text(f"shardplan calibrate {report}", base_path, data, case, output, notes)
     write_text_atomic(output, text)
     return CalibrateResult(profile=str(output), name=data["name"], base=base_path.name, measured_by="verify-report",
-                           input_file=str(report), changes=[CalibrationChange(**r) for r in rows], notes=notes)
+                           input_file=str(report), changes=[CalibrationChange(**r) for r in rows], notes=notes,
+                           measured_case=case.id if case else None,
+                           num_measured_cases=len(data.get("measured_cases", [])))
+
+
+def _report_case(report: Path, raw: Any, parsed: CalibrationReport, plan: Path | None, hardware: str, output: Path,
+                 notes: list[str]) -> Case | None:
+    """The report's training case, or None with a note saying why. The plan is `plan`, else the
+    one the report names (as given to verify: from here, or beside the report)."""
+    path = plan
+    if path is None:
+        named = Path(parsed.plan)
+        path = next((p for p in (named, report.parent / named) if p.is_file()), None)
+        if path is None:
+            notes.append(f"no measured case: the plan the report names ({parsed.plan}) is not here; pass --plan")
+            return None
+    try:
+        inputs = readback.read_plan(path, hardware_override=hardware)
+    except ShardplanError as e:
+        if plan is not None:
+            raise  # asked for: bad input
+        notes.append(f"no measured case: the plan the report names ({path}) cannot be read ({e.message}); pass --plan")
+        return None
+    got = measured.training_case(inputs, raw, report_source=str(report), hardware=output.name,
+                                 model=measured.model_ref(inputs, output.parent),
+                                 source=measured.measured_source(report, "verify report"), case=measured.case_id(report))
+    if isinstance(got, str):
+        notes.append(f"no measured case: {got}")
+        return None
+    return got
+
+
+def _profile_text(command: str, base_path: Path, data: dict[str, Any], case: Case | None, output: Path,
+                  notes: list[str]) -> str:
+    """The profile's YAML, with `case` added to the measured cases the base carried (each pointed
+    at this file); checked to load as written."""
+    carried = [c for c in data.pop("measured_cases", []) if case is None or c["id"] != case.id]
+    cases = [{**c, "hardware": output.name} for c in carried]
+    if case is not None:
+        cases.append(case.model_dump(mode="json", exclude_none=True))
+        if isinstance(case, TrainingCase):
+            what = f"allocated peak {case.measured.peak_memory_gib:.2f} GiB"
+        elif isinstance(case, EngineLogCase) and case.kv_cache_tokens is not None:
+            what = f"KV capacity {case.kv_cache_tokens:,} tokens"
+        else:
+            what = "a refusal to start"
+        notes.append(f"recorded measured case {case.id} ({case.kind}, {what}): predictions with this profile take "
+                     "their band from its measured cases where they match")
+    if cases:
+        data["measured_cases"] = cases
+    text = f"# calibrated by `{command}` from {base_path.name}\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    loading.hardware_from_data(yaml.safe_load(text), str(output))  # loads as written
+    return text
 
 
 # --- from an engine start-up log -------------------------------------------------------------
@@ -391,19 +460,39 @@ def calibrate_from_engine_log(log: EngineLog, base: dict[str, Any], *, name: str
 
 
 def calibrate_profile_from_engine_log(log: Path, hardware: str, output: Path, *, name: str | None = None,
-                                      tp: int = 1) -> CalibrateResult:
+                                      tp: int | None = None, plan: Path | None = None) -> CalibrateResult:
     """Read a vLLM start-up log (bounded, specs.engine_log) and a base profile, write a copy of
     the profile with the log's device memory and runtime overheads to `output` (atomically; it
-    loads as written), and say what changed. Nothing is written when the log has no figure."""
-    if tp < 1:
+    loads as written), and say what changed. Nothing is written when the log has no figure.
+    With `plan` (the plan whose deployment logged it) the log is also recorded as a measured
+    case, and `tp` defaults to the plan's (else 1)."""
+    if tp is not None and tp < 1:
         raise InputFileError(f"--tp {tp} is not a tensor-parallel size", field="--tp", hint="pass 1 or more")
     parsed = read_engine_log(log)
     base_path = loading.hardware_path(hardware)
+    inputs = readback.read_plan(plan, hardware_override=hardware) if plan is not None else None
+    if inputs is not None:
+        if tp is not None and tp != inputs.manifest.layout.tp:
+            raise InputFileError(f"--tp {tp}, but the plan's tp is {inputs.manifest.layout.tp}", field="--tp",
+                                 hint="drop --tp: the plan states it")
+        tp = inputs.manifest.layout.tp
     data, rows, notes = calibrate_from_engine_log(parsed, loading.read_structured(base_path),
-                                                  name=name or output.stem, tp=tp)
-    text = (f"# calibrated by `shardplan calibrate --engine-log {log}` from {base_path.name}\n"
-            + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
-    loading.hardware_from_data(yaml.safe_load(text), str(output))  # loads as written
+                                                  name=name or output.stem, tp=tp or 1)
+    case: Case | None = None
+    if inputs is None:
+        notes.append("no measured case: pass --plan (the plan this engine was started from) to record the log as "
+                     "one, so that this profile's KV capacity band comes from it")
+    else:
+        got = measured.engine_log_case(inputs, parsed, hardware=output.name,
+                                       model=measured.model_ref(inputs, output.parent),
+                                       source=measured.measured_source(log, "engine log"))
+        if isinstance(got, str):
+            notes.append(f"no measured case: {got}")
+        else:
+            case = got
+    text = _profile_text(f"shardplan calibrate --engine-log {log}", base_path, data, case, output, notes)
     write_text_atomic(output, text)
     return CalibrateResult(profile=str(output), name=data["name"], base=base_path.name, measured_by="engine-log",
-                           input_file=str(log), changes=[], profile_changes=rows, notes=notes)
+                           input_file=str(log), changes=[], profile_changes=rows, notes=notes,
+                           measured_case=case.id if case else None,
+                           num_measured_cases=len(data.get("measured_cases", [])))

@@ -230,7 +230,7 @@ def _format_label(wl: InferenceWorkload, q: Quantization) -> str:
 
 def _serving_figures(spec: ModelSpec, s: Served) -> dict[str, Any]:
     """The estimate's own memory and KV figures for one layout (what `estimate --json` prints)."""
-    report = banded(estimate(spec, s.hw, s.layout, s.workload))
+    report = banded(estimate(spec, s.hw, s.layout, s.workload), s.hw)
     assert report.kv_cache is not None  # a serving estimate always has one
     plan = report.plan
     return {
@@ -338,7 +338,7 @@ def training_capacity(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload
                 not_found=f"no layout of up to {max_gpus} GPUs fits at {wl.seq_len:,} tokens x {wl.global_batch_size} sequences"))
         else:
             best = res.top[0]
-            report = banded(estimate(spec, best.hw, best.layout, best.workload))
+            report = banded(estimate(spec, best.hw, best.layout, best.workload), best.hw)
             mem, time = report.memory, report.time
             assert isinstance(mem, TrainingMemoryReport) and isinstance(time, TrainingTimeReport)
             rows.append(TrainingRow(

@@ -77,9 +77,9 @@ def recommend(
     (`knowledge/bands.yaml`): plans that fit only at the prediction (tight) rank after those
     that fit at the edge, or, with `strict_fit`, are rejected where the search decides fit."""
     spec = loaded.spec
-    goal = goal_at_edge(goal, workload, strict_fit=strict_fit)
+    goal = goal_at_edge(goal, workload, hw, strict_fit=strict_fit)
     res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, progress=progress)
-    top = [explain.entry(spec, e, goal, i + 1, banded) for i, e in enumerate(res.top)]
+    top = [explain.entry(spec, e, goal, i + 1, lambda r: banded(r, hw)) for i, e in enumerate(res.top)]
     binding = explain.binding_constraint(top[0], goal) if top else None
     gap = explain.gap(top[0], top[1]) if len(top) > 1 else None
     comparison = None
@@ -102,7 +102,7 @@ def recommend(
     manifest = None
     if manifest_path is not None and res.top:
         best = res.top[0]
-        report = banded(estimate(spec, best.hw, best.layout, best.workload))
+        report = banded(estimate(spec, best.hw, best.layout, best.workload), best.hw)
         summary: dict[str, Any] = {"num_candidates": res.num_candidates, "num_evaluated": res.num_evaluated,
                                    "num_costed": res.num_costed, "num_feasible": res.num_feasible}
         if gap is not None:
@@ -142,7 +142,7 @@ def recommend(
         runner_up_gap_fraction=gap,
         why=explain.why(top, goal, binding) + _tight_ranked_last(top),
         strict_fit=strict_fit,
-        bands=workload_bands(workload),
+        bands=workload_bands(workload, hw),
         compare=comparison,
         suggestions=suggestions,
         manifest=manifest,

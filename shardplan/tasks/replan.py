@@ -291,7 +291,7 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
     best = candidates[0].objective_value
     built, rows = [], []
     for i, e in enumerate(candidates):
-        report = banded(estimate(spec, e.hw, e.layout, e.workload))  # the manifest records the bands
+        report = banded(estimate(spec, e.hw, e.layout, e.workload), e.hw)  # the manifest records the bands
         m = build_manifest(loaded=loaded, hw=e.hw, layout=e.layout, workload=e.workload, report=report,
                            objective=goal.objective.value,
                            search={"num_evaluated": res.num_evaluated, "num_feasible": res.num_feasible})

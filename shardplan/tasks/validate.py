@@ -11,9 +11,9 @@ from pathlib import Path
 from pydantic import Field, ValidationError
 
 from shardplan.errors import ShardplanError
-from shardplan.specs.loading import read_structured, validation_error
+from shardplan.specs.loading import load_hardware, read_structured, validation_error
 from shardplan.tasks._results import Result
-from shardplan.validation.cases import Case, CaseFile, EngineLogCase
+from shardplan.specs.cases import Case, CaseFile, EngineLogCase
 from shardplan.validation.predict import Comparison, compare
 from shardplan.validation.shipped import CORPUS_DIR, shipped_cases
 from shardplan.validation.stats import BAND_PERCENTILE, group_stats
@@ -65,8 +65,15 @@ class ValidateResult(Result):
 
 
 def read_case_file(path: Path) -> list[Case]:
-    """A user's `--cases` file (YAML or JSON, the schema of `shardplan.validation.cases`)."""
+    """A user's `--cases` file (YAML or JSON, the schema of `shardplan.specs.cases`), or a
+    calibrated hardware profile, whose `measured_cases:` are predicted with the profile itself."""
     data = read_structured(path)
+    if isinstance(data, dict) and "measured_cases" in data:
+        cases = load_hardware(str(path)).measured_cases
+        if not cases:
+            raise ShardplanError("the profile has no measured cases", source=str(path), field="measured_cases",
+                                 hint="calibrate it with `shardplan calibrate --engine-log LOG --plan PLAN`")
+        return list(cases)
     try:
         return list(CaseFile.model_validate(data).cases)
     except ValidationError as e:

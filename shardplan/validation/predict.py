@@ -26,7 +26,7 @@ from shardplan.specs.cluster import cluster
 from shardplan.specs.loading import load_hardware, load_model, model_from_data
 from shardplan.specs.model import ModelSpec
 from shardplan.units import BYTES_PER_GIB
-from shardplan.validation.cases import Case, EngineLogCase, FineTuneCase, TrainingCase
+from shardplan.specs.cases import Case, EngineLogCase, FineTuneCase, TrainingCase
 
 # Loaded checkpoint formats as the engines name them -> shardplan's weight formats.
 QUANTIZATION = {None: None, "fp8": "fp8", "compressed-tensors": "fp8", "gptq_marlin": "int4", "awq_marlin": "int4",

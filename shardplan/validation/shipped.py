@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from shardplan.specs.loading import read_structured, validation_error
 from shardplan.units import BYTES_PER_GIB
-from shardplan.validation.cases import (
+from shardplan.specs.cases import (
     Case,
     EngineFlags,
     EngineLogCase,
