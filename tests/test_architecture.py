@@ -32,14 +32,17 @@ IO_LIBS = ("yaml", "rich", "typer")
 
 # Data flows specs -> cost -> search -> plan -> exporters; tasks compose them; cli renders.
 # knowledge (engine rules as data) sits beside specs: the cost model's inputs are resolved from it.
-LAYERS = ("specs", "knowledge", "cost", "search", "plan", "exporters", "tasks", "verify", "cli")
+# validation (the measured cases run through the cost model: `shardplan validate`, the bands) reads
+# plans (a verify report's or a calibration's) and is read by tasks.
+LAYERS = ("specs", "knowledge", "cost", "search", "plan", "validation", "exporters", "tasks", "verify", "cli")
 FORBIDDEN = {
-    "specs": {"knowledge", "cost", "search", "plan", "exporters", "tasks", "verify", "cli"},
-    "knowledge": {"cost", "search", "plan", "exporters", "tasks", "verify", "cli"},
-    "cost": {"search", "plan", "exporters", "tasks", "verify", "cli"},
-    "search": {"plan", "exporters", "tasks", "verify", "cli"},
-    "plan": {"exporters", "tasks", "verify", "cli"},
-    "exporters": {"tasks", "verify", "cli"},
+    "specs": {"knowledge", "cost", "search", "plan", "validation", "exporters", "tasks", "verify", "cli"},
+    "knowledge": {"cost", "search", "plan", "validation", "exporters", "tasks", "verify", "cli"},
+    "cost": {"search", "plan", "validation", "exporters", "tasks", "verify", "cli"},
+    "search": {"plan", "validation", "exporters", "tasks", "verify", "cli"},
+    "plan": {"validation", "exporters", "tasks", "verify", "cli"},
+    "validation": {"exporters", "tasks", "verify", "cli"},
+    "exporters": {"validation", "tasks", "verify", "cli"},
 }
 
 MAX_TOP_MODULES = 3  # errors, units, fileio: the ground every package stands on

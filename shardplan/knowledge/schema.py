@@ -74,6 +74,13 @@ class ReservedMemory(Frozen):
         return round((device_mib - reserved) / device_mib, 3)
 
 
+def require_sources(documented: set[str], sources: dict[str, str]) -> None:
+    """Every rule a file sets names where it comes from: the fields in `documented` need a source."""
+    missing = sorted(documented - {k for k, v in sources.items() if v.strip()})
+    if missing:
+        raise ValueError(f"no source for {', '.join(missing)}")
+
+
 def version_in_range(version: tuple[int, int, int], min_version: str, max_version: str | None) -> bool:
     """Whether `version` lies in [min_version, max_version) (None: no upper end)."""
     lo = parse_version(min_version)
@@ -181,9 +188,7 @@ class EngineEra(Frozen):
                 documented.add(optional)
         if self.unchunked_extra_tokens:
             documented.add("unchunked_extra_tokens")
-        missing = sorted(documented - set(self.sources))
-        if missing:
-            raise ValueError(f"no source for {', '.join(missing)}")
+        require_sources(documented, self.sources)
         return self
 
     def holds_for(self, version: tuple[int, int, int]) -> bool:
@@ -225,9 +230,7 @@ class MultimodalEra(Frozen):
                 documented.add(name)
         if self.profile == "encoder_budget":
             documented.add("items_rounding")
-        missing = sorted(documented - set(self.sources))
-        if missing:
-            raise ValueError(f"no source for {', '.join(missing)}")
+        require_sources(documented, self.sources)
         return self
 
     def holds_for(self, version: tuple[int, int, int]) -> bool:
@@ -382,9 +385,7 @@ class StackFile(Frozen):
             documented.add("eager_elementwise")
         if self.compiled_loss is not None:
             documented.add("compiled_loss")
-        missing = sorted(documented - {k for k, v in self.sources.items() if v.strip()})
-        if missing:
-            raise ValueError(f"no source for {', '.join(missing)}")
+        require_sources(documented, self.sources)
         if ("selective" in self.recompute) != (self.selective is not None):
             raise ValueError("selective must be set exactly when recompute offers selective")
         if not self.elementwise_fused and self.eager_elementwise is None:
