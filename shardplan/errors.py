@@ -18,7 +18,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_INTERNAL: "internal error (a bug; SHARDPLAN_DEBUG=1 shows the traceback)",
     EXIT_BAD_INPUT: "bad input: an option, a file that cannot be read or parsed, an unknown key or name, "
                     "an impossible field or layout",
-    EXIT_DOES_NOT_FIT: "the plan does not fit (the result is still printed); recommend, capacity, replan: nothing fits",
+    EXIT_DOES_NOT_FIT: "the plan does not fit (the result is still printed); recommend, capacity, replan: nothing fits; "
+                       "replan: slices only lost ranks held and no checkpoint to read them from",
     EXIT_VERIFY_MISMATCH: "verify: a measurement or the numerics disagree with the prediction beyond tolerance",
     EXIT_VERIFY_FAILED: "verify: the run did not complete (a rank ran out of memory, raised, was killed, or hung "
                         "past --timeout)",

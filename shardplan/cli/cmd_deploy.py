@@ -27,7 +27,7 @@ def export_cmd(
     to: ToOpt,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Folder to write the files into (created if missing); default: print them.")] = None,
     model_path: Annotated[Optional[str], typer.Option(help="Checkpoint path or Hugging Face id the engine loads (default: the plan's hf_id).")] = None,
-    script: Annotated[Optional[str], typer.Option(help="Training: the script and arguments each rank runs (default: `shardplan verify PLAN`; deepspeed/accelerate: train.py).")] = None,
+    script: Annotated[Optional[str], typer.Option(help="Training: the script and arguments each rank runs (default: `shardplan verify PLAN`; deepspeed/accelerate: train.py). torchrun/slurm append the plan's layout after them: --tp N --pp N --dp N --cp N --ep N --vp N --zero-stage N --micro-batch-size N (training: --global-batch-size N --seq-len N).")] = None,
     image: Annotated[Optional[str], typer.Option(help="kubernetes: container image (default: the engine's release image).")] = None,
     port: Annotated[Optional[int], typer.Option(min=1, max=65535, help="Serving port (first replica) or rendezvous port.")] = None,
     nvme_path: Annotated[str, typer.Option(help="deepspeed: folder NVMe offload writes to.")] = "/local_nvme",
@@ -79,18 +79,28 @@ def replan_cmd(
     top_k: Annotated[int, typer.Option("--top", min=1, help="Candidate layouts to cost the move of.")] = 5,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the chosen plan's manifest here (and its move list beside it).")] = None,
     moves: Annotated[Optional[Path], typer.Option(help="Write the move list here (.json, or .yaml); default: beside -o as NAME.moves.json.")] = None,
+    lost_nodes: Annotated[Optional[str], typer.Option(help="Old nodes that are gone, e.g. 1 or 0,2 or 1-3: their ranks are never sources.")] = None,
+    lost_ranks: Annotated[Optional[str], typer.Option(help="Old ranks whose memory is lost, e.g. 3,11 or 8-15 (a node whose every rank is lost is gone).")] = None,
+    from_checkpoint: Annotated[Optional[Path], typer.Option(help="Safetensors checkpoint folder to read the slices no surviving rank holds from (headers only are read here).")] = None,
+    prefer_fast_recovery: Annotated[bool, typer.Option(help="Among layouts within --margin, take the one whose move is predicted to end soonest (default: the one that moves fewest bytes).")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """A new plan for a changed cluster (--gpus N or --nodes N), ranked like recommend, with the
     cost of getting there: for each candidate, the bytes of weights (training: and optimizer
-    states) each new rank must receive from the old ranks. Chooses the layout that moves least
-    among those within --margin of the best, writes its manifest and the move list (which
-    tensor slice goes from which old rank to which new rank). Exit 3 when nothing fits."""
+    states) each new rank must receive, from which surviving old rank or checkpoint byte range,
+    over which link, and the predicted time (bytes / the link's bandwidth + its latency; per new
+    rank its links in parallel, each link's pieces in turn; the move: the slowest rank). Chooses
+    the layout that moves least (--prefer-fast-recovery: ends soonest) among those within
+    --margin of the best, writes its manifest and the move list. Ranks of --lost-nodes and
+    --lost-ranks are never sources. Exit 3 when nothing fits, or when slices only lost ranks
+    held have no --from-checkpoint to come from."""
     from shardplan.plan.readback import plan_hardware
     from shardplan.tasks.replan import replan
 
     if (gpus is None) == (nodes is None):
         raise ShardplanError("give the changed cluster as --gpus N or --nodes N", field="--gpus", hint="give one of them")
+    dead_nodes = _index_list(lost_nodes, "--lost-nodes")
+    dead_ranks = _index_list(lost_ranks, "--lost-ranks")
     old = load_manifest(plan)
     base = plan_hardware(old, str(plan), hardware)
     gpn = old.hardware.gpus_per_node if old.hardware.num_nodes > 1 else base.gpus_per_node
@@ -99,8 +109,30 @@ def replan_cmd(
     with render_common.progress(f"replanning for {n} GPUs") as progress:
         result = replan(old, source=str(plan), hw=hw, num_gpus=n, margin=margin, top_k=top_k,
                         objective=objective.value if objective else None, manifest_path=output, moves_path=moves,
-                        progress=progress)
+                        progress=progress, lost_nodes=dead_nodes, lost_ranks=dead_ranks, checkpoint=from_checkpoint,
+                        prefer_fast_recovery=prefer_fast_recovery)
     render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_deploy.replan_report)
     render_deploy.replan_files_written(result)
     if result.chosen is None:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+MAX_INDEX_LIST = 1 << 20  # ranks one option may name: far above any cluster, a bound on a hostile range
+
+
+def _index_list(text: Optional[str], flag: str) -> list[int]:
+    """'3', '0,2', '8-15' or a mix, as sorted distinct integers; a malformed item exits 2."""
+    if text is None:
+        return []
+    out: set[int] = set()
+    for item in text.split(","):
+        lo, sep, hi = item.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ShardplanError(f"{item.strip()!r} is not an index or a range", field=flag,
+                                 hint="e.g. 1 or 0,2 or 8-15") from None
+        if a < 0 or b < a or b - a >= MAX_INDEX_LIST:
+            raise ShardplanError(f"range {item.strip()!r} is empty or too long", field=flag, hint="e.g. 8-15")
+        out.update(range(a, b + 1))
+    return sorted(out)

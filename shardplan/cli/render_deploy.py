@@ -6,7 +6,7 @@ import sys
 
 from rich.table import Table
 
-from shardplan.cli.render_common import console, err_console, file_written, fmt_bytes, fmt_degrees
+from shardplan.cli.render_common import console, err_console, file_written, fmt_bytes, fmt_degrees, fmt_seconds
 from shardplan.tasks.checkpoint import CheckpointResult
 from shardplan.tasks.export import ExportResult
 from shardplan.tasks.replan import ReplanResult
@@ -51,16 +51,21 @@ def replan_report(r: ReplanResult) -> None:
     console.print(
         f"[bold]{r.model}[/bold] on {r.hardware}, {r.workload}: {f.num_gpus} -> {r.to_num_gpus} GPUs, "
         f"objective {r.objective}; {r.num_evaluated:,} layouts evaluated, {r.num_feasible:,} fit", highlight=False)
+    if f.lost_ranks:
+        console.print(f"lost: old ranks {_ranges(f.lost_ranks)} (never sources)"
+                      + (f"; what no survivor holds is read from {r.checkpoint}" if r.checkpoint else ""), highlight=False)
     if r.candidates:
-        t = Table(title=f"Candidates (* chosen: the least moved within {r.margin:.0%} of the best; dim: outside)",
+        least = "the soonest back" if r.prefer == "move_time_seconds" else "the least moved"
+        t = Table(title=f"Candidates (* chosen: {least} within {r.margin:.0%} of the best; dim: outside)",
                   title_justify="left")
-        for c in ("#", "layout", "gap", "moved", "intra-node", "inter-node", "max/rank"):
+        for c in ("#", "layout", "gap", "moved", "intra-node", "inter-node", "storage", "max/rank", "move time"):
             t.add_column(c, justify="left" if c == "layout" else "right", no_wrap=True)  # the layout stays whole
         for c in r.candidates:
             route = c.moved_bytes_by_route
             t.add_row(f"{c.rank}{'*' if c.chosen else ''}", fmt_degrees(c.plan), f"{100 * c.gap_fraction:.1f}%",
                       fmt_bytes(c.moved_bytes), fmt_bytes(route["intra_node"]), fmt_bytes(route["inter_node"]),
-                      fmt_bytes(c.max_received_bytes_per_rank), style=None if c.within_margin else "dim")
+                      fmt_bytes(route["storage"]), fmt_bytes(c.max_received_bytes_per_rank),
+                      fmt_seconds(c.move_time_seconds), style=None if c.within_margin else "dim")
         console.print(t)
     mv = r.moves
     if mv is None:
@@ -68,16 +73,32 @@ def replan_report(r: ReplanResult) -> None:
         return
     states = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in mv.moved_bytes_by_state.items()) or "nothing"
     console.print(f"chosen #{r.chosen}: {mv.num_moves:,} slices move ({states}); {fmt_bytes(mv.kept_bytes)} "
-                  "stays on its GPU", highlight=False)
+                  f"stays on its GPU; predicted move time {fmt_seconds(mv.time_seconds)} (new rank "
+                  f"{mv.slowest_rank} is the slowest; per rank: links in parallel, each link's pieces in turn)",
+                  highlight=False)
     t = Table(title="Per new rank", title_justify="left")
-    for c in ("rank", "node", "kept", "received", "from other nodes", "from old ranks"):
+    for c in ("rank", "node", "old node", "kept", "received", "from other nodes", "from checkpoint", "time",
+              "from old ranks"):
         t.add_column(c, justify="left" if c == "from old ranks" else "right", no_wrap=c != "from old ranks")
     for rk in mv.ranks:
         src = rk.sources
-        t.add_row(str(rk.rank), str(rk.node), fmt_bytes(rk.kept_bytes), fmt_bytes(rk.received_bytes),
-                  fmt_bytes(rk.received_inter_node_bytes),
+        t.add_row(str(rk.rank), str(rk.node), "new" if rk.old_node is None else str(rk.old_node),
+                  fmt_bytes(rk.kept_bytes), fmt_bytes(rk.received_bytes), fmt_bytes(rk.received_inter_node_bytes),
+                  fmt_bytes(rk.received_storage_bytes), fmt_seconds(rk.time_seconds),
                   ", ".join(map(str, src[:8])) + (f" (+{len(src) - 8})" if len(src) > 8 else ""))
     console.print(t)
+
+
+def _ranges(xs: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out, start = [], None
+    for i, x in enumerate(xs):
+        if start is None:
+            start = x
+        if i + 1 == len(xs) or xs[i + 1] != x + 1:
+            out.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(out)
 
 
 def replan_files_written(r: ReplanResult) -> None:

@@ -35,6 +35,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
     Target("deepspeed", "deepspeed", "export_deepspeed", "ds_config.json and the `deepspeed` launch line"),
     Target("torchrun", "torchrun", "export_torchrun", "torchrun per node with c10d rendezvous"),
     Target("slurm", "torchrun", "export_slurm", "sbatch script: srun + torchrun"),
+    Target("megatron", "megatron", "export_megatron", "Megatron-LM pretrain_gpt.py under torchrun, flags from the plan"),
+    Target("torchtitan", "torchtitan", "export_torchtitan", "torchtitan job TOML and its torchrun launch"),
     Target("accelerate", "accelerate", "export_accelerate", "device_map (serving) or FSDP config (training)"),
     Target("kubernetes", "kubernetes", "export_kubernetes", "Deployment, LeaderWorkerSet or Indexed Job"),
     Target("jax", "jax", "export_jax", "JAX mesh axes and PartitionSpec per weight kind"),

@@ -8,6 +8,7 @@ import json
 import math
 import re
 import shlex
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -268,12 +269,17 @@ class FlagTable:
     extra: dict[str, Any] | None = None
 
     def check(self, name: str, value: str | None) -> None:
-        """An exporter bug if a flag is not in the pinned version's list or a value not among its choices."""
+        """An exporter bug if a flag is not in the pinned version's list or a value not among its choices;
+        a flag the list marks deprecated (the engine's own parser says so) is reported as a DeprecatedFlag
+        warning: the engine still takes it, but the export should move to what replaces it."""
         spec = self.flags.get(name)
         if spec is None:
             raise AssertionError(f"{self.command} {self.version} has no flag {self.prefix}{name}")
+        if spec.get("deprecated"):
+            warnings.warn(DeprecatedFlag(f"{self.command} {self.version} marks {self.prefix}{name} deprecated"
+                                         + (f": {spec['note']}" if spec.get("note") else "")), stacklevel=3)
         takes = spec.get("takes_value", True)
-        if takes != (value is not None):
+        if takes != (value is not None) and not spec.get("optional_value"):
             raise AssertionError(f"{self.prefix}{name} {'takes' if takes else 'takes no'} value in {self.command}")
         choices = spec.get("choices")
         if choices is not None and value is not None and not isinstance(value, Raw) and value not in [str(c) for c in choices]:
@@ -284,9 +290,22 @@ class FlagTable:
         return f"{self.tool} {self.version}"
 
 
+class DeprecatedFlag(UserWarning):
+    """An export emits a flag that its pinned flag list marks deprecated."""
+
+
+# The engine version each exporter's flags are checked against (and its image is tagged with): the
+# newest release whose generated flag list (tools/dump_engine_flags.py) the exports validate against.
+# Older lists stay bundled as `<engine>-<version>.yaml`, e.g. flag_table("vllm-0.11.0").
+PINNED_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+
+
 @lru_cache(maxsize=None)
 def flag_table(name: str) -> FlagTable:
-    """A flag list kept in `exporters/flags/<name>.yaml`, with the version and source it came from."""
+    """A flag list kept in `exporters/flags/<name>.yaml`, with the version and source it came from;
+    an engine's bare name ("vllm") means its pinned version's list (PINNED_VERSIONS)."""
+    if name in PINNED_VERSIONS:
+        name = f"{name}-{PINNED_VERSIONS[name]}"
     data = yaml.safe_load((FLAGS_DIR / f"{name}.yaml").read_text())
     known = {"tool", "command", "version", "sources", "flags", "prefix"}
     return FlagTable(tool=data["tool"], command=data["command"], version=str(data["version"]),

@@ -1,10 +1,11 @@
-"""SGLang: `python -m sglang.launch_server` arguments, checked against `flags/sglang.yaml`
-(SGLang 0.5.3's ServerArgs). Mapping:
+"""SGLang: `python -m sglang.launch_server` arguments, checked against the pinned version's flag list
+(`flags/sglang-<version>.yaml`, dumped from that release's ServerArgs by tools/dump_engine_flags.py). Mapping:
 - tp, pp -> --tp-size, --pp-size (a replica's tp x pp GPUs); replicas on a node -> --dp-size
   (without --enable-dp-attention each DP rank is a whole replica); ep -> --ep-size (SGLang carves
   the expert group out of the tp group: moe_tp_size = tp_size // ep_size, parallel_state.py).
 - dp x ep (the expert group spans k = ep x etp / tp replicas): one server per group with DP
-  attention, --tp-size k x tp --dp-size k --enable-dp-attention --ep-size ep: attention runs
+  attention, --tp-size k x tp --attn-dp-size k --ep-size ep (SGLang <= 0.5.x before --attn-dp-size:
+  --dp-size k --enable-dp-attention, which 0.5.23 marks deprecated): attention runs
   k data-parallel ways of tp GPUs each (tp_size / dp_size), the MoE layers ep x etp over all
   k x tp GPUs; --max-running-requests and --chunked-prefill-size are k x the plan's per-replica
   limits, as SGLang divides them over the DP ranks. Refused with pipeline stages (this export does not combine them with DP attention).
@@ -80,7 +81,7 @@ def server_args(ctx: ExportContext, *, data_parallel: int, port: int, nnodes: in
     k = group_replicas(ctx)
     args: list[Arg] = [("model-path", model_ref(ctx)), ("tp-size", L.tp * k), ("pp-size", L.pp)]
     if k > 1:
-        args += [("dp-size", k), ("enable-dp-attention", None)]
+        args += dp_attention_args(k)
     elif data_parallel > 1:
         args.append(("dp-size", data_parallel))
     if L.ep > 1:
@@ -98,15 +99,32 @@ def server_args(ctx: ExportContext, *, data_parallel: int, port: int, nnodes: in
     # the model runner: max_running_requests // dp_size), so a group of k replicas is given k times the plan's.
     args += [("max-running-requests", wl.max_num_seqs * k), ("chunked-prefill-size", wl.max_num_batched_tokens * k)]
     if wl.enforce_eager:
-        args.append(("disable-cuda-graph", None))
+        args += eager_args()
     if wl.speculative is not None:
         args += speculative_args(wl.speculative)
     args += [("host", "0.0.0.0"), ("port", port)]
     return args
 
 
+def dp_attention_args(k: int) -> list[Arg]:
+    """k data-parallel attention groups: --attn-dp-size where the pinned SGLang has it (0.5.23: the
+    old --dp-size --enable-dp-attention spelling resolves to it and is deprecated), else the old one."""
+    if "attn-dp-size" in flag_table(TARGET).flags:
+        return [("attn-dp-size", k)]
+    return [("dp-size", k), ("enable-dp-attention", None)]
+
+
+def eager_args() -> list[Arg]:
+    """No CUDA graphs: per phase where the pinned SGLang has the backends (0.5.23 marks
+    --disable-cuda-graph deprecated: "Use --cuda-graph-backend-{decode,prefill}=disabled"), else the old switch."""
+    flags = flag_table(TARGET).flags
+    if "cuda-graph-backend-decode" in flags and "cuda-graph-backend-prefill" in flags:
+        return [("cuda-graph-backend-decode", "disabled"), ("cuda-graph-backend-prefill", "disabled")]
+    return [("disable-cuda-graph", None)]
+
+
 def speculative_args(sp) -> list[Arg]:
-    """SGLang 0.5.3's speculative flags for a plan's speculative setup."""
+    """SGLang's speculative flags for a plan's speculative setup (the same in 0.5.3 and 0.5.23)."""
     k = sp.num_speculative_tokens
     if sp.method == "ngram":
         return [("speculative-algorithm", "NGRAM"), ("speculative-num-draft-tokens", k + 1)]
@@ -132,7 +150,8 @@ def export_sglang(ctx: ExportContext) -> list[ExportFile]:
     g = group_replicas(ctx)
     if g > 1:
         header.append(f"expert parallelism spans {g} replicas: they run as one server with DP attention "
-                      f"(--dp-size {g} --enable-dp-attention, --ep-size {m.layout.ep}); SGLang supports DP attention "
+                      f"({' '.join(f'--{n} {v}' if v is not None else f'--{n}' for n, v in dp_attention_args(g))}, "
+                      f"--ep-size {m.layout.ep}); SGLang supports DP attention "
                       "for DeepSeek- and Qwen-MoE-style models")
     k = nodes_per_replica(m, TARGET)
     if k > 1:

@@ -42,6 +42,9 @@ _KV = {"fp8": "fp8_e4m3fn"}
 NCCL_PORT = 29500
 PROMETHEUS_PORT = 9000  # the router's default metrics listener (see above)
 HEALTH_PATH = "/health"  # GET, 200 when the shards answer (router/src/server.rs at v3.2.0)
+# Printed in every TGI serve.sh: the project's own README says it is in maintenance mode.
+MAINTENANCE_NOTICE = ("notice: TGI has been in maintenance mode since December 2025 (source: its README, "
+                      "https://github.com/huggingface/text-generation-inference); consider --to vllm or sglang")
 
 
 def _expressible(ctx: ExportContext) -> None:
@@ -103,7 +106,7 @@ def export_tgi(ctx: ExportContext) -> list[ExportFile]:
     m = ctx.manifest
     serving(ctx, TARGET)
     _expressible(ctx)
-    header = [*plan_header(m, TARGET, flag_table(TARGET)), *each_node_note(ctx)]
+    header = [*plan_header(m, TARGET, flag_table(TARGET)), MAINTENANCE_NOTICE, *each_node_note(ctx)]
     if m.layout.weight_quantization == "int4":
         header.append("int4 weights: point --model-id at a GPTQ/AWQ int4 checkpoint (TGI reads its quantization config)")
     if len(node_replicas(ctx)) > 1 and not has_prometheus_port():

@@ -2,12 +2,14 @@
 
 Both run the plan's world size (tp x pp x cp x dp ranks) as num_nodes x GPUs-per-node
 processes. What each rank runs is `--script` (a training script and its arguments), by
-default `shardplan verify <plan>`, which reads the layout from the manifest itself.
+default `shardplan verify <plan>`, which reads the layout from the manifest itself; a --script
+gets the layout appended as arguments (`degree_args`: --tp N --pp N --dp N ...).
 Flags are checked in the tests by torch's own parser (`torch.distributed.run.get_args_parser`).
 """
 
 from __future__ import annotations
 
+from shardplan.plan.schema import TrainingWorkloadSection
 from shardplan.exporters.base import (
     Arg,
     ExportContext,
@@ -29,10 +31,24 @@ def rank_program(ctx: ExportContext) -> tuple[list[Arg], list[str]]:
     if ctx.options.script is None:
         plan = ctx.options.plan_file
         return [], ["-m", "shardplan", "verify", f"./{plan}" if plan.startswith("-") else plan]
-    words = script_words(ctx, "")
+    words = [*script_words(ctx, ""), *degree_args(ctx)]
     if words[0].endswith(".py"):
         return [], words
     return [("no-python", None)], words  # an executable, e.g. a console script
+
+
+def degree_args(ctx: ExportContext) -> list[str]:
+    """The plan's layout, appended after --script's own arguments so that the script reads it
+    (argparse) instead of repeating it: --tp --pp --dp --cp --ep (degrees; 1: not used), --vp
+    (model chunks per pipeline stage), --zero-stage, --micro-batch-size (sequences), and for a
+    training plan --global-batch-size (sequences per step) and --seq-len (tokens)."""
+    m = ctx.manifest
+    L = m.layout
+    pairs = [("tp", L.tp), ("pp", L.pp), ("dp", L.dp), ("cp", L.cp), ("ep", L.ep), ("vp", L.virtual_stages),
+             ("zero-stage", L.zero_stage), ("micro-batch-size", L.micro_batch_size)]
+    if isinstance(m.workload, TrainingWorkloadSection):
+        pairs += [("global-batch-size", m.workload.global_batch_size), ("seq-len", m.workload.seq_len)]
+    return [w for name, value in pairs for w in (f"--{name}", str(value))]
 
 
 def torchrun_command(ctx: ExportContext, *, nnodes: str | int, rdzv_id: str, head: str) -> str:

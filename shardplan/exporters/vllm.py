@@ -1,8 +1,8 @@
 """vLLM: the `vllm serve` command line; for plans whose replica spans nodes, the Ray head and
 worker commands and a Kubernetes LeaderWorkerSet.
 
-Every flag is checked against `flags/vllm.yaml`, the flag list of the pinned vLLM version,
-taken from that version's source (the file says which). Mapping:
+Every flag is checked against the pinned vLLM version's flag list (`flags/vllm-<version>.yaml`,
+dumped from that release's own parser by tools/dump_engine_flags.py; the file says which wheel). Mapping:
 - tp, pp -> --tensor-parallel-size, --pipeline-parallel-size; replicas (dp) -> --data-parallel-size
   on a node. vLLM's expert parallelism spans all tp x dp ranks of one server (FusedMoEParallelConfig:
   ep = tp x dp, experts unsplit), so a plan with ep = tp per replica and several replicas runs one
@@ -15,10 +15,11 @@ taken from that version's source (the file says which). Mapping:
   sequence (vLLM refuses to start otherwise); else the least share that does.
 - weights: fp8 -> --quantization fp8 (vLLM quantizes a 16-bit checkpoint at load); awq/gptq name
   their method; int8/int4 need a pre-quantized checkpoint, whose config names the method.
-- speculative decoding: --speculative-config '{"method": "mtp"|"ngram", "num_speculative_tokens": K}'.
-  A separate draft model is refused: vLLM 0.11.0 raises NotImplementedError for method draft_model
-  (vllm/config/speculative.py and engine/arg_utils.py at v0.11.0: "Draft model speculative decoding
-  is not supported yet"); later V1 releases run it (vllm/v1/spec_decode/draft_model.py at v0.22.0).
+- speculative decoding: --speculative-config '{"method": "mtp"|"ngram", "num_speculative_tokens": K}';
+  a separate draft model as {"method": "draft_model", "model": ID, ...} from vLLM 0.22.0
+  (vllm/v1/spec_decode/draft_model.py at v0.22.0 and v0.33.0), refused for older pins: vLLM 0.11.0
+  raises NotImplementedError for it (vllm/config/speculative.py and engine/arg_utils.py at v0.11.0:
+  "Draft model speculative decoding is not supported yet").
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import json
 from shardplan.exporters import k8s_objects as k8s
 from shardplan.exporters.base import (
     memory_utilization as base_memory_utilization,
+    checked_word,
+    safe_name,
     Arg,
     ExportContext,
     ExportFile,
@@ -55,6 +58,7 @@ RAY_PORT = 6379
 DP_RPC_PORT = 13345  # --data-parallel-rpc-port: the engines' coordination port on the first node (vLLM docs' example)
 HEALTH_PATH = "/health"  # GET, 200 once the engine serves (vllm/entrypoints/openai/api_server.py)
 _QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq"}
+DRAFT_MODEL_SINCE = (0, 22, 0)  # first release known to run method draft_model (see the module docstring)
 
 
 def memory_utilization(ctx: ExportContext) -> float:
@@ -115,10 +119,16 @@ def serve_args(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool =
 
 def speculative_config(sp) -> str:
     """The --speculative-config JSON of a plan's speculative setup (mtp, ngram)."""
+    version = flag_table(TARGET).version
     if sp.method == "draft_model":
-        raise cannot(TARGET, "workload.speculative.method",
-                     f"vLLM {flag_table(TARGET).version} does not run a separate draft model (NotImplementedError in "
-                     "vllm/config/speculative.py)", "export for sglang, or re-plan with --speculative-method mtp or ngram")
+        if tuple(int(p) for p in version.split(".")[:3]) < DRAFT_MODEL_SINCE:
+            raise cannot(TARGET, "workload.speculative.method",
+                         f"vLLM {version} does not run a separate draft model (NotImplementedError in "
+                         "vllm/config/speculative.py)", "export for sglang, or re-plan with --speculative-method mtp or ngram")
+        ref = sp.draft_hf_id or f"/models/{safe_name(sp.draft_model or 'draft', 'draft')}"
+        return json.dumps({"method": "draft_model", "model": checked_word(ref, "workload.speculative.draft_hf_id",
+                                                                            "a Hugging Face id"),
+                           "num_speculative_tokens": sp.num_speculative_tokens})
     return json.dumps({"method": sp.method, "num_speculative_tokens": sp.num_speculative_tokens})
 
 

@@ -3,72 +3,101 @@
 The old plan's model, hardware profile, workload and objective are searched again on the new
 GPU count (the same search as `recommend`). For each of the top candidates, every tensor
 slice a new rank holds at rest (`placement.rank_holdings`: weights, and for training the
-optimizer states) is given exactly one source among the old ranks, preferring
-  1. the same device (old rank r and new rank r are one GPU for r < min(old, new)): it moves
-     zero bytes;
-  2. an old rank on the same node (device d sits on node d // gpus_per_node);
-  3. an old rank on another node;
-and within a tier the old rank that has been asked to send the fewest bytes so far (then the
-lowest), so that many new ranks needing the same layer do not all pull from one GPU.
-A slice is cut where the old holders' slices end, so the pieces of one new slice cover it
-exactly once. The winner is the candidate that moves the fewest bytes among those whose
-objective is within `margin` of the best (objective values are lower-better; within means
-value <= best + margin x |best|); ties go to the better objective.
+optimizer states) is given exactly one source: the same GPU, a surviving old rank on the same
+node, one on another node, or (`--from-checkpoint`) the checkpoint's file and byte range when
+every old rank that held it is lost; each piece with the link it crosses and its predicted
+time (`tasks/_moves.py` says how, and where lost ranks' nodes go). The winner is the
+candidate that moves the fewest bytes (with `prefer_fast_recovery`: that is back soonest)
+among those whose objective is within `margin` of the best (objective values are
+lower-better; within means value <= best + margin x |best|); ties go to the better objective.
+Pieces no surviving rank holds and no checkpoint can give raise `Unrecoverable` (exit 3).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from pydantic import Field
 
 from shardplan.cost.estimate import estimate
 from shardplan.cost.workload import InferenceWorkload
-from shardplan.errors import ShardplanError
+from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
 from shardplan.fileio import write_text_atomic
 from shardplan.plan import readback
 from shardplan.plan.manifest import DeploymentManifest, build_manifest, write_manifest
-from shardplan.tasks._bands import banded
-from shardplan.plan.placement import Box, box_numel, bytes_per_element, check_nameable, rank_holdings, states
+from shardplan.plan.placement import check_nameable
 from shardplan.search import Goal, Objective, Space, search
 from shardplan.search import explain
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
+from shardplan.tasks._bands import banded
+from shardplan.tasks._moves import (
+    ROUTES,
+    Devices,
+    Move,
+    Unrecoverable,
+    intersect,
+    link_costs,
+    move_summary,
+    moves_between,
+    subtract,
+)
 from shardplan.tasks._results import Result
+from shardplan.tasks._safetensors import StoredTensor, check_tensors, expected_dtype, read_checkpoint
 
-ROUTES = ("local", "intra_node", "inter_node")
 Progress = Callable[[int, int], None]  # (done, total)
 Number = int | float  # a byte count: an int when whole
+
+
+class UnrecoverableError(ShardplanError):
+    """Slices that every old rank holding them lost, with no checkpoint to read them from."""
+
+    exit_code = EXIT_DOES_NOT_FIT
 
 
 # ----- the result ----------------------------------------------------------------------------
 
 
-class RankMoves(Result):
-    """What one new rank keeps and receives."""
+class LinkFigures(Result):
+    kind: str = Field(description="the profile's link kind (nvswitch, infiniband, ...), or nvme for storage")
+    bandwidth_bytes_per_second: float = Field(description="per receiving GPU, efficiency applied (bytes/s)")
+    latency_seconds: float = Field(description="added once per piece (s)")
 
-    rank: int = Field(description="new rank (the same GPU as old rank `rank` where both exist)")
-    node: int = Field(description="rank // gpus_per_node")
-    kept_bytes: Number = Field(description="bytes it already holds as old rank `rank` (bytes)")
-    received_bytes: Number = Field(description="bytes it receives from other GPUs (bytes)")
+
+class RankMoves(Result):
+    """What one new rank keeps and receives, and how long receiving takes."""
+
+    rank: int = Field(description="new rank")
+    node: int = Field(description="rank // gpus_per_node: its node in the new cluster")
+    old_node: int | None = Field(description="the old cluster's node its GPU is on; None: a node that joined")
+    kept_bytes: Number = Field(description="bytes it already holds on its GPU (bytes)")
+    received_bytes: Number = Field(description="bytes it receives from other GPUs and storage (bytes)")
     received_intra_node_bytes: Number = Field(description="of which from its own node (bytes)")
     received_inter_node_bytes: Number = Field(description="of which from other nodes (bytes)")
+    received_storage_bytes: Number = Field(description="of which read from the checkpoint, in the plan's format (bytes)")
+    time_seconds_by_route: dict[str, float] = Field(description="per link, its pieces one after another (s)")
+    time_seconds: float = Field(description="the largest per-link time: links run in parallel (s)")
     sources: list[int] = Field(description="old ranks it receives from")
+    checkpoint_files: list[str] = Field(description="checkpoint files it reads from")
 
 
 class MoveSummary(Result):
-    """The chosen candidate's moves: bytes by route and state, and per new rank."""
+    """The chosen candidate's moves: bytes by route, source and state, time, and per new rank."""
 
-    num_moves: int = Field(description="slices that move between GPUs (count)")
-    num_pieces: int = Field(description="slices including those kept in place (count)")
-    moved_bytes: Number = Field(description="bytes sent between GPUs (bytes)")
+    num_moves: int = Field(description="pieces that move, over a link or from storage (count)")
+    num_pieces: int = Field(description="pieces including those kept in place (count)")
+    moved_bytes: Number = Field(description="bytes the new ranks receive (bytes)")
     kept_bytes: Number = Field(description="bytes that stay on their GPU (bytes)")
-    moved_bytes_by_route: dict[str, Number] = Field(description="intra_node and inter_node (bytes)")
+    moved_bytes_by_route: dict[str, Number] = Field(description="intra_node, inter_node, storage (bytes)")
+    moved_bytes_by_source: dict[str, Number] = Field(description="rank (surviving old ranks), checkpoint (bytes)")
     moved_bytes_by_state: dict[str, Number] = Field(description="weights, optimizer (bytes)")
     max_received_bytes_per_rank: Number = Field(description="the most one new rank receives (bytes)")
+    time_seconds: float = Field(description="predicted time of the whole move: its slowest new rank's (s)")
+    slowest_rank: int = Field(description="the new rank that takes longest")
+    links: dict[str, LinkFigures] = Field(description="the figures each piece's time is computed from")
     ranks: list[RankMoves]
 
 
@@ -82,19 +111,21 @@ class ReplanCandidate(Result):
     within_margin: bool = Field(description="gap_fraction <= margin")
     chosen: bool = Field(description="the one taken")
     figures: dict[str, Any] = Field(description="the candidate's headline figures (units in the keys)")
-    moved_bytes: Number = Field(description="bytes sent between GPUs to reach it (bytes)")
+    moved_bytes: Number = Field(description="bytes the new ranks receive to reach it (bytes)")
     kept_bytes: Number = Field(description="bytes that stay on their GPU (bytes)")
-    moved_bytes_by_route: dict[str, Number] = Field(description="intra_node and inter_node (bytes)")
+    moved_bytes_by_route: dict[str, Number] = Field(description="intra_node, inter_node, storage (bytes)")
     moved_bytes_by_state: dict[str, Number] = Field(description="weights, optimizer (bytes)")
     max_received_bytes_per_rank: Number = Field(description="the most one new rank receives (bytes)")
+    move_time_seconds: float = Field(description="predicted time of the move: its slowest new rank's (s)")
 
 
 class OldCluster(Result):
-    """The old plan's cluster and layout."""
+    """The old plan's cluster and layout, and what of it is lost."""
 
     num_gpus: int
     num_nodes: int
     layout: dict[str, Any] = Field(description="the old manifest's layout section")
+    lost_ranks: list[int] = Field(description="old ranks whose memory is lost (from --lost-nodes and --lost-ranks)")
 
 
 class ReplanResult(Result):
@@ -106,7 +137,10 @@ class ReplanResult(Result):
     hardware: str
     workload: str = Field(description="inference or training")
     objective: str = Field(description="what candidates are ranked by")
-    margin: float = Field(description="objective tolerance within which the least-moving candidate wins (fraction)")
+    margin: float = Field(description="objective tolerance within which the cheapest move wins (fraction)")
+    prefer: str = Field(description="what the cheapest move means: moved_bytes, or move_time_seconds "
+                                     "(--prefer-fast-recovery)")
+    checkpoint: str | None = Field(description="the checkpoint read for slices no surviving rank holds")
     from_: OldCluster = Field(alias="from")
     to_num_gpus: int = Field(description="GPUs of the new cluster (count)")
     num_evaluated: int = Field(description="layouts the search evaluated (count)")
@@ -119,126 +153,59 @@ class ReplanResult(Result):
     moves: MoveSummary | None = Field(description="the chosen candidate's moves")
 
 
-@dataclass(frozen=True)
-class Move:
-    """One piece of a new rank's slice and where it comes from."""
-
-    tensor: str
-    state: str  # "weights" or "optimizer"
-    box: Box
-    from_rank: int
-    to_rank: int
-    route: str  # local (same GPU: nothing moves), intra_node, inter_node
-    nbytes: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"tensor": self.tensor, "state": self.state, "slice": [list(d) for d in self.box],
-                "from_rank": self.from_rank, "to_rank": self.to_rank, "route": self.route, "bytes": _num(self.nbytes)}
+# ----- lost ranks --------------------------------------------------------------------------------
 
 
-def _num(x: float) -> int | float:
-    return int(x) if float(x).is_integer() else x
+def lost_old_ranks(old: DeploymentManifest, gpus_per_node: int, *, lost_nodes: Iterable[int] = (),
+                   lost_ranks: Iterable[int] = ()) -> frozenset[int]:
+    """The old ranks named lost, each node as its ranks; refused unless in range and some survive."""
+    num_gpus = old.hardware.num_gpus
+    num_nodes = -(-num_gpus // gpus_per_node)
+    out: set[int] = set()
+    for n in lost_nodes:
+        if not 0 <= n < num_nodes:
+            raise ShardplanError(f"node {n} is not a node of the old plan (nodes 0-{num_nodes - 1})",
+                                 field="--lost-nodes", hint=f"name nodes 0-{num_nodes - 1}")
+        out.update(range(n * gpus_per_node, min((n + 1) * gpus_per_node, num_gpus)))
+    for r in lost_ranks:
+        if not 0 <= r < num_gpus:
+            raise ShardplanError(f"rank {r} is not a rank of the old plan (ranks 0-{num_gpus - 1})",
+                                 field="--lost-ranks", hint=f"name ranks 0-{num_gpus - 1}")
+        out.add(r)
+    if len(out) == num_gpus:
+        raise ShardplanError(f"all {num_gpus} ranks of the old plan are named lost: nothing is left to move from",
+                             field="--lost-nodes", hint="plan afresh with `shardplan recommend`, or load the "
+                             "checkpoint with `shardplan checkpoint`")
+    return frozenset(out)
 
 
-# ----- boxes -----------------------------------------------------------------------------------
+def _unrecoverable(pieces: list[Unrecoverable]) -> UnrecoverableError:
+    names = sorted({(p.state, p.tensor) for p in pieces})
+    weights = [n for s, n in names if s == "weights"]
+    optimizer = [n for s, n in names if s == "optimizer"]
+
+    def listed(xs: list[str]) -> str:
+        return ", ".join(xs[:3]) + (f" and {len(xs) - 3} more" if len(xs) > 3 else "")
+
+    if weights:
+        return UnrecoverableError(f"every old rank holding {len(weights)} weight tensor(s) is lost and no checkpoint "
+                                  f"was given: {listed(weights)}", field="--from-checkpoint",
+                                  hint="pass --from-checkpoint DIR (the model's safetensors checkpoint)")
+    return UnrecoverableError(f"every old rank holding the optimizer states of {len(optimizer)} tensor(s) is lost and "
+                              f"a safetensors checkpoint holds weights only: {listed(optimizer)}",
+                              field="--from-checkpoint", hint="resume from the trainer's own checkpoint "
+                              "(--from-checkpoint gives weights only)")
 
 
-def intersect(a: Box, b: Box) -> Box | None:
-    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
-    return out if all(lo < hi for lo, hi in out) else None
-
-
-def subtract(a: Box, b: Box) -> list[Box]:
-    """`a` minus `b` as disjoint boxes (at most two per dimension)."""
-    inter = intersect(a, b)
-    if inter is None:
-        return [a]
-    out, rest = [], list(a)
-    for d, ((lo, hi), (ilo, ihi)) in enumerate(zip(a, inter)):
-        if lo < ilo:
-            out.append(tuple(rest[:d]) + ((lo, ilo),) + tuple(rest[d + 1:]))
-        if ihi < hi:
-            out.append(tuple(rest[:d]) + ((ihi, hi),) + tuple(rest[d + 1:]))
-        rest[d] = (ilo, ihi)
-    return out
-
-
-# ----- moves -----------------------------------------------------------------------------------
-
-
-def moves_between(old: DeploymentManifest, new: DeploymentManifest, spec: ModelSpec) -> list[Move]:
-    """Every piece of every slice the new plan's ranks hold, with its one source."""
-    gpn = node_size(old, new)
-    out: list[Move] = []
-    sent: dict[int, float] = {}  # bytes each old rank has been asked to send so far
-    for state in states(new):
-        holders: dict[str, list[tuple[int, Box]]] = {}
-        for r, held in enumerate(rank_holdings(old, spec, state)):
-            for h in held:
-                holders.setdefault(h.tensor.name, []).append((r, h.box))
-        for q, held in enumerate(rank_holdings(new, spec, state)):
-            for h in held:
-                per_element = bytes_per_element(new, h.tensor, state)
-                sources = sorted(holders.get(h.tensor.name, ()),
-                                 key=lambda rb: (rb[0] != q, rb[0] // gpn != q // gpn, sent.get(rb[0], 0.0), rb[0]))
-                remaining = [h.box]
-                for r, box in sources:
-                    if not remaining:
-                        break
-                    route = "local" if r == q else "intra_node" if r // gpn == q // gpn else "inter_node"
-                    left: list[Box] = []
-                    for piece in remaining:
-                        got = intersect(piece, box)
-                        if got is not None:
-                            nbytes = box_numel(got) * per_element
-                            out.append(Move(h.tensor.name, state, got, r, q, route, nbytes))
-                            if route != "local":
-                                sent[r] = sent.get(r, 0.0) + nbytes
-                        left += subtract(piece, box)
-                    remaining = left
-                if remaining:  # every element is held by some old rank: a bug if not
-                    raise ShardplanError(f"no old rank holds {state} of '{h.tensor.name}' {remaining[0]}",
-                                         hint="report this plan pair")
-    return out
+def load_checkpoint(spec: ModelSpec, path: Path) -> dict[str, StoredTensor]:
+    """The I/O edge of --from-checkpoint: the checkpoint's headers, checked against the model."""
+    folder, stored, _ = read_checkpoint(path)
+    return check_tensors(spec, stored, expected_dtype(spec, None), str(folder))
 
 
 def node_size(old: DeploymentManifest, new: DeploymentManifest) -> int:
     """GPUs per physical node: a plan on part of one node records only the GPUs it uses."""
     return max(old.placement.gpus_per_node, new.placement.gpus_per_node)
-
-
-def move_summary(moves: list[Move], num_ranks: int, gpus_per_node: int) -> dict[str, Any]:
-    """Bytes by route and state, and per new rank what it keeps and receives."""
-    by_route = {r: 0.0 for r in ROUTES}
-    by_state: dict[str, float] = {}
-    ranks = [{"rank": q, "node": q // gpus_per_node, "kept_bytes": 0.0, "received_bytes": 0.0,
-              "received_intra_node_bytes": 0.0, "received_inter_node_bytes": 0.0, "sources": set()}
-             for q in range(num_ranks)]
-    for mv in moves:
-        by_route[mv.route] += mv.nbytes
-        r = ranks[mv.to_rank]
-        if mv.route == "local":
-            r["kept_bytes"] += mv.nbytes
-            continue
-        by_state[mv.state] = by_state.get(mv.state, 0.0) + mv.nbytes
-        r["received_bytes"] += mv.nbytes
-        r[f"received_{mv.route}_bytes"] += mv.nbytes
-        r["sources"].add(mv.from_rank)
-    for r in ranks:
-        r["sources"] = sorted(r["sources"])
-        for k in ("kept_bytes", "received_bytes", "received_intra_node_bytes", "received_inter_node_bytes"):
-            r[k] = _num(r[k])
-    moved = by_route["intra_node"] + by_route["inter_node"]
-    return {
-        "num_moves": sum(1 for mv in moves if mv.route != "local"),
-        "num_pieces": len(moves),
-        "moved_bytes": _num(moved),
-        "kept_bytes": _num(by_route["local"]),
-        "moved_bytes_by_route": {k: _num(v) for k, v in by_route.items() if k != "local"},
-        "moved_bytes_by_state": {k: _num(v) for k, v in sorted(by_state.items())},
-        "max_received_bytes_per_rank": _num(max((r["received_bytes"] for r in ranks), default=0)),
-        "ranks": ranks,
-    }
 
 
 # ----- the old plan's inputs ---------------------------------------------------------------------
@@ -255,16 +222,25 @@ def _default_objective(m: DeploymentManifest) -> Objective:
 
 def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpus: int, margin: float,
            top_k: int, objective: str | None = None, manifest_path: Path | None = None,
-           moves_path: Path | None = None, progress: Progress | None = None) -> ReplanResult:
+           moves_path: Path | None = None, progress: Progress | None = None, lost_nodes: Iterable[int] = (),
+           lost_ranks: Iterable[int] = (), checkpoint: Path | None = None,
+           prefer_fast_recovery: bool = False) -> ReplanResult:
     """What `shardplan replan --json` prints; writes the chosen manifest and its move list when
-    paths are given. Raises ShardplanError (exit 2) for bad input; `chosen` is None when
+    paths are given. Raises ShardplanError (exit 2) for bad input, UnrecoverableError (exit 3)
+    when slices only lost ranks held have no checkpoint to come from; `chosen` is None when
     nothing fits on the new count (the CLI exits 3). `progress(done, total)` is passed to the
-    search, then called once per candidate costed."""
+    search, then called once per candidate costed. `checkpoint`: a safetensors checkpoint
+    folder (headers only are read)."""
     if not 0 <= margin < 1:
         raise ShardplanError(f"margin {margin} is not a fraction in [0, 1)", field="--margin", hint="e.g. 0.05")
     loaded = readback.checked_model(old, source)
     spec = loaded.spec
     check_nameable(spec, source)
+    gpn = max(old.placement.gpus_per_node, hw.gpus_per_node)
+    lost = lost_old_ranks(old, gpn, lost_nodes=lost_nodes, lost_ranks=lost_ranks)
+    stored = load_checkpoint(spec, checkpoint) if checkpoint is not None else None
+    links = link_costs(hw)
+    prefer = "move_time_seconds" if prefer_fast_recovery else "moved_bytes"
     workload = readback.plan_workload(old)
     goal = Goal(objective=Objective(objective) if objective else _default_objective(old), top_k=top_k * 8)
     space = Space()
@@ -280,9 +256,10 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
     candidates = candidates[:top_k]
     head: dict[str, Any] = dict(
         plan=source, model=spec.name, hardware=hw.name, workload=old.workload.kind,
-        objective=goal.objective.value, margin=margin,
+        objective=goal.objective.value, margin=margin, prefer=prefer,
+        checkpoint=str(checkpoint) if checkpoint is not None else None,
         from_=OldCluster(num_gpus=old.hardware.num_gpus, num_nodes=old.hardware.num_nodes,
-                         layout=old.layout.model_dump(mode="json")),
+                         layout=old.layout.model_dump(mode="json"), lost_ranks=sorted(lost)),
         to_num_gpus=num_gpus, num_evaluated=res.num_evaluated, num_feasible=res.num_feasible,
         rejected=dict(sorted(res.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
     )
@@ -295,8 +272,12 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
         m = build_manifest(loaded=loaded, hw=e.hw, layout=e.layout, workload=e.workload, report=report,
                            objective=goal.objective.value,
                            search={"num_evaluated": res.num_evaluated, "num_feasible": res.num_feasible})
-        moves = moves_between(old, m, spec)
-        summary = move_summary(moves, m.hardware.num_gpus, node_size(old, m))
+        devices = Devices.build(gpus_per_node=node_size(old, m), old_num_gpus=old.hardware.num_gpus,
+                                new_num_gpus=m.hardware.num_gpus, lost=lost)
+        moves, missing = moves_between(old, m, spec, devices, hw, stored)
+        if missing:  # every layout needs every weight: the first candidate shows it for all
+            raise _unrecoverable(missing)
+        summary = move_summary(moves, devices, links)
         built.append((m, moves, summary))
         rows.append({
             "rank": i + 1, "plan": explain.plan_dict(e, report), "objective_value": e.objective_value,
@@ -304,10 +285,11 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
             "within_margin": e.objective_value <= best + margin * abs(best), "figures": e.figures,
             **{k: summary[k] for k in ("moved_bytes", "kept_bytes", "moved_bytes_by_route", "moved_bytes_by_state",
                                        "max_received_bytes_per_rank")},
+            "move_time_seconds": summary["time_seconds"],
         })
         if progress is not None:
             progress(i + 1, len(candidates))
-    pick = min((c for c in rows if c["within_margin"]), key=lambda c: (c["moved_bytes"], c["rank"]))["rank"]
+    pick = min((c for c in rows if c["within_margin"]), key=lambda c: (c[prefer], c["rank"]))["rank"]
     m, moves, summary = built[pick - 1]
     manifest = moves_file = None
     if manifest_path is not None:
@@ -315,7 +297,7 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
         manifest = str(manifest_path)
         moves_path = moves_path or manifest_path.with_name(manifest_path.stem + ".moves.json")
     if moves_path is not None:
-        write_moves(moves_path, old, m, source, moves, summary)
+        write_moves(moves_path, old, m, source, moves, summary, links)
         moves_file = str(moves_path)
     return ReplanResult(
         **head,
@@ -325,14 +307,17 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
 
 
 def write_moves(path: Path, old: DeploymentManifest, new: DeploymentManifest, source: str, moves: list[Move],
-                summary: dict[str, Any]) -> None:
+                summary: dict[str, Any], links: dict[str, Any]) -> None:
     """The move list as JSON (or YAML for a .yaml/.yml path), written atomically."""
     doc = {
         "from_plan": source, "from_num_gpus": old.hardware.num_gpus, "to_num_gpus": new.hardware.num_gpus,
         "gpus_per_node": node_size(old, new),
-        "note": "new rank r and old rank r are the same GPU; route local moves nothing",
+        "note": "new node n is the old node its ranks' `old_node` names (survivors first, then nodes that join); "
+                "route local moves nothing; time_seconds = transfer_bytes / the link's bandwidth + its latency",
         **{k: v for k, v in summary.items() if k != "ranks"},
-        "moves": [mv.as_dict() for mv in moves],
+        "ranks": [{k: r[k] for k in ("rank", "node", "old_node", "received_bytes", "time_seconds")}
+                  for r in summary["ranks"]],
+        "moves": [mv.as_dict(links) for mv in moves],
     }
     if path.suffix in (".yaml", ".yml"):
         import yaml
@@ -340,10 +325,11 @@ def write_moves(path: Path, old: DeploymentManifest, new: DeploymentManifest, so
         text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=1 << 30)
     else:  # one move per line: the list is long and read by scripts and by eye
         head = json.dumps({k: v for k, v in doc.items() if k != "moves"}, indent=1)
-        lines = ",\n  ".join(json.dumps(mv.as_dict(), separators=(", ", ": ")) for mv in moves)
+        lines = ",\n  ".join(json.dumps(mv.as_dict(links), separators=(", ", ": ")) for mv in moves)
         text = head[:-2] + ',\n "moves": [\n  ' + lines + "\n ]\n}\n"
     write_text_atomic(path, text)
 
 
-__all__ = ["Move", "MoveSummary", "ReplanCandidate", "ReplanResult", "moves_between", "move_summary", "replan",
-           "intersect", "subtract", "write_moves"]
+__all__ = ["ROUTES", "Devices", "Move", "MoveSummary", "ReplanCandidate", "ReplanResult", "UnrecoverableError",
+           "intersect", "link_costs", "lost_old_ranks", "move_summary", "moves_between", "replan", "subtract",
+           "write_moves"]

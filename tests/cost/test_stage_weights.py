@@ -22,8 +22,7 @@ MODELS = sorted(model_specs_dir().glob("*.yaml")) + sorted((CORPUS_DIR / "models
 @pytest.mark.parametrize("pp", [1, 2])
 def test_stage_weights_sum_to_the_parameter_count(path, pp):
     spec = load_model(str(path)).spec
-    if spec.num_layers < pp:
-        pytest.skip("fewer layers than stages")
+    pp = min(pp, spec.num_layers)  # a one-layer model has one stage
     counts = count_params(spec)
     analytic = counts.total - counts.by_component.get("other", 0)  # `other`: measured minus analytic, no tensor
     layout = Layout(pp=pp)

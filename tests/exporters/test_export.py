@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 import yaml
 from conftest import build_plan
 
-from shardplan.cost.layout import Layout, Recompute
+from shardplan.cost.layout import Layout, PipelineSchedule, Recompute
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import ShardplanError
 from shardplan.exporters import TARGETS, CannotExpress, ExportOptions, PlanDoesNotFit, export
@@ -70,10 +71,16 @@ GOLDEN = {
     "deepspeed": ["train-1gpu", "train-1node", "train-2node-zero"],
     "torchrun": [*TRAINING, "serve-1node"],
     "slurm": TRAINING,
+    "megatron": ["train-1gpu", "train-3d-1node", "train-2node"],
+    "torchtitan": ["train-1gpu-h200", "train-3d-1node-fsdp", "train-2node"],
     "accelerate": ["serve-1gpu", "serve-pp-1node", "train-1gpu", "train-1node", "train-2node-fsdp"],
     "kubernetes": [*SERVING, "serve-2node-replicas", "serve-dp-ep-2node", *TRAINING],
     "jax": ["serve-1gpu", "serve-1node", "train-1node", "train-2node-dp"],
 }
+
+
+THREE_D = Layout(tp=2, pp=2, dp=2, zero_stage=1, sequence_parallel=True, recompute=Recompute.SELECTIVE,
+                 pp_schedule=PipelineSchedule.INTERLEAVED, virtual_stages=2)
 
 
 @lru_cache(maxsize=None)
@@ -86,11 +93,19 @@ def any_plan(name: str):
                              TrainingWorkload(seq_len=4096, global_batch_size=64)),
         "train-2node-dp": ("llama-3.1-8b", 16, Layout(tp=2, dp=8, zero_stage=3),
                            TrainingWorkload(seq_len=4096, global_batch_size=128)),
+        # 3D for the trainers (tests/exporters/test_export_trainers.py): tp x pp x dp, 2 virtual stages,
+        # sequence parallel, selective recompute; ZeRO-1 for Megatron, FSDP2 (ZeRO-3) for torchtitan
+        "train-3d-1node": ("llama-3.1-8b", 8, THREE_D, TrainingWorkload(seq_len=4096, global_batch_size=32)),
+        "train-3d-1node-fsdp": ("llama-3.1-8b", 8, replace(THREE_D, zero_stage=3),
+                                TrainingWorkload(seq_len=4096, global_batch_size=32)),
+        # one GPU of a model torchtitan has a flavor for
+        "train-1gpu-h200": ("llama-3.1-8b", 1, Layout(recompute=Recompute.FULL),
+                            TrainingWorkload(seq_len=2048, global_batch_size=8), "h200-sxm-141gb"),
     }
     if name not in extra:
         return plan(name)
-    model, gpus, layout, wl = extra[name]
-    m, _ = build_plan(model, gpus, layout, wl, gpus_per_node=8)
+    model, gpus, layout, wl, *hardware = extra[name]
+    m, _ = build_plan(model, gpus, layout, wl, gpus_per_node=8, **({"hardware": hardware[0]} if hardware else {}))
     assert m.predicted.fits, name
     return m
 
@@ -185,6 +200,7 @@ def check_flags(table_name: str, args: list[str]) -> int:
         if word.startswith(t.prefix):
             name = word[len(t.prefix):]
             assert name in t.flags, f"{t.command} {t.version} documents no {word}"
+            assert not t.flags[name].get("deprecated"), f"{t.command} {t.version} marks {word} deprecated"
             if t.flags[name].get("takes_value", True):
                 value = args[i + 1]
                 choices = t.flags[name].get("choices")
@@ -226,7 +242,7 @@ def test_a_flag_outside_the_pinned_list_is_an_exporter_bug():
     with pytest.raises(AssertionError, match="no flag --tensor-parallel"):
         t.check("tensor-parallel", "2")
     with pytest.raises(AssertionError, match="not one of"):
-        t.check("kv-cache-dtype", "fp9")
+        t.check("dtype", "fp9")  # vLLM 0.33 checks --kv-cache-dtype after parsing: only --dtype has choices
     with pytest.raises(AssertionError, match="takes no value"):
         t.check("enforce-eager", "true")
 
@@ -329,7 +345,14 @@ def test_training_launchers_start_every_rank():
     sb = files("slurm", "train-2node")["slurm.sbatch"]
     assert "#SBATCH --nodes=2" in sb and "#SBATCH --gpus-per-node=8" in sb and "#SBATCH --ntasks-per-node=1" in sb
     custom = files("torchrun", "train-1gpu", script="train.py --lr 3e-4")["torchrun.sh"]
-    assert argv(custom[custom.index("torchrun \\"):])[-3:] == ["train.py", "--lr", "3e-4"]
+    words = argv(custom[custom.index("torchrun \\"):])
+    i = words.index("train.py")  # the script and its arguments, then the plan's layout (issue 26)
+    assert words[i:] == ["train.py", "--lr", "3e-4", "--tp", "1", "--pp", "1", "--dp", "1", "--cp", "1", "--ep", "1",
+                         "--vp", "1", "--zero-stage", "0", "--micro-batch-size", "1", "--global-batch-size", "16",
+                         "--seq-len", "2048"]
+    deg = argv(files("slurm", "train-2node", script="pretrain_gpt.py")["slurm.sbatch"].split("torchrun \\", 1)[1])
+    flag = lambda f: deg[deg.index(f) + 1]  # noqa: E731
+    assert (flag("--tp"), flag("--pp"), flag("--dp"), flag("--zero-stage")) == ("8", "2", "1", "1")
 
 
 def test_kubernetes_sizes_shm_and_requests_the_replicas_gpus():
@@ -668,9 +691,9 @@ def test_dp_ep_plan_runs_as_one_sglang_engine_with_dp_attention_and_the_plans_ep
     flag = lambda f: words[words.index(f) + 1]  # noqa: E731
     k = m.layout.ep // m.layout.tp
     assert int(flag("--ep-size")) == m.layout.ep
-    assert int(flag("--tp-size")) == m.layout.tp * k and int(flag("--dp-size")) == k
-    assert "--enable-dp-attention" in words
-    assert int(flag("--tp-size")) // int(flag("--dp-size")) == m.layout.tp  # attention tp per DP rank
+    assert int(flag("--tp-size")) == m.layout.tp * k and int(flag("--attn-dp-size")) == k  # SGLang 0.5.23's DP attention
+    assert "--enable-dp-attention" not in words and "--dp-size" not in words  # the deprecated spelling
+    assert int(flag("--tp-size")) // int(flag("--attn-dp-size")) == m.layout.tp  # attention tp per DP rank
     assert int(flag("--max-running-requests")) == k * m.workload.max_num_seqs  # SGLang divides it by dp_size
     if m.hardware.num_nodes > 1:
         assert int(flag("--nnodes")) == m.hardware.num_nodes

@@ -793,7 +793,13 @@ def test_torchrun_runs_the_given_script_as_torch_reads_it(script, module, no_pyt
     text = files(m, "torchrun", options=ExportOptions(script=script))["torchrun.sh"].text
     args = torchrun_args(command_argv(text, ("torchrun",)))
     assert (args.module, args.no_python) == (module, no_python)
-    assert (args.training_script, args.training_script_args) == (program, rest)
+    # the script's own arguments, then the plan's layout (issue 26: --script receives the degrees)
+    assert args.training_script == program and args.training_script_args[:len(rest)] == rest
+    layout = args.training_script_args[len(rest):]
+    assert dict(zip(layout[::2], layout[1::2])) == {
+        "--tp": "1", "--pp": "1", "--dp": "8", "--cp": "1", "--ep": "1", "--vp": "1", "--zero-stage": "3",
+        "--micro-batch-size": "1", "--global-batch-size": str(m.workload.global_batch_size),
+        "--seq-len": str(m.workload.seq_len)}
 
 
 def _sbatch_directives(text: str) -> list[str]:

@@ -2,6 +2,7 @@
 # shardplan 0.1.0 export --to tgi: llama-3.1-70b on 8 x NVIDIA H100 80GB HBM3 (1 node(s) of 8), tp=4 pp=1 dp=2
 # predicted peak per GPU: 71.20 GiB of 79.11 GiB (binding: stage 0, kv_cache)
 # flags checked against tgi 3.2.0 (https://github.com/huggingface/text-generation-inference/blob/v3.2.0/launcher/src/main.rs)
+# notice: TGI has been in maintenance mode since December 2025 (source: its README, https://github.com/huggingface/text-generation-inference); consider --to vllm or sglang
 # TGI 3.2.0's routers all bind the metrics port 9000 at start (no --prometheus-port before 3.3.0): if a replica exits with 'failed to build prometheus recorder', start the replicas one after another
 set -euo pipefail
 
