@@ -34,6 +34,8 @@ def export_cmd(
     engine: Annotated[str, typer.Option(help="kubernetes: serving engine the pods run (vllm, sglang, tgi, trtllm).")] = "vllm",
     cache_pvc: Annotated[Optional[str], typer.Option(help="kubernetes: PersistentVolumeClaim for the model cache (HF_HOME); default: an emptyDir per pod.")] = None,
     hf_token_secret: Annotated[str, typer.Option(help="kubernetes: Secret whose key `token` the pods read as HF_TOKEN (optional).")] = "hf-token",
+    max_restarts: Annotated[int, typer.Option(min=0, help="torchrun, slurm, kubernetes training: times torchrun restarts the ranks after a fault (slurm: also the most requeues; kubernetes: the Job's backoffLimit).")] = 3,
+    elastic_min_nodes: Annotated[Optional[int], typer.Option(min=1, help="torchrun, slurm, kubernetes training: the fewest nodes torchrun may re-form the group on (--nnodes MIN:MAX, MAX = the plan's nodes); default: all the plan's nodes, because the layout is sized for them.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Turn a plan into what a deployment tool takes: engine command lines (vllm, sglang, tgi,
@@ -42,7 +44,8 @@ def export_cmd(
     cannot express (e.g. pipeline stages for TGI, ZeRO for a serving engine) exits 2 saying why;
     a plan that does not fit exits 3. Files are written atomically."""
     opts = ExportOptions(model_path=model_path, script=script, plan_file=str(plan), image=image, port=port,
-                         nvme_path=nvme_path, engine=engine, cache_pvc=cache_pvc, hf_token_secret=hf_token_secret)
+                         nvme_path=nvme_path, engine=engine, cache_pvc=cache_pvc, hf_token_secret=hf_token_secret,
+                         max_restarts=max_restarts, elastic_min_nodes=elastic_min_nodes)
     result = export_plan(plan, to, opts, output)
     if json_out:
         render_common.print_json(result.model_dump(mode="json"))

@@ -44,6 +44,8 @@ class ExportOptions:
     engine: str = "vllm"  # kubernetes: which serving engine the pods run
     cache_pvc: str | None = None  # kubernetes: PersistentVolumeClaim for the model cache; None: an emptyDir
     hf_token_secret: str = "hf-token"  # kubernetes: Secret whose key `token` becomes HF_TOKEN (optional)
+    max_restarts: int = 3  # torchrun/slurm/kubernetes training: times torchrun restarts the ranks after a failure
+    elastic_min_nodes: int | None = None  # torchrun --nnodes MIN:MAX: fewest nodes to run on; None: all the plan's
 
 
 @dataclass(frozen=True)

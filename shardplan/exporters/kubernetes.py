@@ -18,7 +18,7 @@ from shardplan.errors import ShardplanError
 from shardplan.exporters import sglang, tgi, trtllm, vllm
 from shardplan.exporters.base import ExportContext, ExportFile, gpus_per_node_used, nodes_per_replica, plan_header, training
 from shardplan.exporters.k8s_objects import pod_spec, service, deployment, dump, leader_worker_set, name_for
-from shardplan.exporters.torchrun import RDZV_PORT, torchrun_command
+from shardplan.exporters.torchrun import RDZV_PORT, fault_lines, max_restarts, nnodes_range, rdzv_id, torchrun_command
 from shardplan.plan.manifest import dump_manifest
 
 TARGET = "kubernetes"
@@ -35,17 +35,23 @@ def _engine(name: str) -> ModuleType:
 
 
 def training_job(ctx: ExportContext) -> list[dict[str, Any]]:
-    """An Indexed Job, one pod per node; pod i is `<name>-i.<name>` through the headless Service."""
+    """An Indexed Job, one pod per node; pod i is `<name>-i.<name>` through the headless Service.
+    Faults: torchrun restarts the ranks up to --max-restarts times; when it gives up, its container
+    fails and restarts in place (restartPolicy OnFailure), and the Job fails after as many
+    container restarts as torchrun's (backoffLimit = --max-restarts)."""
     m = ctx.manifest
     name = name_for(ctx)
     n = m.hardware.num_nodes
     port = ctx.options.port or RDZV_PORT
     verify = ctx.options.script is None  # ranks run `shardplan verify` on the plan, mounted from a ConfigMap
     run = replace(ctx, options=replace(ctx.options, plan_file=f"{PLAN_MOUNT}/plan.yaml")) if verify else ctx
-    shell = torchrun_command(run, nnodes=n, rdzv_id=name, head=f"{name}-0.{name}")
+    low, high = nnodes_range(ctx)
+    shell = torchrun_command(run, nnodes=f"{low}:{high}", rdzv_id=rdzv_id(m), head=f"{name}-0.{name}")
     labels = {"app": name}
     tmpl = pod_spec(ctx, image=TRAINING_IMAGE, shell=shell, gpus=gpus_per_node_used(m), port=None, labels=labels)
-    tmpl["spec"] |= {"subdomain": name, "restartPolicy": "Never"}
+    # A failed container restarts in its pod, which keeps its name <name>-i and so its DNS name:
+    # node 0 stays the rendezvous host, and the restarted torchrun rejoins the others' rendezvous.
+    tmpl["spec"] |= {"subdomain": name, "restartPolicy": "OnFailure"}
     objs: list[dict[str, Any]] = []
     if verify:
         plan = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-plan"},
@@ -57,7 +63,7 @@ def training_job(ctx: ExportContext) -> list[dict[str, Any]]:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name},
-        "spec": {"completionMode": "Indexed", "completions": n, "parallelism": n, "backoffLimit": 0,
+        "spec": {"completionMode": "Indexed", "completions": n, "parallelism": n, "backoffLimit": max_restarts(ctx),
                  "template": tmpl},
     }
     return [*objs, job, service(name, labels, port, headless=True)]
@@ -69,6 +75,8 @@ def export_kubernetes(ctx: ExportContext) -> list[ExportFile]:
     if m.workload.kind == "training":
         training(ctx, TARGET)
         objs = training_job(ctx)
+        header += [*fault_lines(ctx), f"a pod whose torchrun gave up restarts in place (restartPolicy OnFailure); "
+                   f"the Job fails after {max_restarts(ctx)} such restarts (backoffLimit)"]
         if ctx.options.image is None:
             header.append(f"replace {TRAINING_IMAGE} with an image holding torch and "
                           f"{'shardplan' if ctx.options.script is None else 'the script'} (or pass --image)")

@@ -153,34 +153,75 @@ def torchrun_root_cause(log: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+# What a peer raises when a collective waited past the process-group timeout for a rank that
+# never joined it (gloo: "Timed out waiting 7500ms for recv operation"; NCCL's watchdog:
+# "Watchdog caught collective operation timeout"), and what it raises when that rank died instead.
+PEER_WAITED = ("Timed out", "timed out", "timeout")
+PEER_LOST = ("Connection closed by peer", "Connection reset", "Broken pipe")
+
+
+def silent_ranks_hung(statuses: list[dict[str, Any]], root: int | None = None) -> bool:
+    """Whether the ranks that ended without a word were hung rather than killed, when the run
+    ended before --timeout: a peer gave up waiting for them (its collective timed out) and none
+    lost its connection to them, and torchrun's root cause (`root`, when its summary names one)
+    is not one of them. A hung rank blocks its peers until the process-group timeout; the first
+    peer to time out raises, and torchrun then stops the hung rank with SIGTERM, which looks like
+    a kill. A killed rank instead closes its sockets: peers see "Connection closed by peer"
+    within a second, and torchrun names the killed rank (SIGKILL) as the root cause."""
+    silent = {s["rank"] for s in statuses if s.get("state") in ("started", "not started")}
+    errors = [str(s.get("error") or "") for s in statuses if s.get("state") == "error"]
+    if not silent or (root is not None and root in silent):
+        return False
+    return any(w in e for e in errors for w in PEER_WAITED) and not any(w in e for e in errors for w in PEER_LOST)
+
+
+def hung_cause(status: dict[str, Any], *, now: float | None, launched_at: float | None, timeout_seconds: float,
+               by_peers: bool) -> str:
+    """'rank R hung: no progress for N s (...)'. N: wall-clock seconds from the rank's last status
+    file write (or the launch, for a rank that never wrote one) to when the launcher gave up;
+    --timeout when neither time is known."""
+    since = status.get("time") or launched_at
+    seconds = now - since if now is not None and since is not None else timeout_seconds
+    why = ("its peers' collectives timed out waiting for it; torchrun then stopped it" if by_peers
+           else f"stopped at --timeout {timeout_seconds:g} s")
+    return f"rank {status['rank']} hung: no progress for {seconds:.0f} s ({why})"
+
+
 def failure_report(plan: str, run: RunSpec, statuses: list[dict[str, Any]], *, timed_out: bool, timeout_seconds: float,
-                   exit_code: int | None, log_tail: str, died_at: dict[int, float] | None = None) -> dict[str, Any]:
+                   exit_code: int | None, log_tail: str, died_at: dict[int, float] | None = None,
+                   now: float | None = None, launched_at: float | None = None) -> dict[str, Any]:
     """Who failed and how. The root cause is a rank whose own error is not a peer's collateral
-    one; else a rank that vanished without a word (killed), the first seen gone when several
-    did (`died_at`: rank -> when); else, on a timeout, the ranks that never finished (hung)."""
+    one; else a rank that vanished without a word: hung when its peers timed out waiting for it
+    (`silent_ranks_hung`), else killed, the first seen gone when several did (`died_at`: rank ->
+    when); else, on a timeout, the ranks that never finished (hung). `timed_out` in the report is
+    true whenever the run ended because something waited past a timeout: --timeout (the
+    launcher's wall clock, `timed_out` here) or the collective timeout inside it. `now` and
+    `launched_at` (wall-clock seconds) give how long a hung rank made no progress."""
     errors = [s for s in statuses if s.get("state") in ("error", "oom")]
     own = [s for s in errors if not any(c in s.get("error", "") for c in COLLATERAL)]
     silent = [s for s in statuses if s.get("state") in ("started", "not started")]
+    root = torchrun_root_cause(log_tail)
+    hung_by_peers = not own and not timed_out and silent_ranks_hung(statuses, root)
     if own:
         failed = sorted(own, key=lambda s: s.get("time", 0))
         how = [f"rank {s['rank']} raised {s['error']}" for s in failed]
-    elif silent and not timed_out:
-        root = torchrun_root_cause(log_tail)
+    elif silent and not timed_out and not hung_by_peers:
         seen = {s["rank"]: died_at[s["rank"]] for s in silent if died_at and s["rank"] in died_at}
         if root is not None and any(s["rank"] == root for s in silent):
             failed = [s for s in silent if s["rank"] == root]
         else:
             failed = [s for s in silent if s["rank"] in seen and seen[s["rank"]] == min(seen.values())] if seen else silent
         how = [f"rank {s['rank']} died without an error (killed by a signal or the OS)" for s in failed]
-    elif timed_out:
+    elif timed_out or hung_by_peers:
         failed = silent or errors
-        how = [f"rank {s['rank']} did not finish within --timeout {timeout_seconds:g} s (hung)" for s in failed]
+        how = [hung_cause(s, now=now, launched_at=launched_at, timeout_seconds=timeout_seconds, by_peers=hung_by_peers)
+               for s in failed]
     else:
         failed = errors
         how = [f"rank {s['rank']}: {s.get('error', 'failed')}" for s in failed]
     return {
         "plan": plan, "status": "failed", "world_size": run.world_size, "run": run.as_dict(),
-        "failed_ranks": [s["rank"] for s in failed], "cause": how, "timed_out": timed_out,
+        "failed_ranks": [s["rank"] for s in failed], "cause": how, "timed_out": timed_out or hung_by_peers,
         "launcher_exit_code": exit_code,
         "ranks": [{k: s.get(k) for k in ("rank", "pid", "state", "error")} for s in statuses],
         "log_tail": log_tail[-4000:],
@@ -304,6 +345,7 @@ def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: i
                                  timeout_seconds=timeout_seconds, dtype=dtype, device_memory_gib=device_memory_gib)
         log_path = run_dir / "torchrun.log"
         timed_out = False
+        launched_at = time.time()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             if on_event is not None:
@@ -311,6 +353,7 @@ def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: i
             try:
                 code, died_at = _watch(proc, run_dir, world, timeout_seconds, on_event)
                 timed_out = code is None
+                ended_at = time.time()  # when the launcher saw the end or gave up, before the kill
             finally:
                 _kill_session(proc)
                 proc.wait()
@@ -333,7 +376,8 @@ def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: i
         report = oom
     else:
         report = failure_report(str(plan), run, statuses, timed_out=timed_out, timeout_seconds=timeout_seconds,
-                                exit_code=code, log_tail=log_path.read_text(errors="replace"), died_at=died_at)
+                                exit_code=code, log_tail=log_path.read_text(errors="replace"), died_at=died_at,
+                                now=ended_at, launched_at=launched_at)
     report["pids"] = [s["pid"] for s in statuses if s.get("pid")]
     report["run_dir"] = str(run_dir)
     return report

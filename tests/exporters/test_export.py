@@ -339,7 +339,7 @@ def test_training_launchers_start_every_rank():
     m = any_plan("train-2node")
     text = files("torchrun", "train-2node")["torchrun.sh"]
     words = argv(text[text.index("torchrun \\"):])
-    assert words[words.index("--nnodes") + 1] == "2" and words[words.index("--nproc-per-node") + 1] == "8"
+    assert words[words.index("--nnodes") + 1] == "2:2" and words[words.index("--nproc-per-node") + 1] == "8"
     assert m.hardware.num_gpus == 2 * 8 == m.layout.tp * m.layout.pp * m.layout.dp * m.layout.cp
     assert words[-4:] == ["-m", "shardplan", "verify", "plan.yaml"]
     sb = files("slurm", "train-2node")["slurm.sbatch"]
@@ -353,6 +353,37 @@ def test_training_launchers_start_every_rank():
     deg = argv(files("slurm", "train-2node", script="pretrain_gpt.py")["slurm.sbatch"].split("torchrun \\", 1)[1])
     flag = lambda f: deg[deg.index(f) + 1]  # noqa: E731
     assert (flag("--tp"), flag("--pp"), flag("--dp"), flag("--zero-stage")) == ("8", "2", "1", "1")
+
+
+def test_elastic_launches_take_min_nodes_and_restarts_from_the_options_and_refuse_impossible_ones():
+    """--nnodes MIN:MAX: MAX is the plan's nodes, MIN all of them unless --elastic-min-nodes; the
+    restarts reach torchrun, Slurm's requeue limit and the Job's backoffLimit alike."""
+    elastic = files("torchrun", "train-2node", elastic_min_nodes=1, max_restarts=5)["torchrun.sh"]
+    words = argv(elastic[elastic.index("torchrun \\"):])
+    assert (words[words.index("--nnodes") + 1], words[words.index("--max-restarts") + 1]) == ("1:2", "5")
+    assert "the rank program must read WORLD_SIZE" in elastic
+    sb = files("slurm", "train-2node", max_restarts=5)["slurm.sbatch"]
+    assert "MAX_REQUEUES=5\n" in sb and '--nnodes "2:$SLURM_NNODES"' in sb
+    job = [o for o in yaml.safe_load_all(files("kubernetes", "train-2node", max_restarts=5)["job.yaml"])
+           if o["kind"] == "Job"][0]
+    assert job["spec"]["backoffLimit"] == 5 and job["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
+    m = any_plan("train-2node")
+    for opts, field in [({"elastic_min_nodes": 3}, "--elastic-min-nodes"), ({"elastic_min_nodes": 0}, "--elastic-min-nodes"),
+                        ({"max_restarts": -1}, "--max-restarts")]:
+        for target in ("torchrun", "slurm", "kubernetes"):
+            with pytest.raises(ShardplanError) as e:
+                export(m, target, options=ExportOptions(**opts))
+            assert e.value.field == field
+
+
+def test_the_rendezvous_id_is_the_plans_and_changes_with_its_layout():
+    from shardplan.exporters.torchrun import rdzv_id
+
+    m = any_plan("train-2node")
+    assert rdzv_id(m) == rdzv_id(m.model_copy(deep=True)) and rdzv_id(m).startswith("llama-3.1-70b-")
+    other = m.model_copy(update={"layout": m.layout.model_copy(update={"tp": 4, "pp": 4})})
+    assert rdzv_id(other) != rdzv_id(m)
+    assert f'RDZV_ID="${{RDZV_ID:-{rdzv_id(m)}}}"' in files("torchrun", "train-2node")["torchrun.sh"]
 
 
 def test_kubernetes_sizes_shm_and_requests_the_replicas_gpus():

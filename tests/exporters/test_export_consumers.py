@@ -28,6 +28,7 @@ from conftest import build_plan
 from shardplan.cost.layout import Layout, Offload
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.exporters import ExportFile, ExportOptions, export
+from shardplan.exporters.torchrun import rdzv_id
 from shardplan.specs.loading import load_model
 
 # Each check imports the consumer's own code (kubernetes-validate, deepspeed, accelerate,
@@ -333,7 +334,9 @@ def test_multi_node_training_is_a_valid_indexed_job_with_headless_rendezvous_ser
     assert spec["completions"] == spec["parallelism"] == 2
     assert spec["completionMode"] == "Indexed"
     pod = spec["template"]
-    assert pod["spec"]["restartPolicy"] == "Never"
+    # a container whose torchrun gave up restarts in place (same pod, same DNS name), and the Job
+    # fails after as many such restarts as torchrun's own (issue 28, item 4)
+    assert pod["spec"]["restartPolicy"] == "OnFailure"
     assert_pod_shape(pod, gpus=8)
     c = only_container(pod)
     assert c["resources"]["limits"][GPU] == 8
@@ -344,7 +347,11 @@ def test_multi_node_training_is_a_valid_indexed_job_with_headless_rendezvous_ser
     assert pod["spec"]["subdomain"] == svc["metadata"]["name"]
     assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     args = torchrun_args(command_argv(c["args"][0], ("torchrun",)))
-    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend) == ("2", "8", "c10d")
+    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend) == ("2:2", "8", "c10d")
+    assert spec["backoffLimit"] == args.max_restarts == 3
+    launch, _, _ = elastic_config(args)
+    assert (launch.min_nodes, launch.max_nodes, launch.max_restarts, launch.run_id) == (2, 2, 3, rdzv_id(m))
+    assert "shardplan replan plan.yaml --nodes K --lost-nodes I,J --from-checkpoint DIR" in out["job.yaml"].text
     host, port = args.rdzv_endpoint.rsplit(":", 1)
     assert host == f"{job['metadata']['name']}-0.{svc['metadata']['name']}"
     assert svc["spec"]["ports"][0]["port"] == svc["spec"]["ports"][0]["targetPort"] == int(port) == 29500
@@ -760,7 +767,7 @@ def test_single_node_torchrun_line_parses_in_torch_as_standalone_shardplan_verif
     out = files(m, "torchrun")
     assert list(out) == ["torchrun.sh"] and out["torchrun.sh"].executable
     args = torchrun_args(command_argv(out["torchrun.sh"].text, ("torchrun",)))
-    assert args.standalone is True and args.nproc_per_node == "8"
+    assert args.standalone is True and args.nproc_per_node == "8" and args.max_restarts == 3
     assert args.nnodes == "1:1"  # torch's default; --standalone makes it one node
     assert args.rdzv_backend == "static"  # --standalone switches it to c10d at launch
     assert args.module is True and args.no_python is False
@@ -771,15 +778,15 @@ def test_two_node_torchrun_line_parses_in_torch_with_c10d_rendezvous(tmp_path):
     m = training_70b()
     text = files(m, "torchrun")["torchrun.sh"].text
     args = torchrun_args(command_argv(text, ("torchrun",)))
-    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend) == ("2", "8", "c10d")
+    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.max_restarts) == ("2:2", "8", "c10d", 3)
     assert args.standalone is False
     assert args.module is True and args.training_script == "shardplan"
     assert args.training_script_args == ["verify", "plan.yaml"]
     real = torchrun_args(shell_argv(text, tmp_path, {"HEAD_ADDR": "10.0.0.1"}))
-    assert (real.rdzv_endpoint, real.rdzv_id) == ("10.0.0.1:29500", "shardplan")
+    assert (real.rdzv_endpoint, real.rdzv_id) == ("10.0.0.1:29500", rdzv_id(m))
     launch, _, rank_argv = elastic_config(real)
-    assert (launch.min_nodes, launch.max_nodes, launch.nproc_per_node) == (2, 2, 8)
-    assert (launch.rdzv_backend, launch.rdzv_endpoint, launch.run_id) == ("c10d", "10.0.0.1:29500", "shardplan")
+    assert (launch.min_nodes, launch.max_nodes, launch.nproc_per_node, launch.max_restarts) == (2, 2, 8, 3)
+    assert (launch.rdzv_backend, launch.rdzv_endpoint, launch.run_id) == ("c10d", "10.0.0.1:29500", rdzv_id(m))
     assert rank_argv == ["-u", "-m", "shardplan", "verify", "plan.yaml"]
     assert launch.min_nodes * launch.nproc_per_node == m.hardware.num_gpus == 8 * 2 * 1  # tp * pp * dp
 
@@ -827,15 +834,48 @@ def test_two_node_slurm_script_requests_the_nodes_and_runs_torchrun_per_node(tmp
     words = command_argv(text, ("srun",))
     assert "--kill-on-bad-exit=1" in words
     args = torchrun_args(words[words.index("torchrun") + 1:])
-    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend) == ("$SLURM_NNODES", "8", "c10d")
+    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend) == ("2:$SLURM_NNODES", "8", "c10d")
+    assert "--requeue" in directives and "--signal=TERM@120" in directives
     assert args.module is True and args.training_script == "shardplan"
     # as Slurm runs it: SLURM_NNODES=2, the head is the allocation's first host
     real = torchrun_args(shell_argv(text, tmp_path, {"SLURM_NNODES": "2", "SLURM_JOB_ID": "4242",
                                                      "SLURM_JOB_NODELIST": "gpu[01-02]"}))
-    assert (real.nnodes, real.nproc_per_node, real.rdzv_backend) == ("2", "8", "c10d")
-    assert (real.rdzv_endpoint, real.rdzv_id) == ("gpu01:29500", "4242")
+    assert (real.nnodes, real.nproc_per_node, real.rdzv_backend) == ("2:2", "8", "c10d")
+    assert (real.rdzv_endpoint, real.rdzv_id) == ("gpu01:29500", f"{rdzv_id(m)}-4242")
     launch, _, _ = elastic_config(real)
-    assert (launch.min_nodes, launch.max_nodes, launch.nproc_per_node, launch.run_id) == (2, 2, 8, "4242")
+    assert (launch.min_nodes, launch.max_nodes, launch.nproc_per_node, launch.max_restarts) == (2, 2, 8, 3)
+    assert launch.run_id == f"{rdzv_id(m)}-4242"
+
+
+# torchrun that fails (its restarts spent) and scontrol that records a requeue.
+_FAILING = r"""
+torchrun() { return 1; }
+srun() { while [ "${1#-}" != "$1" ]; do shift; done; "$@"; }
+scontrol() { case "$*" in "show hostnames $SLURM_JOB_NODELIST") printf 'gpu01\ngpu02\n';;
+             "requeue $SLURM_JOB_ID") echo requeued >> "$CAPTURE";; *) exit 98;; esac; }
+"""
+
+
+@pytest.mark.parametrize("restart_count,requeued", [("0", True), ("2", True), ("3", False)])
+def test_slurm_wrapper_requeues_a_failed_job_until_its_requeues_are_spent(tmp_path, restart_count, requeued):
+    """bash runs the exported script with torchrun failing: it requeues the job (scontrol requeue)
+    while SLURM_RESTART_COUNT < --max-restarts (3), and exits with torchrun's status either way."""
+    text = files(training_70b(), "slurm")["slurm.sbatch"].text
+    script, capture = tmp_path / "slurm.sbatch", tmp_path / "requeues"
+    script.write_text(text)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CAPTURE": str(capture), "SLURM_NNODES": "2",
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_RESTART_COUNT": restart_count}
+    proc = subprocess.run(["bash", "-c", _FAILING + '\nsource "$1"', "bash", str(script)], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1, proc.stderr
+    assert (capture.read_text() if capture.exists() else "") == ("requeued\n" if requeued else "")
+
+
+def test_elastic_two_node_torchrun_line_parses_in_torch_with_min_max_nodes(tmp_path):
+    m = training_70b()
+    text = files(m, "torchrun", options=ExportOptions(elastic_min_nodes=1, max_restarts=5))["torchrun.sh"].text
+    launch, _, _ = elastic_config(torchrun_args(shell_argv(text, tmp_path, {"HEAD_ADDR": "10.0.0.1"})))
+    assert (launch.min_nodes, launch.max_nodes, launch.max_restarts) == (1, 2, 5)
 
 
 def test_single_node_slurm_script_runs_standalone_torchrun():

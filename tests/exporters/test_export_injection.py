@@ -168,7 +168,7 @@ def test_rendered_commands_split_back_into_the_same_words():
     assert words[:3] == ["vllm", "serve", HOSTILE_WORD]
     m, model = hostile_plan("train-2node", hf_id=None)
     text = _export("torchrun", "train-2node", m, model, script=HOSTILE_SCRIPT)[0].text
-    words = argv(text[text.index("torchrun "):])
+    words = argv(text[text.index("torchrun \\\n"):])  # the command, not a header comment that names torchrun
     i = words.index(SCRIPT_WORDS[0])
     assert words[i:i + len(SCRIPT_WORDS)] == SCRIPT_WORDS and words[i + len(SCRIPT_WORDS)] == "--tp"
 

@@ -222,6 +222,54 @@ def test_of_ranks_gone_without_a_word_the_first_to_die_is_the_root_cause(tmp_pat
     assert tied["failed_ranks"] == [1]
 
 
+# What a peer's status file says when a collective waited past its timeout for rank 1 (gloo,
+# torch 2.13, measured with SHARDPLAN_VERIFY_FAULT=hang:1 and --timeout 30), and when rank 1 died.
+PEER_TIMED_OUT = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+                  "Timed out waiting 7500ms for recv operation to complete")
+PEER_LOST = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1"
+
+
+def test_a_hung_rank_stopped_by_torchrun_after_its_peer_timed_out_is_reported_hung_not_killed(tmp_path):
+    """Rank 1 hangs; rank 0's collective times out (max(5 s, --timeout / 4)) and raises; torchrun
+    then stops rank 1 with SIGTERM and exits 1 before --timeout. Rank 1 left no error, like a
+    killed rank, but it was hung: the report says so, with timed_out true (issue 28, item 4)."""
+    from shardplan.verify.launch import failure_report, load_plan, silent_ranks_hung
+
+    _, run = load_plan(_plan(tmp_path, 2, TRAIN, tp=2), "proxy", 1)
+    hung = [{"rank": 0, "pid": 11, "state": "error", "error": PEER_TIMED_OUT, "time": 1000.0},
+            {"rank": 1, "pid": 12, "state": "started", "time": 990.0}]
+    report = failure_report("plan.yaml", run, hung, timed_out=False, timeout_seconds=30, exit_code=1, log_tail="",
+                            died_at={1: 5.0}, now=1012.0, launched_at=985.0)
+    assert report["timed_out"] is True and report["failed_ranks"] == [1]
+    assert report["cause"] == ["rank 1 hung: no progress for 22 s (its peers' collectives timed out waiting for it; "
+                               "torchrun then stopped it)"]
+    # The same silence after a peer lost its connection is a kill, and so is torchrun naming rank 1
+    # (SIGKILL) as its root cause even when rank 0 also timed out.
+    killed = [dict(hung[0], error=PEER_LOST), hung[1]]
+    assert not silent_ranks_hung(killed)
+    report = failure_report("plan.yaml", run, killed, timed_out=False, timeout_seconds=30, exit_code=1, log_tail="")
+    assert report["timed_out"] is False and "rank 1 died without an error" in report["cause"][0]
+    assert silent_ranks_hung(hung) and not silent_ranks_hung(hung, root=1) and silent_ranks_hung(hung, root=0)
+    # Peers that said nothing (terminated before they could) tell nothing: a kill, as before.
+    assert not silent_ranks_hung([{"rank": 0, "state": "started"}, {"rank": 1, "state": "started"}])
+
+
+def test_a_run_stopped_at_the_wall_clock_timeout_names_the_ranks_that_made_no_progress(tmp_path):
+    """The launcher's own --timeout ends the run (exit code None): the silent ranks hung, for as
+    long as since their last status write (or the launch, for one that never wrote one)."""
+    from shardplan.verify.launch import failure_report, load_plan
+
+    _, run = load_plan(_plan(tmp_path, 2, TRAIN, tp=2), "proxy", 1)
+    statuses = [{"rank": 0, "pid": 11, "state": "error", "error": PEER_TIMED_OUT, "time": 1003.0},
+                {"rank": 1, "state": "not started"}]
+    report = failure_report("plan.yaml", run, statuses, timed_out=True, timeout_seconds=10, exit_code=None,
+                            log_tail="", now=1010.0, launched_at=1000.5)
+    assert report["timed_out"] is True and report["failed_ranks"] == [1]
+    assert report["cause"] == ["rank 1 hung: no progress for 10 s (stopped at --timeout 10 s)"]
+    unknown = failure_report("plan.yaml", run, statuses, timed_out=True, timeout_seconds=10, exit_code=None, log_tail="")
+    assert unknown["cause"] == ["rank 1 hung: no progress for 10 s (stopped at --timeout 10 s)"]
+
+
 # What these tests check is that a bound is honoured, not its size. 10 s still lets both ranks
 # start and rank 1 reach its hang on a loaded machine (they take about 5 s to start there).
 HUNG_TIMEOUT_SECONDS = 10
@@ -246,6 +294,8 @@ def test_a_hung_rank_ends_within_the_timeout(cli, tmp_path, monkeypatch):
     assert time.monotonic() - t0 < HUNG_TIMEOUT_SECONDS + 2 * KILL_GRACE_SECONDS + 4
     data = json.loads(report.read_text())
     assert 1 in data["failed_ranks"]
+    # hung, never "killed": whether --timeout or rank 0's collective timeout ended the run first
+    assert data["timed_out"] is True and any(c.startswith("rank 1 hung: no progress for") for c in data["cause"])
     assert _pids_gone(data["pids"])
 
 
