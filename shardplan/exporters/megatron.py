@@ -31,14 +31,13 @@ from shardplan.exporters.base import (
     cannot,
     command,
     flag_table,
-    gpus_per_node_used,
     model_ref,
     plan_header,
     script,
     script_words,
     training,
 )
-from shardplan.exporters.torchrun import RDZV_PORT
+from shardplan.exporters.torchrun import script_launcher_args, script_rdzv_lines
 from shardplan.specs.model import ModelSpec, NormType, PositionEmbedding, QKNorm
 
 TARGET = "megatron"
@@ -184,14 +183,7 @@ def run_args(ctx: ExportContext) -> list[Arg]:
 
 def pretrain_command(ctx: ExportContext) -> str:
     """torchrun (standalone on one node, c10d rendezvous over several) then pretrain_gpt.py's flags."""
-    m = ctx.manifest
-    n = m.hardware.num_nodes
-    launcher: list[Arg] = [("nproc-per-node", gpus_per_node_used(m))]
-    if n == 1:
-        launcher.insert(0, ("standalone", None))
-    else:
-        launcher = [("nnodes", n), *launcher, ("rdzv-id", Raw("$RDZV_ID")), ("rdzv-backend", "c10d"),
-                    ("rdzv-endpoint", Raw(f"$HEAD_ADDR:{ctx.options.port or RDZV_PORT}"))]
+    launcher: list[Arg] = script_launcher_args(ctx)
     if ctx.options.script is None:
         program: list[str] = [Raw("$MEGATRON_LM/pretrain_gpt.py")]
     else:
@@ -221,7 +213,7 @@ def export_megatron(ctx: ExportContext) -> list[ExportFile]:
     if m.layout.tp > 1 or m.layout.cp > 1:  # validate_args asserts it below Blackwell (get_device_arch_version() < 10)
         body.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # tensor/context parallel kernels issue in order")
     if m.hardware.num_nodes > 1:
-        body += ['HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of node 0}"', 'RDZV_ID="${RDZV_ID:-shardplan}"']
+        body += script_rdzv_lines(ctx)
     body += ['if [ -n "$DATA_PATH" ]; then DATA=(--data-path "$DATA_PATH" --split 99,1,0); else DATA=(--mock-data); fi',
              "", pretrain_command(ctx)]
     return [ExportFile("pretrain.sh", script(body, header=header), executable=True)]

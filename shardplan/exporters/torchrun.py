@@ -117,19 +117,36 @@ def degree_args(ctx: ExportContext) -> list[str]:
     return [w for name, value in pairs for w in (f"--{name}", str(value))]
 
 
-def torchrun_command(ctx: ExportContext, *, nnodes: str | int, rdzv_id: str, head: str) -> str:
-    """One torchrun line; on one node it is standalone (no rendezvous host needed). `nnodes`:
-    MIN:MAX (`nnodes_range`), or what stands for it in the script."""
+def launcher_args(ctx: ExportContext, *, nnodes: str | int, rdzv_id: str, head: str) -> list[Arg]:
+    """torchrun's own arguments, shared by every launcher that runs the plan under torchrun
+    (torchrun, slurm, megatron, torchtitan): standalone on one node (no rendezvous host needed);
+    over several, elastic: `nnodes` MIN:MAX (`nnodes_range`, or what stands for it in the script),
+    a c10d rendezvous at `head`; restarts up to `max_restarts` either way."""
     m = ctx.manifest
-    port = ctx.options.port or RDZV_PORT
-    extra, tail = rank_program(ctx)
     args: list[Arg] = [("nproc-per-node", gpus_per_node_used(m)), ("max-restarts", max_restarts(ctx))]
     if m.hardware.num_nodes == 1:
-        args.insert(0, ("standalone", None))
-    else:
-        args = [("nnodes", nnodes), *args, ("rdzv-id", Raw(rdzv_id)), ("rdzv-backend", "c10d"),
-                ("rdzv-endpoint", Raw(f"{head}:{port}"))]
-    return command(None, ["torchrun"], [*args, *extra], tail=tail)
+        return [("standalone", None), *args]
+    return [("nnodes", nnodes), *args, ("rdzv-id", Raw(rdzv_id)), ("rdzv-backend", "c10d"),
+            ("rdzv-endpoint", Raw(f"{head}:{ctx.options.port or RDZV_PORT}"))]
+
+
+def script_rdzv_lines(ctx: ExportContext) -> list[str]:
+    """The shell lines a multi-node launcher script sets its rendezvous host and id with."""
+    return ['HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of node 0}"',
+            f'RDZV_ID="${{RDZV_ID:-{rdzv_id(ctx.manifest)}}}"']
+
+
+def script_launcher_args(ctx: ExportContext) -> list[Arg]:
+    """`launcher_args` as a launcher script run on every node writes them (after `script_rdzv_lines`)."""
+    low, high = nnodes_range(ctx)
+    return launcher_args(ctx, nnodes=f"{low}:{high}", rdzv_id="$RDZV_ID", head="$HEAD_ADDR")
+
+
+def torchrun_command(ctx: ExportContext, *, nnodes: str | int, rdzv_id: str, head: str) -> str:
+    """One torchrun line running the plan's rank program (`launcher_args` for the rest)."""
+    extra, tail = rank_program(ctx)
+    return command(None, ["torchrun"], [*launcher_args(ctx, nnodes=nnodes, rdzv_id=rdzv_id, head=head), *extra],
+                   tail=tail)
 
 
 def export_torchrun(ctx: ExportContext) -> list[ExportFile]:
@@ -143,8 +160,7 @@ def export_torchrun(ctx: ExportContext) -> list[ExportFile]:
         low, high = nnodes_range(ctx)
         header += [f"run on each of the {n} nodes with HEAD_ADDR set to node 0's address (any order; "
                    "c10d rendezvous assigns node ranks):", "  HEAD_ADDR=10.0.0.1 bash torchrun.sh"]
-        body = ['HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of node 0}"',
-                f'RDZV_ID="${{RDZV_ID:-{rdzv_id(m)}}}"', "",
+        body = [*script_rdzv_lines(ctx), "",
                 torchrun_command(ctx, nnodes=f"{low}:{high}", rdzv_id="$RDZV_ID", head="$HEAD_ADDR")]
     return [ExportFile("torchrun.sh", script(body, header=header), executable=True)]
 

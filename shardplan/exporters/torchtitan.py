@@ -35,7 +35,6 @@ from shardplan.exporters.base import (
     Arg,
     ExportContext,
     ExportFile,
-    Raw,
     cannot,
     command,
     comment,
@@ -46,7 +45,7 @@ from shardplan.exporters.base import (
     script_words,
     training,
 )
-from shardplan.exporters.torchrun import RDZV_PORT
+from shardplan.exporters.torchrun import script_launcher_args, script_rdzv_lines
 from shardplan.specs.model import ModelSpec
 
 TARGET = "torchtitan"
@@ -210,14 +209,7 @@ def to_toml(cfg: dict[str, dict[str, Any]], header: list[str]) -> str:
 
 
 def run_command(ctx: ExportContext) -> str:
-    m = ctx.manifest
-    n = m.hardware.num_nodes
-    launcher: list[Arg] = [("nproc-per-node", gpus_per_node_used(m))]
-    if n == 1:
-        launcher.insert(0, ("standalone", None))
-    else:
-        launcher = [("nnodes", n), *launcher, ("rdzv-id", Raw("$RDZV_ID")), ("rdzv-backend", "c10d"),
-                    ("rdzv-endpoint", Raw(f"$HEAD_ADDR:{ctx.options.port or RDZV_PORT}"))]
+    launcher: list[Arg] = script_launcher_args(ctx)
     if ctx.options.script is None:
         program = ["-m", "torchtitan.train"]
     else:
@@ -243,7 +235,7 @@ def export_torchtitan(ctx: ExportContext) -> list[ExportFile]:
     if m.hardware.num_nodes > 1:
         run_header += [f"run on each of the {m.hardware.num_nodes} nodes with HEAD_ADDR set to node 0's address:",
                        "  HEAD_ADDR=10.0.0.1 bash run.sh"]
-        body = ['HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of node 0}"', 'RDZV_ID="${RDZV_ID:-shardplan}"', ""]
+        body = [*script_rdzv_lines(ctx), ""]
     else:
         run_header.append("run: bash run.sh (with torchtitan 0.2.2 installed)")
         body = []

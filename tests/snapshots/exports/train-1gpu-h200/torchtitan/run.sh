@@ -9,4 +9,5 @@ set -euo pipefail
 torchrun \
     --standalone \
     --nproc-per-node 1 \
+    --max-restarts 3 \
     -m torchtitan.train --job.config_file train.toml

@@ -15,6 +15,7 @@ if [ -n "$DATA_PATH" ]; then DATA=(--data-path "$DATA_PATH" --split 99,1,0); els
 torchrun \
     --standalone \
     --nproc-per-node 1 \
+    --max-restarts 3 \
     "$MEGATRON_LM/pretrain_gpt.py" \
     --tensor-model-parallel-size 1 \
     --pipeline-model-parallel-size 1 \

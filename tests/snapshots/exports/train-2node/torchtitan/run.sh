@@ -8,11 +8,12 @@
 set -euo pipefail
 
 HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of node 0}"
-RDZV_ID="${RDZV_ID:-shardplan}"
+RDZV_ID="${RDZV_ID:-llama-3.1-70b-3036f2c6}"
 
 torchrun \
-    --nnodes 2 \
+    --nnodes 2:2 \
     --nproc-per-node 8 \
+    --max-restarts 3 \
     --rdzv-id "$RDZV_ID" \
     --rdzv-backend c10d \
     --rdzv-endpoint "$HEAD_ADDR:29500" \
