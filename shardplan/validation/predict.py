@@ -70,14 +70,21 @@ def _profile(name: str, corpus: Path | None):
     return load_hardware(name)
 
 
+def logged_device_gib(case: EngineLogCase, profile) -> float | None:
+    """The device memory the log shows, GiB: its own total, or (SGLang, whose pool is a fraction of
+    the free memory at start) that free memory plus the profile's CUDA context; None: neither."""
+    if case.device_total_gib is not None:
+        return case.device_total_gib
+    if case.device_free_gib is not None:
+        return case.device_free_gib + profile.cuda_context_bytes / BYTES_PER_GIB
+    return None
+
+
 def engine_log_inputs(case: EngineLogCase, corpus: Path | None = None):
     """(spec, cluster, layout, workload) of a start-up, as a user would ask for its run."""
     spec = _model(case.model, corpus)
     profile = _profile(case.hardware, corpus)
-    logged = case.device_total_gib
-    if logged is None and case.device_free_gib is not None:  # SGLang's pool is a fraction of the free memory
-        logged = case.device_free_gib + profile.cuda_context_bytes / BYTES_PER_GIB
-    if logged is not None:
+    if (logged := logged_device_gib(case, profile)) is not None:
         profile = dataclasses.replace(profile, memory_capacity_bytes=round(logged * BYTES_PER_GIB))
     hw = cluster(profile, gpus=case.gpus, nodes=None, gpus_per_node=None)
     f = case.flags
@@ -190,5 +197,5 @@ def compare(case: Case, corpus: Path | None = None) -> list[Comparison]:
                        predicted=_peak(rep, case.counter))]
 
 
-__all__ = ["Comparison", "QUANTIZATION", "compare", "engine_log_inputs", "predict_engine_log", "predict_finetune",
+__all__ = ["Comparison", "QUANTIZATION", "compare", "engine_log_inputs", "logged_device_gib", "predict_engine_log", "predict_finetune",
            "predict_training"]

@@ -16,28 +16,21 @@ unexplained and is bounded so that it cannot silently get worse.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 
 import pytest
 import yaml
-from conftest import REPO
 
 from shardplan.cost.estimate import estimate
-from shardplan.cost.inputs import inference_workload
-from shardplan.cost.layout import Layout
 from shardplan.cost.report import CostReport
 from shardplan.knowledge.load import engine_rules
-from shardplan.specs.cluster import cluster
-from shardplan.specs.loading import load_hardware, load_model
-from shardplan.units import BYTES_PER_GIB
+from shardplan.specs.cases import EngineLogCase
+from shardplan.specs.loading import load_hardware
+from shardplan.validation.predict import engine_log_inputs, logged_device_gib
+from shardplan.validation.shipped import CORPUS_DIR, engine_log_cases
 
-INDEX = REPO / "shardplan" / "validation" / "corpus" / "engine_logs" / "index.yaml"
+INDEX = CORPUS_DIR / "engine_logs" / "index.yaml"
 KV_TOLERANCE = 0.05
-
-# Loaded checkpoint formats as vLLM names them -> shardplan's weight formats.
-QUANTIZATION = {None: None, "fp8": "fp8", "compressed-tensors": "fp8", "gptq_marlin": "int4", "awq_marlin": "int4",
-                "gptq": "int4", "awq": "int4"}
 
 # id -> (bound on |error|, what is not explained). Each is out of the 5% band today.
 KNOWN_MISSES = {
@@ -63,113 +56,70 @@ KNOWN_MISSES = {
 }
 
 
-def _index() -> list[dict]:
-    return yaml.safe_load(INDEX.read_text())
+# The start-up logs with a complete case, typed as `shardplan validate` reads them.
+CASES = engine_log_cases(CORPUS_DIR)[0]
+WITH_KV = [c for c in CASES if c.kv_cache_tokens]
 
 
-def _predictable(entry: dict) -> bool:
-    c = entry.get("case") or {}
-    return bool(c.get("hardware")) and bool(c.get("engine_version")) and c.get("flags_known", True)
+def predict(case: EngineLogCase) -> CostReport:
+    return estimate(*engine_log_inputs(case, CORPUS_DIR))
 
 
-CASES = [e for e in _index() if _predictable(e)]
-WITH_KV = [e for e in CASES if e["case"].get("kv_tokens")]
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_verdict_is_the_engines(case):
+    rep = predict(case)
+    assert rep.fits is case.started, rep.reason
 
 
-def device_as_logged_gib(case: dict, profile) -> float | None:
-    """The device memory the log shows, GiB: its own total, or (SGLang) the free memory at start
-    plus the profile's CUDA context; None: the log prints neither."""
-    if case.get("device_total_gib"):
-        return case["device_total_gib"]
-    if case.get("device_free_gib"):  # SGLang prints the free memory its pool is a fraction of
-        return case["device_free_gib"] + profile.cuda_context_bytes / BYTES_PER_GIB
-    return None
-
-
-def inputs(case: dict):
-    """(loaded model, cluster, layout, workload) of a case, as a user would ask for its run."""
-    model = case["model"]
-    loaded = load_model(str(INDEX.parent.parent / model) if model.endswith(".yaml") else model)
-    profile = load_hardware(case["hardware"])
-    if (logged := device_as_logged_gib(case, profile)) is not None:
-        profile = dataclasses.replace(profile, memory_capacity_bytes=round(logged * BYTES_PER_GIB))
-    hw = cluster(profile, gpus=case["gpus"], nodes=None, gpus_per_node=None)
-    f = case.get("flags") or {}
-    # Each engine's name for the same input (vLLM, SGLang, TGI).
-    fraction = f.get("gpu_memory_utilization") or f.get("mem_fraction_static") or f.get("cuda_memory_fraction")
-    max_len = f.get("max_model_len") or f.get("context_length") or f.get("max_total_tokens")
-    if max_len is None and f.get("max_input_tokens"):
-        max_len = f["max_input_tokens"] + 1  # TGI: max_total_tokens defaults to max_input_tokens + 1
-    batched = f.get("max_num_batched_tokens") or f.get("chunked_prefill_size") or f.get("max_batch_prefill_tokens")
-    wl = inference_workload(
-        max_model_len=max_len, max_num_seqs=f.get("max_num_seqs"), max_num_batched_tokens=batched,
-        gpu_memory_utilization=fraction, block_size=None, kv_cache_dtype=f.get("kv_cache_dtype"), weight_dtype=None,
-        quantization=QUANTIZATION[f.get("quantization") or f.get("quantize")], enforce_eager=bool(f.get("enforce_eager")),
-        input_len=1024, output_len=128, batch_size=None, engine=engine_rules(case["engine"], case["engine_version"]),
-        hw=hw, model_max_len=loaded.spec.max_position_embeddings,
-        enable_chunked_prefill=f.get("enable_chunked_prefill"))
-    return loaded, hw, Layout(tp=case["tp"], pp=case.get("pp") or 1), wl
-
-
-def predict(case: dict) -> CostReport:
-    loaded, hw, layout, wl = inputs(case)
-    return estimate(loaded.spec, hw, layout, wl)
-
-
-@pytest.mark.parametrize("entry", CASES, ids=[e["id"] for e in CASES])
-def test_verdict_is_the_engines(entry):
-    rep = predict(entry["case"])
-    assert rep.fits is entry["case"]["started"], rep.reason
-
-
-@pytest.mark.parametrize("entry", WITH_KV, ids=[e["id"] for e in WITH_KV])
-def test_kv_capacity_against_the_log(entry):
-    case = entry["case"]
+@pytest.mark.parametrize("case", WITH_KV, ids=[c.id for c in WITH_KV])
+def test_kv_capacity_against_the_log(case):
     predicted = predict(case).kv_cache.capacity_tokens
-    error = predicted / case["kv_tokens"] - 1
-    bound, why = KNOWN_MISSES.get(entry["id"], (KV_TOLERANCE, ""))
-    assert abs(error) <= bound, f"{predicted:,} predicted vs {case['kv_tokens']:,} logged ({error:+.1%}) {why}"
-    if entry["id"] in KNOWN_MISSES:
+    error = predicted / case.kv_cache_tokens - 1
+    bound, why = KNOWN_MISSES.get(case.id, (KV_TOLERANCE, ""))
+    assert abs(error) <= bound, f"{predicted:,} predicted vs {case.kv_cache_tokens:,} logged ({error:+.1%}) {why}"
+    if case.id in KNOWN_MISSES:
         assert abs(error) > KV_TOLERANCE, "a known miss now within 5%: take it off KNOWN_MISSES"
 
 
 def test_the_golden_set_spans_engines_generations_gpus_and_tp():
     """At least 12 logs within 5%, from at least 3 engine generations and 4 GPU models, TP 1 to 8."""
-    within = [e for e in WITH_KV if e["id"] not in KNOWN_MISSES]
+    within = [c for c in WITH_KV if c.id not in KNOWN_MISSES]
     assert len(within) >= 12
-    generations = Counter(engine_rules(e["case"]["engine"], e["case"]["engine_version"]).era.generation for e in within)
+    generations = Counter(engine_rules(c.engine, c.engine_version).era.generation for c in within)
     assert len(generations) >= 3, generations
-    assert len({e["case"]["hardware"] for e in within}) >= 4
-    assert {1, 8} <= {e["case"]["tp"] for e in CASES}
-    assert any(not e["case"]["started"] for e in CASES)  # refusals are in the set, not just starts
-    assert set(KNOWN_MISSES) <= {e["id"] for e in WITH_KV}
+    assert len({c.hardware for c in within}) >= 4
+    assert {1, 8} <= {c.tp for c in CASES}
+    assert any(not c.started for c in CASES)  # refusals are in the set, not just starts
+    assert set(KNOWN_MISSES) <= {c.id for c in WITH_KV}
 
 
 def test_every_case_names_its_source_and_what_was_inferred():
-    for e in CASES:
+    for e in yaml.safe_load(INDEX.read_text()):
+        if e["id"] not in {c.id for c in CASES}:
+            continue
         assert e["source"].startswith(("https://", "index file id")) or "id " in e["source"], e["id"]
         c = e["case"]
         assert c["engine"] in ("vllm", "sglang", "tgi", "trtllm"), e["id"]
         assert isinstance(c["started"], bool), e["id"]
 
 
-def _profile_as_the_log_saw_it(case: dict, tmp_path) -> str:
+def _profile_as_the_log_saw_it(case: EngineLogCase, tmp_path) -> str:
     """The bundled profile with the device memory the log printed, as a file a plan can name."""
     from shardplan.specs.loading import hardware_path, read_structured
 
-    data = read_structured(hardware_path(case["hardware"]))
-    if (logged := device_as_logged_gib(case, load_hardware(case["hardware"]))) is not None:
+    data = read_structured(hardware_path(case.hardware))
+    if (logged := logged_device_gib(case, load_hardware(case.hardware))) is not None:
         data["gpu"]["memory_capacity_gib"] = logged
-    path = tmp_path / f"{case['hardware']}-as-logged.yaml"
+    path = tmp_path / f"{case.hardware}-as-logged.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)
 
 
-GOLDEN = [e for e in WITH_KV if e["id"] not in KNOWN_MISSES]
+GOLDEN = [c for c in WITH_KV if c.id not in KNOWN_MISSES]
 
 
-@pytest.mark.parametrize("entry", GOLDEN, ids=[e["id"] for e in GOLDEN])
-def test_verify_engine_log_passes_on_each_golden_log(entry, cli, tmp_path):
+@pytest.mark.parametrize("case", GOLDEN, ids=[c.id for c in GOLDEN])
+def test_verify_engine_log_passes_on_each_golden_log(case, cli, tmp_path):
     """`shardplan verify PLAN --engine-log LOG` on a plan made for the log's run: exit 0, and a row
     for every figure the log prints that the cost model predicts."""
     from conftest import build_plan
@@ -177,14 +127,14 @@ def test_verify_engine_log_passes_on_each_golden_log(entry, cli, tmp_path):
     from shardplan.plan.manifest import write_manifest
     from shardplan.specs.engine_log import read_engine_log
 
-    case = entry["case"]
     hardware = _profile_as_the_log_saw_it(case, tmp_path)
-    loaded, _, layout, wl = inputs({**case, "device_total_gib": None, "device_free_gib": None, "hardware": hardware})
-    manifest, _ = build_plan(loaded.spec.name if not case["model"].endswith(".yaml") else str(INDEX.parent.parent / case["model"]),
-                             case["gpus"], layout, wl, hardware=hardware)
+    as_logged = case.model_copy(update={"device_total_gib": None, "device_free_gib": None, "hardware": hardware})
+    spec, _, layout, wl = engine_log_inputs(as_logged, CORPUS_DIR)
+    manifest, _ = build_plan(str(CORPUS_DIR / case.model) if case.model.endswith(".yaml") else spec.name,
+                             case.gpus, layout, wl, hardware=hardware)
     plan = tmp_path / "plan.yaml"
     write_manifest(manifest, plan)
-    log_path = INDEX.parent / f"{entry['id']}.log"
+    log_path = INDEX.parent / f"{case.id}.log"
     r = cli("verify", plan, "--engine-log", log_path, "--hardware", hardware, "--json")
     out = r.json()
     assert r.exit_code == 0, out["mismatches"]
