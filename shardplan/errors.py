@@ -19,10 +19,13 @@ EXIT_CODES: dict[int, str] = {
     EXIT_BAD_INPUT: "bad input: an option, a file that cannot be read or parsed, an unknown key or name, "
                     "an impossible field or layout",
     EXIT_DOES_NOT_FIT: "the plan does not fit (the result is still printed); recommend, capacity, replan: nothing fits; "
-                       "replan: slices only lost ranks held and no checkpoint to read them from",
-    EXIT_VERIFY_MISMATCH: "verify: a measurement or the numerics disagree with the prediction beyond tolerance",
+                       "replan: slices only lost ranks held and no checkpoint to read them from, or no rollout "
+                       "order keeps --min-capacity",
+    EXIT_VERIFY_MISMATCH: "verify: a measurement or the numerics disagree with the prediction beyond tolerance; "
+                          "watch: a shard's memory or KV cache is outside the band of the plan's prediction",
     EXIT_VERIFY_FAILED: "verify: the run did not complete (a rank ran out of memory, raised, was killed, or hung "
-                        "past --timeout)",
+                        "past --timeout); watch: an endpoint cannot be read (refused, timed out, an HTTP error, "
+                        "or not a metrics page)",
 }
 
 

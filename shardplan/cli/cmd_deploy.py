@@ -86,6 +86,7 @@ def replan_cmd(
     lost_ranks: Annotated[Optional[str], typer.Option(help="Old ranks whose memory is lost, e.g. 3,11 or 8-15 (a node whose every rank is lost is gone).")] = None,
     from_checkpoint: Annotated[Optional[Path], typer.Option(help="Safetensors checkpoint folder to read the slices no surviving rank holds from (headers only are read here).")] = None,
     prefer_fast_recovery: Annotated[bool, typer.Option(help="Among layouts within --margin, take the one whose move is predicted to end soonest (default: the one that moves fewest bytes).")] = False,
+    min_capacity: Annotated[Optional[float], typer.Option(help="Serving: the share of the old plan's served rate the rollout keeps, in (0, 1], e.g. --min-capacity 0.75: new replicas start on free GPUs and old ones drain in an order whose rate never falls below it (default: the highest share any order keeps). Exit 3 when no order keeps it.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """A new plan for a changed cluster (--gpus N or --nodes N), ranked like recommend, with the
@@ -95,8 +96,12 @@ def replan_cmd(
     rank its links in parallel, each link's pieces in turn; the move: the slowest rank). Chooses
     the layout that moves least (--prefer-fast-recovery: ends soonest) among those within
     --margin of the best, writes its manifest and the move list. Ranks of --lost-nodes and
-    --lost-ranks are never sources. Exit 3 when nothing fits, or when slices only lost ranks
-    held have no --from-checkpoint to come from."""
+    --lost-ranks are never sources. Serving: also the rollout, the order that starts the new
+    replicas (each serving once its weights are read from storage) and drains the old ones,
+    with each step's time and the served rate as a share of the old plan's; e.g.
+    `shardplan replan plan.yaml --gpus 24 --min-capacity 0.75` serves 75% or more throughout. Exit 3
+    when nothing fits, when slices only lost ranks held have no --from-checkpoint to come from,
+    or when no rollout order keeps --min-capacity (the best order is still printed)."""
     from shardplan.plan.readback import plan_hardware
     from shardplan.tasks.replan import replan
 
@@ -113,10 +118,10 @@ def replan_cmd(
         result = replan(old, source=str(plan), hw=hw, num_gpus=n, margin=margin, top_k=top_k,
                         objective=objective.value if objective else None, manifest_path=output, moves_path=moves,
                         progress=progress, lost_nodes=dead_nodes, lost_ranks=dead_ranks, checkpoint=from_checkpoint,
-                        prefer_fast_recovery=prefer_fast_recovery)
+                        prefer_fast_recovery=prefer_fast_recovery, min_capacity=min_capacity)
     render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_deploy.replan_report)
     render_deploy.replan_files_written(result)
-    if result.chosen is None:
+    if result.chosen is None or (result.rollout is not None and not result.rollout.keeps_floor):
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 

@@ -29,7 +29,11 @@ from shardplan.knowledge.load import engine_rules, stack_rules
 from shardplan.specs import loading
 
 from shardplan.cli.app import app, JsonOpt
+from shardplan.cost.offload import with_serving_offload
 from shardplan.cli.options import (
+    CpuOffloadGbOpt,
+    NGpuLayersOpt,
+    OffloadLayersOpt,
     resolve_stack,
     speculative_from_options,
     NumSpeculativeTokensOpt,
@@ -111,7 +115,10 @@ def estimate(
     pp_first_stage_layers: Annotated[Optional[int], typer.Option(min=1, help="Decoder layers on the first pipeline stage; the other stages share the rest (--decoder-first-pipeline-num-layers).", show_default=False, rich_help_panel=LAYOUT)] = None,
     pp_last_stage_layers: Annotated[Optional[int], typer.Option(min=1, help="Decoder layers on the last pipeline stage (--decoder-last-pipeline-num-layers).", show_default=False, rich_help_panel=LAYOUT)] = None,
     micro_batch_size: Annotated[int, typer.Option(min=1, help="Sequences per micro-batch.", rich_help_panel=LAYOUT)] = 1,
-    offload: Annotated[OffloadChoice, typer.Option(help="Offload optimizer states (and parameters) to CPU or NVMe.", rich_help_panel=LAYOUT)] = OffloadChoice.NONE,
+    offload: Annotated[OffloadChoice, typer.Option(help="Offload optimizer states (and parameters) to CPU or NVMe; serving: where --offload-layers go (all-cpu, all-nvme).", rich_help_panel=LAYOUT)] = OffloadChoice.NONE,
+    offload_layers: OffloadLayersOpt = None,
+    cpu_offload_gb: CpuOffloadGbOpt = None,
+    n_gpu_layers: NGpuLayersOpt = None,
     max_model_len: MaxModelLenOpt = None,
     max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
@@ -176,7 +183,16 @@ def estimate(
     if virtual_stages is None and pp_schedule is PipelineSchedule.INTERLEAVED:
         report = _fastest_interleaving(loaded.spec, hw, wl, pp, layout_with)
     else:
-        report = run_estimate(loaded.spec, hw, layout_with(virtual_stages or 1), wl)
+        layout = layout_with(virtual_stages or 1)
+        if isinstance(wl, InferenceWorkload):
+            rules = engine_rules(engine, engine_version)
+            layout = with_serving_offload(loaded.spec, layout, wl, offload_layers=offload_layers,
+                                          cpu_offload_gib=cpu_offload_gb, n_gpu_layers=n_gpu_layers,
+                                          targets=tuple(rules.offload.targets) if rules.offload else None)
+        elif any(v is not None for v in (offload_layers, cpu_offload_gb, n_gpu_layers)):
+            raise ShardplanError("offloading a number of layers applies to serving", field="--offload-layers",
+                                 hint="training offloads all parameters: --offload all-cpu --zero-stage 3")
+        report = run_estimate(loaded.spec, hw, layout, wl)
     report = banded(report, hw)  # each figure's measured error band, and the verdict at its edge
     render_common.emit(report.model_dump(mode="json"), json_out, lambda _: render_plan.estimate_report(report))
     if plot is not None:

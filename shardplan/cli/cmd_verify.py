@@ -47,6 +47,9 @@ def verify_cmd(
     device_memory_gib: Annotated[Optional[float], typer.Option("--device-memory-gib", min=0.001, help="Run as if each device had this much memory, GiB (as the profile's memory_capacity_gib; torch may use it less the profile's CUDA context, non-torch and NCCL figures). Default: the plan's GPU at --scale full, no limit for a proxy. A CPU run enforces it on its live tensors, a GPU run on the caching allocator.", show_default=False)] = None,
     engine_log: Annotated[Optional[Path], typer.Option("--engine-log", help="Check the plan against this vLLM/SGLang/TGI start-up log instead of running it (no torch, nothing launched).", show_default=False)] = None,
     hardware: Annotated[Optional[str], typer.Option("--hardware", "-H", help="With --engine-log: the hardware profile the plan was made with, when it is a file (e.g. one `calibrate` wrote); default: the plan's profile by name.", show_default=False)] = None,
+    from_plan: Annotated[Optional[Path], typer.Option("--from", help="Reshard: train this (old) plan's layout --steps steps, save a torch.distributed.checkpoint, load it into PLAN's layout in a fresh launch and train --steps more; check the loss against one unsharded run and each new rank's loaded bytes against replan's move list.", show_default=False)] = None,
+    lost_nodes: Annotated[Optional[str], typer.Option(help="With --from: old nodes that are gone, e.g. 1 or 0,2 (as replan): never sources in the move list.", show_default=False)] = None,
+    lost_ranks: Annotated[Optional[str], typer.Option(help="With --from: old ranks whose memory is lost, e.g. 3 or 2-3 (as replan).", show_default=False)] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run the plan for real with torch.distributed (DeviceMesh, DTensor tensor parallelism,
@@ -74,7 +77,23 @@ def verify_cmd(
     With --engine-log FILE it runs nothing: the memory figures the engine printed at start-up
     (weights, activation peak, KV cache bytes, tokens and blocks, max concurrency, a refusal)
     are compared with the plan's estimate. Exit 4 when one is out of tolerance, 2 for a log
-    that cannot be read or holds no start-up memory lines."""
+    that cannot be read or holds no start-up memory lines.
+
+    With --from OLD it reshards a training run: OLD's layout trains --steps steps (fp32) and
+    saves a torch.distributed.checkpoint of the model and optimizer; a fresh launch with PLAN's
+    world size (the --lost-nodes/--lost-ranks gone) loads it, DCP resharding it, and trains
+    --steps more. The loss of every step must be one unsharded process's (rtol 1e-5 with SGD),
+    and each new rank's loaded bytes the move list replan computes for the change, applied to
+    what ran. Exit 4 when either is out of tolerance, 5 when a run fails, 2 for plans of
+    different models or workloads, or a serving plan."""
+    if from_plan is not None:
+        _reshard(plan, from_plan, lost_nodes=lost_nodes, lost_ranks=lost_ranks, backend=backend, scale=scale,
+                 steps=steps, timeout=timeout, report=report, device_memory_gib=device_memory_gib,
+                 engine_log=engine_log, hardware=hardware, json_out=json_out)
+        return
+    if lost_nodes is not None or lost_ranks is not None:
+        raise ShardplanError("applies to --from only", field="--lost-nodes" if lost_nodes is not None else "--lost-ranks",
+                             hint="give the old plan with --from OLD.yaml")
     if engine_log is not None:
         if dtype is not DtypeChoice.PLAN or device_memory_gib is not None:
             raise ShardplanError("applies to a run, not to --engine-log", field="--dtype" if dtype is not DtypeChoice.PLAN
@@ -103,6 +122,30 @@ def verify_cmd(
         raise typer.Exit(EXIT_VERIFY_MISMATCH)
     if result.status == "oom":
         raise typer.Exit(EXIT_VERIFY_FAILED)
+
+
+def _reshard(plan: Path, from_plan: Path, *, lost_nodes: str | None, lost_ranks: str | None,
+             backend: BackendChoice, scale: ScaleChoice | None, steps: int, timeout: float, report: Path | None,
+             device_memory_gib: float | None, engine_log: Path | None, hardware: str | None,
+             json_out: bool) -> None:
+    """verify PLAN --from OLD: the two launches, the loss and the bytes (`verify.reshard_launch`).
+    Both legs run fp32 whatever --dtype says: the continuation is checked at fp32 tolerance."""
+    from shardplan.cli.cmd_deploy import _index_list  # replan's parser of --lost-nodes / --lost-ranks
+    from shardplan.verify.reshard_launch import verify_reshard
+
+    refused = {"--engine-log": engine_log is not None, "--hardware": hardware is not None,
+               "--device-memory-gib": device_memory_gib is not None}
+    for flag, given in refused.items():
+        if given:
+            raise ShardplanError("does not apply to --from", field=flag, hint="drop it: --from runs both plans")
+    on_event = _progress_line if render_common.err_console.is_terminal else None
+    result = verify_reshard(plan, from_plan, lost_nodes=_index_list(lost_nodes, "--lost-nodes"),
+                            lost_ranks=_index_list(lost_ranks, "--lost-ranks"), backend=backend.value,
+                            scale=scale.value if scale else None, steps=steps, timeout_seconds=timeout,
+                            report_path=report, on_event=on_event)
+    render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_verify.reshard_report)
+    if result.status == "mismatch":
+        raise typer.Exit(EXIT_VERIFY_MISMATCH)
 
 
 def _engine_log(plan: Path, log: Path, hardware: str | None, json_out: bool) -> None:

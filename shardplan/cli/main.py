@@ -7,20 +7,32 @@ import os
 import sys
 import traceback
 
-
+try:  # newer typer carries its own copy of click
+    from typer._click.exceptions import ClickException
+    from typer.exceptions import Abort
+except ImportError:  # older typer runs on click itself
+    from click.exceptions import Abort, ClickException  # type: ignore[no-redef,assignment]
 
 from shardplan.cli import render_common
 from shardplan.errors import EXIT_INTERNAL, ShardplanError
 
 from shardplan.cli.app import app
-from shardplan.cli import cmd_catalog, cmd_plan, cmd_capacity, cmd_deploy, cmd_validate, cmd_verify  # noqa: F401 - they register commands
+from shardplan.cli import cmd_catalog, cmd_plan, cmd_capacity, cmd_deploy, cmd_validate, cmd_verify, cmd_watch  # noqa: F401 - they register commands
 
 
 def main() -> None:
     """Console entry point: maps ShardplanError to one line and its exit code."""
     debug = os.environ.get("SHARDPLAN_DEBUG") == "1"
     try:
-        app(standalone_mode=True)
+        code = app(standalone_mode=False)
+    except ClickException as e:
+        # A bad option value or usage: one line, as every other input error (not click's box).
+        where = f" (fix: see 'shardplan {e.ctx.command_path.split(' ', 1)[1]} --help')" if getattr(e, "ctx", None) and " " in e.ctx.command_path else ""
+        render_common.error_line(" ".join(f"{e.format_message()}{where}".split()))
+        sys.exit(e.exit_code)
+    except Abort:
+        render_common.error_line("interrupted")
+        sys.exit(130)
     except ShardplanError as e:
         if debug:
             traceback.print_exc()
@@ -36,6 +48,7 @@ def main() -> None:
             f"internal error: {type(e).__name__}: {e} (a bug; rerun with SHARDPLAN_DEBUG=1 and report the traceback)"
         )
         sys.exit(EXIT_INTERNAL)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 __all__ = ["app", "main"]

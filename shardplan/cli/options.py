@@ -155,9 +155,21 @@ def resolve_stack(stack: str | None, framework: Framework | None) -> tuple[str, 
     return stack or DEFAULT_STACK, None
 
 
+OffloadLayersOpt = Annotated[Optional[int], typer.Option(
+    help="Serving: decoder layers whose weights stay off the GPU (with --offload all-cpu, the default, or all-nvme "
+         "for accelerate's disk); the engine's rule decides which layers and whether they are streamed to the GPU "
+         "every forward (vLLM, transformers) or run on the CPU (llama.cpp). E.g. --engine llamacpp --quantization "
+         "q4_k_m --offload-layers 40.", show_default=False, rich_help_panel=SERVE)]
+CpuOffloadGbOpt = Annotated[Optional[float], typer.Option(
+    "--cpu-offload-gb", help="Serving: vLLM's --cpu-offload-gb, GiB of weights per GPU kept in host memory; "
+                             "converted to the whole layers that hold at least that much.",
+    show_default=False, rich_help_panel=SERVE)]
+NGpuLayersOpt = Annotated[Optional[int], typer.Option(
+    "--n-gpu-layers", "-ngl", help="Serving: llama.cpp's -ngl, decoder layers on the GPU (the rest run on the CPU).",
+    show_default=False, rich_help_panel=SERVE)]
 EngineOpt = Annotated[str, typer.Option(
-    help="Serving engine whose rules (by version) shape memory, defaults and decode time: vllm, sglang, tgi or "
-         "trtllm.", callback=choice("--engine", _engines(), "engine"),
+    help="Serving engine whose rules (by version) shape memory, defaults and decode time: vllm, sglang, tgi, "
+         "trtllm, llamacpp (llama-server, GGUF) or transformers (generate with accelerate's device_map).", callback=choice("--engine", _engines(), "engine"),
     autocompletion=_engines, rich_help_panel=SERVE)]
 EngineVersionOpt = Annotated[Optional[str], typer.Option(
     help="Engine version, X.Y[.Z] (default: the newest shardplan knows, printed with the answer).",

@@ -6,10 +6,18 @@ import sys
 
 from rich.table import Table
 
-from shardplan.cli.render_common import console, err_console, file_written, fmt_bytes, fmt_degrees, fmt_seconds
+from shardplan.cli.render_common import (
+    console,
+    err_console,
+    file_written,
+    fmt_bytes,
+    fmt_degrees,
+    fmt_rate_gb,
+    fmt_seconds,
+)
 from shardplan.tasks.checkpoint import CheckpointResult
 from shardplan.tasks.export import ExportResult
-from shardplan.tasks.replan import ReplanResult
+from shardplan.tasks.replan import ReplanResult, Rollout
 
 
 def export_report(result: ExportResult, *, written: bool) -> None:
@@ -87,6 +95,56 @@ def replan_report(r: ReplanResult) -> None:
                   fmt_bytes(rk.received_storage_bytes), fmt_seconds(rk.time_seconds),
                   ", ".join(map(str, src[:8])) + (f" (+{len(src) - 8})" if len(src) > 8 else ""))
     console.print(t)
+    if r.rollout is not None:
+        rollout_report(r.rollout)
+
+
+_LIMITS = {"start": "the replicas lost before the rollout leave only that",
+           "end": "the new layout serves only that",
+           "swap": "old replicas must drain before new ones can start on their GPUs"}
+
+
+def rollout_report(ro: Rollout) -> None:
+    """The serving rollout: one row per step, its time and the served share after it."""
+    old, new = ro.old_replicas, ro.new_replicas
+    kept = sum(1 for x in new if x.status == "kept")
+    down = sum(1 for x in old if x.status == "down")
+    link = ro.load_link
+    already = [f"{kept} kept as they are"] * bool(kept) + [f"{down} down (a lost rank)"] * bool(down)
+    console.print(
+        f"rollout: {len(old)} old replicas x {ro.old_replica_tokens_per_second:,.0f} tok/s -> {len(new)} new x "
+        f"{ro.new_replica_tokens_per_second:,.0f} tok/s" + (f" ({', '.join(already)})" if already else "")
+        + f"; a new replica serves once its GPUs have read their weights over {link.kind} at "
+        f"{fmt_rate_gb(link.bandwidth_bytes_per_second)} per GPU", highlight=False)
+    t = Table(title="Rollout (capacity: served rate after the step, share of the old plan's "
+                    f"{ro.full_capacity_tokens_per_second:,.0f} tok/s)", title_justify="left")
+    for c in ("step", "at", "action", "replica", "GPUs (node:gpu)", "serves from", "capacity"):
+        t.add_column(c, justify="left" if c in ("action", "GPUs (node:gpu)") else "right", no_wrap=True)
+    for st in ro.steps:
+        action = st.action if not st.after_drains else f"start (after draining old {_ranges(st.after_drains)})"
+        t.add_row(str(st.step), fmt_seconds(st.at_seconds) if st.at_seconds else "0 s", action,
+                  f"{'old' if st.action == 'drain' else 'new'} {st.replica}", _gpu_ranges(st.gpus),
+                  "-" if st.ready_seconds is None else fmt_seconds(st.ready_seconds), f"{st.capacity_share:.1%}")
+    console.print(t)
+    asked = "none asked" if ro.min_capacity is None else f"asked {ro.min_capacity:.1%}"
+    proven = "" if ro.optimal else " (the best found; not proven the highest)"
+    console.print(f"capacity never below {ro.min_share:.1%} ({asked}; the highest any order keeps: "
+                  f"{ro.max_floor_share:.1%}{proven}); {ro.start_share:.1%} before the first step, "
+                  f"{ro.end_share:.1%} at the end; all new replicas serve after {fmt_seconds(ro.duration_seconds)}",
+                  highlight=False)
+    if not ro.keeps_floor:
+        console.print(f"[red]no order keeps --min-capacity {ro.min_capacity:.1%}: the highest is "
+                      f"{ro.max_floor_share:.1%} ({_LIMITS[ro.limited_by]}); the order above keeps it[/red]",
+                      highlight=False)
+
+
+def _gpu_ranges(gpus: list[str]) -> str:
+    """['0:0', '0:1', '0:2', '1:0'] -> '0:0-2, 1:0'."""
+    by_node: dict[str, list[int]] = {}
+    for g in gpus:
+        node, _, idx = g.partition(":")
+        by_node.setdefault(node, []).append(int(idx))
+    return ", ".join(f"{node}:{_ranges(sorted(xs)).replace(', ', ',')}" for node, xs in by_node.items())
 
 
 def _ranges(xs: list[int]) -> str:

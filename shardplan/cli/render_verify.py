@@ -7,7 +7,7 @@ from rich.table import Table
 from shardplan.cli.render_common import console, err_console, fmt_bytes, fmt_pct, fmt_seconds
 from shardplan.tasks.calibrate import CalibrateResult
 from shardplan.verify.engine_log_check import EngineLogCheck, TermCheck
-from shardplan.verify.report import VerifyReport
+from shardplan.verify.report import ReshardReport, VerifyReport
 
 
 _STATUS = {"ok": "[green]ok[/green]", "mismatch": "[red]mismatch[/red]", "oom": "[red]out of memory[/red]"}
@@ -41,6 +41,62 @@ def verify_report(r: VerifyReport) -> None:
         console.print(f"note: {note}", highlight=False)
     for mm in r.mismatches:
         console.print(f"[red]{'out of memory' if r.oom is not None else 'out of tolerance'}:[/red] {mm}", highlight=False)
+
+
+def reshard_report(r: ReshardReport) -> None:
+    """verify NEW --from OLD: the loss of every step against the unsharded reference, then per
+    new rank the bytes it loaded from the checkpoint against the move list."""
+    lost = f"; old ranks {', '.join(map(str, r.lost_ranks))} lost" if r.lost_ranks else ""
+    console.print(f"verify {r.plan} --from {r.from_plan}: {_STATUS[r.status]} ({r.backend} on {r.device}, "
+                  f"{r.run['scale']} model, {r.run['dtype']}; {r.old_layout}, {r.old_world_size} ranks -> "
+                  f"{r.new_layout}, {r.new_world_size} ranks{lost})", highlight=False)
+    n = r.numerics
+    t = Table(title="loss per step vs one unsharded process that never stopped", title_justify="left")
+    for col in ("step", "layout", "measured", "reference", "abs error", ""):
+        t.add_column(col, justify="left" if col in ("layout", "") else "right")
+    for i, ref in enumerate(n.reference):
+        measured = n.measured[i] if i < len(n.measured) else None
+        err = abs(measured - ref) if measured is not None else None
+        ok = n.first_bad_step is None or i < n.first_bad_step
+        if i == n.steps_before:
+            t.add_section()
+        t.add_row(str(i), "old" if i < n.steps_before else "new (resharded)",
+                  "-" if measured is None else f"{measured:.7f}", f"{ref:.7f}",
+                  "-" if err is None else f"{err:.1e}", "[green]ok[/green]" if ok else "[red]OUT[/red]")
+    console.print(t)
+    worst = "-" if n.max_relative_error is None else f"{n.max_relative_error:.1e}"
+    console.print(f"loss continuation: {'[green]match[/green]' if n.ok else '[red]DIFFER[/red]'}, max relative error "
+                  f"{worst} (rtol {n.rtol:g}, atol {n.atol:g})")
+    console.print(f"checkpoint: {fmt_bytes(r.checkpoint_bytes)} written by {len(r.saved)} old ranks "
+                  f"({', '.join(fmt_bytes(s.written_bytes) for s in r.saved)})", highlight=False)
+    b = Table(title="bytes each new rank loaded vs the move list", title_justify="left")
+    for col in ("rank", "node", "old GPU", "state", "loaded", "planned", "kept", "from ranks", "from ckpt", "error",
+                "", "file read"):
+        b.add_column(col, justify="left" if col in ("state", "") else "right", no_wrap=col == "state")
+    for rank in r.ranks:
+        for i, s in enumerate(rank.states):
+            first = i == 0
+            b.add_row(str(rank.rank) if first else "", str(rank.node) if first else "",
+                      ("-" if rank.old_rank_on_gpu is None else f"rank {rank.old_rank_on_gpu}") if first else "",
+                      s.state, fmt_bytes(s.measured_bytes), fmt_bytes(s.planned_bytes), fmt_bytes(s.planned_kept_bytes),
+                      fmt_bytes(s.planned_from_ranks_bytes), fmt_bytes(s.planned_from_checkpoint_bytes),
+                      fmt_pct(s.relative_error), "[green]ok[/green]" if s.ok else "[red]OUT[/red]",
+                      fmt_bytes(rank.file_bytes_read) if first else "")
+        b.add_section()
+    console.print(b)
+    for rank in r.ranks:
+        p = rank.plan_scale
+        console.print(f"rank {rank.rank} at the plan's scale (replan's move list): keeps {fmt_bytes(p.kept_bytes)}, "
+                      f"receives {fmt_bytes(p.from_ranks_bytes)} from surviving ranks, "
+                      f"{fmt_bytes(p.from_checkpoint_bytes)} only lost ranks held", highlight=False)
+    console.print(f"compared: {r.compared}", highlight=False)
+    for note in r.run["notes"]:
+        console.print(f"note: {note}", highlight=False)
+    w = r.wall_seconds
+    console.print(f"time: old run {fmt_seconds(w['old_run'])}, new run {fmt_seconds(w['new_run'])}, total "
+                  f"{fmt_seconds(w['total'])} (start-up included)", highlight=False)
+    for mm in r.mismatches:
+        console.print(f"[red]out of tolerance:[/red] {mm}", highlight=False)
 
 
 def _out_of_memory(r: VerifyReport) -> None:

@@ -17,7 +17,9 @@ from shardplan.tasks.export import ExportResult
 from shardplan.tasks.replan import ReplanResult
 from shardplan.tasks.validate import ValidateResult
 from shardplan.verify.engine_log_check import EngineLogCheck
+from shardplan.tasks.watch import WatchScrape
 from shardplan.verify.report import VerifyReport
+from shardplan.verify.report import ReshardReport
 
 OUTPUTS: dict[str, type[BaseModel]] = {
     "manifest": DeploymentManifest,
@@ -33,4 +35,6 @@ OUTPUTS: dict[str, type[BaseModel]] = {
     "verify": VerifyReport,
     "engine-log": EngineLogCheck,
     "validate": ValidateResult,
+    "watch": WatchScrape,
+    "reshard": ReshardReport,
 }

@@ -49,7 +49,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from shardplan.cost.layout import Layout
-from shardplan.cost.params import Split, WeightKind, block_weights, layer_kind
+from shardplan.cost.params import Component, Split, WeightKind, block_weights, layer_kind
 from shardplan.cost.weights import bytes_per_weight_element, is_quantized_tensor, numel_per_rank
 from shardplan.cost.workload import Quantization
 from shardplan.specs.hardware import HardwareProfile
@@ -153,6 +153,9 @@ class Work:
     eager_attention_bytes_per_score: float = 13.0  # TrainingWorkload's: unfused attention's traffic a score
 
 
+GGML_MMVQ_MAX_TOKENS = 8  # ggml/src/ggml-cuda/mmvq.cuh MMVQ_MAX_BATCH_SIZE
+
+
 def _share(d: float, half: float) -> float:
     return d / (d + half) if d > 0 else 0.0
 
@@ -201,7 +204,7 @@ def expert_token_sets(layout: Layout) -> float:
 def _linear_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, w: WeightKind, work: Work) -> tuple[float, float]:
     out_f, in_f = w.shape
     a = bytes_per_element(work.act_dtype)
-    wb = bytes_per_weight_element(w, work.quantization, work.act_dtype)
+    wb = bytes_per_weight_element(w, work.quantization, work.act_dtype, spec)
     dt = compute_dtype(work.quantization, work.act_dtype) if is_quantized_tensor(w) else work.act_dtype
     elems = numel_per_rank(w, spec, layout)
     if w.routed_expert:
@@ -217,6 +220,12 @@ def _linear_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, w: Weight
         return gemm_time(hw, routed_tokens / touched, n, in_f, count=touched, weight_bytes=wb, act_bytes=a, dtype=dt)
     # Shard along the dimension the split divides: output columns or input rows.
     n, k = (out_f, elems / out_f) if w.split is Split.ROW else (elems / in_f, in_f)
+    if work.quantization.is_gguf and work.tokens <= GGML_MMVQ_MAX_TOKENS:
+        # llama.cpp's CUDA backend multiplies a few tokens by a quantized matrix with a
+        # matrix-vector kernel (ggml-cuda.cu: mul_mat_vec_q for src1 columns <= MMVQ_MAX_BATCH_SIZE = 8)
+        # that streams the weights once and does its arithmetic on CUDA cores: bandwidth-bound.
+        nbytes = n * k * wb + work.tokens * (k + n) * a
+        return memory_seconds(hw, nbytes), 2.0 * work.tokens * n * k
     return gemm_time(hw, work.tokens, n, k, count=1, weight_bytes=wb, act_bytes=a, dtype=dt)
 
 
@@ -467,9 +476,16 @@ def head_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Wor
     token; serving: the last position of each sequence)."""
     a = bytes_per_element(work.act_dtype)
     h = spec.hidden_size
-    t, f = gemm_time(
-        hw, logit_tokens, spec.vocab_size / layout.tp, h, count=1, weight_bytes=a, act_bytes=a, dtype=work.act_dtype
-    )
+    n = spec.vocab_size / layout.tp
+    if work.quantization.is_gguf:  # a GGUF file quantizes the output matrix too (Q6_K, or Q8_0)
+        head = WeightKind("lm_head.weight", Component.LM_HEAD, (spec.vocab_size, h), Split.VOCAB)
+        wb = bytes_per_weight_element(head, work.quantization, work.act_dtype, spec)
+        if logit_tokens <= GGML_MMVQ_MAX_TOKENS:
+            t, f = memory_seconds(hw, n * h * wb + logit_tokens * (h + n) * a), 2.0 * logit_tokens * n * h
+        else:
+            t, f = gemm_time(hw, logit_tokens, n, h, count=1, weight_bytes=wb, act_bytes=a, dtype=work.act_dtype)
+    else:
+        t, f = gemm_time(hw, logit_tokens, n, h, count=1, weight_bytes=a, act_bytes=a, dtype=work.act_dtype)
     norm = memory_seconds(hw, 2 * h * logit_tokens * a)
     return PassTime(matmul_seconds=t, memory_seconds=norm, kernel_seconds=2 * hw.kernel_overhead_seconds, flops=f, model_flops=f,
                     kernels=2)

@@ -152,6 +152,7 @@ def inference_workload(
             raise ShardplanError(f"no weight format for {wd.value}", field="--weight-dtype", hint="use fp8, int8 or int4") from None
     base = InferenceWorkload()
     switches: dict = {}
+    batched_given = max_num_batched_tokens is not None
     if engine is not None:
         if hw is None or (max_model_len or model_max_len) is None:
             raise ValueError("engine rules need the hardware and the model's context")  # a caller's bug
@@ -165,6 +166,9 @@ def inference_workload(
         if d.max_model_len != (max_model_len or model_max_len):
             max_model_len = d.max_model_len  # the engine capped its default
         max_num_seqs, max_num_batched_tokens = d.max_num_seqs, d.max_num_batched_tokens
+        if d.accounting == "dynamic" and not batched_given:
+            # transformers' generate prefills the batch's prompts in one forward: that is its peak pass.
+            max_num_batched_tokens = (batch_size or max_num_seqs) * input_len
         gpu_memory_utilization, block_size = d.gpu_memory_utilization, d.block_size
         switches = dict(engine=engine.engine, engine_version=engine.version, cuda_context_in_budget=d.cuda_context_in_budget,
                         cuda_graphs_in_budget=d.cuda_graphs_in_budget, refusal=d.refusal, accounting=d.accounting,
@@ -176,6 +180,11 @@ def inference_workload(
                         warmup_kv_tokens=d.warmup_kv_tokens, prefill_logit_bytes=d.prefill_logit_bytes,
                         assumptions=d.assumptions, vision_encoder_tokens=d.vision_encoder_tokens,
                         vision_kept_tokens=d.vision_kept_tokens)
+        if engine.offload is not None:
+            o = engine.offload
+            switches.update(offload_mode=o.mode, offload_gpu_layers=o.gpu_layers, offload_overlap=o.overlap,
+                            offload_embedding_on_host=o.embedding_on_host, offload_kv_with_layer=o.kv_with_layer,
+                            offload_batch_on_gpu_min_tokens=o.batch_on_gpu_min_tokens)
     if speculative is not None:
         switches["assumptions"] = (*switches.get("assumptions", ()), spec_decode.assumption(speculative))
     return InferenceWorkload(

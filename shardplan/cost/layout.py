@@ -53,6 +53,10 @@ class Layout:
     micro_batch_size: int = 1  # sequences per micro-batch (training)
     offload_optimizer: Offload = Offload.NONE
     offload_params: Offload = Offload.NONE
+    # Serving: decoder layers whose weights live at `offload_params` (host RAM, or NVMe: accelerate's
+    # "disk") instead of the GPU; 0: none. Which layers, and whether they are streamed to the GPU
+    # each forward or run on the CPU, is the engine's rule (knowledge/engines/*.yaml offload_eras).
+    offload_layers: int = 0
     # Uneven pipeline splits (Megatron-LM): the embedding, and the output layer with the loss,
     # each count as one layer when the layers are split over the chunks
     # (--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split); or
@@ -186,6 +190,21 @@ def validate_layout(spec: ModelSpec, layout: Layout, num_gpus: int, *, training:
             raise LayoutError("context parallelism is modelled for training only", field="cp")
     if L.sequence_parallel and L.tp == 1:
         raise LayoutError("sequence parallelism needs tp > 1", field="sequence_parallel")
+    if L.offload_layers < 0:
+        raise LayoutError("offload_layers must be at least 0", field="offload_layers")
+    if L.offload_layers and training:
+        raise LayoutError("offloading a number of layers applies to serving (training offloads all parameters "
+                          "with ZeRO-3)", field="offload_layers", hint="drop --offload-layers")
+    if not training and (L.offload_layers > 0) != (L.offload_params is not Offload.NONE):
+        raise LayoutError("serving offload needs both where (--offload all-cpu or all-nvme) and how many layers "
+                          "(--offload-layers N)", field="offload_layers",
+                          hint="give --offload-layers N with --offload all-cpu, or neither")
+    if L.offload_layers > spec.num_layers:
+        raise LayoutError(f"offload_layers={L.offload_layers} exceeds the {spec.num_layers} layers",
+                          field="offload_layers", hint=f"use at most {spec.num_layers}")
+    if L.offload_layers and L.pp > 1:
+        raise LayoutError("offloading layers is modelled for one pipeline stage (engines offload within one "
+                          "process)", field="offload_layers", hint="use --pp 1 (tensor parallelism works)")
     if L.offload_params is not Offload.NONE and training and L.zero_stage != 3:
         raise LayoutError(
             "parameter offload in training needs ZeRO stage 3 (DeepSpeed offload_param / FSDP CPU offload)",

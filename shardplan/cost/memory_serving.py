@@ -27,6 +27,7 @@ from shardplan.cost.breakdown import MemoryBreakdown, RankMemory
 from shardplan.cost.kv import kv_elements_per_token_per_layer
 from shardplan.cost.layout import Layout
 from shardplan.cost import speculative as spec_decode
+from shardplan.cost.offload import offload_memory
 from shardplan.cost.vision import vision_profile_peak_bytes
 from shardplan.cost.weights import stage_weights
 from shardplan.cost.workload import InferenceWorkload
@@ -185,7 +186,7 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     else:
         budget = capacity * utilization
     multi_rank = layout.tp * layout.pp * layout.dp > 1
-    graphs = 0.0 if wl.enforce_eager else float(hw.cuda_graph_bytes)
+    graphs = 0.0 if wl.enforce_eager or wl.cuda_graph_max_batch == 0 else float(hw.cuda_graph_bytes)  # none captured
     overhead_detail = {
         "non_torch": float(hw.non_torch_bytes if wl.non_torch_bytes is None else wl.non_torch_bytes),
         "nccl_buffers": float(hw.nccl_buffer_bytes) if multi_rank else 0.0,
@@ -200,11 +201,13 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     reasons: list[str] = []
     # tokens, blocks, per-seq bytes, concurrency at start-up, concurrency with the lookahead slots
     capacities: list[tuple[int, int, float, float, float]] = []
+    off = offload_memory(spec, layout, wl)  # one stage when offloading (validate_layout)
     for stage in range(layout.pp):
         w = stage_weights(spec, layout, stage, quantization=wl.quantization, dense_dtype=dense_dtype)
         sp = wl.speculative if stage == layout.pp - 1 else None  # the drafter lives on the last stage
         draft_weights = spec_decode.draft_weight_bytes_per_rank(spec, sp, layout, wl.quantization, dense_dtype) if sp else 0.0
         weights = w.bytes + rotary_cache_bytes(spec, dense_dtype) + draft_weights
+        weights += off.streamed_buffer_bytes - off.weights_off_gpu_bytes
         act = activation_peak_bytes(spec, layout, wl, last_stage=stage == layout.pp - 1, dummy_sampler=not static)
         if stage == 0 and not static:  # the vision tower lives with the embedding on the first stage
             act = vision_profile_peak_bytes(spec, layout.tp, wl.vision_encoder_tokens, wl.vision_kept_tokens, act,
@@ -214,11 +217,21 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         per_layer_token = kv_bytes_per_token_per_layer_per_rank(spec, layout.tp, kv_elt)
         draft_tok_bytes = spec_decode.draft_kv_bytes_per_token_per_rank(spec, sp, layout.tp, kv_elt) if sp else 0.0
         # Linear-attention layers keep no KV but one fixed state per sequence (kv.py).
-        kv_layers = [i for i in w.layers if not spec.is_linear_attention_layer(i)]
+        kv_layers = [i for i in w.layers if not spec.is_linear_attention_layer(i) and i not in off.kv_layers_off_gpu]
         tok_bytes = per_layer_token * len(kv_layers) + draft_tok_bytes
         per_token.append(tok_bytes)
         kv_bytes = kv_pool_bytes(wl, budget, weights, overhead, act, tok_bytes, utilization)
-        # One max_model_len sequence: a sliding-window layer keeps window + one block of tokens.
+        host_kv = 0.0
+        if wl.accounting == "fixed_context":
+            # llama.cpp: a cache of exactly the context asked for (every slot's), padded to 256 cells.
+            n_ctx = math.ceil(max_len * wl.max_num_seqs / wl.block_size) * wl.block_size
+            host_kv = n_ctx * per_layer_token * len(off.kv_layers_off_gpu)
+            if kv_bytes < n_ctx * tok_bytes:
+                reasons.append(
+                    f"stage {stage}: {wl.engine} allocates a KV cache of {n_ctx:,} tokens "
+                    f"({n_ctx * tok_bytes / BYTES_PER_GIB:.2f} GiB) but {max(kv_bytes, 0.0) / BYTES_PER_GIB:.2f} GiB "
+                    f"remain beside the weights, compute buffer and overhead; lower the context or offload more layers")
+            kv_bytes = n_ctx * tok_bytes        # One max_model_len sequence: a sliding-window layer keeps window + one block of tokens.
         seq_tokens = sum(
             min(max_len, spec.sliding_window + wl.block_size) if spec.is_sliding_layer(i) else max_len for i in kv_layers
         )
@@ -243,6 +256,10 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         kv_alloc = max(kv_bytes, 0.0)
         breakdown = MemoryBreakdown(weights=weights, kv_cache=kv_alloc, activations=act, overhead=overhead)
         detail = {f"weights.{k}": v for k, v in w.bytes_by_component.items()}
+        if off.layers:
+            detail["weights.offloaded"] = -off.weights_off_gpu_bytes
+            if off.streamed_buffer_bytes:
+                detail["weights.streamed_layer"] = off.streamed_buffer_bytes
         detail["weights.rotary_cache"] = rotary_cache_bytes(spec, dense_dtype)
         if sp is not None and sp.method is not spec_decode.SpeculativeMethod.NGRAM:
             detail[f"weights.{'mtp' if sp.method is spec_decode.SpeculativeMethod.MTP else 'draft'}"] = draft_weights
@@ -256,17 +273,29 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
                 num_ranks=layout.tp * layout.dp,
                 breakdown=breakdown,
                 detail=detail,
+                host_bytes=off.host_bytes + host_kv,
+                nvme_bytes=off.nvme_bytes,
             )
         )
         split_problem = spec_decode.draft_split_problem(sp, layout.tp)
         if split_problem is not None:
             reasons.append(f"stage {stage}: {split_problem}")
-        elif kv_bytes <= 0:
+        elif kv_bytes <= 0 and wl.accounting != "fixed_context":
             reasons.append(
                 f"stage {stage}: weights {weights / BYTES_PER_GIB:.2f} GiB + activations {act / BYTES_PER_GIB:.2f} GiB"
                 f" + overhead {overhead / BYTES_PER_GIB:.2f} GiB exceed the budget {budget / BYTES_PER_GIB:.2f} GiB"
                 f" ({utilization:g} x {capacity / BYTES_PER_GIB:.2f} GiB); no room for a KV cache"
             )
+    if off.layers:
+        on_node = min(layout.tp * layout.dp, hw.gpus_per_node)
+        host = max(r.host_bytes for r in ranks) * on_node
+        if host > hw.host_memory_bytes_per_node:
+            reasons.append(f"the offloaded weights need {host / BYTES_PER_GIB:.1f} GiB of host memory per node, more than "
+                           f"the profile's {hw.host_memory_bytes_per_node / BYTES_PER_GIB:.0f} GiB")
+        nvme = max(r.nvme_bytes for r in ranks) * on_node
+        if nvme > hw.nvme_capacity_bytes_per_node:
+            reasons.append(f"the offloaded weights need {nvme / BYTES_PER_GIB:.1f} GiB of NVMe per node, more than the "
+                           f"profile's {hw.nvme_capacity_bytes_per_node / BYTES_PER_GIB:.0f} GiB")
     binding = min(range(len(capacities)), key=lambda i: capacities[i][3])
     _, _, seq_bytes, conc, conc_running = capacities[binding]
     tokens_min = min(c[0] for c in capacities)

@@ -98,6 +98,14 @@ class InferenceWorkloadReport(Frozen):
     speculative: SpeculativeReport | None = Field(None, description="speculative decoding; null: off")
     vision_encoder_tokens: int = Field(0, description="tokens the vision tower runs over in the profiling pass")
     vision_kept_tokens: int = Field(0, description="encoder output rows alive during the text profiling pass")
+    offload_mode: str = Field("stream", description="how offloaded layers run: stream (copied to the GPU every "
+                                                     "forward) or host_compute (run on the CPU)")
+    offload_gpu_layers: str = Field("last", description="which decoder layers stay on the GPU when offloading")
+    offload_overlap: bool = Field(False, description="offloaded weights' copies overlap compute")
+    offload_embedding_on_host: bool = Field(False, description="the token embedding stays in host memory")
+    offload_kv_with_layer: bool = Field(False, description="an offloaded layer's KV cache lives in host memory")
+    offload_batch_on_gpu_min_tokens: int = Field(0, description="prompt batches of at least this many tokens multiply "
+                                                                "host-resident weights on the GPU")
 
 
 class TrainingWorkloadReport(Frozen):

@@ -37,6 +37,8 @@ from shardplan.cost.breakdown import SecondsBreakdown
 from shardplan.cost.comm import Collective, collective_seconds, group, layer_collectives_seconds
 from shardplan.cost.compute import PassTime, Work, embedding_forward, head_forward, layers_forward
 from shardplan.cost.layout import Layout, layout_stage_ranges
+from shardplan.cost.memory_serving import kv_bytes_per_token_per_layer_per_rank
+from shardplan.cost.offload import offload_memory, offload_pass_seconds
 from shardplan.cost.workload import InferenceWorkload
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -62,6 +64,7 @@ class StepBreakdown(SecondsBreakdown):
     pipeline_p2p: float = 0.0
     host: float = 0.0  # host time the GPU waits for: issuing ops beyond the GPU's own time
     scheduler: float = 0.0  # the engine's host work between steps (scheduling, outputs)
+    offload: float = 0.0  # weights held off the GPU: their copies, or their layers run on the CPU (cost/offload.py)
 
 
 def host_seconds(hw: HardwareProfile, wl: InferenceWorkload, compute: PassTime, layers: int, last_stage: bool,
@@ -78,12 +81,12 @@ def host_seconds(hw: HardwareProfile, wl: InferenceWorkload, compute: PassTime, 
 
 def _stage_pass(
     spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, stage: int, logit_tokens: float,
-    wl: InferenceWorkload, graphs: bool
+    wl: InferenceWorkload, graphs: bool, on_host: tuple[int, ...] = ()
 ) -> tuple[PassTime, float, float, float]:
     """(compute, tensor-parallel seconds, expert-parallel seconds, host seconds the GPU waits
-    for) of one pass on one stage."""
+    for) of one pass on one stage; `on_host`: layers the CPU runs instead (llama.cpp -ngl)."""
     chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
-    layers = [i for r in chunks for i in r]
+    layers = [i for r in chunks for i in r if i not in on_host]
     total = layers_forward(spec, hw, layout, work, layers)
     if stage == 0:
         total = total + embedding_forward(spec, hw, work)
@@ -123,7 +126,11 @@ def pass_time(
     )
     # Engines capture decode steps up to a batch size, never prefills.
     graphs = decode and not wl.enforce_eager and in_flight <= wl.cuda_graph_max_batch
-    per_stage = [_stage_pass(spec, hw, layout, work, s, in_flight, wl, graphs) for s in range(pp)]
+    on_host: tuple[int, ...] = ()
+    if layout.offload_layers and wl.offload_mode == "host_compute":
+        gpu_multiplies = not decode and work.tokens >= wl.offload_batch_on_gpu_min_tokens > 0
+        on_host = () if gpu_multiplies else offload_memory(spec, layout, wl).layers
+    per_stage = [_stage_pass(spec, hw, layout, work, s, in_flight, wl, graphs, on_host) for s in range(pp)]
     a = bytes_per_element(wl.activation_dtype)
     p2p = 0.0
     if pp > 1:
@@ -145,6 +152,15 @@ def pass_time(
             scheduler=wl.step_overhead_seconds,
         )
     # One micro-batch crosses the stages one after the other.
+    off = 0.0
+    if layout.offload_layers:
+        gpu = sum(c.seconds + tp + ep + h for c, tp, ep, h in per_stage)
+        mem = offload_memory(spec, layout, wl)
+        kv_elt = bytes_per_element(wl.kv_cache_dtype or wl.activation_dtype)
+        kv_read = (in_flight * kv_len * len(mem.kv_layers_off_gpu)
+                   * kv_bytes_per_token_per_layer_per_rank(spec, layout.tp, kv_elt)) if decode else 0.0
+        off = offload_pass_seconds(spec, hw, layout, wl, gpu_seconds=gpu, tokens=work.tokens, kv_bytes_read=kv_read,
+                                   decode=decode).seconds
     return StepBreakdown(
         matmul=sum(c.matmul_seconds for c, _, _, _ in per_stage),
         attention=sum(c.attention_seconds for c, _, _, _ in per_stage),
@@ -155,6 +171,7 @@ def pass_time(
         pipeline_p2p=(pp - 1) * p2p,
         host=sum(h for _, _, _, h in per_stage),
         scheduler=wl.step_overhead_seconds,
+        offload=off,
     )
 
 

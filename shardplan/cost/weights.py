@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from shardplan.cost import gguf
+from shardplan.cost.finetune import nf4_bytes_per_weight
 from shardplan.cost.layout import Layout, layout_stage_ranges
 from shardplan.cost.params import (
     Component,
@@ -33,6 +35,8 @@ _QUANTIZABLE = {Component.ATTENTION, Component.MLP, Component.EXPERTS, Component
 
 
 def weight_storage_dtype(quantization: Quantization) -> DType | None:
+    if quantization.is_gguf or quantization is Quantization.NF4:
+        return DType.INT4 if quantization is Quantization.NF4 else None  # mixed: see gguf.py
     return {
         Quantization.NONE: None,
         Quantization.FP8: DType.FP8,
@@ -48,10 +52,37 @@ def is_quantized_tensor(w: WeightKind) -> bool:
     return w.component in _QUANTIZABLE and len(w.shape) == 2 and w.name.endswith(".weight")
 
 
-def bytes_per_weight_element(w: WeightKind, quantization: Quantization, dense_dtype: DType) -> float:
-    """Average bytes per stored element of tensor kind `w`, scales and zero points included."""
+def gguf_bytes_per_element(w: WeightKind, quantization: Quantization, spec: ModelSpec | None,
+                           layers: tuple[int, ...] | None = None) -> float:
+    """Bytes per element of `w` in a GGUF file of mixture `quantization` (gguf.py), averaged over
+    `layers` (None: every decoder layer; the type of attn_v and ffn_down follows the layer)."""
+    mixture = gguf.GgufMixture(quantization.value)
+    if spec is None:  # no model at hand: the mixture's base type
+        return gguf.bytes_per_element(gguf.BASE_TYPE[mixture])
+    n = spec.num_layers
+    return gguf.mean_bytes_per_element(
+        w, mixture, tuple(range(n)) if layers is None else layers, n,
+        spec.moe.num_experts if spec.moe is not None else 1,
+        spec.num_attention_heads // max(1, spec.kv_heads), spec.tie_word_embeddings, is_llama_70b(spec))
+
+
+def is_llama_70b(spec: ModelSpec) -> bool:
+    """llama.cpp's LLM_TYPE_70B: a llama-architecture model of 80 layers (src/llama-model.cpp,
+    LLM_ARCH_LLAMA: `case 80: type = ... LLM_TYPE_70B`)."""
+    return spec.model_type == "llama" and spec.num_layers == 80
+
+
+def bytes_per_weight_element(w: WeightKind, quantization: Quantization, dense_dtype: DType,
+                             spec: ModelSpec | None = None, layers: tuple[int, ...] | None = None) -> float:
+    """Average bytes per stored element of tensor kind `w`, scales and zero points included.
+    GGUF mixtures quantize the embedding and output too, by llama.cpp's rules (`spec` and
+    `layers` select the per-layer types)."""
+    if quantization.is_gguf:
+        return gguf_bytes_per_element(w, quantization, spec, layers)
     if quantization is Quantization.NONE or not is_quantized_tensor(w):
         return bytes_per_element(dense_dtype)
+    if quantization is Quantization.NF4:
+        return nf4_bytes_per_weight(False)
     out_features, in_features = w.shape
     q = weight_storage_dtype(quantization)
     if q is DType.INT4:
@@ -132,7 +163,7 @@ def _stage_weights(spec: ModelSpec, layout: Layout, stage: int, quantization: Qu
         n = numel_per_rank(w, spec, layout) * times
         key = w.component.value
         numel[key] = numel.get(key, 0.0) + n
-        nbytes[key] = nbytes.get(key, 0.0) + n * bytes_per_weight_element(w, quantization, dense_dtype)
+        nbytes[key] = nbytes.get(key, 0.0) + n * bytes_per_weight_element(w, quantization, dense_dtype, spec, layers)
         if w.routed_expert:
             expert += n
     per_block = [

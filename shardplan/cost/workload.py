@@ -23,6 +23,23 @@ class Quantization(str, Enum):
     INT4 = "int4"  # GPTQ/AWQ: 4 bits, fp16 scale and 4-bit zero point per group of 128
     AWQ = "awq"
     GPTQ = "gptq"
+    NF4 = "nf4"  # bitsandbytes 4-bit NormalFloat (transformers load_in_4bit): fp32 absmax per 64 weights
+    # GGUF mixtures (llama.cpp): a ggml type per tensor by role and layer (cost/gguf.py)
+    Q2_K = "q2_k"
+    Q3_K_M = "q3_k_m"
+    Q4_0 = "q4_0"
+    Q4_K_M = "q4_k_m"
+    Q5_K_M = "q5_k_m"
+    Q6_K = "q6_k"
+    Q8_0 = "q8_0"
+    IQ4_XS = "iq4_xs"
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.value in GGUF_VALUES
+
+
+GGUF_VALUES = frozenset({"q2_k", "q3_k_m", "q4_0", "q4_k_m", "q5_k_m", "q6_k", "q8_0", "iq4_xs"})
 
 
 @dataclass(frozen=True)
@@ -87,6 +104,17 @@ class InferenceWorkload:
     # runs over, on the first stage, and the encoder output rows alive while the text pass profiles.
     vision_encoder_tokens: int = 0
     vision_kept_tokens: int = 0
+    # How the engine runs the layers `Layout.offload_layers` keeps off the GPU (knowledge/engines/*.yaml
+    # offload_eras; cost/offload.py): "stream" copies them in every forward, "host_compute" runs them
+    # on the CPU; which layers stay on the GPU ("first" or "last"); whether copies overlap compute;
+    # whether the token embedding and an offloaded layer's KV stay in host memory; the prompt batch
+    # from which host-resident matrix multiplications move to the GPU (0: never).
+    offload_mode: str = "stream"
+    offload_gpu_layers: str = "last"
+    offload_overlap: bool = False
+    offload_embedding_on_host: bool = False
+    offload_kv_with_layer: bool = False
+    offload_batch_on_gpu_min_tokens: int = 0
 
 
 class Optimizer(str, Enum):

@@ -32,6 +32,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
     Target("sglang", "sglang", "export_sglang", "`python -m sglang.launch_server` per node"),
     Target("tgi", "tgi", "export_tgi", "`text-generation-launcher` per replica"),
     Target("trtllm", "trtllm", "export_trtllm", "TensorRT-LLM: `trtllm-serve` (PyTorch backend) and the engine build"),
+    Target("llamacpp", "llamacpp", "export_llamacpp", "llama.cpp: `llama-server` per replica on a GGUF file, and a README"),
     Target("deepspeed", "deepspeed", "export_deepspeed", "ds_config.json and the `deepspeed` launch line"),
     Target("torchrun", "torchrun", "export_torchrun", "torchrun per node with c10d rendezvous"),
     Target("slurm", "torchrun", "export_slurm", "sbatch script: srun + torchrun"),

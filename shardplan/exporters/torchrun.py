@@ -48,6 +48,8 @@ def rdzv_id(m: DeploymentManifest) -> str:
     """A rendezvous id that is the same for every node, and every restart, of one plan: the model
     name and the first 8 hex digits of the sha256 of the model, hardware and layout sections."""
     shape = {k: getattr(m, k).model_dump(mode="json") for k in ("model", "hardware", "layout")}
+    if not shape["layout"]["offload_layers"]:  # a field added later: ids of plans without it stay as they were
+        del shape["layout"]["offload_layers"]
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:8]
     return f"{safe_name(m.model.name, 'model')[:40]}-{digest}"
 

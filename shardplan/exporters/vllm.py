@@ -15,6 +15,13 @@ dumped from that release's own parser by tools/dump_engine_flags.py; the file sa
   sequence (vLLM refuses to start otherwise); else the least share that does.
 - weights: fp8 -> --quantization fp8 (vLLM quantizes a 16-bit checkpoint at load); awq/gptq name
   their method; int8/int4 need a pre-quantized checkpoint, whose config names the method.
+- weight offload (`layout.offload_layers`): --cpu-offload-gb, the plan's host_offload_bytes per GPU in
+  GiB of 2^30 bytes, rounded up to 0.01 GiB so that the GPU holds no more than planned. vLLM reads it
+  as "The space in GiB to offload to CPU, per GPU" (vllm/config/offload.py:21-22, OffloadConfig.
+  cpu_offload_gb, main at 00593fa7) and offloads parameters of the first decoder layers until
+  int(cpu_offload_gb * 1024**3) bytes are reached (vllm/model_executor/offloader/base.py:172,
+  create_offloader -> UVAOffloader, main at 03584c33); the flag is in the pinned 0.33.0 and 0.11.0
+  lists. vLLM has no disk offload: an NVMe plan is refused.
 - speculative decoding: --speculative-config '{"method": "mtp"|"ngram", "num_speculative_tokens": K}';
   a separate draft model as {"method": "draft_model", "model": ID, ...} from vLLM 0.22.0
   (vllm/v1/spec_decode/draft_model.py at v0.22.0 and v0.33.0), refused for older pins: vLLM 0.11.0
@@ -25,10 +32,12 @@ dumped from that release's own parser by tools/dump_engine_flags.py; the file sa
 from __future__ import annotations
 
 import json
+import math
 
 from shardplan.exporters import k8s_objects as k8s
 from shardplan.exporters.base import (
     memory_utilization as base_memory_utilization,
+    GIB,
     checked_word,
     safe_name,
     Arg,
@@ -84,6 +93,20 @@ def group_replicas(ctx: ExportContext) -> int:
     return k
 
 
+def cpu_offload_gib(ctx: ExportContext) -> float | None:
+    """--cpu-offload-gb: the most any rank of the plan keeps in host memory, in GiB (2^30 bytes, as
+    vLLM multiplies it by 1024**3), rounded up to 0.01; None when the plan offloads nothing. NVMe
+    offload is refused: vLLM offloads to host memory only."""
+    m = ctx.manifest
+    if m.layout.offload_params == "nvme" or any(st.nvme_offload_bytes > 0 for st in m.predicted.memory.stages):
+        raise cannot(TARGET, "layout.offload_params", "vLLM offloads weights to host memory only (--cpu-offload-gb); "
+                     "it has no disk offload", "re-plan with --offload all-cpu, or export --to accelerate")
+    host = max((st.host_offload_bytes for st in m.predicted.memory.stages), default=0.0)
+    if host <= 0:
+        return None
+    return math.ceil(host / GIB * 100 - 1e-9) / 100
+
+
 def serve_args(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool = False,
                dp_nodes: list[Arg] | None = None) -> list[Arg]:
     m = ctx.manifest
@@ -108,6 +131,9 @@ def serve_args(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool =
     ]
     if L.weight_quantization in _QUANT:
         args.append(("quantization", _QUANT[L.weight_quantization]))
+    offload = cpu_offload_gib(ctx)
+    if offload is not None:
+        args.append(("cpu-offload-gb", offload))
     args += [("max-num-seqs", wl.max_num_seqs), ("max-num-batched-tokens", wl.max_num_batched_tokens)]
     if wl.enforce_eager:
         args.append(("enforce-eager", None))
@@ -175,6 +201,12 @@ def _notes(ctx: ExportContext) -> list[str]:
     util = memory_utilization(ctx)
     out = [f"predicted KV cache: {kv_tokens_at(m, util * m.hardware.memory_capacity_bytes - non_kv_bytes(m)):,} tokens "
            f"per replica at --gpu-memory-utilization {util:.2f} ({kv.max_model_len_tokens}-token max_model_len)"]
+    offload = cpu_offload_gib(ctx)
+    if offload is not None:
+        host = max(st.host_offload_bytes for st in m.predicted.memory.stages)
+        out.append(f"--cpu-offload-gb {offload}: the plan keeps {host / GIB:.3f} GiB of weights per GPU in host memory "
+                   f"({L.offload_layers} decoder layers; vLLM offloads the first layers' parameters until it reaches "
+                   "the figure, and streams them to the GPU on every forward)")
     if L.weight_quantization in ("int8", "int4"):
         out.append(f"{L.weight_quantization} weights: point the model at a pre-quantized {L.weight_quantization} "
                    "checkpoint (GPTQ/AWQ/compressed-tensors); vLLM reads the method from its config")

@@ -10,12 +10,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from shardplan.errors import ShardplanError, UnknownNameError
-from shardplan.knowledge.schema import BandsFile, EngineFile, EngineRules, StackFile, parse_version
+from shardplan.knowledge.schema import BandsFile, EngineFile, EngineRules, MetricsFile, StackFile, parse_version
 from shardplan.specs.loading import read_structured, validation_error
 
 ENGINES_DIR = Path(__file__).resolve().parent / "engines"
 STACKS_DIR = Path(__file__).resolve().parent / "stacks"
 BANDS_PATH = Path(__file__).resolve().parent / "bands.yaml"
+METRICS_PATH = Path(__file__).resolve().parent / "metrics.yaml"
 DEFAULT_ENGINE = "vllm"
 DEFAULT_STACK = "torchtitan"
 
@@ -56,8 +57,9 @@ def engine_rules(engine: str = DEFAULT_ENGINE, version: str | None = None) -> En
     if era is None:
         raise ShardplanError(f"no rules for {f.display_name} {chosen}", field="--engine-version", hint=known)
     multimodal = next((m for m in f.multimodal_eras if m.holds_for(v)), None)
+    offload = next((o for o in f.offload_eras if o.holds_for(v)), None)
     return EngineRules(engine=f.engine, display_name=f.display_name, version=chosen, era=era,
-                       fraction_name=f.fraction_name, multimodal=multimodal)
+                       fraction_name=f.fraction_name, multimodal=multimodal, offload=offload)
 
 
 def known_stacks() -> list[str]:
@@ -95,5 +97,15 @@ def bands_file(path: Path = BANDS_PATH) -> BandsFile:
         raise validation_error(e, str(path)) from None
 
 
-__all__ = ["BANDS_PATH", "DEFAULT_ENGINE", "DEFAULT_STACK", "bands_file", "engine_file", "engine_generation",
-           "engine_rules", "known_engines", "known_stacks", "stack_rules"]
+@lru_cache(maxsize=None)
+def metrics_file(path: Path = METRICS_PATH) -> MetricsFile:
+    """The Prometheus series names `shardplan watch` reads, by exporter and version
+    (`knowledge/metrics.yaml`)."""
+    try:
+        return MetricsFile.model_validate(read_structured(path))
+    except ValidationError as e:
+        raise validation_error(e, str(path)) from None
+
+
+__all__ = ["BANDS_PATH", "DEFAULT_ENGINE", "DEFAULT_STACK", "METRICS_PATH", "bands_file", "engine_file",
+           "engine_generation", "engine_rules", "known_engines", "known_stacks", "metrics_file", "stack_rules"]

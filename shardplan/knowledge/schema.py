@@ -20,8 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 
+_BUILD = re.compile(r"^b(\d+)$")
+
+
 def parse_version(text: str) -> tuple[int, int, int]:
-    """'0.6.4.post1' -> (0, 6, 4); 'v0.8' -> (0, 8, 0). Raises ValueError on anything else."""
+    """'0.6.4.post1' -> (0, 6, 4); 'v0.8' -> (0, 8, 0); a llama.cpp build tag 'b6500' -> (0, 0, 6500).
+    Raises ValueError on anything else."""
+    b = _BUILD.match(text.strip())
+    if b is not None:
+        return 0, 0, int(b.group(1))
     m = _VERSION.match(text.strip())
     if m is None:
         raise ValueError(f"not a version: {text!r}")
@@ -110,13 +117,15 @@ class EngineEra(Frozen):
                     "max_model_len sequence's KV bytes exceed the KV memory (V1 check_enough_kv_cache_memory); "
                     "no_room: only when nothing is left for the KV pool (longer requests are refused one by one); "
                     "total_tokens: when max_total_tokens exceeds the cache's tokens (TGI's router)")
-    accounting: Literal["profiled", "static_fraction", "warmup", "free_fraction"] = Field(
+    accounting: Literal["profiled", "static_fraction", "warmup", "free_fraction", "fixed_context", "dynamic"] = Field(
         "profiled", description="profiled: budget = device x utilization, minus weights, the profiling pass's peak "
                                 "and non-torch memory (vLLM); static_fraction: a pool of (free memory at start) x "
                                 "fraction holds weights and KV, activations live outside it (SGLang); warmup: a "
                                 "share of the memory free after a warm-up prefill, less what the fraction holds back "
                                 "of the device (TGI); free_fraction: the fraction of the memory free after the "
-                                "weights and the activation peak (TensorRT-LLM)")
+                                "weights and the activation peak (TensorRT-LLM); fixed_context: a KV cache of exactly "
+                                "the context asked for, beside the weights and a compute buffer (llama.cpp); dynamic: "
+                                "no pool, the KV cache grows with the batch (transformers generate)")
     static_fraction_by_tp: list[TpDefault] | None = Field(
         None, description="static_fraction: the default fraction by tensor-parallel size, largest min_tp first")
     static_fraction_reserved: ReservedMemory | None = Field(
@@ -237,6 +246,42 @@ class MultimodalEra(Frozen):
         return version_in_range(version, self.min_version, self.max_version)
 
 
+class OffloadEra(Frozen):
+    """How one version range, [min_version, max_version), runs a model whose weights do not all
+    fit on the GPU (docs/research has no file: each rule carries its source line here)."""
+
+    min_version: str = Field(description="first version the rules hold for (inclusive)")
+    max_version: str | None = Field(description="first version they no longer hold for (exclusive); null: still")
+    mode: Literal["stream", "host_compute"] = Field(
+        description="stream: the offloaded layers' weights are copied to the GPU for every forward (accelerate's "
+                    "hooks, vLLM --cpu-offload-gb); host_compute: the offloaded layers run on the CPU where they live "
+                    "(llama.cpp -ngl)")
+    gpu_layers: Literal["first", "last"] = Field(
+        description="which decoder layers stay on the GPU: the first (offload takes the last) or the last")
+    targets: list[Literal["cpu", "nvme"]] = Field(min_length=1, description="where weights may be offloaded")
+    overlap: bool = Field(False, description="stream: the next layer's copy overlaps this layer's compute (prefetch)")
+    embedding_on_host: bool = Field(False, description="the token embedding always stays in host memory")
+    kv_with_layer: bool = Field(False, description="host_compute: an offloaded layer's KV cache lives in host memory")
+    batch_on_gpu_min_tokens: int = Field(
+        0, ge=0, description="host_compute: a batch of at least this many tokens runs the offloaded layers' matrix "
+                             "multiplications on the GPU, copying their weights over (0: never)")
+    option: str = Field(description="the engine's option for it, as printed in assumptions")
+    sources: dict[str, str] = Field(description="field -> where the rule comes from")
+
+    @model_validator(mode="after")
+    def _check(self) -> "OffloadEra":
+        parse_version(self.min_version)
+        documented = {"mode", "gpu_layers", "targets"}
+        for name in ("overlap", "embedding_on_host", "kv_with_layer", "batch_on_gpu_min_tokens"):
+            if getattr(self, name):
+                documented.add(name)
+        require_sources(documented, self.sources)
+        return self
+
+    def holds_for(self, version: tuple[int, int, int]) -> bool:
+        return version_in_range(version, self.min_version, self.max_version)
+
+
 class EngineFile(Frozen):
     """`knowledge/engines/<engine>.yaml`."""
 
@@ -248,6 +293,8 @@ class EngineFile(Frozen):
     eras: list[EngineEra] = Field(min_length=1, description="rules by version range, oldest first")
     multimodal_eras: list[MultimodalEra] = Field(
         default_factory=list, description="how each version range profiles a vision encoder; none: not modelled")
+    offload_eras: list[OffloadEra] = Field(
+        default_factory=list, description="how each version range runs weights held off the GPU; none: it cannot")
 
     @model_validator(mode="after")
     def _cover(self) -> "EngineFile":
@@ -272,6 +319,7 @@ class EngineRules(Frozen):
 
     fraction_name: str = "gpu_memory_utilization"  # what the engine calls the share of memory it may use
     multimodal: MultimodalEra | None = None  # how it profiles a vision encoder; None: not modelled for it
+    offload: OffloadEra | None = None  # how it runs offloaded weights; None: it cannot offload
 
     @property
     def label(self) -> str:
@@ -284,7 +332,8 @@ class EngineRules(Frozen):
         return table[-1].value
 
 
-__all__ = ["DeviceDefault", "EngineEra", "EngineFile", "EngineRules", "MultimodalEra", "ReservedMemory", "TpDefault",
+__all__ = ["DeviceDefault", "EngineEra", "EngineFile", "EngineRules", "MultimodalEra", "OffloadEra", "ReservedMemory",
+           "TpDefault",
            "parse_version"]
 
 
@@ -440,3 +489,87 @@ class BandsFile(Frozen):
 
 
 __all__ += ["BandQuantity", "BandsFile", "ErrorBand"]
+
+
+# --- Prometheus series names by exporter and version (knowledge/metrics.yaml, read by `shardplan watch`) ---
+
+MetricExporter = Literal["vllm", "sglang", "dcgm"]
+MetricQuantity = Literal[
+    "running_requests", "waiting_requests", "kv_usage_fraction", "kv_used_tokens", "kv_capacity_tokens",
+    "cache_config", "ttft_seconds", "tpot_seconds", "memory_used_mib", "memory_free_mib", "nvlink_bytes_total",
+    "nvlink_tx_bytes_per_second", "pcie_tx_bytes_per_second"]
+LabelRole = Literal["gpu_index", "gpu_uuid", "gpu_model", "host", "mig_instance", "pod", "engine_index"]
+
+
+class MetricName(Frozen):
+    """One series name an exporter emits for one quantity, from `since` (inclusive) to `until`
+    (exclusive), in the exporter's own version numbering (the engine's, for vLLM and SGLang)."""
+
+    exporter: MetricExporter = Field(description="who emits it")
+    quantity: MetricQuantity = Field(description="what it measures, in shardplan's words")
+    name: str = Field(min_length=1, max_length=200, description="the metric name as exposed (a histogram's base name)")
+    kind: Literal["gauge", "counter", "histogram", "info"] = Field(description="its Prometheus type")
+    unit: str = Field(min_length=1, description="the unit of its value (MiB, bytes, seconds, fraction, ...)")
+    since: str | None = Field(description="first release that emits it by default; null: from the first one known")
+    until: str | None = Field(description="first release that no longer emits it by default; null: still")
+    range_established: bool = Field(True, description="false: the source gives a commit or PR, not a release "
+                                                      "range; the range is then not used to prefer a name")
+    source: str = Field(min_length=1, description="where the name comes from (file:line at a commit, PR, help text)")
+    note: str = Field("", description="what else a reader needs to know")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MetricName":
+        for v in (self.since, self.until):
+            if v is not None:
+                parse_version(v)
+        if self.since and self.until and parse_version(self.until) <= parse_version(self.since):
+            raise ValueError(f"until {self.until} is not after since {self.since}")
+        return self
+
+    def emitted_at(self, version: tuple[int, int, int]) -> bool:
+        """The release `version` emits it by default (a rule without an established range: unknown, False)."""
+        if not self.range_established:
+            return False
+        lo = parse_version(self.since) if self.since else (0, 0, 0)
+        return lo <= version and (self.until is None or version < parse_version(self.until))
+
+
+class LabelRule(Frozen):
+    """The labels that say which GPU, host, pod or engine a series belongs to."""
+
+    exporter: MetricExporter
+    role: LabelRole = Field(description="what the label identifies")
+    names: tuple[str, ...] = Field(min_length=1, description="label names, any of which carries it")
+    source: str = Field(min_length=1, description="where the label comes from")
+
+
+class MetricsFile(Frozen):
+    """`knowledge/metrics.yaml`: every series `shardplan watch` reads, with its source."""
+
+    metrics: tuple[MetricName, ...] = Field(min_length=1)
+    labels: tuple[LabelRule, ...] = Field(default=())
+
+    @model_validator(mode="after")
+    def _unique(self) -> "MetricsFile":
+        keys = [(m.exporter, m.name) for m in self.metrics]
+        if len(keys) != len(set(keys)):
+            raise ValueError("a metric name appears twice for one exporter")
+        roles = [(r.exporter, r.role) for r in self.labels]
+        if len(roles) != len(set(roles)):
+            raise ValueError("a label role appears twice for one exporter")
+        return self
+
+    def names(self, exporter: str, quantity: str, version: str | None = None) -> tuple[MetricName, ...]:
+        """The names of `quantity`: those `version` emits by default first, and of those the ones not
+        yet deprecated (no `until`) first; file order otherwise."""
+        rules = [m for m in self.metrics if m.exporter == exporter and m.quantity == quantity]
+        if version is None:
+            return tuple(rules)
+        v = parse_version(version)
+        return tuple(sorted(rules, key=lambda m: (not m.emitted_at(v), m.until is not None)))
+
+    def label_names(self, exporter: str, role: str) -> tuple[str, ...]:
+        return next((r.names for r in self.labels if r.exporter == exporter and r.role == role), ())
+
+
+__all__ += ["LabelRule", "MetricExporter", "MetricName", "MetricQuantity", "MetricsFile"]

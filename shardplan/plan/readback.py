@@ -142,7 +142,8 @@ def plan_layout(m: DeploymentManifest) -> Layout:
         hybrid_shard=L.hybrid_shard, sequence_parallel=L.sequence_parallel, recompute=Recompute(L.recompute),
         pp_schedule=PipelineSchedule(L.pp_schedule), virtual_stages=L.virtual_stages,
         micro_batch_size=L.micro_batch_size, offload_optimizer=Offload(L.offload_optimizer),
-        offload_params=Offload(L.offload_params), pp_embedding_as_layer=L.pp_embedding_as_layer,
+        offload_params=Offload(L.offload_params), offload_layers=L.offload_layers,
+        pp_embedding_as_layer=L.pp_embedding_as_layer,
         pp_loss_as_layer=L.pp_loss_as_layer, pp_first_stage_layers=L.pp_first_stage_layers,
         pp_last_stage_layers=L.pp_last_stage_layers,
     )

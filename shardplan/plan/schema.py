@@ -109,7 +109,7 @@ class InferenceWorkloadSection(_Section):
     cuda_context_in_budget: bool = Field(False, description="the engine's budget counts the CUDA context")
     cuda_graphs_in_budget: bool = Field(True, description="the engine's budget counts CUDA graphs")
     refusal: Literal["tokens", "bytes", "no_room", "total_tokens"] = Field("bytes", description="how the engine refuses a max_model_len that does not fit")
-    accounting: Literal["profiled", "static_fraction", "warmup", "free_fraction"] = Field(
+    accounting: Literal["profiled", "static_fraction", "warmup", "free_fraction", "fixed_context", "dynamic"] = Field(
         "profiled", description="how the engine sizes its KV memory")
     static_fraction_by_tp: list[StaticFractionRow] = Field(default_factory=list, description="SGLang's default pool fraction by tensor-parallel size")
     assumptions: list[str] = Field(default_factory=list, description="each engine rule that shaped the plan, with its source")
@@ -126,6 +126,14 @@ class InferenceWorkloadSection(_Section):
     speculative: SpeculativeSection | None = Field(None, description="speculative decoding; null: off (plans before it)")
     vision_encoder_tokens: int = Field(0, ge=0, description="tokens the vision tower runs over in the profiling pass")
     vision_kept_tokens: int = Field(0, ge=0, description="encoder output rows alive during the text profiling pass")
+    offload_mode: Literal["stream", "host_compute"] = Field(
+        "stream", description="how offloaded layers run: copied to the GPU every forward, or on the CPU")
+    offload_gpu_layers: Literal["first", "last"] = Field("last", description="which decoder layers stay on the GPU")
+    offload_overlap: bool = Field(False, description="offloaded weights' copies overlap compute (prefetch)")
+    offload_embedding_on_host: bool = Field(False, description="the token embedding stays in host memory when offloading")
+    offload_kv_with_layer: bool = Field(False, description="an offloaded layer's KV cache lives in host memory")
+    offload_batch_on_gpu_min_tokens: int = Field(
+        0, ge=0, description="prompt batches of at least this many tokens multiply host-resident weights on the GPU")
 
 
 class TrainingWorkloadSection(_Section):
@@ -195,6 +203,8 @@ class LayoutSection(_Section):
     micro_batch_size: Degree = Field(description="sequences per micro-batch")
     offload_optimizer: OffloadName = Field(description="where optimizer states live off the GPU")
     offload_params: OffloadName = Field(description="where parameters live off the GPU")
+    offload_layers: int = Field(0, ge=0, description="serving: decoder layers whose weights live at offload_params "
+                                                     "(cpu: host RAM; nvme: disk) instead of the GPU")
     pp_embedding_as_layer: bool = Field(False, description="the embedding counts as one layer in the pipeline split")
     pp_loss_as_layer: bool = Field(False, description="the output layer and loss count as one layer in the split")
     pp_first_stage_layers: int | None = Field(None, ge=1, description="decoder layers on the first stage; null: even")

@@ -128,6 +128,7 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
 def _quant_rank(wl: InferenceWorkload) -> tuple[int, int]:
     """Prefer wider formats on ties: bf16 weights before fp8/int8/int4; auto KV before fp8."""
     order = [Quantization.NONE, Quantization.FP8, Quantization.INT8, Quantization.INT4, Quantization.AWQ, Quantization.GPTQ]
+    order += [q for q in Quantization if q not in order]  # nf4 and the GGUF mixtures, as declared
     return order.index(wl.quantization), 0 if wl.kv_cache_dtype is None else 1
 
 

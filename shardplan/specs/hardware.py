@@ -21,6 +21,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from shardplan import units
+from shardplan.errors import ShardplanError
 from shardplan.specs._base import StrictModel
 from shardplan.specs.cases import Case
 from shardplan.units import DType
@@ -62,7 +63,7 @@ class PeakTflopsFile(StrictModel):
 
 class GpuFile(StrictModel):
     model: str = Field(..., min_length=1)
-    memory_capacity_gib: float = Field(..., gt=0, le=MAX_CAPACITY_GIB, description="total memory as the device reports it, GiB")
+    memory_capacity_gib: float = Field(..., ge=2**-20, le=MAX_CAPACITY_GIB, description="total memory as the device reports it, GiB (at least one KiB: a smaller figure rounds to zero bytes)")
     memory_bandwidth_gb_per_s: float = Field(..., gt=0, le=MAX_BANDWIDTH_GB_PER_S)
     peak_dense_tflops: PeakTflopsFile
     price_per_gpu_hour_usd: float | None = Field(None, gt=0, le=1e6)
@@ -89,6 +90,10 @@ class NodeFile(StrictModel):
     host_memory_gib: float = Field(..., gt=0, le=MAX_CAPACITY_GIB)
     nvme_capacity_gib: float = Field(..., ge=0, le=MAX_CAPACITY_GIB)
     nvme_bandwidth_gb_per_s: float = Field(..., ge=0, le=MAX_BANDWIDTH_GB_PER_S)
+    host_memory_bandwidth_gb_per_s: float | None = Field(
+        None, gt=0, le=MAX_BANDWIDTH_GB_PER_S,
+        description="peak DRAM bandwidth one GPU's process can read from (its socket's channels x transfer rate x 8 "
+                    "bytes), GB/s; layers run on the CPU (llama.cpp -ngl) are bound by it; null: unknown")
 
 
 class AttentionKernelFile(StrictModel):
@@ -155,6 +160,9 @@ class EfficiencyFile(StrictModel):
     inter_node_link: float = Field(..., gt=0, le=1)
     host_link: float = Field(..., gt=0, le=1)
     nvme: float = Field(..., gt=0, le=1)
+    host_memory: float | None = Field(
+        None, gt=0, le=1, description="achieved / peak host DRAM bandwidth of a CPU matrix-vector product (llama.cpp "
+                                      "token generation on the CPU); null: unknown")
 
 
 class RuntimeFile(StrictModel):
@@ -235,6 +243,26 @@ class HardwareProfile:
     # The runs measured on this machine (HardwareProfileFile.measured_cases); the cost model
     # never reads them, tasks/_bands.py bands predictions with them.
     measured_cases: tuple[Case, ...] = ()
+    # Host DRAM (layers run on the CPU, llama.cpp -ngl); None: the profile does not say.
+    host_memory_bandwidth_bytes_per_second_or_none: float | None = None
+    host_memory_efficiency_or_none: float | None = None
+
+    @property
+    def host_memory_bandwidth_bytes_per_second(self) -> float:
+        if self.host_memory_bandwidth_bytes_per_second_or_none is None:
+            raise ShardplanError(f"profile '{self.name}' has no node.host_memory_bandwidth_gb_per_s, which layers run "
+                                 "on the CPU need", field="node.host_memory_bandwidth_gb_per_s",
+                                 hint="add the host's DRAM bandwidth (channels x MT/s x 8 bytes) and "
+                                      "efficiency.host_memory to the profile")
+        return self.host_memory_bandwidth_bytes_per_second_or_none
+
+    @property
+    def host_memory_efficiency(self) -> float:
+        if self.host_memory_efficiency_or_none is None:
+            raise ShardplanError(f"profile '{self.name}' has no efficiency.host_memory", field="efficiency.host_memory",
+                                 hint="add the achieved share of host DRAM bandwidth (a CPU token-generation "
+                                      "measurement) to the profile")
+        return self.host_memory_efficiency_or_none
 
     def __hash__(self) -> int:
         # The dict fields make the generated hash impossible; equal profiles share these fields,
@@ -296,6 +324,10 @@ def profile_from_file(f: HardwareProfileFile) -> HardwareProfile:
         matmul_efficiency=eff.matmul,
         memory_bandwidth_efficiency=eff.memory_bandwidth,
         nvme_efficiency=eff.nvme,
+        host_memory_bandwidth_bytes_per_second_or_none=(
+            None if n.host_memory_bandwidth_gb_per_s is None
+            else units.gb_per_s_to_bytes_per_second(n.host_memory_bandwidth_gb_per_s)),
+        host_memory_efficiency_or_none=eff.host_memory,
         matmul_fp8_efficiency=eff.matmul_fp8 or eff.matmul,
         matmul_half_dim=eff.matmul_half_dim,
         attention_efficiency=eff.attention or eff.matmul,

@@ -11,6 +11,10 @@ candidate that moves the fewest bytes (with `prefer_fast_recovery`: that is back
 among those whose objective is within `margin` of the best (objective values are
 lower-better; within means value <= best + margin x |best|); ties go to the better objective.
 Pieces no surviving rank holds and no checkpoint can give raise `Unrecoverable` (exit 3).
+For a serving plan the chosen layout also comes with its rollout (`tasks/_rollout.py`): the
+order that starts the new replicas and drains the old ones keeping the served rate above
+`min_capacity` (a share of the old plan's full rate; None: the highest any order keeps), with
+each step's time and rate; a floor no order keeps gives `rollout.keeps_floor` false (exit 3).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from shardplan.tasks._moves import (
     subtract,
 )
 from shardplan.tasks._results import Result
+from shardplan.tasks._rollout import Rollout, plan_rollout
 from shardplan.tasks._safetensors import StoredTensor, check_tensors, expected_dtype, read_checkpoint
 
 Progress = Callable[[int, int], None]  # (done, total)
@@ -151,6 +156,8 @@ class ReplanResult(Result):
     manifest: str | None = Field(description="where the chosen manifest was written")
     moves_file: str | None = Field(description="where the move list was written")
     moves: MoveSummary | None = Field(description="the chosen candidate's moves")
+    rollout: Rollout | None = Field(description="serving: the order that starts the chosen layout's replicas and "
+                                                "drains the old ones; None for training or when nothing fits")
 
 
 # ----- lost ranks --------------------------------------------------------------------------------
@@ -224,15 +231,18 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
            top_k: int, objective: str | None = None, manifest_path: Path | None = None,
            moves_path: Path | None = None, progress: Progress | None = None, lost_nodes: Iterable[int] = (),
            lost_ranks: Iterable[int] = (), checkpoint: Path | None = None,
-           prefer_fast_recovery: bool = False) -> ReplanResult:
+           prefer_fast_recovery: bool = False, min_capacity: float | None = None) -> ReplanResult:
     """What `shardplan replan --json` prints; writes the chosen manifest and its move list when
     paths are given. Raises ShardplanError (exit 2) for bad input, UnrecoverableError (exit 3)
     when slices only lost ranks held have no checkpoint to come from; `chosen` is None when
     nothing fits on the new count (the CLI exits 3). `progress(done, total)` is passed to the
     search, then called once per candidate costed. `checkpoint`: a safetensors checkpoint
-    folder (headers only are read)."""
+    folder (headers only are read). `min_capacity`: serving only, the share of the old plan's
+    rate the rollout keeps (None: the highest any order keeps); `rollout.keeps_floor` is false
+    when no order keeps it (the CLI exits 3)."""
     if not 0 <= margin < 1:
         raise ShardplanError(f"margin {margin} is not a fraction in [0, 1)", field="--margin", hint="e.g. 0.05")
+    check_min_capacity(old, min_capacity)
     loaded = readback.checked_model(old, source)
     spec = loaded.spec
     check_nameable(spec, source)
@@ -264,7 +274,8 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
         rejected=dict(sorted(res.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
     )
     if not candidates:
-        return ReplanResult(**head, candidates=[], chosen=None, manifest=None, moves_file=None, moves=None)
+        return ReplanResult(**head, candidates=[], chosen=None, manifest=None, moves_file=None, moves=None,
+                            rollout=None)
     best = candidates[0].objective_value
     built, rows = [], []
     for i, e in enumerate(candidates):
@@ -278,7 +289,7 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
         if missing:  # every layout needs every weight: the first candidate shows it for all
             raise _unrecoverable(missing)
         summary = move_summary(moves, devices, links)
-        built.append((m, moves, summary))
+        built.append((m, moves, summary, devices))
         rows.append({
             "rank": i + 1, "plan": explain.plan_dict(e, report), "objective_value": e.objective_value,
             "gap_fraction": (e.objective_value - best) / abs(best) if best else 0.0,
@@ -290,7 +301,13 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
         if progress is not None:
             progress(i + 1, len(candidates))
     pick = min((c for c in rows if c["within_margin"]), key=lambda c: (c[prefer], c["rank"]))["rank"]
-    m, moves, summary = built[pick - 1]
+    m, moves, summary, devices = built[pick - 1]
+    rollout = None
+    if old.workload.kind == "inference":
+        rollout = plan_rollout(old, m, spec, devices, hw, stored, min_capacity)
+        if rollout is None and min_capacity is not None:
+            raise ShardplanError(f"{source} predicts no throughput to take a share of", field="--min-capacity",
+                                 hint="re-plan it with `shardplan recommend`, or leave --min-capacity out")
     manifest = moves_file = None
     if manifest_path is not None:
         write_manifest(m, manifest_path)
@@ -303,7 +320,20 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
         **head,
         candidates=[ReplanCandidate(**c, chosen=c["rank"] == pick) for c in rows],
         chosen=pick, manifest=manifest, moves_file=moves_file, moves=MoveSummary.model_validate(summary),
+        rollout=rollout,
     )
+
+
+def check_min_capacity(old: DeploymentManifest, min_capacity: float | None) -> None:
+    """--min-capacity is a share in (0, 1] and applies to serving plans only."""
+    if min_capacity is None:
+        return
+    if not 0 < min_capacity <= 1:  # also refuses nan
+        raise ShardplanError(f"min capacity {min_capacity} is not a share in (0, 1]", field="--min-capacity",
+                             hint="a share of the old plan's served rate, e.g. 0.75")
+    if old.workload.kind != "inference":
+        raise ShardplanError("--min-capacity applies to serving plans (it orders replicas' rollout); this is a "
+                             "training plan", field="--min-capacity", hint="leave --min-capacity out for training")
 
 
 def write_moves(path: Path, old: DeploymentManifest, new: DeploymentManifest, source: str, moves: list[Move],
@@ -330,6 +360,6 @@ def write_moves(path: Path, old: DeploymentManifest, new: DeploymentManifest, so
     write_text_atomic(path, text)
 
 
-__all__ = ["ROUTES", "Devices", "Move", "MoveSummary", "ReplanCandidate", "ReplanResult", "UnrecoverableError",
-           "intersect", "link_costs", "lost_old_ranks", "move_summary", "moves_between", "replan", "subtract",
-           "write_moves"]
+__all__ = ["ROUTES", "Devices", "Move", "MoveSummary", "ReplanCandidate", "ReplanResult", "Rollout",
+           "UnrecoverableError", "check_min_capacity", "intersect", "link_costs", "lost_old_ranks", "move_summary",
+           "moves_between", "replan", "subtract", "write_moves"]

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -228,23 +230,34 @@ def failure_report(plan: str, run: RunSpec, statuses: list[dict[str, Any]], *, t
     }
 
 
+def torchrun_prefix(world: int, port: int) -> list[str]:
+    """torchrun on this node only, its c10d rendezvous on the loopback interface, no restarts."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "0"]
+
+
+def rank_env(run_dir: Path, backend: str) -> dict[str, str]:
+    """The ranks' environment: the run folder for their status files, one thread each on a CPU
+    (many ranks on few cores), gloo's sockets bound to `lo`."""
+    env = dict(os.environ, **{RUN_DIR_ENV: str(run_dir)})
+    if backend == "gloo":
+        env.setdefault("OMP_NUM_THREADS", "1")
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    return env
+
+
 def local_command(plan: Path, world: int, port: int, run_dir: Path, *, backend: str, scale: str, steps: int,
                   timeout_seconds: float, dtype: str = "plan",
                   device_memory_gib: float | None = None) -> tuple[list[str], dict[str, str]]:
     """torchrun's command line and environment for a single-node run. Everything listens on the
     loopback interface only: the c10d rendezvous endpoint is 127.0.0.1 and gloo's sockets
     are bound to `lo`, so no other host can join or talk to the ranks."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "0",
+    cmd = [*torchrun_prefix(world, port),
            "-m", "shardplan", "verify", str(plan), "--backend", backend, "--scale", scale, "--steps", str(steps),
            "--timeout", str(timeout_seconds), "--report", str(run_dir / "report.json"), "--dtype", dtype]
     if device_memory_gib is not None:
         cmd += ["--device-memory-gib", repr(float(device_memory_gib))]
-    env = dict(os.environ, **{RUN_DIR_ENV: str(run_dir)})
-    if backend == "gloo":
-        env.setdefault("OMP_NUM_THREADS", "1")  # many ranks on few cores: one thread each
-    env["GLOO_SOCKET_IFNAME"] = "lo"
-    return cmd, env
+    return cmd, rank_env(run_dir, backend)
 
 
 PHASES = {  # a rank's status file `phase` -> what rank 0 is doing then (session.py)
@@ -332,19 +345,39 @@ def _lost_rendezvous(code: int | None, statuses: list[dict[str, Any]], log_path:
     return "RendezvousConnectionError" in log or "address already in use" in log.lower()
 
 
-def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: int, timeout_seconds: float,
-                 on_event: Progress | None = None, dtype: str = "plan",
-                 device_memory_gib: float | None = None) -> dict[str, Any]:
-    """Start every rank here through torchrun and return rank 0's report, the report of a run
-    that ran out of memory, or a failure report. `on_event` gets a line at the launch and for
-    each change of a rank's status."""
-    world = run.world_size
+@dataclass(frozen=True)
+class TorchrunOutcome:
+    """How one torchrun launch ended: its exit code (None: stopped at the timeout), each rank's
+    status file, when ranks were seen gone, and where its log and files are."""
+
+    code: int | None
+    timed_out: bool
+    statuses: list[dict[str, Any]]
+    died_at: dict[int, float]
+    run_dir: Path
+    log_path: Path
+    launched_at: float
+    ended_at: float
+
+    def failure(self, plan: str, run: RunSpec, timeout_seconds: float) -> dict[str, Any]:
+        """The failure report of a launch that did not complete (`failure_report`)."""
+        return failure_report(plan, run, self.statuses, timed_out=self.timed_out, timeout_seconds=timeout_seconds,
+                              exit_code=self.code, log_tail=self.log_path.read_text(errors="replace"),
+                              died_at=self.died_at, now=self.ended_at, launched_at=self.launched_at)
+
+
+Command = Callable[[int, Path], tuple[list[str], dict[str, str]]]  # (port, run folder) -> torchrun line, environment
+
+
+def run_torchrun(command: Command, world: int, *, backend: str, scale: str, timeout_seconds: float,
+                 on_event: Progress | None = None) -> TorchrunOutcome:
+    """Start `world` ranks here through torchrun (`command` gives its line for a free port and a
+    fresh run folder) in their own session, watch them until they end or `timeout_seconds`
+    pass, then kill the session. A rendezvous lost to a port race is launched again once."""
     for attempt in range(RENDEZVOUS_ATTEMPTS):
         run_dir = Path(tempfile.mkdtemp(prefix="shardplan-verify-"))
-        cmd, env = local_command(plan, world, _free_port(), run_dir, backend=backend, scale=scale, steps=steps,
-                                 timeout_seconds=timeout_seconds, dtype=dtype, device_memory_gib=device_memory_gib)
+        cmd, env = command(_free_port(), run_dir)
         log_path = run_dir / "torchrun.log"
-        timed_out = False
         launched_at = time.time()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -352,7 +385,6 @@ def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: i
                 on_event(f"launched {world} rank(s) with torchrun ({backend}, {scale} model); logs in {run_dir}")
             try:
                 code, died_at = _watch(proc, run_dir, world, timeout_seconds, on_event)
-                timed_out = code is None
                 ended_at = time.time()  # when the launcher saw the end or gave up, before the kill
             finally:
                 _kill_session(proc)
@@ -368,18 +400,34 @@ def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: i
                 os.kill(s["pid"], signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    report_path = run_dir / "report.json"
-    oom = out_of_memory_report(statuses)
-    if not timed_out and code == 0 and report_path.is_file():
+    return TorchrunOutcome(code=code, timed_out=code is None, statuses=statuses, died_at=died_at, run_dir=run_dir,
+                           log_path=log_path, launched_at=launched_at, ended_at=ended_at)
+
+
+def launch_local(plan: Path, run: RunSpec, *, backend: str, scale: str, steps: int, timeout_seconds: float,
+                 on_event: Progress | None = None, dtype: str = "plan",
+                 device_memory_gib: float | None = None) -> dict[str, Any]:
+    """Start every rank here through torchrun and return rank 0's report, the report of a run
+    that ran out of memory, or a failure report. `on_event` gets a line at the launch and for
+    each change of a rank's status."""
+    world = run.world_size
+
+    def command(port: int, run_dir: Path) -> tuple[list[str], dict[str, str]]:
+        return local_command(plan, world, port, run_dir, backend=backend, scale=scale, steps=steps,
+                             timeout_seconds=timeout_seconds, dtype=dtype, device_memory_gib=device_memory_gib)
+
+    out = run_torchrun(command, world, backend=backend, scale=scale, timeout_seconds=timeout_seconds,
+                       on_event=on_event)
+    report_path = out.run_dir / "report.json"
+    oom = out_of_memory_report(out.statuses)
+    if not out.timed_out and out.code == 0 and report_path.is_file():
         report = json.loads(report_path.read_text())
     elif oom is not None:
         report = oom
     else:
-        report = failure_report(str(plan), run, statuses, timed_out=timed_out, timeout_seconds=timeout_seconds,
-                                exit_code=code, log_tail=log_path.read_text(errors="replace"), died_at=died_at,
-                                now=ended_at, launched_at=launched_at)
-    report["pids"] = [s["pid"] for s in statuses if s.get("pid")]
-    report["run_dir"] = str(run_dir)
+        report = out.failure(str(plan), run, timeout_seconds)
+    report["pids"] = [s["pid"] for s in out.statuses if s.get("pid")]
+    report["run_dir"] = str(out.run_dir)
     return report
 
 

@@ -146,3 +146,99 @@ class VerifyReport(_Report):
     oom: OutOfMemory | None = Field(None, exclude_if=_is_none, description="where the run ran out of memory")
     pids: list[int] | None = Field(None, exclude_if=_is_none, description="the ranks' process ids (local launch only)")
     run_dir: str | None = Field(None, exclude_if=_is_none, description="the ranks' logs and status files (local launch only)")
+
+
+# ----- verify NEW --from OLD: resharding through a checkpoint ------------------------------------
+
+
+class LossContinuation(_Report):
+    """The loss of every step, the old layout's and then the new layout's after loading the
+    checkpoint, against one unsharded process that trained the same steps without stopping."""
+
+    check: str = Field(description="what is compared")
+    steps_before: int = Field(description="steps the old layout trained before saving (count)")
+    steps_after: int = Field(description="steps the new layout trained after loading (count)")
+    measured: list[float] = Field(description="the loss per step: the old layout's, then the new layout's")
+    reference: list[float] = Field(description="the unsharded process's loss per step")
+    max_abs_error: float | None = Field(description="largest |measured - reference|; null: a value is not finite")
+    max_relative_error: float | None = Field(description="largest |measured - reference| / |reference|; null: not finite")
+    rtol: float = Field(description="allowed relative error (fraction): |m - r| <= atol + rtol x |r|")
+    atol: float = Field(description="allowed absolute error (loss units)")
+    first_bad_step: int | None = Field(description="the first step out of tolerance (0-based); null: none")
+    ok: bool = Field(description="every step within tolerance and finite (a NaN fails)")
+
+
+class LoadedBytes(_Report):
+    """One state of one new rank: the bytes it loaded from the checkpoint against the move list."""
+
+    state: Literal["weights", "optimizer_states"]
+    measured_bytes: int = Field(description="bytes of the tensor pieces DCP loaded into the rank's state (bytes)")
+    planned_bytes: float = Field(description="the move list's pieces for the rank, kept + from ranks + from the "
+                                             "checkpoint: the whole slice it holds at rest (bytes)")
+    planned_kept_bytes: float = Field(description="of which already on its GPU in a live reshard (route local, bytes)")
+    planned_from_ranks_bytes: float = Field(description="of which a surviving old rank sends in a live reshard (bytes)")
+    planned_from_checkpoint_bytes: float = Field(description="of which only lost ranks held: a live reshard reads "
+                                                             "them from a checkpoint too (bytes)")
+    relative_error: float | None = Field(description="(measured - planned) / planned; null: planned 0 and measured not")
+    tolerance: float = Field(description="allowed |relative_error| (fraction)")
+    ok: bool
+
+
+class PlanScaleMoves(_Report):
+    """The same change at the plan's scale, as `shardplan replan` lists it (the plan's model and
+    formats): reported, not compared."""
+
+    kept_bytes: float = Field(description="bytes already on the new rank's GPU (bytes)")
+    from_ranks_bytes: float = Field(description="bytes surviving old ranks send it (bytes)")
+    from_checkpoint_bytes: float = Field(description="bytes only lost ranks held (bytes)")
+
+
+class ReshardRank(_Report):
+    """One rank of the new layout: what it loaded from the checkpoint against the move list."""
+
+    rank: int = Field(description="new rank")
+    node: int = Field(description="its node in the new cluster (rank // gpus_per_node)")
+    old_rank_on_gpu: int | None = Field(description="the surviving old rank that ran on its GPU; null: none")
+    states: list[LoadedBytes]
+    other_bytes: int = Field(description="loaded besides: optimizer step counters and hyper-parameters (bytes)")
+    file_bytes_read: int = Field(description="bytes of checkpoint file read: DCP's file reader reads each saved "
+                                             "chunk a piece overlaps whole, then narrows it (bytes)")
+    num_read_items: int = Field(description="pieces DCP read (count)")
+    load_seconds: float = Field(description="wall time of the load (s)")
+    plan_scale: PlanScaleMoves
+
+
+class CheckpointWrite(_Report):
+    """One old rank's share of the checkpoint (after DCP's de-duplication of replicas)."""
+
+    rank: int = Field(description="old rank")
+    written_bytes: int = Field(description="tensor and other bytes it wrote (bytes)")
+    num_write_items: int = Field(description="pieces it wrote (count)")
+    save_seconds: float = Field(description="wall time of the save (s)")
+
+
+class ReshardReport(_Report):
+    """What `verify NEW --from OLD --json` prints: train the old layout, save a DCP checkpoint,
+    load it into the new layout (a fresh launch, lost ranks gone), train on, and check the loss
+    continues as one unsharded process's and that each new rank loaded what the move list says."""
+
+    plan: str = Field(description="the new manifest")
+    from_plan: str = Field(description="the old manifest, whose layout trained first and wrote the checkpoint")
+    status: Literal["ok", "mismatch"] = Field(description="mismatch: the loss or a rank's bytes out of tolerance")
+    backend: str = Field(description="nccl or gloo")
+    device: str = Field(description="cuda or cpu")
+    old_world_size: int = Field(description="ranks of the old layout (count)")
+    new_world_size: int = Field(description="ranks of the new layout (count)")
+    lost_ranks: list[int] = Field(description="old ranks named lost: never sources in the move list")
+    old_layout: str = Field(description="the old layout as ran")
+    new_layout: str = Field(description="the new layout as ran")
+    run: dict[str, Any] = Field(description="what ran: scale, model, dtype, work per leg, notes")
+    numerics: LossContinuation
+    compared: str = Field(description="what the bytes comparison compares, and why it may differ")
+    saved: list[CheckpointWrite]
+    checkpoint_bytes: int = Field(description="all the ranks wrote (bytes)")
+    ranks: list[ReshardRank]
+    mismatches: list[str] = Field(description="one line per check out of tolerance")
+    wall_seconds: dict[str, float] = Field(description="old_run, new_run (each launch, start-up included) and total (s)")
+    leg_dirs: dict[str, str] | None = Field(None, exclude_if=_is_none, description="old, new: each launch's logs and "
+                                                                                 "status files (the checkpoint is removed)")

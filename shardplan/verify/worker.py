@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import signal
 import time
 import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,9 @@ from shardplan.verify.runspec import RUN_DIR_ENV, RunSpec
 SEED = 1234
 LEARNING_RATE = 1e-3
 FAULT_ENV = "SHARDPLAN_VERIFY_FAULT"  # testing hook: "raise:RANK", "kill:RANK" or "hang:RANK", after step 0
+# Testing hook for verify --from: "drop-optimizer" loads the model's state only, as a reshard
+# that loses the optimizer's moments would (the check must then fail).
+RESHARD_FAULT_ENV = "SHARDPLAN_VERIFY_RESHARD_FAULT"
 
 
 def device_for(backend: str, local_rank: int) -> torch.device:
@@ -102,6 +107,112 @@ def _torch_optimizer(run: RunSpec, params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=LEARNING_RATE, foreach=False)
 
 
+@dataclass(frozen=True)
+class Checkpointing:
+    """verify --from: a torch.distributed.checkpoint (DCP) folder to load the model and the
+    optimizer from before the first step, or to save them to after the last."""
+
+    load_from: str | None = None
+    save_to: str | None = None
+
+
+def _train_state(chunks: list[Decoder], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The model's and the optimizer's state as DCP keys them: parameter names of the unsharded
+    model (wrappers' prefixes dropped), whatever the layout, so another layout can load them."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    if len(chunks) != 1 or not isinstance(optimizer, torch.optim.Optimizer):
+        raise VerifyRunFailed("a checkpoint holds one model chunk per rank and a torch optimizer (fp32)")
+    model_state, optim_state = get_state_dict(chunks[0], optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def _state_of(fqn: str) -> str:
+    """Which state a checkpoint key belongs to: weights, optimizer_states (the moments), or
+    other (step counters, hyper-parameters)."""
+    if fqn.startswith("model."):
+        return "weights"
+    if fqn.startswith("optim.state.") and not fqn.endswith(".step"):
+        return "optimizer_states"
+    return "other"
+
+
+def _element_bytes(metadata, fqn: str) -> int:
+    props = getattr(metadata.state_dict_metadata[fqn], "properties", None)
+    return torch.empty((), dtype=props.dtype).element_size() if props is not None else 1
+
+
+def save_checkpoint(path: str, chunks: list[Decoder], optimizer) -> dict[str, Any]:
+    """dcp.save of the model and optimizer; the bytes this rank wrote (after DCP's
+    de-duplication: one replica of a replicated tensor writes it)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.planner import WriteItemType
+
+    class Counting(dcp.DefaultSavePlanner):
+        def __init__(self) -> None:
+            super().__init__()
+            self.written = self.items = 0
+
+        def finish_plan(self, new_plan):
+            plan = super().finish_plan(new_plan)
+            for item in plan.items:
+                if item.type is WriteItemType.BYTE_IO:
+                    continue  # pickled hyper-parameters: a few bytes, their size unknown until written
+                td = item.tensor_data
+                self.written += math.prod(td.chunk.sizes) * torch.empty((), dtype=td.properties.dtype).element_size()
+            self.items = len(plan.items)
+            return plan
+
+    planner = Counting()
+    t0 = time.perf_counter()
+    dcp.save(_train_state(chunks, optimizer), checkpoint_id=path, planner=planner)
+    return {"written_bytes": planner.written, "num_write_items": planner.items, "seconds": time.perf_counter() - t0}
+
+
+def load_checkpoint(path: str, chunks: list[Decoder], optimizer) -> dict[str, Any]:
+    """dcp.load into this rank's model and optimizer (DCP reshards: each rank reads the pieces
+    of the saved chunks that overlap its own), then set_state_dict. Returns the tensor bytes it
+    loaded per state (`_state_of`), and the checkpoint file bytes read: DCP's file reader
+    reads each saved chunk a piece overlaps whole, then narrows it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.planner import LoadItemType
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    class Counting(dcp.DefaultLoadPlanner):
+        def __init__(self) -> None:
+            super().__init__()
+            self.loaded: dict[str, int] = {}
+            self.file_bytes = self.items = 0
+
+        def finish_plan(self, new_plan):
+            plan = super().finish_plan(new_plan)
+            loaded = {"weights": 0, "optimizer_states": 0, "other": 0}
+            storage = self.metadata.storage_data or {}
+            for item in plan.items:
+                fqn = item.dest_index.fqn
+                stored = storage.get(item.storage_index)
+                if item.type is LoadItemType.BYTE_IO:
+                    loaded[_state_of(fqn)] += stored.length if stored is not None else 0
+                else:
+                    loaded[_state_of(fqn)] += math.prod(item.lengths) * _element_bytes(self.metadata, fqn)
+                self.file_bytes += stored.length if stored is not None else 0
+            self.loaded, self.items = loaded, len(plan.items)
+            return plan
+
+    state = _train_state(chunks, optimizer)
+    if os.environ.get(RESHARD_FAULT_ENV) == "drop-optimizer":
+        del state["optim"]
+    planner = Counting()
+    t0 = time.perf_counter()
+    dcp.load(state, checkpoint_id=path, planner=planner)
+    if "optim" in state:
+        set_state_dict(chunks[0], optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    else:
+        set_model_state_dict(chunks[0], state["model"])
+    return {"loaded_bytes": planner.loaded, "file_bytes_read": planner.file_bytes, "num_read_items": planner.items,
+            "seconds": time.perf_counter() - t0}
+
+
 class MasterWeights:
     """16-bit weights with an fp32 master copy and fp32 optimizer states (the ZeRO paper's mixed
     precision, Sec. 3.1: 2 + 2 + 12 bytes a parameter with Adam; Megatron's and DeepSpeed's
@@ -165,11 +276,13 @@ def device_peaks(device: torch.device, tracker: measure.StorageTracker) -> dict[
 
 def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh, c: parallel.Coords,
                  device: torch.device, rank: int, progress: dict[str, Any] | None = None,
-                 limit_bytes: int | None = None) -> dict[str, Any]:
+                 limit_bytes: int | None = None, checkpoint: Checkpointing | None = None) -> dict[str, Any]:
     """Train `run.steps` steps on this rank's part of the model, measuring it. `progress` is
     kept up to date with what was measured so far (after the build and after each step), for
     the report of a run that ran out of memory; `limit_bytes` (a CPU run) is the device memory
-    left to torch, beyond which an allocation raises a simulated out-of-memory error."""
+    left to torch, beyond which an allocation raises a simulated out-of-memory error.
+    `checkpoint` (verify --from): load the model and optimizer before the first step, or save
+    them after the last; what was read or written is the result's `checkpoint`."""
     L = run.layout
     progress = {} if progress is None else progress
     tracker = measure.StorageTracker(limit_bytes=limit_bytes if device.type == "cpu" else None)
@@ -207,6 +320,9 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
     at_rest = measure.param_storage_keys(chunks)
     tracker.param_shapes = {tuple(p.shape) for p in params} | {_local_shape(p) for p in params}
     optimizer = _make_optimizer(run, params)
+    checkpoint_io: dict[str, Any] | None = None
+    if checkpoint is not None and checkpoint.load_from is not None:
+        checkpoint_io = load_checkpoint(checkpoint.load_from, chunks, optimizer)
     tracker.reset_peak_total()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -302,16 +418,21 @@ def run_training(run: RunSpec, splits: dict[str, str], gpus_per_node: int, mesh,
         t = torch.tensor(losses, dtype=torch.float64, device=device)
         dist.all_reduce(t, group=dp_group)
         losses = (t / dist.get_world_size(dp_group)).tolist()
+    if checkpoint is not None and checkpoint.save_to is not None:
+        checkpoint_io = save_checkpoint(checkpoint.save_to, chunks, optimizer)
     measured = measured_so_far()
     host.offer("weights", params)
     measured["offloaded_states_bytes"] = host.total()
     measured["gathered_params_peak_bytes"] = peak.get("gathered")
     if device.type == "cuda":
         measured["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
-    return {
+    out = {
         "stage": c.pp, "measured": measured, "losses": losses if last and c.tp == 0 and c.dp == 0 and c.cp == 0 else None,
         "step_seconds": step_seconds,
     }
+    if checkpoint_io is not None:
+        out["checkpoint"] = checkpoint_io
+    return out
 
 
 def _loss_parallel():
@@ -546,11 +667,13 @@ def _limit_device(device: torch.device, limit_bytes: int | None) -> None:
 
 def run_rank(run: RunSpec, splits: dict[str, str], gpus_per_node: int, backend: str,
              collective_timeout_seconds: float, limit_bytes: int | None = None,
-             on_out_of_memory: Callable[[dict[str, Any]], None] | None = None) -> tuple[int, list[dict[str, Any]] | None]:
+             on_out_of_memory: Callable[[dict[str, Any]], None] | None = None,
+             checkpoint: Checkpointing | None = None) -> tuple[int, list[dict[str, Any]] | None]:
     """Run this rank; returns (rank, every rank's result on rank 0, else None). `limit_bytes`:
     the device memory torch may use (None: the device's own). When the rank runs out of memory,
     `on_out_of_memory` gets what it knows (while the peers still wait, so that its report is
-    written before they are torn down), then RankOutOfMemory is raised."""
+    written before they are torn down), then RankOutOfMemory is raised. `checkpoint`: training
+    loads or saves one (`run_training`)."""
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     write_status(rank, state="started")
@@ -574,7 +697,8 @@ def run_rank(run: RunSpec, splits: dict[str, str], gpus_per_node: int, backend: 
         t0 = time.perf_counter()
         try:
             if run.training:
-                result = run_training(run, splits, gpus_per_node, mesh, c, device, rank, progress, limit_bytes)
+                result = run_training(run, splits, gpus_per_node, mesh, c, device, rank, progress, limit_bytes,
+                                      checkpoint)
             else:
                 result = run_serving(run, splits, mesh, c, device, rank, progress, limit_bytes)
         except Exception as e:

@@ -43,7 +43,7 @@ HOSTILE_WORD = "org/m; touch PWNED && $(touch PWNED) `touch PWNED` 'q' \"dq\" | 
 HOSTILE_SCRIPT = "train.py --name 'a; touch PWNED' \"$(touch PWNED)\" --out '`touch PWNED`'"
 SCRIPT_WORDS = ["train.py", "--name", "a; touch PWNED", "$(touch PWNED)", "--out", "`touch PWNED`"]
 PROGRAMS = ["vllm", "ray", "python", "text-generation-launcher", "trtllm-serve", "trtllm-build", "torchrun",
-            "srun", "scontrol", "deepspeed", "accelerate"]
+            "srun", "scontrol", "deepspeed", "accelerate", "llama-server"]
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 CASES = [(t, n) for t, names in GOLDEN.items() for n in names]
 
