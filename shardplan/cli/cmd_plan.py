@@ -14,7 +14,7 @@ from shardplan.cost import inputs as options
 from shardplan.specs import cluster
 from shardplan.cost.estimate import estimate as run_estimate
 from shardplan.cost.layout import PipelineSchedule, Recompute
-from shardplan.cost.workload import InferenceWorkload, Optimizer, TrainingWorkload
+from shardplan.cost.workload import InferenceWorkload, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
 from shardplan.cost.report import CostReport
 from shardplan.exporters import ExportOptions
@@ -222,7 +222,7 @@ def recommend(
     gpu_hour_price: Annotated[Optional[float], typer.Option(min=0, help="USD per GPU-hour for --objective cost (default: the profile's).", rich_help_panel=SEARCH)] = None,
     allow_quantization: Annotated[Optional[str], typer.Option(help="Serving: formats the search may use, e.g. fp8,int8,int4 (fp8 also allows an fp8 KV cache).", rich_help_panel=SEARCH)] = None,
     allow_cross_node_tp: Annotated[bool, typer.Option(help="Let tensor parallelism span nodes.", rich_help_panel=SEARCH)] = False,
-    allow_offload: Annotated[bool, typer.Option(help="Training: let the search offload optimizer states/parameters to CPU or NVMe.", rich_help_panel=SEARCH)] = True,
+    allow_offload: Annotated[bool, typer.Option(help="Training: let the search offload optimizer states/parameters to CPU or NVMe. Serving with a fixed --gpus: when nothing fits on the GPUs alone, try the engine's smaller weight formats and layers held in host memory (--engine llamacpp runs them on the CPU).", rich_help_panel=SEARCH)] = True,
     top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show.", rich_help_panel=SEARCH)] = 5,
     strict_fit: Annotated[bool, typer.Option("--strict-fit", help="Leave out plans that fit only at the prediction, not at the pessimistic edge of the measured error band (`shardplan validate`); without it they rank after those that fit at the edge.", rich_help_panel=SEARCH)] = False,
     compare: Annotated[Optional[str], typer.Option(help="A layout to compare with the winner, e.g. tp=8,pp=16,dp=128 (a published one).", rich_help_panel=SEARCH)] = None,
@@ -327,6 +327,11 @@ def recommend(
         space = replace(space, quantizations=(wl.quantization,), kv_cache_dtypes=(wl.kv_cache_dtype,))
         if allow_quantization and not (weight_dtype or quantization or kv_cache_dtype):
             space = with_allowed_dtypes(space, allow_quantization.split(","))
+        elif not (weight_dtype or quantization or allow_quantization):
+            # Nothing fits at the model's own format: the engine's smaller formats are tried next (with
+            # offload), one of each size (awq and gptq store what int4 does).
+            formats = [Quantization(f) for f in wl.weight_formats if f not in ("awq", "gptq")]
+            space = replace(space, fallback_quantizations=tuple(formats))
     with render_common.progress("searching layouts") as progress:
         result = run_recommend(
             loaded, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, compare_layout=compare,

@@ -64,12 +64,16 @@ def capacity_report(r: ServingCapacity | TrainingCapacity) -> None:
         by_tp = {p.tp: p for p in row.per_tp}
         for tp in tps:
             p = by_tp.get(tp)
-            cells.append("-" if p is None or not p.longest_context_tokens else f"{p.longest_context_tokens:,} / {p.most_sequences:,}")
+            cell = "-" if p is None or not p.longest_context_tokens else f"{p.longest_context_tokens:,} / {p.most_sequences:,}"
+            if p is not None and p.longest_context_tokens_offloaded:
+                cell += f" (offloaded: {p.longest_context_tokens_offloaded:,} / {p.most_sequences_offloaded:,})"
+            cells.append(cell)
         rows.append(cells)
     t = fitted_table(f"{r.model} on {r.hardware}, serving {r.concurrency} sequence(s) of {r.max_model_len:,} tokens: "
                      "fewest GPUs per weight format", cols, rows,
                      caption=f"tp=N: one replica of N GPUs (pp=1): longest context at {r.concurrency} sequence(s) / "
-                             f"most sequences of {r.max_model_len:,} tokens")
+                             f"most sequences of {r.max_model_len:,} tokens; (offloaded: the same with every layer's "
+                             "weights in host memory, where the engine can)")
     console.print(t)
     q = r.quantization_removes_sharding
     if q:

@@ -88,7 +88,8 @@ def _plan_report(layout: Layout, num_layers: int) -> PlanReport:
         pp_schedule=layout.pp_schedule.value,
         virtual_stages=layout.virtual_stages,
         micro_batch_size=layout.micro_batch_size,
-        offload=OffloadReport(optimizer=layout.offload_optimizer.value, params=layout.offload_params.value),
+        offload=OffloadReport(optimizer=layout.offload_optimizer.value, params=layout.offload_params.value,
+                              layers=layout.offload_layers),
     )
 
 

@@ -180,11 +180,13 @@ def inference_workload(
                         warmup_kv_tokens=d.warmup_kv_tokens, prefill_logit_bytes=d.prefill_logit_bytes,
                         assumptions=d.assumptions, vision_encoder_tokens=d.vision_encoder_tokens,
                         vision_kept_tokens=d.vision_kept_tokens)
+        switches["weight_formats"] = tuple(engine.weight_formats)
         if engine.offload is not None:
             o = engine.offload
             switches.update(offload_mode=o.mode, offload_gpu_layers=o.gpu_layers, offload_overlap=o.overlap,
                             offload_embedding_on_host=o.embedding_on_host, offload_kv_with_layer=o.kv_with_layer,
-                            offload_batch_on_gpu_min_tokens=o.batch_on_gpu_min_tokens)
+                            offload_batch_on_gpu_min_tokens=o.batch_on_gpu_min_tokens, offload_targets=tuple(o.targets),
+                            offload_keeps_quantization=o.keeps_quantization, offload_stream_unit=o.stream_unit)
     if speculative is not None:
         switches["assumptions"] = (*switches.get("assumptions", ()), spec_decode.assumption(speculative))
     return InferenceWorkload(

@@ -242,7 +242,12 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         lookahead = spec_decode.lookahead_tokens(wl.speculative)
         extra_blocks = math.ceil((max_len + lookahead) / wl.block_size) - math.ceil(max_len / wl.block_size)
         seq_bytes_running = seq_bytes + extra_blocks * wl.block_size * tok_bytes
-        if kv_bytes <= 0:
+        if wl.accounting == "fixed_context":
+            # The cache is the context asked for, wherever its layers live (on the host for layers the
+            # CPU runs): n_ctx cells, max_num_seqs slots of max_model_len (padded) each.
+            blocks, tokens = n_ctx // wl.block_size, n_ctx
+            conc = conc_running = n_ctx / (math.ceil(max_len / wl.block_size) * wl.block_size)
+        elif kv_bytes <= 0:
             blocks, tokens, conc, conc_running = 0, 0, 0.0, 0.0
         elif tok_bytes == 0:
             blocks, tokens, conc, conc_running = 0, 0, math.inf, math.inf

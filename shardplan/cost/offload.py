@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from shardplan.cost.layout import Layout, Offload
 from shardplan.cost.params import block_weights, embedding_weights, layer_kind
 from shardplan.cost.weights import bytes_per_weight_element, numel_per_rank
-from shardplan.cost.workload import InferenceWorkload
+from shardplan.cost.workload import InferenceWorkload, Quantization
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
 
@@ -45,10 +45,20 @@ def offloaded_layers(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> 
     return tuple(range(n))
 
 
-def layer_bytes_per_rank(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, layer: int) -> float:
-    """Bytes of decoder layer `layer`'s weights on one tensor-parallel rank, in the plan's format."""
+def layer_bytes_per_rank(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, layer: int,
+                         quantization: Quantization | None = None) -> float:
+    """Bytes of decoder layer `layer`'s weights on one tensor-parallel rank, in the plan's format
+    (or `quantization`)."""
+    q = wl.quantization if quantization is None else quantization
     kinds = block_weights(spec, *layer_kind(spec, layer))
     return sum(numel_per_rank(w, spec, layout)
+               * bytes_per_weight_element(w, q, wl.activation_dtype, spec, (layer,)) for w in kinds)
+
+
+def largest_tensor_bytes_per_rank(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, layer: int) -> float:
+    """The largest single weight (with its quantization constants) of layer `layer` on one rank."""
+    kinds = block_weights(spec, *layer_kind(spec, layer))
+    return max(numel_per_rank(w, spec, layout) / w.copies
                * bytes_per_weight_element(w, wl.quantization, wl.activation_dtype, spec, (layer,)) for w in kinds)
 
 
@@ -64,6 +74,7 @@ class OffloadMemory:
     layers: tuple[int, ...]
     weights_off_gpu_bytes: float  # offloaded layers (+ the embedding where the engine keeps it on the host)
     embedding_off_gpu_bytes: float  # the embedding's share of it
+    weights_held_bytes: float  # what those weights take where they are held (unquantized if the engine does so)
     streamed_buffer_bytes: float  # stream: one offloaded layer in flight on the GPU
     kv_layers_off_gpu: tuple[int, ...]  # host_compute: layers whose KV lives in host memory
     host_bytes: float
@@ -73,17 +84,26 @@ class OffloadMemory:
 def offload_memory(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> OffloadMemory:
     layers = offloaded_layers(spec, layout, wl)
     if not layers:
-        return OffloadMemory((), 0.0, 0.0, 0.0, (), 0.0, 0.0)
-    per_layer = [layer_bytes_per_rank(spec, layout, wl, i) for i in layers]
+        return OffloadMemory((), 0.0, 0.0, 0.0, 0.0, (), 0.0, 0.0)
+    # Offloaded layers the engine holds unquantized (transformers + bitsandbytes) leave the GPU in
+    # the plan's format and sit on the host in the model dtype.
+    held = None if wl.offload_keeps_quantization else Quantization.NONE
+    on_gpu = [layer_bytes_per_rank(spec, layout, wl, i) for i in layers]
+    per_layer = on_gpu if held is None else [layer_bytes_per_rank(spec, layout, wl, i, held) for i in layers]
+    gpu_freed = sum(on_gpu)
     off = sum(per_layer)
     embedding = 0.0
     if wl.offload_mode == "host_compute" and wl.offload_embedding_on_host:
         embedding = embedding_bytes_per_rank(spec, layout, wl)
         off += embedding
-    streamed = max(per_layer) if wl.offload_mode == "stream" else 0.0
+    streamed = 0.0
+    if wl.offload_mode == "stream":
+        streamed = max(per_layer) if wl.offload_stream_unit == "layer" else max(
+            largest_tensor_bytes_per_rank(spec, layout, wl, i) for i in layers)
     kv_off = layers if wl.offload_mode == "host_compute" and wl.offload_kv_with_layer else ()
     disk = layout.offload_params is Offload.NVME
-    return OffloadMemory(layers, off, embedding, streamed, kv_off, 0.0 if disk else off, off if disk else 0.0)
+    return OffloadMemory(layers, gpu_freed + embedding, embedding, off + embedding, streamed, kv_off,
+                         0.0 if disk else off + embedding, off + embedding if disk else 0.0)
 
 
 def link_bytes_per_second(hw: HardwareProfile, layout: Layout) -> float:
@@ -113,7 +133,7 @@ def offload_pass_seconds(spec: ModelSpec, hw: HardwareProfile, layout: Layout, w
     if not mem.layers:
         return OffloadTime(0.0, 0.0, "gpu")
     # The token embedding is a lookup (one row a token), not a pass over its weights.
-    weights_off = mem.weights_off_gpu_bytes - mem.embedding_off_gpu_bytes
+    weights_off = mem.weights_held_bytes - mem.embedding_off_gpu_bytes
     if wl.offload_mode == "host_compute":
         on_gpu = not decode and tokens >= wl.offload_batch_on_gpu_min_tokens > 0
         if on_gpu:  # the prompt's matrix multiplications run on the GPU, weights copied per ubatch

@@ -106,6 +106,10 @@ class InferenceWorkloadReport(Frozen):
     offload_kv_with_layer: bool = Field(False, description="an offloaded layer's KV cache lives in host memory")
     offload_batch_on_gpu_min_tokens: int = Field(0, description="prompt batches of at least this many tokens multiply "
                                                                 "host-resident weights on the GPU")
+    offload_targets: list[str] = Field(default_factory=list, description="where the engine can offload weights")
+    offload_keeps_quantization: bool = Field(True, description="offloaded layers keep the plan's weight format")
+    offload_stream_unit: str = Field("layer", description="what one streamed copy holds on the GPU: layer or tensor")
+    weight_formats: list[str] = Field(default_factory=list, description="quantized weight formats the engine loads")
 
 
 class TrainingWorkloadReport(Frozen):
@@ -166,6 +170,7 @@ WorkloadReport = Annotated[Union[InferenceWorkloadReport, TrainingWorkloadReport
 class OffloadReport(Frozen):
     optimizer: str = Field(description="where optimizer states live off the GPU (none, cpu, nvme)")
     params: str = Field(description="where parameters live off the GPU (none, cpu, nvme)")
+    layers: int = Field(0, description="serving: decoder layers whose weights are held there instead of the GPU")
 
 
 class PlanReport(Frozen):

@@ -115,6 +115,10 @@ class InferenceWorkload:
     offload_embedding_on_host: bool = False
     offload_kv_with_layer: bool = False
     offload_batch_on_gpu_min_tokens: int = 0
+    offload_targets: tuple[str, ...] = ()  # where the engine can offload ("cpu", "nvme"); empty: it cannot
+    offload_keeps_quantization: bool = True  # False: offloaded layers are held unquantized (transformers + bitsandbytes)
+    offload_stream_unit: str = "layer"  # what one streamed copy holds on the GPU: "layer" or "tensor"
+    weight_formats: tuple[str, ...] = ()  # quantized formats the engine loads (searched when nothing fits otherwise)
 
 
 class Optimizer(str, Enum):

@@ -59,7 +59,8 @@ def engine_rules(engine: str = DEFAULT_ENGINE, version: str | None = None) -> En
     multimodal = next((m for m in f.multimodal_eras if m.holds_for(v)), None)
     offload = next((o for o in f.offload_eras if o.holds_for(v)), None)
     return EngineRules(engine=f.engine, display_name=f.display_name, version=chosen, era=era,
-                       fraction_name=f.fraction_name, multimodal=multimodal, offload=offload)
+                       fraction_name=f.fraction_name, multimodal=multimodal, offload=offload,
+                       weight_formats=tuple(f.weight_formats))
 
 
 def known_stacks() -> list[str]:

@@ -265,6 +265,10 @@ class OffloadEra(Frozen):
     batch_on_gpu_min_tokens: int = Field(
         0, ge=0, description="host_compute: a batch of at least this many tokens runs the offloaded layers' matrix "
                              "multiplications on the GPU, copying their weights over (0: never)")
+    keeps_quantization: bool = Field(
+        True, description="offloaded layers keep the plan's weight format (false: they are held unquantized)")
+    stream_unit: Literal["layer", "tensor"] = Field(
+        "layer", description="stream: what one copy brings to the GPU at a time (a whole layer, or one tensor)")
     option: str = Field(description="the engine's option for it, as printed in assumptions")
     sources: dict[str, str] = Field(description="field -> where the rule comes from")
 
@@ -275,6 +279,10 @@ class OffloadEra(Frozen):
         for name in ("overlap", "embedding_on_host", "kv_with_layer", "batch_on_gpu_min_tokens"):
             if getattr(self, name):
                 documented.add(name)
+        if not self.keeps_quantization:
+            documented.add("keeps_quantization")
+        if self.mode == "stream":
+            documented.add("stream_unit")
         require_sources(documented, self.sources)
         return self
 
@@ -295,6 +303,11 @@ class EngineFile(Frozen):
         default_factory=list, description="how each version range profiles a vision encoder; none: not modelled")
     offload_eras: list[OffloadEra] = Field(
         default_factory=list, description="how each version range runs weights held off the GPU; none: it cannot")
+    weight_formats: list[str] = Field(
+        default_factory=lambda: ["fp8", "int8", "int4", "awq", "gptq"],
+        description="quantized weight formats the engine loads (shardplan's --quantization names), searched when "
+                    "nothing fits otherwise")
+    weight_formats_source: str = Field("", description="where the list comes from")
 
     @model_validator(mode="after")
     def _cover(self) -> "EngineFile":
@@ -320,6 +333,7 @@ class EngineRules(Frozen):
     fraction_name: str = "gpu_memory_utilization"  # what the engine calls the share of memory it may use
     multimodal: MultimodalEra | None = None  # how it profiles a vision encoder; None: not modelled for it
     offload: OffloadEra | None = None  # how it runs offloaded weights; None: it cannot offload
+    weight_formats: tuple[str, ...] = ("fp8", "int8", "int4", "awq", "gptq")  # quantized formats it loads
 
     @property
     def label(self) -> str:

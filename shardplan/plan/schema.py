@@ -134,6 +134,10 @@ class InferenceWorkloadSection(_Section):
     offload_kv_with_layer: bool = Field(False, description="an offloaded layer's KV cache lives in host memory")
     offload_batch_on_gpu_min_tokens: int = Field(
         0, ge=0, description="prompt batches of at least this many tokens multiply host-resident weights on the GPU")
+    offload_targets: list[Literal["cpu", "nvme"]] = Field(default_factory=list, description="where the engine can offload weights")
+    offload_keeps_quantization: bool = Field(True, description="offloaded layers keep the plan's weight format")
+    offload_stream_unit: Literal["layer", "tensor"] = Field("layer", description="what one streamed copy holds on the GPU")
+    weight_formats: list[str] = Field(default_factory=list, description="quantized weight formats the engine loads")
 
 
 class TrainingWorkloadSection(_Section):

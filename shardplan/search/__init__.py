@@ -10,6 +10,7 @@ break on a fixed key (fewer GPUs, smaller degrees, ...), so results are determin
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import ShardplanError
@@ -93,6 +94,17 @@ def search(
             progress((i + 1) * PROGRESS_STEPS, total)
         if first_fit and res.feasible:
             break
+    if (not training and not res.feasible and len(counts) == 1 and not res.unsearched_gpu_counts
+            and space.allow_offload and space.offload is None):
+        # Nothing fits on these GPUs alone: try the engine's smaller weight formats, then hold some
+        # layers' weights in host memory as the engine can (the slow way to fit; the suggestions
+        # say what more GPUs give). Ranked together by the objective.
+        hwc = topology(hw, counts[0])
+        extra = tuple(q for q in space.fallback_quantizations if q not in space.quantizations)
+        if extra:
+            search_serving(spec, hwc, workload, replace(space, quantizations=extra), goal, res)  # type: ignore[arg-type]
+        wide = replace(space, quantizations=space.quantizations + extra)
+        search_serving(spec, hwc, workload, wide, goal, res, offload=True)  # type: ignore[arg-type]
     # Plans that fit only at the prediction ("tight") rank after those that fit at the band's
     # edge. Serving costs every point, so this order is exact; training's branch and bound keeps
     # each GPU count's best K by the objective, and this orders those (with --strict-fit the

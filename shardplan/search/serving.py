@@ -12,8 +12,8 @@ from dataclasses import replace
 from typing import Iterator
 
 from shardplan.cost.accuracy import kv_holds_at_edge
-from shardplan.cost.layout import Layout
-from shardplan.cost.memory_serving import serving_memory
+from shardplan.cost.layout import Layout, Offload
+from shardplan.cost.memory_serving import ServingMemory, serving_memory
 from shardplan.cost.time_serving import serving_time
 from shardplan.cost.workload import InferenceWorkload, Quantization
 from shardplan.search.space import (
@@ -79,12 +79,53 @@ def _limits_violated(goal: Goal, f: dict[str, float]) -> str | None:
     return None
 
 
-def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, space: Space, goal: Goal, res: SearchResult) -> None:
+def fewest_offloaded_layers(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload,
+                            res: SearchResult) -> tuple[Layout, ServingMemory] | None:
+    """The replica with the fewest decoder layers offloaded to host memory that fits (the fastest
+    offloaded one: every offloaded layer adds its transfer or host time to each pass); None when the
+    engine cannot offload or even every layer off the GPU does not fit. GPU memory falls as layers
+    leave, so a bisection over the count finds it in log2(layers) costings."""
+    if not wl.offload_targets or layout.pp > 1 or "cpu" not in wl.offload_targets:
+        return None
+    lo, hi, best = 1, spec.num_layers, None
+    while lo <= hi:
+        k = (lo + hi) // 2
+        trial = replace(layout, offload_layers=k, offload_params=Offload.CPU)
+        sm = serving_memory(spec, hw, trial, wl)
+        res.num_costed += 1
+        res.num_steps += 1
+        if sm.fits:
+            best, hi = (trial, sm), k - 1
+        else:
+            lo = k + 1
+    return best
+
+
+def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, space: Space, goal: Goal,
+                   res: SearchResult, *, offload: bool = False) -> None:
+    """Cost every replica. `offload`: a second pass, run when nothing fit on the GPUs alone, that
+    gives each replica that did not fit the fewest offloaded layers that make it fit; its points
+    were counted as rejected by the first pass and are counted again here instead."""
     ctx = wl.input_len + wl.output_len
-    for layout, wlq in _serving_replicas(spec, hw, wl, space, res.invalid):
+    for layout, wlq in _serving_replicas(spec, hw, wl, space, res.invalid if not offload else Counter()):
         sm = serving_memory(spec, hw, layout, wlq)
         res.num_costed += 1
         res.num_steps += 1
+        if offload:
+            tight0 = not kv_holds_at_edge(sm.kv_capacity_tokens, sm.max_model_len, goal.kv_capacity_band_fraction)
+            if sm.fits and not (tight0 and goal.strict_fit):
+                continue  # counted by the first pass
+            found = fewest_offloaded_layers(spec, hw, layout, wlq, res)
+            if found is None:
+                continue  # stays rejected
+            n = len(_batch_sizes(wlq, wl.max_num_seqs))
+            reason = memory_reason(sm.reason) if not sm.fits else TIGHT
+            res.rejected[reason] -= n
+            if res.rejected[reason] <= 0:
+                del res.rejected[reason]
+            res.num_candidates -= n
+            res.num_evaluated -= n
+            layout, sm = found
         fit_batch = int(sm.kv_capacity_tokens // ctx)
         tight = not kv_holds_at_edge(sm.kv_capacity_tokens, sm.max_model_len, goal.kv_capacity_band_fraction)
         if not sm.fits or (tight and goal.strict_fit):
@@ -119,7 +160,7 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
                 res.rejected[bad] += 1
                 continue
             res.num_feasible += 1
-            key = (layout.world_size, layout.tp, layout.pp, layout.ep, _quant_rank(wlq), b)
+            key = (layout.world_size, layout.tp, layout.pp, layout.ep, layout.offload_layers, _quant_rank(wlq), b)
             res.feasible.append(
                 Evaluated(layout, replace(wlq, batch_size=b), hw, serving_objective(goal, figures), key, figures, tight)
             )

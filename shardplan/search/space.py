@@ -79,6 +79,9 @@ class Space:
     allow_cross_node_tp: bool = False
     allow_offload: bool = True
     quantizations: tuple[Quantization, ...] = (Quantization.NONE,)  # serving weight formats
+    # Serving: formats tried only when nothing fits in `quantizations` on the GPUs alone (the engine's
+    # quantized formats when the user named none); with them, and with offload, the fallback pass.
+    fallback_quantizations: tuple[Quantization, ...] = ()
     kv_cache_dtypes: tuple[DType | None, ...] = (None,)  # serving; None = the activation dtype
     max_virtual_stages: int = 8
     max_micro_batch_size: int = 8

@@ -26,7 +26,8 @@ from pydantic import Field, RootModel
 
 from shardplan.cost.estimate import estimate
 from shardplan.cost.report import FitAtBandEdge, TrainingMemoryReport, TrainingTimeReport
-from shardplan.cost.layout import Layout
+from shardplan.cost.layout import Layout, Offload
+from shardplan.cost.time_serving import serving_time
 from shardplan.cost.memory_serving import ServingMemory, serving_memory
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
 from shardplan.cost.inputs import OFFLOAD_CHOICES, offload_pair
@@ -56,6 +57,11 @@ class PerTpRow(Result):
     most_sequences: int = Field(description="sequences of max_model_len tokens the KV cache holds at once (count)")
     longest_context_tokens: int = Field(description="longest max_model_len at `concurrency` sequences (tokens); 0: none")
     kv_capacity_tokens: int = Field(description="tokens the KV cache holds (tokens)")
+    longest_context_tokens_offloaded: int | None = absent(
+        "with every decoder layer's weights in host memory (the engine's offload, the most room and the slowest): "
+        "the longest max_model_len at `concurrency` sequences (tokens)")
+    most_sequences_offloaded: int | None = absent("likewise, the most sequences of max_model_len tokens (count)")
+    tpot_seconds_offloaded: float | None = absent("time per output token of one sequence so offloaded (seconds)")
 
 
 class FormatRow(Result):
@@ -218,10 +224,29 @@ def longest_context_tokens(spec: ModelSpec, hw: HardwareProfile, layout: Layout,
     return lo
 
 
-def most_sequences(s: Served) -> int:
+FIXED_CONTEXT_MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the most slots llama-server takes
+
+
+def most_sequences(s: Served, spec: ModelSpec | None = None) -> int:
     """Sequences of max_model_len tokens the KV cache holds at once (vLLM's maximum
-    concurrency, rounded down); 0 when the engine does not start."""
-    return int(math.floor(s.memory.max_concurrency)) if s.memory.fits else 0
+    concurrency, rounded down); 0 when the engine does not start. An engine that allocates the
+    context it is asked for (llama.cpp: --parallel slots of max_model_len) holds what it is given:
+    the most slots whose cache still fits, by bisection (more slots only need more memory)."""
+    if s.workload.accounting != "fixed_context" or spec is None:
+        return int(math.floor(s.memory.max_concurrency)) if s.memory.fits else 0
+
+    def fits(n: int) -> bool:
+        return serving_memory(spec, s.hw, s.layout, replace(s.workload, max_num_seqs=n)).fits
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, FIXED_CONTEXT_MAX_SEQUENCES
+    if fits(hi):
+        return hi
+    while hi - lo > 1:  # invariant: fits(lo), not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def _format_label(wl: InferenceWorkload, q: Quantization) -> str:
@@ -260,17 +285,34 @@ def _per_tp(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, concurr
             ep=s.layout.ep,
             serves=s.serves,
             reason=None if s.memory.fits else s.memory.reason,
-            most_sequences=most_sequences(s),
+            most_sequences=most_sequences(s, spec),
             longest_context_tokens=longest_context_tokens(spec, hwt, s.layout, wl, concurrency),
             kv_capacity_tokens=s.memory.kv_capacity_tokens,
+            **_offloaded(spec, hwt, s.layout, wl, concurrency),
         ))
     return rows
+
+
+def _offloaded(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload,
+               concurrency: int) -> dict[str, Any]:
+    """The same replica with every decoder layer's weights held in host memory, where the engine
+    can (`offload_targets`): its longest context, most sequences and decode time at batch 1."""
+    if "cpu" not in wl.offload_targets or layout.pp > 1:
+        return {}
+    off = replace(layout, offload_layers=spec.num_layers, offload_params=Offload.CPU)
+    s = check_serving(spec, hw, off, wl, concurrency)
+    t = serving_time(spec, hw, off, replace(wl, batch_size=1), 1) if s.memory.fits else None
+    return dict(longest_context_tokens_offloaded=longest_context_tokens(spec, hw, off, wl, concurrency),
+                most_sequences_offloaded=most_sequences(s, spec), tpot_seconds_offloaded=t.tpot_seconds if t else None)
 
 
 def serving_capacity(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *, concurrency: int,
                      max_gpus: int) -> ServingCapacity:
     """What `capacity --json` prints for serving (wl.max_model_len is the stated context)."""
-    formats = [Quantization.NONE, *QUANTIZED_FORMATS]
+    # The engine's own quantized formats (llama.cpp: GGUF mixtures), one of each size (awq and
+    # gptq store what int4 does); an engine without the list: fp8, int8, int4.
+    engine_formats = [Quantization(f) for f in wl.weight_formats if f not in ("awq", "gptq")]
+    formats = [Quantization.NONE, *(engine_formats or QUANTIZED_FORMATS)]
     context = wl.max_model_len or spec.max_position_embeddings
     wl = replace(wl, max_model_len=context)
     rows: list[FormatRow] = []

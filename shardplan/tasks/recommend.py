@@ -92,13 +92,15 @@ def recommend(
         shown = {k: (v.value if hasattr(v, "value") else [o.value for o in v] if isinstance(v, tuple) else v) for k, v in pins.items()}
         comparison = explain.compare(spec, top[0] if top else None, pinned, goal, shown)
     suggestions = []
-    if not top and suggest:
+    if (not res.top or res.top[0].layout.offload_layers) and suggest:  # nothing fits, or only by offloading
         n = num_gpus or (res.gpu_counts[-1] if res.gpu_counts else hw.num_gpus)
 
         def run(wl: Any, sp: Space, g: Goal, *, num_gpus: int | None, max_gpus: int | None, first_fit: bool = False) -> SearchResult:
             return search(spec, hw, wl, sp, g, num_gpus=num_gpus, max_gpus=max_gpus, first_fit=first_fit)
 
         suggestions = explain.suggestions(spec, hw, workload, space, goal, n, run)
+        if isinstance(workload, InferenceWorkload) and not res.top:
+            suggestions += _engine_suggestions(spec, hw, workload, space, goal, n)
     manifest = None
     if manifest_path is not None and res.top:
         best = res.top[0]
@@ -197,6 +199,42 @@ def _best_per_num_gpus(res: SearchResult) -> list[BestAtGpuCount]:
                        tokens_per_second_per_gpu=e.figures["tokens_per_second_per_gpu"], objective_value=e.objective_value)
         for n, e in sorted(best.items())
     ]
+
+
+def _engine_suggestions(spec: Any, hw: HardwareProfile, workload: InferenceWorkload, space: Space, goal: Goal,
+                        num_gpus: int) -> list[Any]:
+    """Engines that run offloaded layers on the CPU with their KV cache (llama.cpp) can serve a
+    context the asked engine cannot hold at all: the first such engine's best plan, with its speed."""
+    from shardplan.cost.inputs import inference_workload
+    from shardplan.knowledge.load import engine_rules, known_engines
+    from shardplan.search.results import Suggestion
+
+    out = []
+    for name in known_engines():
+        rules = engine_rules(name)
+        if name == workload.engine or rules.offload is None or not rules.offload.kv_with_layer:
+            continue
+        try:
+            wl = inference_workload(
+                engine=rules, hw=hw, model_max_len=spec.max_position_embeddings, max_model_len=workload.max_model_len,
+                max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=None, block_size=None,
+                kv_cache_dtype=None, weight_dtype=None, quantization=None, enforce_eager=False,
+                input_len=workload.input_len, output_len=workload.output_len, batch_size=workload.batch_size)
+        except ShardplanError:
+            continue
+        sp = replace(space, quantizations=(Quantization.NONE,), kv_cache_dtypes=(None,),
+                     fallback_quantizations=tuple(Quantization(f) for f in wl.weight_formats))
+        try:
+            r = search(spec, hw, wl, sp, replace(goal, top_k=1), num_gpus=num_gpus, max_gpus=None)
+        except ShardplanError:  # e.g. a profile without the host's DRAM bandwidth
+            continue
+        if r.top:
+            e = r.top[0]
+            off = f", {e.layout.offload_layers} of {spec.num_layers} layers on the CPU" if e.layout.offload_layers else ""
+            out.append(Suggestion(change=f"--engine {name}",
+                                  detail=f"{rules.label} fits with {e.workload.quantization.value} weights{off}"
+                                         f"{explain.speed_note(e)}"))
+    return out
 
 
 def with_allowed_dtypes(space: Space, allowed: list[str]) -> Space:

@@ -107,7 +107,9 @@ def test_a_serving_plan_within_the_kv_band_is_tight(cli):
         "kv_capacity", "engine_log", "vLLM V1", band.band_abs_error)
     assert kv["versions"] == list(band.versions) and kv["num_cases"] == band.num_cases
     assert kv["note"].startswith(f"±{100 * band.band_abs_error:.1f}% (p90 of {band.num_cases} vLLM V1 ")
-    assert _json(cli("recommend", *SERVE, "--strict-fit", "--json"), code=3)["top"] == []
+    # pinned to bf16 on the GPUs alone (no fallback to smaller formats or host memory)
+    assert _json(cli("recommend", *SERVE, "--strict-fit", "--quantization", "none", "--no-allow-offload", "--json"),
+                 code=3)["top"] == []
     assert _json(cli("estimate", *SERVE, "--tp", "2", "--max-model-len", "18000", "--json"))[
         "fit_at_band_edge"]["verdict"] == "fits"
 

@@ -86,8 +86,11 @@ def test_one_gpu_serving_ranks_by_throughput_and_reports_a_pareto_frontier(cli):
     assert max(thr) == pytest.approx(top[0]["time"]["throughput_tokens_per_second"] / top[0]["num_gpus"], rel=1e-9)
 
 
+GPU_ONLY = ("--quantization", "none", "--no-allow-offload")  # no fallback to smaller formats or host memory
+
+
 def test_nothing_fits_405b_on_one_node_suggests_two_nodes(cli):
-    d = _does_not_fit(cli("recommend", "llama-3.1-405b", "--json"))
+    d = _does_not_fit(cli("recommend", "llama-3.1-405b", *GPU_ONLY, "--json"))
     assert d["top"] == [] and d["pareto"] == []
     assert d["gpu_counts"] == [8]
     assert d["num_feasible"] == 0 and d["smallest_num_gpus"] is None
@@ -101,6 +104,37 @@ def test_nothing_fits_405b_on_one_node_suggests_two_nodes(cli):
     d16 = _ok(cli("recommend", "llama-3.1-405b", "--gpus", "16", "--json"))
     assert d16["top"][0]["num_gpus"] == 16
     assert d16["top"][0]["plan"]["tp"] <= 8  # no cross-node TP unless allowed
+
+
+def test_one_consumer_gpu_falls_back_to_smaller_formats_and_offload_and_states_the_trade(cli):
+    """70B on one 24 GB card: nothing fits at bf16, so the engine's smaller formats and offloaded
+    layers are searched; the pick fits, and the suggestions say what more GPUs would give."""
+    d = _ok(cli("recommend", "llama-3.1-70b", "-H", "rtx-4090-24gb", "--gpus", "1", "--max-model-len", "8192",
+                "--json"))
+    top = d["top"]
+    assert top and all(t["memory"]["headroom_bytes"] >= 0 for t in top)
+    assert all(t["plan"]["offload"]["layers"] > 0 for t in top)  # even int4 (~37 GB) needs host memory
+    assert {t["plan"]["quantization"] for t in top} - {"none"}  # smaller formats were searched
+    assert all(t["time"]["tpot_seconds"] > 0.1 for t in top)  # transfer-bound decode, said in numbers
+    more = next(s for s in d["suggestions"] if s["change"].startswith("--gpus"))
+    assert "output tokens/s" in more["detail"]
+    # Pinned to the model's format and without offload, the same question has no answer (exit 3).
+    _does_not_fit(cli("recommend", "llama-3.1-70b", "-H", "rtx-4090-24gb", "--gpus", "1", "--max-model-len", "8192",
+                      *GPU_ONLY, "--json"))
+
+
+def test_llama_cpp_serves_the_full_context_where_vllm_cannot(cli):
+    """At the model's 131,072-token context vLLM cannot hold one sequence's KV (40 GiB) on a 24 GB
+    card even with every layer offloaded; llama.cpp keeps offloaded layers' KV in host memory."""
+    vllm = _does_not_fit(cli("recommend", "llama-3.1-70b", "-H", "rtx-4090-24gb", "--gpus", "1", "--json"))
+    engine = next(s for s in vllm["suggestions"] if s["change"] == "--engine llamacpp")
+    assert "layers on the CPU" in engine["detail"]
+    llama = _ok(cli("recommend", "llama-3.1-70b", "-H", "rtx-4090-24gb", "--gpus", "1", "--engine", "llamacpp",
+                    "--objective", "latency", "--json"))
+    best = llama["top"][0]
+    assert best["plan"]["offload"]["layers"] > 40 and best["plan"]["quantization"] in (
+        "q2_k", "q3_k_m", "q4_0", "q4_k_m", "q5_k_m", "q6_k", "q8_0", "iq4_xs")
+    assert best["kv_cache"]["capacity_tokens"] >= 131072
 
 
 def test_latency_and_throughput_objectives_pick_different_winners(cli):
@@ -182,7 +216,7 @@ def test_training_pins_zero_stage_and_ranks_by_step_time(cli):
 
 def test_allow_quantization_makes_70b_fit_on_one_gpu(cli):
     args = ("recommend", "llama-3.1-70b", "--gpus", "1", "--max-model-len", "4096")
-    no = _does_not_fit(cli(*args, "--json"))
+    no = _does_not_fit(cli(*args, "--no-allow-offload", "--quantization", "none", "--json"))
     assert no["top"] == []
     assert any(c.startswith("--allow-quantization") for c in _changes(no)), no["suggestions"]
 
@@ -204,7 +238,9 @@ def test_max_gpus_reports_the_smallest_count_that_fits(cli):
     # Cross-check with single-count searches: the smallest N that exits 0.
     first_ok = None
     for n in d["gpu_counts"]:
-        res = cli(*args, "--gpus", str(n), "--json")
+        # --max-gpus counts what fits on the GPUs at the model's format; a fixed count falls back to
+        # smaller formats and host memory when nothing does, so compare like with like.
+        res = cli(*args, "--gpus", str(n), "--no-allow-offload", "--quantization", "none", "--json")
         assert res.exit_code in (0, 3), (n, res.exit_code, res.stderr)
         if res.exit_code == 0:
             first_ok = n

@@ -362,9 +362,9 @@ def test_offloaded_export_loads_in_accelerate_holding_the_planned_bytes(checkpoi
     assert _within(held["gpu"], resident_planned)
     assert _within(held[where], off_planned)
     assert held["disk" if where == "cpu" else "cpu"] == 0
-    # accelerate brings offloaded weights in module by module (a hook per module with parameters),
-    # so the peak is the resident bytes and one offloaded Linear, under the plan's one whole layer
-    assert held["gpu"] < peak <= gpu_weights * (1 + TOLERANCE)
+    # accelerate brings offloaded weights in module by module (a hook per module with parameters):
+    # the peak is the resident bytes and the largest offloaded Linear, as the plan counts it
+    assert held["gpu"] < peak and _within(peak, gpu_weights)
 
 
 @pytest.mark.consumers
@@ -447,12 +447,14 @@ def test_int8_offloaded_export_keeps_the_offloaded_layers_16_bit(checkpoint, tmp
 
 
 @pytest.mark.consumers
-@pytest.mark.xfail(strict=True, reason="the cost model counts offloaded layers in the plan's format (int8), and "
-                   "transformers keeps bitsandbytes plans' offloaded layers unquantized (16-bit): about 2x")
 def test_int8_offloaded_plan_predicts_the_host_bytes_transformers_holds(model_dir):
-    q = plan(model_dir, "cpu", 2, "int8").predicted.memory.stages[0].host_offload_bytes
-    dense = plan(model_dir, "cpu", 2).predicted.memory.stages[0].host_offload_bytes
-    assert _within(q, dense)
+    """transformers keeps a bitsandbytes plan's offloaded layers unquantized (knowledge/engines/
+    transformers.yaml keeps_quantization: false): the host holds what a bf16 plan's would, while
+    the GPU frees only the int8 layers' bytes."""
+    q = plan(model_dir, "cpu", 2, "int8").predicted.memory.stages[0]
+    dense = plan(model_dir, "cpu", 2).predicted.memory.stages[0]
+    assert _within(q.host_offload_bytes, dense.host_offload_bytes)
+    assert q.per_gpu_bytes["weights"] < 0.7 * dense.per_gpu_bytes["weights"]
 
 
 @pytest.mark.consumers
