@@ -1,63 +1,98 @@
-"""Wall time of three `shardplan recommend` searches (issue 5's speed goal: each within 2 s on
-one core). Run from the repository root:
+"""Wall time of `shardplan recommend` searches and of `shardplan --help` (issue 25's goal: every
+single-count search within 1 s, `--max-gpus 512` within 3 s, `--max-gpus 65536` within 10 s with
+no GPU count left unsearched, `--help` within 0.3 s, on this 2-core machine). Run from the
+repository root:
 
-    taskset -c 0 python benchmarks/search_speed.py
+    python benchmarks/search_speed.py            # median of 5 fresh processes per command
+    python benchmarks/search_speed.py --runs 1   # a quick look
 
-Each case runs in a fresh process (no warm caches), through the same `recommend()` the CLI
-calls, and the wall time covers loading, the search, the explanation and the top plans'
-estimates. Prints a Markdown table for BENCHMARKS.md.
+Each command runs as a whole process (`python -m shardplan ...`, no warm caches): the wall time
+covers Python start-up, imports, loading, the search, the explanation and the top plans'
+estimates. Prints a Markdown table for BENCHMARKS.md, and for each search a digest of its
+results (the top plans with their objective values, the Pareto front, the counts), so that two
+runs of the script on two versions of the code show whether the results changed.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
+import statistics
 import subprocess
 import sys
 import time
 
-CASES = [
-    (
-        "serving llama-3.1-70b, up to 16 H100, all dtypes and batch sizes",
-        "recommend llama-3.1-70b -H h100-sxm-80gb --max-gpus 16 --max-model-len 8192 "
-        "--allow-quantization fp8,int8,int4 --json",
-    ),
-    (
-        "training llama-3.1-405b, 16,384 H100, seq 8192, full space",
-        "recommend llama-3.1-405b -H h100-sxm-80gb --gpus 16384 --workload training --seq-len 8192 "
-        "--global-batch-size 2048 --stack megatron --json",
-    ),
-    (
-        "training deepseek-v3, 2,048 H800, expert parallelism",
-        "recommend deepseek-v3 -H h800-sxm-80gb --gpus 2048 --workload training --seq-len 4096 "
-        "--global-batch-size 15360 --stack megatron --json",
-    ),
+# (name, arguments after `shardplan`, target wall seconds)
+CASES: list[tuple[str, str, float]] = [
+    ("serve llama-3.1-70b, --max-gpus 16 H100, fp8/int8/int4",
+     "recommend llama-3.1-70b -H h100-sxm-80gb --max-gpus 16 --allow-quantization fp8,int8,int4 --json", 1.0),
+    ("train llama-3.1-405b, 16,384 H100",
+     "recommend llama-3.1-405b -H h100-sxm-80gb --workload training --gpus 16384 --seq-len 8192 "
+     "--global-batch-size 2048 --json", 1.0),
+    ("train deepseek-v3, 2,048 H800",
+     "recommend deepseek-v3 -H h800-sxm-80gb --gpus 2048 --workload training --seq-len 4096 "
+     "--global-batch-size 15360 --json", 1.0),
+    ("serve llama-3.1-70b, 512 H100", "recommend llama-3.1-70b -H h100-sxm-80gb --gpus 512 --json", 1.0),
+    ("serve llama-3.1-405b, 512 H100", "recommend llama-3.1-405b -H h100-sxm-80gb --gpus 512 --json", 1.0),
+    ("serve deepseek-v3, 512 H100", "recommend deepseek-v3 -H h100-sxm-80gb --gpus 512 --json", 1.0),
+    ("serve llama-3.1-70b, --max-gpus 512 H100",
+     "recommend llama-3.1-70b -H h100-sxm-80gb --max-gpus 512 --json", 3.0),
+    ("serve llama-3.1-70b, --max-gpus 65536 H100",
+     "recommend llama-3.1-70b -H h100-sxm-80gb --max-gpus 65536 --json", 10.0),
+    ("shardplan --help", "--help", 0.3),
 ]
 
-_RUN = """
-import json, sys, time
-start = time.perf_counter()
-from shardplan.cli import app
-from typer.testing import CliRunner
-r = CliRunner().invoke(app, sys.argv[1].split())
-wall = time.perf_counter() - start
-d = json.loads(r.stdout)
-d["_wall"] = wall
-print(json.dumps({k: d[k] for k in ("_wall", "elapsed_seconds", "num_evaluated", "num_costed", "num_feasible", "why")}))
-"""
+
+def _digest(d: dict) -> tuple[str, str]:
+    """Short hashes of what the search returned: the ranked plans with their objective values and
+    the Pareto front; and the counts (candidates, evaluated, feasible, rejected by reason)."""
+    results = json.dumps([[e["plan"], e["objective_value"]] for e in d["top"]] + [d["pareto"]], sort_keys=True)
+    counts = json.dumps([d["num_candidates"], d["num_evaluated"], d["num_feasible"], d["rejected"]], sort_keys=True)
+    return hashlib.sha256(results.encode()).hexdigest()[:10], hashlib.sha256(counts.encode()).hexdigest()[:10]
 
 
-def main() -> None:
-    print("| case | layouts evaluated | costed in full | search s | wall s (process) | layouts/s |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, cmd in CASES:
-        out = subprocess.run([sys.executable, "-c", _RUN, cmd], capture_output=True, text=True, check=True)
-        d = json.loads(out.stdout)
-        rate = d["num_evaluated"] / d["elapsed_seconds"]
-        print(f"| {name} | {d['num_evaluated']:,} | {d['num_costed']:,} | {d['elapsed_seconds']:.2f} | {d['_wall']:.2f} | {rate:,.0f} |")
-        print(f"<!-- {d['why']} -->", file=sys.stderr)
+def _run(args: str) -> tuple[float, dict | None]:
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "shardplan", *args.split()], capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if out.returncode not in (0, 3):  # 3: nothing fits (a result, not an error)
+        raise SystemExit(f"shardplan {args} exited {out.returncode}: {out.stderr.strip()}")
+    return wall, (json.loads(out.stdout) if "--json" in args else None)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="fresh processes per command (the median is shown)")
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this")
+    opts = parser.parse_args()
+    print("| command | median wall s | min-max s | target s | met | search s | evaluated | costed "
+          "| GPU counts unsearched | results digest | counts digest |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---|---|---|")
+    for name, args, target in CASES:
+        if opts.only not in name:
+            continue
+        walls, d = [], None
+        for _ in range(opts.runs):
+            wall, d = _run(args)
+            walls.append(wall)
+        med = statistics.median(walls)
+        met = "yes" if med <= target else "no"
+        if d is None:
+            print(f"| `shardplan {args}` | {med:.2f} | {min(walls):.2f}-{max(walls):.2f} | {target:g} | {met} "
+                  "| | | | | | |")
+            continue
+        res, cnt = _digest(d)
+        unsearched = d["search_budget"]["gpu_counts_not_searched"]
+        left = f"{len(unsearched)} ({unsearched[0]:,}-{unsearched[-1]:,})" if unsearched else "none"
+        print(f"| {name} | {med:.2f} | {min(walls):.2f}-{max(walls):.2f} | {target:g} | {met} "
+              f"| {d['elapsed_seconds']:.2f} | {d['num_evaluated']:,} | {d['num_costed']:,} | {left} | {res} | {cnt} |",
+              flush=True)
+    return 0
 
 
 if __name__ == "__main__":
     t = time.perf_counter()
-    main()
+    code = main()
     print(f"\ntotal {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    raise SystemExit(code)

@@ -18,8 +18,11 @@ from conftest import REPO
 
 PKG = REPO / "shardplan"
 
-# The modules that run inside a rank under torchrun: they build the model, shard it and measure it.
-TORCH_MODULES = {"worker.py", "model.py", "parallel.py", "measure.py", "probes.py", "context.py", "experts.py"}
+# The modules that run inside a rank under torchrun: they build the model, shard it and measure it;
+# and offload_serving.py, which loads an offloaded serving plan with accelerate in one process
+# (`verify --checkpoint`; the CLI imports it only then).
+TORCH_MODULES = {"worker.py", "model.py", "parallel.py", "measure.py", "probes.py", "context.py", "experts.py",
+                 "offload_serving.py"}
 # launch.py counts GPUs with torch, inside a function, so that planning never loads it.
 TORCH_IN_FUNCTIONS_ONLY = {"launch.py"}
 # specs/hf_meta.py builds a model_type shardplan cannot translate with transformers on the meta

@@ -50,6 +50,8 @@ def verify_cmd(
     from_plan: Annotated[Optional[Path], typer.Option("--from", help="Reshard: train this (old) plan's layout --steps steps, save a torch.distributed.checkpoint, load it into PLAN's layout in a fresh launch and train --steps more; check the loss against one unsharded run and each new rank's loaded bytes against replan's move list.", show_default=False)] = None,
     lost_nodes: Annotated[Optional[str], typer.Option(help="With --from: old nodes that are gone, e.g. 1 or 0,2 (as replan): never sources in the move list.", show_default=False)] = None,
     lost_ranks: Annotated[Optional[str], typer.Option(help="With --from: old ranks whose memory is lost, e.g. 3 or 2-3 (as replan).", show_default=False)] = None,
+    checkpoint: Annotated[Optional[Path], typer.Option("--checkpoint", help="An offloaded serving plan (engine transformers, --offload-layers): load this Hugging Face checkpoint folder (config.json, *.safetensors) with the plan's accelerate device_map on the CPU, generate, and compare the bytes per device, the GPU peak and the bytes moved per token with the plan.", show_default=False)] = None,
+    offload_folder: Annotated[Optional[Path], typer.Option("--offload-folder", help="With --checkpoint and a plan that offloads to nvme: where accelerate writes the disk layers (a fresh folder inside it, removed after); default: the system's temporary folder.", show_default=False)] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run the plan for real with torch.distributed (DeviceMesh, DTensor tensor parallelism,
@@ -85,7 +87,27 @@ def verify_cmd(
     --steps more. The loss of every step must be one unsharded process's (rtol 1e-5 with SGD),
     and each new rank's loaded bytes the move list replan computes for the change, applied to
     what ran. Exit 4 when either is out of tolerance, 5 when a run fails, 2 for plans of
-    different models or workloads, or a serving plan."""
+    different models or workloads, or a serving plan.
+
+    With --checkpoint DIR, for a serving plan that keeps --offload-layers decoder layers in host
+    RAM or on disk (engine transformers): the plan's accelerate device_map is loaded from DIR on
+    the CPU (GPU 0 stood in by torch.device("cpu"), which accelerate keeps apart from its "cpu"
+    offload target), a few tokens are generated greedily and compared with DIR loaded whole, and
+    the GPU's resident weights and peak, the host or disk bytes, and the bytes moved per generated
+    token are compared with the plan (5%). Exit 4 when one is out of tolerance or the tokens
+    differ, 5 when the load or generation fails, 2 for a checkpoint that is missing or not the
+    plan's model, a plan that is not an offloaded transformers serving plan, or an offload folder
+    that cannot be written."""
+    if checkpoint is not None:
+        _offloaded(plan, checkpoint, offload_folder, report=report, json_out=json_out, given={
+            "--from": from_plan is not None, "--engine-log": engine_log is not None, "--hardware": hardware is not None,
+            "--lost-nodes": lost_nodes is not None, "--lost-ranks": lost_ranks is not None,
+            "--device-memory-gib": device_memory_gib is not None, "--scale": scale is not None,
+            "--backend": backend is not BackendChoice.AUTO, "--dtype": dtype is not DtypeChoice.PLAN})
+        return
+    if offload_folder is not None:
+        raise ShardplanError("applies to --checkpoint only", field="--offload-folder",
+                             hint="give the offloaded plan's checkpoint with --checkpoint DIR")
     if from_plan is not None:
         _reshard(plan, from_plan, lost_nodes=lost_nodes, lost_ranks=lost_ranks, backend=backend, scale=scale,
                  steps=steps, timeout=timeout, report=report, device_memory_gib=device_memory_gib,
@@ -144,6 +166,28 @@ def _reshard(plan: Path, from_plan: Path, *, lost_nodes: str | None, lost_ranks:
                             scale=scale.value if scale else None, steps=steps, timeout_seconds=timeout,
                             report_path=report, on_event=on_event)
     render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_verify.reshard_report)
+    if result.status == "mismatch":
+        raise typer.Exit(EXIT_VERIFY_MISMATCH)
+
+
+def _offloaded(plan: Path, checkpoint: Path, offload_folder: Path | None, *, report: Path | None, json_out: bool,
+               given: dict[str, bool]) -> None:
+    """verify PLAN --checkpoint DIR: an offloaded serving plan loaded with accelerate on the CPU
+    (`verify.offload_serving`, which imports torch when it runs)."""
+    import json
+
+    from shardplan.fileio import write_text_atomic
+    from shardplan.verify.offload_serving import verify_offloaded_plan
+
+    for flag, was_given in given.items():
+        if was_given:
+            raise ShardplanError("does not apply to --checkpoint", field=flag,
+                                 hint="drop it: --checkpoint loads the plan's device_map in one process, in the plan's "
+                                      "format")
+    result = verify_offloaded_plan(plan, checkpoint, offload_folder=offload_folder)
+    if report is not None:
+        write_text_atomic(report, json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
+    render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_verify.offload_report)
     if result.status == "mismatch":
         raise typer.Exit(EXIT_VERIFY_MISMATCH)
 

@@ -7,6 +7,7 @@ from rich.table import Table
 from shardplan.cli.render_common import console, err_console, fmt_bytes, fmt_pct, fmt_seconds
 from shardplan.tasks.calibrate import CalibrateResult
 from shardplan.verify.engine_log_check import EngineLogCheck, TermCheck
+from shardplan.verify.offload_compare import OffloadVerifyReport
 from shardplan.verify.report import ReshardReport, VerifyReport
 
 
@@ -95,6 +96,33 @@ def reshard_report(r: ReshardReport) -> None:
     w = r.wall_seconds
     console.print(f"time: old run {fmt_seconds(w['old_run'])}, new run {fmt_seconds(w['new_run'])}, total "
                   f"{fmt_seconds(w['total'])} (start-up included)", highlight=False)
+    for mm in r.mismatches:
+        console.print(f"[red]out of tolerance:[/red] {mm}", highlight=False)
+
+
+def offload_report(r: OffloadVerifyReport) -> None:
+    """verify PLAN --checkpoint DIR: each measured byte count against the plan's, the tokens
+    against the whole model's."""
+    where = "host RAM" if r.offload_params == "cpu" else "disk"
+    layers = f"{r.offloaded_layers[0]}..{r.offloaded_layers[-1]}" if r.offloaded_layers else "none"
+    console.print(f"verify {r.plan} --checkpoint {r.checkpoint}: {_STATUS[r.status]} ({r.model}, {r.dtype}; decoder "
+                  f"layers {layers} in {where}; {r.device})", highlight=False)
+    t = Table(title="offloaded serving: measured vs the plan", title_justify="left")
+    for col in ("quantity", "device", "measured", "predicted", "measured B", "predicted B", "error", "tolerance", "",
+                "predicted as"):
+        t.add_column(col, justify="left" if col in ("quantity", "device", "", "predicted as") else "right",
+                     no_wrap=col == "quantity")
+    for q in r.quantities:
+        t.add_row(q.quantity, q.device, fmt_bytes(q.measured_bytes), fmt_bytes(q.predicted_bytes),
+                  f"{q.measured_bytes:,.0f}", f"{q.predicted_bytes:,.0f}", fmt_pct(q.relative_error),
+                  f"{q.tolerance:.0%}", "[green]ok[/green]" if q.ok else "[red]OUT[/red]", q.predicted_how)
+    console.print(t)
+    n = r.numerics
+    console.print(f"numerics ({n.check}, {n.prompt_tokens} prompt tokens, {n.new_tokens} generated): "
+                  f"{'[green]match[/green]' if n.ok else '[red]DIFFER[/red]'}")
+    console.print(f"moved: {r.moved_bytes_total:,.0f} B over {r.forwards} forwards", highlight=False)
+    for note in r.notes:
+        console.print(f"note: {note}", highlight=False)
     for mm in r.mismatches:
         console.print(f"[red]out of tolerance:[/red] {mm}", highlight=False)
 

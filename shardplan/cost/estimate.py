@@ -29,6 +29,7 @@ from shardplan.cost.report import (
     TrainingWorkloadReport,
 )
 from shardplan.cost.time_serving import SERVING_OVERLAP, best_batch, serving_time
+from shardplan.cost.offload import pageable_note
 from shardplan.cost.time_training import OVERLAP, training_assumptions, training_time
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.specs.hardware import HardwareProfile
@@ -144,7 +145,7 @@ def estimate(
         **common, fits=sm.fits, reason=sm.reason,
         memory=MemoryReport(**_memory_fields(sm.ranks, worst, sm.budget_bytes, capacity, layout, spec.num_layers)),
         kv_cache=kv, time=_serving_time(spec, hw, layout, workload, sm).model_copy(update={"plan_fits": sm.fits}),  # type: ignore[arg-type]
-        assumptions=list(workload.assumptions),  # type: ignore[union-attr]
+        assumptions=list(workload.assumptions) + [n for n in (pageable_note(hw, layout, workload),) if n],  # type: ignore[arg-type]
     )
 
 

@@ -186,7 +186,8 @@ def inference_workload(
             switches.update(offload_mode=o.mode, offload_gpu_layers=o.gpu_layers, offload_overlap=o.overlap,
                             offload_embedding_on_host=o.embedding_on_host, offload_kv_with_layer=o.kv_with_layer,
                             offload_batch_on_gpu_min_tokens=o.batch_on_gpu_min_tokens, offload_targets=tuple(o.targets),
-                            offload_keeps_quantization=o.keeps_quantization, offload_stream_unit=o.stream_unit)
+                            offload_keeps_quantization=o.keeps_quantization, offload_stream_unit=o.stream_unit,
+                            offload_pinned=o.pinned)
     if speculative is not None:
         switches["assumptions"] = (*switches.get("assumptions", ()), spec_decode.assumption(speculative))
     return InferenceWorkload(

@@ -15,12 +15,13 @@ import dataclasses
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from shardplan.cost.breakdown import MemoryBreakdown, RankMemory
 from shardplan.cost.finetune import adapter_params, base_format_bytes, is_nf4_base_weight, targeted_modules
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, layout_stage_ranges
-from shardplan.cost.params import WeightKind, block_weights, layer_kinds
-from shardplan.cost.weights import numel_per_rank, stage_tensors, stage_weights
+from shardplan.cost.params import WeightKind, block_weights, chunk_layer_kinds, layer_kinds
+from shardplan.cost.weights import StageWeights, numel_per_rank, stage_tensors, stage_weights
 from shardplan.cost.workload import Framework, Optimizer, Quantization, TrainingWorkload
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -124,6 +125,24 @@ def model_states_bytes(
 
 
 def activation_bytes_per_layer(
+    spec: ModelSpec, layout: Layout, wl: TrainingWorkload, moe_layer: bool, micro_batch_size: int,
+    linear_attention: bool = False,
+) -> float:
+    """`_activation_bytes_per_layer`, cached on the layout's fields it reads."""
+    return _activation_bytes_cached(spec, wl, layout.tp, layout.cp, layout.expert_tp, layout.sequence_parallel,
+                                    layout.recompute, moe_layer, micro_batch_size, linear_attention)
+
+
+@lru_cache(maxsize=65536)
+def _activation_bytes_cached(
+    spec: ModelSpec, wl: TrainingWorkload, tp: int, cp: int, etp: int, sp: bool, recompute: Recompute, moe_layer: bool,
+    micro_batch_size: int, linear_attention: bool,
+) -> float:
+    layout = Layout(tp=tp, cp=cp, etp=etp, sequence_parallel=sp, recompute=recompute)
+    return _activation_bytes_per_layer(spec, layout, wl, moe_layer, micro_batch_size, linear_attention)
+
+
+def _activation_bytes_per_layer(
     spec: ModelSpec, layout: Layout, wl: TrainingWorkload, moe_layer: bool, micro_batch_size: int,
     linear_attention: bool = False,
 ) -> float:
@@ -362,16 +381,33 @@ def activation_bytes_lower_bound(
     activations at their peak (with the lighter of its layer kinds) plus the runtime overhead.
     ZeRO and offload change neither, so above the GPU's memory no state sharding can fit."""
     chunks = layout_stage_ranges(spec.num_layers, layout)[0]
-    layers = [i for r in chunks for i in r]
+    num_layers = sum(len(r) for r in chunks)
     b = layout.micro_batch_size
-    per_layer = min(activation_bytes_per_layer(spec, layout, wl, moe, b, linear) for moe, linear in layer_kinds(spec, layers))
+    per_layer = min(activation_bytes_per_layer(spec, layout, wl, moe, b, linear) for moe, linear in chunk_layer_kinds(spec, chunks))
     overhead = hw.cuda_context_bytes + hw.non_torch_bytes + (hw.nccl_buffer_bytes if layout.world_size > 1 else 0)
-    return per_layer * in_flight_layer_activations(layout, 0, len(layers), num_microbatches) + overhead
+    return per_layer * in_flight_layer_activations(layout, 0, num_layers, num_microbatches) + overhead
 
 
 def stage_states_bytes(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, stage: int = 0) -> float:
     """GPU bytes of the model states (weights, gradients, optimizer states, ZeRO-3 gather
-    buffers) of one rank of `stage`, exactly as `training_memory` counts them."""
+    buffers) of one rank of `stage`, exactly as `training_memory` counts them. Cached on the
+    fields it reads (micro-batch, SP and recomputation do not enter)."""
+    L = layout
+    return _stage_states_bytes(spec, hw, wl, L.tp, L.pp, L.dp, L.cp, L.ep, L.expert_tp, L.virtual_stages, L.zero_stage,
+                               L.hybrid_shard, L.offload_optimizer, L.offload_params, L.pp_embedding_as_layer,
+                               L.pp_loss_as_layer, L.pp_first_stage_layers, L.pp_last_stage_layers, stage)
+
+
+@lru_cache(maxsize=65536)
+def _stage_states_bytes(
+    spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, tp: int, pp: int, dp: int, cp: int, ep: int, etp: int,
+    virtual_stages: int, zero_stage: int, hybrid_shard: bool, offload_optimizer: Offload, offload_params: Offload,
+    embedding_as_layer: bool, loss_as_layer: bool, first: int | None, last: int | None, stage: int,
+) -> float:
+    layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, virtual_stages=virtual_stages, zero_stage=zero_stage,
+                    hybrid_shard=hybrid_shard, offload_optimizer=offload_optimizer, offload_params=offload_params,
+                    pp_embedding_as_layer=embedding_as_layer, pp_loss_as_layer=loss_as_layer,
+                    pp_first_stage_layers=first, pp_last_stage_layers=last)
     sb = state_bytes(wl, layout.zero_stage)
     dense_n, expert_n = zero_shard_degrees(layout, hw.gpus_per_node)
     w = stage_weights(spec, layout, stage, quantization=Quantization.NONE, dense_dtype=wl.param_dtype)
@@ -462,7 +498,19 @@ def finetune_states(
     return states, detail
 
 
-def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload) -> TrainingMemory:
+@dataclass(frozen=True)
+class _Common:
+    """What every stage of one layout shares in `training_memory`."""
+
+    sb: StateBytes
+    num_micro: int
+    dense_n: int
+    expert_n: int
+    overhead_detail: dict[str, float]
+    overhead: float
+
+
+def _common(hw: HardwareProfile, layout: Layout, wl: TrainingWorkload) -> _Common:
     # Under bf16 autocast over fp32 weights, the weights are the master copy: 4-byte weights
     # and gradients, no separate fp32 master.
     sb = state_bytes(dataclasses.replace(wl, param_dtype=DType.FP32) if wl.amp_fp32_master else wl, layout.zero_stage)
@@ -474,91 +522,162 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
         "non_torch": float(hw.non_torch_bytes),
         "nccl_buffers": float(hw.nccl_buffer_bytes) if layout.world_size > 1 else 0.0,
     }
-    overhead = sum(overhead_detail.values())
-    a_bytes = bytes_per_element(wl.activation_dtype)
+    return _Common(sb, num_micro, dense_n, expert_n, overhead_detail, sum(overhead_detail.values()))
+
+
+def _stage_states(
+    spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c: _Common, stage: int
+) -> tuple[StageWeights, ModelStates, ModelStates]:
+    """One stage's weights and its (dense, routed-expert) model states, full training."""
+    w = stage_weights(spec, layout, stage, quantization=Quantization.NONE, dense_dtype=wl.param_dtype)
+    dense = model_states_bytes(
+        w.dense_numel, w.largest_layer_numel, c.dense_n, layout.zero_stage, c.sb,
+        layout.offload_optimizer, layout.offload_params,
+    )
+    expert = model_states_bytes(
+        w.expert_numel, 0.0, c.expert_n, layout.zero_stage, c.sb, layout.offload_optimizer, layout.offload_params
+    )
+    return w, dense, expert
+
+
+def _node_offload_bytes(
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, host: list[float], nvme: list[float]
+) -> tuple[float, float]:
+    """Host RAM and NVMe bytes per node from each stage's rank's offloaded bytes."""
+    # Offloaded states of the GPUs of one node (stages spread evenly over nodes).
+    gpus_per_node = min(hw.gpus_per_node, layout.world_size)
+    mean_host = sum(host) / len(host)
+    mean_nvme = sum(nvme) / len(nvme)
+    host_total = mean_host * gpus_per_node
+    nvme_total = mean_nvme * gpus_per_node
+    if wl.framework is Framework.DEEPSPEED and layout.pp == 1 and layout.tp == 1:
+        # DeepSpeed's own bookkeeping of host buffers (pure data parallelism, as its estimator assumes).
+        w0 = stage_weights(spec, layout, 0, quantization=Quantization.NONE, dense_dtype=wl.param_dtype)
+        host_total = deepspeed_estimator_host_bytes(
+            w0.numel, w0.largest_layer_numel, layout.zero_stage,
+            layout.offload_optimizer is not Offload.NONE, layout.offload_params is not Offload.NONE,
+            gpus_per_node, max(1, layout.world_size // gpus_per_node),
+        ) - nvme_total
+    return host_total, nvme_total
+
+
+def _stage_memory(
+    spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c: _Common, stage: int, with_detail: bool
+) -> RankMemory:
+    """One stage's rank in `training_memory` (its named detail only `with_detail`: the figures
+    are the same either way, so a verdict and the full model cannot disagree)."""
     rep = 1.0 / layout.tp if layout.sequence_parallel else 1.0
     s_local = wl.seq_len / layout.cp
     b = layout.micro_batch_size
-    ranks: list[RankMemory] = []
-    reasons: list[str] = []
-    chunks = layout_stage_ranges(spec.num_layers, layout)
-    for stage in range(layout.pp):
-        w = stage_weights(spec, layout, stage, quantization=Quantization.NONE, dense_dtype=wl.param_dtype)
-        dense = model_states_bytes(
-            w.dense_numel, w.largest_layer_numel, dense_n, layout.zero_stage, sb,
-            layout.offload_optimizer, layout.offload_params,
-        )
-        expert = model_states_bytes(
-            w.expert_numel, 0.0, expert_n, layout.zero_stage, sb, layout.offload_optimizer, layout.offload_params
-        )
-        layers = [i for r in chunks[stage] for i in r]
-        ft_detail: dict[str, float] = {}
-        if not wl.trains_base:
-            dense, ft_detail = finetune_states(spec, layout, wl, stage, layers, dense_n, expert_n)
-            expert = ModelStates(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        per_layer_avg = sum(num * activation_bytes_per_layer(spec, layout, wl, moe, b, linear)
-                            for (moe, linear), num in layer_kinds(spec, layers).items()) / len(layers)
-        inflight = in_flight_layer_activations(layout, stage, len(layers), num_micro)
-        act = per_layer_avg * inflight
-        detail = {"activations.layers": act}
-        inflight_micro = inflight / len(layers)
-        if stage == 0 and wl.dropout:
-            emb = DROPOUT_MASK_BYTES * s_local * b * spec.hidden_size * rep * math.ceil(inflight_micro)
-            detail["activations.embedding_dropout"] = emb
-            act += emb
-        largest, largest_what = 0.0, ""
-        if stage == layout.pp - 1:
-            # Final norm input, lm_head input, and what the stack's loss keeps of the logits.
-            # A frozen lm_head (LoRA) saves no input for a weight gradient.
-            head = (2 if wl.trains_base else 1) * residual_bytes(wl) * s_local * b * spec.hidden_size * rep
-            logits, largest = loss_head_bytes(spec, layout, wl, b)
-            detail["activations.head"] = head
-            detail["activations.loss"] = logits
-            act += head + logits
+    chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
+    w, dense, expert = _stage_states(spec, layout, wl, c, stage)
+    layers = [i for r in chunks for i in r]
+    ft_detail: dict[str, float] = {}
+    if not wl.trains_base:
+        dense, ft_detail = finetune_states(spec, layout, wl, stage, layers, c.dense_n, c.expert_n)
+        expert = ModelStates(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    per_layer_avg = sum(num * activation_bytes_per_layer(spec, layout, wl, moe, b, linear)
+                        for (moe, linear), num in chunk_layer_kinds(spec, chunks).items()) / len(layers)
+    inflight = in_flight_layer_activations(layout, stage, len(layers), c.num_micro)
+    act = per_layer_avg * inflight
+    detail = {"activations.layers": act}
+    inflight_micro = inflight / len(layers)
+    if stage == 0 and wl.dropout:
+        emb = DROPOUT_MASK_BYTES * s_local * b * spec.hidden_size * rep * math.ceil(inflight_micro)
+        detail["activations.embedding_dropout"] = emb
+        act += emb
+    largest, largest_what = 0.0, ""
+    if stage == layout.pp - 1:
+        # Final norm input, lm_head input, and what the stack's loss keeps of the logits.
+        # A frozen lm_head (LoRA) saves no input for a weight gradient.
+        head = (2 if wl.trains_base else 1) * residual_bytes(wl) * s_local * b * spec.hidden_size * rep
+        logits, largest = loss_head_bytes(spec, layout, wl, b)
+        detail["activations.head"] = head
+        detail["activations.loss"] = logits
+        act += head + logits
+        if with_detail:
             largest_what = ("the fp32 logits of the loss" if wl.largest_allocation_bytes_per_logit == FP32_BYTES
                             else f"the loss head's largest tensor ({wl.largest_allocation_bytes_per_logit:g} bytes a logit)")
-        temporary = dense.temporary + expert.temporary
-        gradients = dense.gradients + expert.gradients
-        if wl.trains_base and wl.fsdp_unsharded_under_pp and layout.pp > 1 and layout.zero_stage == 3:
-            # FSDP under a pipeline schedule (torchtitan): the stage's parameters stay gathered
-            # in 16 bits from the first forward to the last backward, and its gradients
-            # accumulate unsharded in fp32 until the last micro-batch's reduce-scatter.
-            numel = w.dense_numel + w.expert_numel
-            unsharded = bytes_per_element(wl.param_dtype) * numel
-            detail["temporary.unsharded_stage_parameters"] = unsharded
-            detail["gradients.unsharded_fp32_accumulation"] = FP32_BYTES * numel
-            temporary = max(temporary, unsharded)
-            gradients += FP32_BYTES * numel
-        if wl.amp_fp32_master and wl.trains_base:
-            # autocast's bf16 copy of each weight, cached for the forward and saved for backward
-            copies = 2.0 * (w.dense_numel + w.expert_numel) / (dense_n if layout.zero_stage == 3 else 1)
-            detail["temporary.autocast_weight_copies"] = copies
-            temporary += copies
-        breakdown = MemoryBreakdown(
-            weights=dense.weights + expert.weights,
-            activations=act,
-            gradients=gradients,
-            optimizer_states=dense.optimizer + expert.optimizer,
-            temporary=temporary,
-            overhead=overhead,
-        )
+    temporary = dense.temporary + expert.temporary
+    gradients = dense.gradients + expert.gradients
+    if wl.trains_base and wl.fsdp_unsharded_under_pp and layout.pp > 1 and layout.zero_stage == 3:
+        # FSDP under a pipeline schedule (torchtitan): the stage's parameters stay gathered
+        # in 16 bits from the first forward to the last backward, and its gradients
+        # accumulate unsharded in fp32 until the last micro-batch's reduce-scatter.
+        numel = w.dense_numel + w.expert_numel
+        unsharded = bytes_per_element(wl.param_dtype) * numel
+        detail["temporary.unsharded_stage_parameters"] = unsharded
+        detail["gradients.unsharded_fp32_accumulation"] = FP32_BYTES * numel
+        temporary = max(temporary, unsharded)
+        gradients += FP32_BYTES * numel
+    if wl.amp_fp32_master and wl.trains_base:
+        # autocast's bf16 copy of each weight, cached for the forward and saved for backward
+        copies = 2.0 * (w.dense_numel + w.expert_numel) / (c.dense_n if layout.zero_stage == 3 else 1)
+        detail["temporary.autocast_weight_copies"] = copies
+        temporary += copies
+    breakdown = MemoryBreakdown(
+        weights=dense.weights + expert.weights,
+        activations=act,
+        gradients=gradients,
+        optimizer_states=dense.optimizer + expert.optimizer,
+        temporary=temporary,
+        overhead=c.overhead,
+    )
+    if with_detail:
         detail.update(ft_detail)
-        detail.update({f"overhead.{k}": v for k, v in overhead_detail.items()})
-        host = dense.host + expert.host
-        nvme = dense.nvme + expert.nvme
-        ranks.append(
-            RankMemory(
-                stage=stage,
-                layers=(layers[0], layers[-1]),
-                num_ranks=layout.tp * layout.cp * layout.dp,
-                breakdown=breakdown,
-                detail=detail,
-                host_bytes=host,
-                nvme_bytes=nvme,
-                largest_allocation_bytes=largest,
-                largest_allocation=largest_what,
-            )
-        )
+        detail.update({f"overhead.{k}": v for k, v in c.overhead_detail.items()})
+    return RankMemory(
+        stage=stage,
+        layers=(layers[0], layers[-1]),
+        num_ranks=layout.tp * layout.cp * layout.dp,
+        breakdown=breakdown,
+        detail=detail if with_detail else {},
+        host_bytes=dense.host + expert.host,
+        nvme_bytes=dense.nvme + expert.nvme,
+        largest_allocation_bytes=largest,
+        largest_allocation=largest_what,
+    )
+
+
+def exceeds_gpu_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload) -> bool:
+    """True when `training_memory` would reject the layout for GPU memory alone (no host RAM or
+    NVMe reason beside it), decided with the same figures stage by stage, stopping at the first
+    stage over the capacity: stage 0 (the most activations in flight) and the last (the loss
+    head) first. False: it may fit, or may also exceed the host (the full model then decides).
+    With LoRA/QLoRA only layouts that offload nothing are decided here (their host bytes are
+    zero); paged optimizer states always go to the full model."""
+    offloads = (layout.offload_optimizer is not Offload.NONE or layout.offload_params is not Offload.NONE
+                or (wl.framework is Framework.DEEPSPEED and layout.pp == 1 and layout.tp == 1))
+    if (offloads and not wl.trains_base) or (wl.paged_optimizer and not wl.trains_base):
+        return False
+    c = _common(hw, layout, wl)
+    if offloads:
+        states = [_stage_states(spec, layout, wl, c, stage) for stage in range(layout.pp)]
+        host, nvme = _node_offload_bytes(spec, hw, layout, wl, [d.host + e.host for _, d, e in states],
+                                         [d.nvme + e.nvme for _, d, e in states])
+        if host > hw.host_memory_bytes_per_node or nvme > hw.nvme_capacity_bytes_per_node:
+            return False
+    elif min(hw.host_memory_bytes_per_node, hw.nvme_capacity_bytes_per_node) < 0:
+        return False  # zero bytes over a negative capacity: a host reason too
+    cap = hw.memory_capacity_bytes
+    last = layout.pp - 1
+    for stage in (0, *((last,) if last else ()), *range(1, last)):
+        r = _stage_memory(spec, layout, wl, c, stage, with_detail=False)
+        total = r.breakdown.total
+        if total > cap or total + r.largest_allocation_bytes > cap:
+            return True
+    return False
+
+
+def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload) -> TrainingMemory:
+    c = _common(hw, layout, wl)
+    num_micro = c.num_micro
+    ranks: list[RankMemory] = []
+    reasons: list[str] = []
+    for stage in range(layout.pp):
+        rank = _stage_memory(spec, layout, wl, c, stage, with_detail=True)
+        ranks.append(rank)
+        breakdown, largest, largest_what = rank.breakdown, rank.largest_allocation_bytes, rank.largest_allocation
         if breakdown.total > hw.memory_capacity_bytes:
             reasons.append(
                 f"stage {stage} needs {breakdown.total / 2**30:.2f} GiB per GPU, over the "
@@ -573,20 +692,8 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
                 f"{(breakdown.total + largest) / 2**30:.2f} GiB reserved, over the "
                 f"{hw.memory_capacity_bytes / 2**30:.2f} GiB of a {hw.gpu_model}"
             )
-    # Offloaded states of the GPUs of one node (stages spread evenly over nodes).
-    gpus_per_node = min(hw.gpus_per_node, layout.world_size)
-    mean_host = sum(r.host_bytes for r in ranks) / len(ranks)
-    mean_nvme = sum(r.nvme_bytes for r in ranks) / len(ranks)
-    host_total = mean_host * gpus_per_node
-    nvme_total = mean_nvme * gpus_per_node
-    if wl.framework is Framework.DEEPSPEED and layout.pp == 1 and layout.tp == 1:
-        # DeepSpeed's own bookkeeping of host buffers (pure data parallelism, as its estimator assumes).
-        w0 = stage_weights(spec, layout, 0, quantization=Quantization.NONE, dense_dtype=wl.param_dtype)
-        host_total = deepspeed_estimator_host_bytes(
-            w0.numel, w0.largest_layer_numel, layout.zero_stage,
-            layout.offload_optimizer is not Offload.NONE, layout.offload_params is not Offload.NONE,
-            gpus_per_node, max(1, layout.world_size // gpus_per_node),
-        ) - nvme_total
+    host_total, nvme_total = _node_offload_bytes(spec, hw, layout, wl, [r.host_bytes for r in ranks],
+                                                 [r.nvme_bytes for r in ranks])
     if host_total > hw.host_memory_bytes_per_node:
         reasons.append(
             f"offloaded states need {host_total / 2**30:.0f} GiB of host RAM per node, over its "

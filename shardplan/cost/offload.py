@@ -106,10 +106,14 @@ def offload_memory(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> Of
                          0.0 if disk else off + embedding, off + embedding if disk else 0.0)
 
 
-def link_bytes_per_second(hw: HardwareProfile, layout: Layout) -> float:
-    """Host -> GPU copy rate: the host link at its efficiency; from disk, also the node's NVMe read
-    rate, shared by the GPUs of the node that read at once."""
-    pcie = hw.host_link.bandwidth_bytes_per_second * hw.host_link.efficiency
+def link_bytes_per_second(hw: HardwareProfile, layout: Layout, pinned: bool = True) -> float:
+    """Host -> GPU copy rate: the host link at its efficiency (copies from pageable memory at the
+    profile's pageable efficiency, where it has one); from disk, also the node's NVMe read rate,
+    shared by the GPUs of the node that read at once."""
+    eff = hw.host_link.efficiency
+    if not pinned and hw.host_link_pageable_efficiency is not None:
+        eff = hw.host_link_pageable_efficiency
+    pcie = hw.host_link.bandwidth_bytes_per_second * eff
     if layout.offload_params is Offload.NVME:
         readers = min(layout.tp * layout.dp, hw.gpus_per_node)
         return min(pcie, hw.nvme_bandwidth_bytes_per_second_per_node * hw.nvme_efficiency / readers)
@@ -145,12 +149,24 @@ def offload_pass_seconds(spec: ModelSpec, hw: HardwareProfile, layout: Layout, w
         # A prompt below the op-offload threshold multiplies on the CPU: compute-bound there,
         # but with so few tokens the weight reads dominate (same form as decode).
         return OffloadTime(t, t, "host memory" if t > gpu_seconds else "gpu")
-    t = weights_off / link_bytes_per_second(hw, layout)
+    t = weights_off / link_bytes_per_second(hw, layout, wl.offload_pinned)
     where = "disk" if layout.offload_params is Offload.NVME else "host link"
     if wl.offload_overlap:
         extra = max(0.0, t - gpu_seconds)
         return OffloadTime(extra, t, where if t > gpu_seconds else "gpu")
     return OffloadTime(t, t, where if t > gpu_seconds else "gpu")
+
+
+def pageable_note(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload) -> str | None:
+    """The assumption to print when an engine streams from pageable memory and the profile does
+    not say how fast such copies run."""
+    if (layout.offload_layers and wl.offload_mode == "stream" and not wl.offload_pinned
+            and hw.host_link_pageable_efficiency is None):
+        return (f"{wl.engine} copies offloaded weights from pageable host memory; the profile '{hw.name}' has no "
+                "efficiency.host_link_pageable, so they are costed at the pinned rate: an optimistic transfer time "
+                "(NVIDIA bandwidthTest, pageable vs pinned host-to-device: 10.0 vs 25.7 GB/s on a DGX A100, 3.3 vs "
+                "17.3 GB/s on a PCIe A100 host, https://github.com/gengwg/gpu/blob/54e9b29d/nvda_gpu_benchmark.md)")
+    return None
 
 
 def with_serving_offload(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, *, offload_layers: int | None,

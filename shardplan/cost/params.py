@@ -230,6 +230,13 @@ def layer_kinds(spec: ModelSpec, layers: Iterable[int] | None = None) -> dict[tu
     return out
 
 
+@lru_cache(maxsize=8192)
+def chunk_layer_kinds(spec: ModelSpec, chunks: tuple[range, ...]) -> dict[tuple[bool, bool], int]:
+    """`layer_kinds` of the layers of `chunks` (a pipeline stage's ranges, `layout_stage_ranges`),
+    cached: the search asks for the same stages thousands of times. Shared: do not mutate."""
+    return layer_kinds(spec, [i for r in chunks for i in r])
+
+
 def vision_weights(spec: ModelSpec) -> tuple[WeightKind, ...]:
     """The vision tower (component VISION) and the projector (PROJECTOR) of a multimodal model.
 

@@ -109,6 +109,7 @@ class InferenceWorkloadReport(Frozen):
     offload_targets: list[str] = Field(default_factory=list, description="where the engine can offload weights")
     offload_keeps_quantization: bool = Field(True, description="offloaded layers keep the plan's weight format")
     offload_stream_unit: str = Field("layer", description="what one streamed copy holds on the GPU: layer or tensor")
+    offload_pinned: bool = Field(True, description="streamed copies come from pinned host memory (false: pageable)")
     weight_formats: list[str] = Field(default_factory=list, description="quantized weight formats the engine loads")
 
 

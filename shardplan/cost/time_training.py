@@ -27,11 +27,20 @@ PCIe (or from NVMe) behind the compute.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 from shardplan.cost.breakdown import SecondsBreakdown
-from shardplan.cost.comm import Collective, Group, Groups, collective_seconds, layer_collectives_seconds, layout_groups, overlapped
+from shardplan.cost.comm import (
+    Collective,
+    Group,
+    Groups,
+    collective_seconds,
+    group,
+    layer_collectives_seconds,
+    layout_groups,
+    overlapped,
+)
 from shardplan.cost.compute import (
     FUSED,
     ElementwiseTraffic,
@@ -209,7 +218,7 @@ def _stage_time(
         spec, hw, _compute_shape(layout), wl, groups.tp, groups.cp, groups.ep,
         _canonical_layers(spec, chunks), stage == 0, stage == layout.pp - 1,
     )
-    return replace(st, stage=stage)
+    return StageTime(stage, st.forward, st.backward, st.tp_seconds, st.ep_seconds, st.cp_seconds, st.num_layers)
 
 
 def _time_kind(spec: ModelSpec, i: int) -> tuple[bool, bool, bool]:
@@ -237,10 +246,27 @@ def layers_seconds_lower_bound(
     """Per-micro-batch seconds (forward, backward, recompute, TP/EP/CP communication) of
     `layers` (None: all of them) without the embedding and head: the sum of each layer's own
     time. A stage's per-micro-batch time is at least this for its layers (the search's bound)."""
-    groups = _groups(layout, hw)
-    per_kind = _kind_seconds(spec, hw, _compute_shape(layout), wl, groups.tp, groups.cp, groups.ep)
-    counts = _all_kind_counts(spec) if layers is None else _kind_counts(spec, tuple(layers))
+    return _layers_seconds(spec, hw, wl, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.sequence_parallel,
+                           layout.recompute, layout.micro_batch_size, None if layers is None else tuple(layers))
+
+
+@lru_cache(maxsize=65536)
+def _layers_seconds(
+    spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, tp: int, cp: int, ep: int, etp: int, sp: bool,
+    recompute: Recompute, mbs: int, layers: tuple[int, ...] | None,
+) -> float:
+    """`layers_seconds_lower_bound` on the fields it reads (a plain tuple key: the search asks
+    for the same shapes thousands of times). The groups are those `_groups` places for them."""
+    gpn = hw.gpus_per_node
+    per_kind = _kind_seconds(spec, hw, _shape_of(tp, cp, ep, etp, sp, recompute, mbs), wl,
+                             group(tp, 1, gpn), group(cp, tp, gpn), group(ep, etp, gpn))
+    counts = _all_kind_counts(spec) if layers is None else _kind_counts(spec, layers)
     return sum(per_kind[kind] * n for kind, n in counts.items())
+
+
+@lru_cache(maxsize=4096)
+def _flat_layers(chunks: tuple[range, ...]) -> tuple[int, ...]:
+    return tuple(i for r in chunks for i in r)
 
 
 @lru_cache(maxsize=256)
@@ -274,11 +300,10 @@ def step_seconds_lower_bound(
     of the slowest stage, which is at least stage 0's layers and at least the mean stage's; every
     other term of the step is non-negative. dp, ZeRO and offload do not change it, so one bound
     serves all their variants; with v = the most virtual stages allowed it bounds every v."""
-    stage0 = [i for r in layout_stage_ranges(spec.num_layers, layout)[0] for i in r]
-    per_mb = max(
-        layers_seconds_lower_bound(spec, hw, layout, wl, stage0),
-        layers_seconds_lower_bound(spec, hw, layout, wl) / layout.pp,
-    )
+    stage0 = _flat_layers(layout_stage_ranges(spec.num_layers, layout)[0])
+    fields = (spec, hw, wl, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.sequence_parallel,
+              layout.recompute, layout.micro_batch_size)
+    per_mb = max(_layers_seconds(*fields, stage0), _layers_seconds(*fields, None) / layout.pp)
     return (num_microbatches + (layout.pp - 1) / layout.virtual_stages) * per_mb
 
 
@@ -328,24 +353,7 @@ def _cached_stage_time(
     s_local = wl.seq_len / layout.cp
     b = layout.micro_batch_size
     kernel = attention_kernel(hw, wl)
-    work = Work(
-        tokens=b * s_local,
-        num_seqs=b,
-        q_len=s_local,
-        kv_len=wl.seq_len,
-        decode=False,
-        causal=True,
-        flash_attention=wl.flash_attention,
-        dropout=wl.dropout,
-        act_dtype=wl.activation_dtype,
-        kv_dtype=wl.activation_dtype,
-        cp=layout.cp,
-        attention_efficiency=kernel[1] if kernel else None,
-        elementwise=elementwise_traffic(wl),
-        quantization=Quantization.FP8 if wl.matmul_dtype is DType.FP8 else Quantization.NONE,
-        fp8_casts=wl.matmul_dtype is DType.FP8,
-        eager_attention_bytes_per_score=wl.eager_attention_bytes_per_score,
-    )
+    work = _training_work(hw, wl, layout.cp, b)
     layer_fwd = layers_forward(spec, hw, layout, work, layers)
     attn_fwd = PassTime(attention_seconds=layer_fwd.attention_seconds, attention_flops=layer_fwd.attention_flops)
     fwd = layer_fwd
@@ -370,7 +378,9 @@ def _cached_stage_time(
     fwd = fwd + loss_fwd
     n_layers = len(layers)
     if layout.recompute is Recompute.FULL:
-        bwd = bwd + replace(layer_fwd, model_flops=0.0, dropped_matmul_seconds=0.0, dropped_matmul_flops=0.0)
+        f = layer_fwd  # the layers' forward again, without counting it as model FLOPs
+        bwd = bwd + PassTime(f.matmul_seconds, f.attention_seconds, f.memory_seconds, f.kernel_seconds, f.flops, 0.0,
+                             f.attention_flops, f.kernels, 0.0, 0.0)
     elif layout.recompute is Recompute.SELECTIVE and wl.selective_policy == "op_level":
         # PyTorch op-level selective checkpointing: every second matmul and all elementwise
         # work run again in backward; the attention kernel's output is saved.
@@ -409,7 +419,37 @@ def attention_kernel(hw: HardwareProfile, wl: TrainingWorkload) -> tuple[str, fl
     the profile's `attention` efficiency applies (no kernel named, or none measured here)."""
     if not wl.flash_attention or not wl.attention_kernels:
         return None
-    return hw.attention_kernel(wl.attention_kernels)
+    return _measured_kernel(hw, wl.attention_kernels)
+
+
+@lru_cache(maxsize=256)
+def _measured_kernel(hw: HardwareProfile, kernels: tuple[str, ...]) -> tuple[str, float, float] | None:
+    return hw.attention_kernel(kernels)
+
+
+@lru_cache(maxsize=4096)
+def _training_work(hw: HardwareProfile, wl: TrainingWorkload, cp: int, b: int) -> Work:
+    """What one training micro-batch's forward processes on one rank (cached: one per shape)."""
+    s_local = wl.seq_len / cp
+    kernel = attention_kernel(hw, wl)
+    return Work(
+        tokens=b * s_local,
+        num_seqs=b,
+        q_len=s_local,
+        kv_len=wl.seq_len,
+        decode=False,
+        causal=True,
+        flash_attention=wl.flash_attention,
+        dropout=wl.dropout,
+        act_dtype=wl.activation_dtype,
+        kv_dtype=wl.activation_dtype,
+        cp=cp,
+        attention_efficiency=kernel[1] if kernel else None,
+        elementwise=elementwise_traffic(wl),
+        quantization=Quantization.FP8 if wl.matmul_dtype is DType.FP8 else Quantization.NONE,
+        fp8_casts=wl.matmul_dtype is DType.FP8,
+        eager_attention_bytes_per_score=wl.eager_attention_bytes_per_score,
+    )
 
 
 KERNEL_NAMES = {"fa2": "FlashAttention-2", "fa3": "FlashAttention-3", "cudnn": "cuDNN fused attention"}

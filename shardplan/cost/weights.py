@@ -146,9 +146,19 @@ def stage_weights(
 ) -> StageWeights:
     """What one rank of `stage` stores. It depends on tp, ep, etp and the pipeline split only,
     so the result is cached on those (the search costs many layouts that share them)."""
-    shape = Layout(tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.expert_tp, virtual_stages=layout.virtual_stages,
-                   pp_embedding_as_layer=layout.pp_embedding_as_layer, pp_loss_as_layer=layout.pp_loss_as_layer,
-                   pp_first_stage_layers=layout.pp_first_stage_layers, pp_last_stage_layers=layout.pp_last_stage_layers)
+    return _stage_weights_of(spec, layout.tp, layout.pp, layout.ep, layout.expert_tp, layout.virtual_stages,
+                             layout.pp_embedding_as_layer, layout.pp_loss_as_layer, layout.pp_first_stage_layers,
+                             layout.pp_last_stage_layers, stage, quantization, dense_dtype)
+
+
+@lru_cache(maxsize=16384)
+def _stage_weights_of(
+    spec: ModelSpec, tp: int, pp: int, ep: int, etp: int, virtual_stages: int, embedding_as_layer: bool,
+    loss_as_layer: bool, first: int | None, last: int | None, stage: int, quantization: Quantization, dense_dtype: DType,
+) -> StageWeights:
+    """The cache on plain values (hashing a tuple of ints is cheaper than building the layout)."""
+    shape = Layout(tp=tp, pp=pp, ep=ep, etp=etp, virtual_stages=virtual_stages, pp_embedding_as_layer=embedding_as_layer,
+                   pp_loss_as_layer=loss_as_layer, pp_first_stage_layers=first, pp_last_stage_layers=last)
     return _stage_weights(spec, shape, stage, quantization, dense_dtype)
 
 

@@ -118,6 +118,7 @@ class InferenceWorkload:
     offload_targets: tuple[str, ...] = ()  # where the engine can offload ("cpu", "nvme"); empty: it cannot
     offload_keeps_quantization: bool = True  # False: offloaded layers are held unquantized (transformers + bitsandbytes)
     offload_stream_unit: str = "layer"  # what one streamed copy holds on the GPU: "layer" or "tensor"
+    offload_pinned: bool = True  # streamed copies come from pinned host memory (False: pageable)
     weight_formats: tuple[str, ...] = ()  # quantized formats the engine loads (searched when nothing fits otherwise)
 
 

@@ -265,6 +265,9 @@ class OffloadEra(Frozen):
     batch_on_gpu_min_tokens: int = Field(
         0, ge=0, description="host_compute: a batch of at least this many tokens runs the offloaded layers' matrix "
                              "multiplications on the GPU, copying their weights over (0: never)")
+    pinned: bool = Field(
+        True, description="stream: the host copies are in pinned (page-locked) memory; false: pageable, which the "
+                          "driver stages through a pinned buffer at a lower rate (the profile's host_link_pageable)")
     keeps_quantization: bool = Field(
         True, description="offloaded layers keep the plan's weight format (false: they are held unquantized)")
     stream_unit: Literal["layer", "tensor"] = Field(
@@ -281,6 +284,8 @@ class OffloadEra(Frozen):
                 documented.add(name)
         if not self.keeps_quantization:
             documented.add("keeps_quantization")
+        if self.mode == "stream":
+            documented.add("pinned")
         if self.mode == "stream":
             documented.add("stream_unit")
         require_sources(documented, self.sources)

@@ -29,7 +29,13 @@ from typing import Any, Iterator
 
 from shardplan.cost.accuracy import memory_fits_at_edge
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
-from shardplan.cost.memory_training import activation_bytes_lower_bound, stage_states_bytes, training_memory
+from shardplan.cost import memo
+from shardplan.cost.memory_training import (
+    activation_bytes_lower_bound,
+    exceeds_gpu_memory,
+    stage_states_bytes,
+    training_memory,
+)
 from shardplan.cost.time_training import (
     layers_seconds_lower_bound,
     pipeline_seconds,
@@ -91,8 +97,17 @@ def state_variants(layout: Layout, hw: HardwareProfile, space: Space) -> tuple[l
     return plain, offloaded
 
 
+def _evolve(layout: Layout, **changes: Any) -> Layout:
+    """`dataclasses.replace` for the search's hot loops, without re-running `__init__` and
+    `__post_init__` (a third of the time of building a shape): the callers pass values that are
+    already of the fields' types (enums as enums), which is all `__post_init__` would ensure."""
+    new = object.__new__(Layout)
+    new.__dict__.update(layout.__dict__, **changes)
+    return new
+
+
 def with_variant(layout: Layout, v: Variant) -> Layout:
-    return replace(layout, zero_stage=v[0], hybrid_shard=v[1], offload_optimizer=v[2], offload_params=v[3])
+    return _evolve(layout, zero_stage=v[0], hybrid_shard=v[1], offload_optimizer=Offload(v[2]), offload_params=Offload(v[3]))
 
 
 def degree_candidates(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, res: SearchResult) -> Iterator[Layout]:
@@ -163,11 +178,13 @@ def _flags(space: Space, deg: Layout, wl: TrainingWorkload) -> tuple[list[bool],
 
 def shape_candidates(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout) -> Iterator[Layout]:
     sps, rcs = _flags(space, deg, wl)
+    rcs = [Recompute(rc) for rc in rcs]
     for mbs in _micro_batches(wl, space, deg):
         for v, sched in _pipelines(spec, wl, space, deg, mbs):
+            sched = PipelineSchedule(sched)
             for sp in sps:
                 for rc in rcs:
-                    yield replace(deg, micro_batch_size=mbs, virtual_stages=v, pp_schedule=sched, sequence_parallel=sp, recompute=rc)
+                    yield _evolve(deg, micro_batch_size=mbs, virtual_stages=v, pp_schedule=sched, sequence_parallel=sp, recompute=rc)
 
 
 def _num_layouts(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, deg: Layout) -> int:
@@ -315,6 +332,9 @@ def _cost_variants(
     cap = float(hw.memory_capacity_bytes)
     tokens = wl.global_batch_size * wl.seq_len
     act = activation_bytes_lower_bound(spec, hw, shape, wl, m)
+    # The verdict's rejection reads as memory_reason's GPU reason unless the profile's GPU name
+    # holds one of the words memory_reason looks for first (then the full model decides).
+    verdict = memo.ENABLED and memory_reason(hw.gpu_model) == memory_reason(None)
     fitted = 0
     for v in variants:
         layout = with_variant(shape, v)
@@ -323,6 +343,10 @@ def _cost_variants(
             res.rejected["model states + activations exceed GPU memory"] += 1
             continue
         res.num_costed += 1
+        if verdict and exceeds_gpu_memory(spec, hw, layout, wl):
+            # The full model's own stage figures, stage by stage: most layouts here end this way.
+            res.rejected["does not fit in GPU memory"] += 1
+            continue
         tm = training_memory(spec, hw, layout, wl)
         if not tm.fits:
             res.rejected[memory_reason(tm.reason)] += 1

@@ -160,6 +160,10 @@ class EfficiencyFile(StrictModel):
     inter_node_link: float = Field(..., gt=0, le=1)
     host_link: float = Field(..., gt=0, le=1)
     nvme: float = Field(..., gt=0, le=1)
+    host_link_pageable: float | None = Field(
+        None, gt=0, le=1, description="achieved / peak host-to-device rate of copies from pageable (not pinned) host "
+                                      "memory, which the driver stages through a pinned buffer (accelerate's offload "
+                                      "hooks); null: unknown, costed at the pinned rate with a note")
     host_memory: float | None = Field(
         None, gt=0, le=1, description="achieved / peak host DRAM bandwidth of a CPU matrix-vector product (llama.cpp "
                                       "token generation on the CPU); null: unknown")
@@ -246,6 +250,7 @@ class HardwareProfile:
     # Host DRAM (layers run on the CPU, llama.cpp -ngl); None: the profile does not say.
     host_memory_bandwidth_bytes_per_second_or_none: float | None = None
     host_memory_efficiency_or_none: float | None = None
+    host_link_pageable_efficiency: float | None = None  # None: unknown (copies costed at the pinned rate)
 
     @property
     def host_memory_bandwidth_bytes_per_second(self) -> float:
@@ -328,6 +333,7 @@ def profile_from_file(f: HardwareProfileFile) -> HardwareProfile:
             None if n.host_memory_bandwidth_gb_per_s is None
             else units.gb_per_s_to_bytes_per_second(n.host_memory_bandwidth_gb_per_s)),
         host_memory_efficiency_or_none=eff.host_memory,
+        host_link_pageable_efficiency=eff.host_link_pageable,
         matmul_fp8_efficiency=eff.matmul_fp8 or eff.matmul,
         matmul_half_dim=eff.matmul_half_dim,
         attention_efficiency=eff.attention or eff.matmul,

@@ -308,6 +308,13 @@ class ModelSpec(StrictModel):
                     raise ValueError(f"layer_types has {kind.value} layers but {field} is not set")
         return self
 
+    def __hash__(self) -> int:
+        # pydantic's generated hash re-hashes every field, the nested MoE/MLA/vision specs
+        # included, on each call, and the cost model's caches look the spec up hundreds of
+        # thousands of times a search: hash a few identifying fields instead. Equal specs share
+        # them, so this stays consistent with __eq__ (which still decides on a collision).
+        return hash((self.name, self.num_layers, self.hidden_size, self.vocab_size, self.intermediate_size))
+
     # ----- derived figures -------------------------------------------------------------
     @property
     def trains_with_dropout(self) -> bool:

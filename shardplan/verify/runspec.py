@@ -56,6 +56,8 @@ BF16_MOE_NOTE = ("bf16 with MoE blocks: tokens are routed round-robin over the e
                  "moe_force_load_balance), here and in the reference: bf16 rounds the sharded run's router inputs "
                  "differently from the reference's, which flips top-k choices that nearly tie (a whole expert's output "
                  "apart, not a rounding error); the prediction spreads tokens evenly either way")
+# Where an offloaded serving plan goes instead of a torchrun launch (cli/cmd_verify.py routes it).
+OFFLOAD_SERVING_HINT = "give the model's checkpoint folder: shardplan verify PLAN --checkpoint DIR"
 CP_CHUNKS_PER_RANK = 2  # context parallelism: a head and a tail chunk per rank (context.CHUNKS_PER_RANK)
 
 
@@ -180,8 +182,10 @@ def check_runnable(spec: ModelSpec, layout: Layout, *, training: bool = True) ->
         raise _refuse("layout.tp", "tied embeddings under tensor parallelism", "verify the plan with tp=1")
     offload = (L.offload_optimizer, L.offload_params)
     if not training and L.offload_params is not Offload.NONE:
-        raise _refuse("layout.offload_params", "serving with offloaded weights (vLLM's --cpu-offload-gb)",
-                      "verify the plan without offload_params")
+        # Offloaded serving runs in one process, from the model's own weights, with accelerate's
+        # offload hooks (verify.offload_serving): `verify PLAN --checkpoint DIR` takes it there.
+        raise CannotVerify("an offloaded serving plan is verified by loading its checkpoint with accelerate, not "
+                           "by a torchrun launch", field="layout.offload_params", hint=OFFLOAD_SERVING_HINT)
     if Offload.NVME in offload:
         field = "layout.offload_params" if L.offload_params is Offload.NVME else "layout.offload_optimizer"
         raise _refuse(field, "NVMe offload", "verify the plan with offload to cpu")

@@ -113,3 +113,20 @@ def test_the_search_finds_the_fewest_offloaded_layers_that_fit():
 def test_an_engine_without_offload_gets_no_offloaded_layout():
     wl = _wl("sglang")
     assert fewest_offloaded_layers(SPEC, HW, Layout(), wl, SearchResult(training=False, goal=None, gpu_counts=[1])) is None
+
+
+def test_accelerate_copies_from_pageable_memory_at_the_profiles_pageable_rate():
+    """transformers/accelerate copies from pageable tensors; vLLM pins them. With a profile that
+    states its pageable efficiency the stream costs that rate; without one the report says the
+    copy is costed at the pinned rate."""
+    from shardplan.cost.estimate import estimate
+
+    wl = _wl("transformers")
+    assert not wl.offload_pinned and _wl("vllm").offload_pinned
+    pinned = offload_pass_seconds(SPEC, HW, _off(6), wl, gpu_seconds=0.0, tokens=1, kv_bytes_read=0.0, decode=True)
+    slow = replace(HW, host_link_pageable_efficiency=HW.host_link.efficiency / 3)
+    pageable = offload_pass_seconds(SPEC, slow, _off(6), wl, gpu_seconds=0.0, tokens=1, kv_bytes_read=0.0, decode=True)
+    assert pageable.seconds == pytest.approx(3 * pinned.seconds)
+    notes = estimate(SPEC, HW, _off(6), wl).assumptions
+    assert any("pageable" in n and "pinned rate" in n for n in notes)
+    assert not any("pageable" in n for n in estimate(SPEC, slow, _off(6), wl).assumptions)
