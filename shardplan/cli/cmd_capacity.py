@@ -7,13 +7,10 @@ from typing import Annotated, Optional
 import typer
 
 
-from shardplan.cli import render_capacity, render_common
-from shardplan.cost import inputs as options
-from shardplan.tasks.capacity import CapacityResult, default_max_gpus, serving_capacity, training_capacity
+# Module level: what the command's signature needs (the enums are light). The task, the specs
+# and the renderers are imported when the command runs, so `shardplan --help` loads none of them.
 from shardplan.cost.workload import Optimizer
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
-from shardplan.knowledge.load import engine_rules, stack_rules
-from shardplan.specs import loading
 
 from shardplan.cli.app import app, JsonOpt
 from shardplan.cli.options import (
@@ -107,6 +104,12 @@ def capacity(
 
     GPU counts are those recommend searches (powers of two in a node, then whole nodes) up to
     --max-gpus. Exit 0; 3 when nothing fits within --max-gpus."""
+    from shardplan.cli import render_capacity, render_common
+    from shardplan.cost import inputs as options
+    from shardplan.knowledge.load import engine_rules, stack_rules
+    from shardplan.specs import loading
+    from shardplan.tasks.capacity import CapacityResult, default_max_gpus, serving_capacity, training_capacity
+
     loaded = loading.load_model(model)
     base = loading.load_hardware(hardware)
     hw = base.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1)

@@ -7,11 +7,10 @@ from typing import Annotated, Optional
 import typer
 
 
-from shardplan.cli import render_catalog, render_common
-from shardplan.tasks.catalog import hardware_list as hardware_list_report, hardware_report, model_list, model_report
-from shardplan.specs import loading
-
 from shardplan.cli.app import models_app, hardware_app, JsonOpt
+
+# The tasks, the specs and the renderers are imported when a command runs (`shardplan --help`
+# loads none of them).
 
 
 @models_app.callback(invoke_without_command=True)
@@ -19,6 +18,10 @@ def models_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     """List the bundled model specs with their parameter counts."""
     if ctx.invoked_subcommand is not None:
         return
+    from shardplan.cli import render_catalog, render_common
+    from shardplan.specs import loading
+    from shardplan.tasks.catalog import model_list
+
     rows = model_list(loading.list_models())
     render_common.emit(rows.model_dump(mode="json") if json_out else rows.root, json_out, render_catalog.models_table)
 
@@ -29,6 +32,10 @@ def models_show(
     json_out: JsonOpt = False,
 ) -> None:
     """Parameter breakdown, total and active counts, KV bytes per token and head/expert facts."""
+    from shardplan.cli import render_catalog, render_common
+    from shardplan.specs import loading
+    from shardplan.tasks.catalog import model_report
+
     r = model_report(loading.load_model(model))
     render_common.emit(r.model_dump(mode="json") if json_out else r, json_out, render_catalog.model_detail)
 
@@ -38,6 +45,10 @@ def hardware_list(ctx: typer.Context, json_out: JsonOpt = False) -> None:
     """List the bundled hardware profiles."""
     if ctx.invoked_subcommand is not None:
         return
+    from shardplan.cli import render_catalog, render_common
+    from shardplan.specs import loading
+    from shardplan.tasks.catalog import hardware_list as hardware_list_report
+
     rows = hardware_list_report(loading.list_hardware())
     render_common.emit(rows.model_dump(mode="json") if json_out else rows.root, json_out, render_catalog.hardware_table)
 
@@ -50,6 +61,10 @@ def hardware_show(
     json_out: JsonOpt = False,
 ) -> None:
     """GPU, node and link figures of one profile, with their sources in --json."""
+    from shardplan.cli import render_catalog, render_common
+    from shardplan.specs import loading
+    from shardplan.tasks.catalog import hardware_report
+
     hw = loading.load_hardware(hardware).with_topology(gpus_per_node=gpus_per_node, num_nodes=nodes)
     r = hardware_report(hw)
     render_common.emit(r.model_dump(mode="json") if json_out else r, json_out, render_catalog.hardware_detail)

@@ -8,14 +8,12 @@ from typing import Annotated, Optional
 import typer
 
 
-from shardplan.cli import render_common, render_deploy
-from shardplan.specs import cluster
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
-from shardplan.exporters import ExportOptions
-from shardplan.tasks.export import export_plan
-from shardplan.plan.manifest import load_manifest
 
 from shardplan.cli.app import app, JsonOpt
+
+# The exporters, the tasks and the renderers are imported when a command runs (`shardplan
+# --help` loads none of them).
 from shardplan.cli.options import ObjectiveChoice, ToOpt
 
 
@@ -43,6 +41,10 @@ def export_cmd(
     objects, or a JAX mesh. Flags are pinned to a stated version of each tool. A plan the target
     cannot express (e.g. pipeline stages for TGI, ZeRO for a serving engine) exits 2 saying why;
     a plan that does not fit exits 3. Files are written atomically."""
+    from shardplan.cli import render_common, render_deploy
+    from shardplan.exporters import ExportOptions
+    from shardplan.tasks.export import export_plan
+
     opts = ExportOptions(model_path=model_path, script=script, plan_file=str(plan), image=image, port=port,
                          nvme_path=nvme_path, engine=engine, cache_pvc=cache_pvc, hf_token_secret=hf_token_secret,
                          max_restarts=max_restarts, elastic_min_nodes=elastic_min_nodes)
@@ -65,6 +67,7 @@ def checkpoint_cmd(
     against the model, and reports per rank the files, byte ranges and total bytes, and the
     total per node. A missing, extra or mis-shaped tensor, or an index entry outside the
     folder, exits 2 naming it."""
+    from shardplan.cli import render_common, render_deploy
     from shardplan.tasks.checkpoint import plan_checkpoint
 
     result = plan_checkpoint(plan, checkpoint_dir, dtype=dtype)
@@ -102,7 +105,10 @@ def replan_cmd(
     `shardplan replan plan.yaml --gpus 24 --min-capacity 0.75` serves 75% or more throughout. Exit 3
     when nothing fits, when slices only lost ranks held have no --from-checkpoint to come from,
     or when no rollout order keeps --min-capacity (the best order is still printed)."""
+    from shardplan.cli import render_common, render_deploy
+    from shardplan.plan.manifest import load_manifest
     from shardplan.plan.readback import plan_hardware
+    from shardplan.specs import cluster
     from shardplan.tasks.replan import replan
 
     if (gpus is None) == (nodes is None):

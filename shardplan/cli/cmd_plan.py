@@ -4,32 +4,24 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Optional
+from types import ModuleType
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 
-from shardplan.cli import plots, render_common, render_deploy, render_plan, schemas
-from shardplan.cost import inputs as options
-from shardplan.specs import cluster
-from shardplan.cost.estimate import estimate as run_estimate
+# Module level: what the commands' signatures need (the enums are light modules). The cost
+# model, the search, the tasks, the exporters, the renderers and the plots are imported where
+# they are used, so `shardplan --help` loads none of them and `recommend --json` no renderer.
+from shardplan.cli import render_common, schemas
 from shardplan.cost.layout import PipelineSchedule, Recompute
 from shardplan.cost.workload import InferenceWorkload, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
-from shardplan.cost.report import CostReport
-from shardplan.exporters import ExportOptions
-from shardplan.tasks.export import export_plan
-from shardplan.plan.manifest import load_manifest, manifest_json_schema
-from shardplan.tasks.recommend import recommend as run_recommend
-from shardplan.tasks.recommend import with_allowed_dtypes
-from shardplan.tasks._bands import banded
-from shardplan.search import Goal, Objective, Space
-from shardplan.search.results import ExportSummary
-from shardplan.knowledge.load import engine_rules, stack_rules
-from shardplan.specs import loading
 
 from shardplan.cli.app import app, JsonOpt
-from shardplan.cost.offload import with_serving_offload
+
+if TYPE_CHECKING:
+    from shardplan.cost.report import CostReport
 from shardplan.cli.options import (
     CpuOffloadGbOpt,
     NGpuLayersOpt,
@@ -167,6 +159,13 @@ def estimate(
 
     Exit 0 when it fits, 3 when it does not (the report is still printed), 2 for a layout
     that cannot exist."""
+    from shardplan.cost import inputs as options
+    from shardplan.cost.estimate import estimate as run_estimate
+    from shardplan.cost.offload import with_serving_offload
+    from shardplan.knowledge.load import engine_rules
+    from shardplan.specs import cluster, loading
+    from shardplan.tasks._bands import banded
+
     _check_plot(plot)
     loaded = loading.load_model(model)
     hw = cluster.cluster(loading.load_hardware(hardware), gpus=gpus, nodes=nodes, gpus_per_node=gpus_per_node)
@@ -194,8 +193,10 @@ def estimate(
                                  hint="training offloads all parameters: --offload all-cpu --zero-stage 3")
         report = run_estimate(loaded.spec, hw, layout, wl)
     report = banded(report, hw)  # each figure's measured error band, and the verdict at its edge
-    render_common.emit(report.model_dump(mode="json"), json_out, lambda _: render_plan.estimate_report(report))
+    render_common.emit(report.model_dump(mode="json"), json_out, lambda _: _render_plan().estimate_report(report))
     if plot is not None:
+        from shardplan.cli import plots
+
         plots.write_plot(plot, plots.estimate_figure(report))
         render_common.file_written(plot, "plot")
     if not report.fits:
@@ -289,6 +290,12 @@ def recommend(
     (latency vs throughput per GPU); rejected layouts by reason; the binding constraint and the
     runner-up's gap. When nothing fits it lists the smallest changes that would (each found by
     searching again) and exits 3. `-o plan.yaml` writes the winner's deployment manifest."""
+    from shardplan.cost.inputs import offload_pair
+    from shardplan.search import Goal, Objective, Space
+    from shardplan.specs import cluster, loading
+    from shardplan.tasks.recommend import recommend as run_recommend
+    from shardplan.tasks.recommend import with_allowed_dtypes
+
     if export_to is not None and output is None:
         raise ShardplanError("--export needs -o PLAN.yaml: the export is written beside the plan", field="--export",
                              hint="add -o plan.yaml")
@@ -320,7 +327,7 @@ def recommend(
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero_stage=zero_stage, hybrid_shard=hybrid_shard,
         sequence_parallel=sequence_parallel, recompute=recompute, pp_schedule=pp_schedule,
         virtual_stages=virtual_stages, micro_batch_size=micro_batch_size,
-        offload=options.offload_pair(offload.value) if offload else None,
+        offload=offload_pair(offload.value) if offload else None,
         allow_cross_node_tp=allow_cross_node_tp, allow_offload=allow_offload,
     )
     if not training:
@@ -338,6 +345,10 @@ def recommend(
             manifest_path=output, progress=progress, strict_fit=strict_fit,
         )
     if result.top and export_to is not None:
+        from shardplan.exporters import ExportOptions
+        from shardplan.search.results import ExportSummary
+        from shardplan.tasks.export import export_plan
+
         assert output is not None
         exported = export_plan(output, export_to, ExportOptions(plan_file=str(output)), output.parent)
         summary = ExportSummary(target=export_to, files=[f.path for f in exported.files if f.path is not None])
@@ -345,10 +356,14 @@ def recommend(
     if json_out:
         render_common.print_json(result.model_dump(mode="json"))
     else:
-        render_plan.recommend_report(result)
+        _render_plan().recommend_report(result)
         if result.export is not None:
+            from shardplan.cli import render_deploy
+
             render_deploy.export_report(exported, written=True)
     if plot is not None and result.top:
+        from shardplan.cli import plots
+
         plots.write_plot(plot, plots.recommend_figure(result))
         render_common.file_written(plot, "plot")
     if not result.top:
@@ -362,7 +377,9 @@ def schema(
 ) -> None:
     """Print the JSON Schema of a command's `--json` output (default: the deployment manifest
     that `recommend -o` writes)."""
-    model = schemas.OUTPUTS.get(output)
+    from shardplan.plan.manifest import manifest_json_schema
+
+    model = schemas.output_model(output)
     if model is None:
         raise ShardplanError(f"no output named {output!r}", field="--output", hint="use one of " + ", ".join(schemas.OUTPUTS))
     render_common.print_json(manifest_json_schema() if output == "manifest" else model.model_json_schema())
@@ -375,8 +392,17 @@ def show(
 ) -> None:
     """Re-render a deployment manifest: model, hardware, layout, placement, predicted memory and
     time. A manifest from a newer schema or with an impossible layout is rejected (exit 2)."""
+    from shardplan.plan.manifest import load_manifest
+
     m = load_manifest(plan)
-    render_common.emit(m.model_dump(mode="json"), json_out, lambda _: render_plan.manifest_report(m))
+    render_common.emit(m.model_dump(mode="json"), json_out, lambda _: _render_plan().manifest_report(m))
+
+
+def _render_plan() -> ModuleType:
+    """The table renderers (and rich), imported only when a table is printed."""
+    from shardplan.cli import render_plan
+
+    return render_plan
 
 
 
@@ -384,6 +410,8 @@ def _fastest_interleaving(spec, hw, wl, pp: int, layout_with) -> CostReport:
     """--pp-schedule interleaved without --virtual-stages: every v >= 2 that splits the layers
     evenly over pp x v chunks (as Megatron-LM requires) is costed, and the fastest step is kept
     and said, rather than v = 1 (a 1F1B bubble under another name)."""
+    from shardplan.cost.estimate import estimate as run_estimate
+
     allowed = [v for v in range(2, spec.num_layers // max(pp, 1) + 1) if spec.num_layers % (pp * v) == 0]
     reports = []
     for v in allowed:
@@ -404,12 +432,17 @@ def _fastest_interleaving(spec, hw, wl, pp: int, layout_with) -> CostReport:
 def _check_plot(path: Optional[Path]) -> None:
     """Before any work: the format is known and matplotlib is installed."""
     if path is not None:
+        from shardplan.cli import plots
+
         plots.plot_format(path)
         plots.require_matplotlib()
 
 
 def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
     """The workload from the shared workload options of a command (its locals)."""
+    from shardplan.cost import inputs as options
+    from shardplan.knowledge.load import engine_rules, stack_rules
+
     if o["workload"] is WorkloadKind.TRAINING:
         stack, framework = resolve_stack(o["stack"], o["framework"])
         return options.training_workload(

@@ -7,21 +7,30 @@ from typing import Annotated, Optional
 
 import typer
 
-from shardplan.cli import render_common, render_validate
 from shardplan.cli.app import JsonOpt, app
 from shardplan.cli.options import choice
-from shardplan.knowledge.load import known_engines, known_stacks
-from shardplan.tasks.validate import validate
+
+
+def _engines() -> list[str]:
+    from shardplan.knowledge.load import known_engines
+
+    return known_engines()
+
+
+def _stacks() -> list[str]:
+    from shardplan.knowledge.load import known_stacks
+
+    return known_stacks()
 
 
 @app.command("validate")
 def validate_cmd(
     engine: Annotated[Optional[str], typer.Option(
         help="Only the start-up logs of this engine (vllm, sglang, tgi, trtllm).",
-        callback=lambda v: choice("--engine", known_engines(), "engine")(v))] = None,
+        callback=lambda v: choice("--engine", _engines(), "engine")(v))] = None,
     stack: Annotated[Optional[str], typer.Option(
         help="Only the training and fine-tuning runs of this stack (megatron, torchtitan, deepspeed, hf).",
-        callback=lambda v: choice("--stack", known_stacks(), "stack")(v))] = None,
+        callback=lambda v: choice("--stack", _stacks(), "stack")(v))] = None,
     cases: Annotated[Optional[Path], typer.Option(
         help="Your own measured cases (YAML or JSON: `cases:`, see the README) instead of the shipped ones.")] = None,
     cases_table: Annotated[bool, typer.Option("--cases-table/--no-cases-table", help="Also list every case with its error.")] = False,
@@ -34,6 +43,9 @@ def validate_cmd(
     90th-percentile and largest |error|, and the worst case with its source. The 90th percentile
     is the band that estimate, recommend and capacity print beside their figures.
     Example: shardplan validate --engine vllm; shardplan validate --cases my-runs.yaml --cases-table"""
+    from shardplan.cli import render_common, render_validate
+    from shardplan.tasks.validate import validate
+
     result = validate(engine=engine, stack=stack, cases_file=cases)
     render_common.emit(result.model_dump(mode="json"), json_out,
                        lambda _: render_validate.validate_report(result, cases_table=cases_table))

@@ -10,7 +10,6 @@ import typer
 
 from enum import Enum
 
-from shardplan.cli import render_common, render_verify
 from shardplan.errors import ShardplanError, EXIT_VERIFY_FAILED, EXIT_VERIFY_MISMATCH
 
 from shardplan.cli.app import app, JsonOpt
@@ -98,6 +97,8 @@ def verify_cmd(
     differ, 5 when the load or generation fails, 2 for a checkpoint that is missing or not the
     plan's model, a plan that is not an offloaded transformers serving plan, or an offload folder
     that cannot be written."""
+    from shardplan.cli import render_common, render_verify
+
     if checkpoint is not None:
         _offloaded(plan, checkpoint, offload_folder, report=report, json_out=json_out, given={
             "--from": from_plan is not None, "--engine-log": engine_log is not None, "--hardware": hardware is not None,
@@ -152,6 +153,7 @@ def _reshard(plan: Path, from_plan: Path, *, lost_nodes: str | None, lost_ranks:
              json_out: bool) -> None:
     """verify PLAN --from OLD: the two launches, the loss and the bytes (`verify.reshard_launch`).
     Both legs run fp32 whatever --dtype says: the continuation is checked at fp32 tolerance."""
+    from shardplan.cli import render_common, render_verify
     from shardplan.cli.cmd_deploy import _index_list  # replan's parser of --lost-nodes / --lost-ranks
     from shardplan.verify.reshard_launch import verify_reshard
 
@@ -174,6 +176,7 @@ def _offloaded(plan: Path, checkpoint: Path, offload_folder: Path | None, *, rep
                given: dict[str, bool]) -> None:
     """verify PLAN --checkpoint DIR: an offloaded serving plan loaded with accelerate on the CPU
     (`verify.offload_serving`, which imports torch when it runs)."""
+    from shardplan.cli import render_common, render_verify
     import json
 
     from shardplan.fileio import write_text_atomic
@@ -193,6 +196,7 @@ def _offloaded(plan: Path, checkpoint: Path, offload_folder: Path | None, *, rep
 
 
 def _engine_log(plan: Path, log: Path, hardware: str | None, json_out: bool) -> None:
+    from shardplan.cli import render_common, render_verify
     from shardplan.tasks.engine_log import check_engine_log
 
     result = check_engine_log(plan, log, hardware)
@@ -203,6 +207,8 @@ def _engine_log(plan: Path, log: Path, hardware: str | None, json_out: bool) -> 
 
 def _progress_line(text: str) -> None:
     """A verify progress line on stderr (only when stderr is a terminal): never in stdout."""
+    from shardplan.cli import render_common
+
     render_common.err_console.print(f"verify: {text}", markup=False, highlight=False, soft_wrap=True)
 
 
@@ -237,6 +243,7 @@ def calibrate_cmd(
 
     Exit 2 for a report from a CPU run, a failed run, or one without probes; for a log without
     those figures; or for both or neither of REPORT and --engine-log. Nothing is written then."""
+    from shardplan.cli import render_common, render_verify
     from shardplan.errors import ShardplanError
     from shardplan.tasks.calibrate import calibrate_profile, calibrate_profile_from_engine_log
 

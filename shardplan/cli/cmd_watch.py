@@ -7,11 +7,8 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.live import Live
 
-from shardplan.cli import render_watch
 from shardplan.cli.app import app
-from shardplan.cli.render_common import console
 
 
 @app.command("watch")
@@ -48,6 +45,9 @@ def watch_cmd(
     (or --count) and exits with the last scrape's code.
 
     Example: shardplan watch plan.yaml --metrics http://10.0.0.5:8000/metrics --metrics http://10.0.0.5:9400/metrics --once --json"""
+    from rich.live import Live
+    from shardplan.cli import render_watch
+    from shardplan.cli.render_common import console
     from shardplan.tasks.watch import exit_error, open_watch
 
     watcher = open_watch(plan, list(metrics or []), map_file)

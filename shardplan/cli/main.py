@@ -3,6 +3,8 @@ line and its exit code (the single error -> exit-code map)."""
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import sys
 import traceback
@@ -18,6 +20,12 @@ from shardplan.errors import EXIT_INTERNAL, ShardplanError
 
 from shardplan.cli.app import app
 from shardplan.cli import cmd_catalog, cmd_plan, cmd_capacity, cmd_deploy, cmd_validate, cmd_verify, cmd_watch  # noqa: F401 - they register commands
+
+# At exit the interpreter runs the cycle collector over every object a command made (a large
+# search's caches: a quarter of a second) only to free memory the process is about to give
+# back. Freezing them first skips that; buffered streams are still flushed and files the
+# commands write are closed when written.
+atexit.register(gc.freeze)
 
 
 def main() -> None:

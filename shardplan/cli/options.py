@@ -11,7 +11,6 @@ import typer
 
 from shardplan.cost.workload import Framework, Optimizer, Quantization
 from shardplan.errors import ShardplanError
-from shardplan.exporters import TARGETS
 
 
 class WorkloadKind(str, Enum):
@@ -109,7 +108,11 @@ def choice(option: str, choices: list[str], what: str) -> Callable[[Optional[str
     return check
 
 
-TARGET_NAMES = list(TARGETS)
+# The export targets by name (exporters.TARGETS), written out so that defining the options does not
+# import the exporters (and through them the manifest schema and yaml): `shardplan --help` must be
+# quick. tests/search/test_startup.py checks the two lists are the same.
+TARGET_NAMES = ["vllm", "sglang", "tgi", "trtllm", "llamacpp", "deepspeed", "torchrun", "slurm", "megatron",
+                "torchtitan", "accelerate", "kubernetes", "jax"]
 TARGET_METAVAR = "[" + "|".join(TARGET_NAMES) + "]"
 ToOpt = Annotated[str, typer.Option(
     "--to", help="The deployment tool to export for.", metavar=TARGET_METAVAR, show_default=False,
@@ -134,7 +137,7 @@ def _stacks() -> list[str]:
 StackOpt = Annotated[Optional[str], typer.Option(
     help="Training stack whose loss head, checkpointing, AMP, attention kernel and model-state bookkeeping the "
          "memory and time follow: torchtitan (default), megatron, deepspeed or hf.",
-    callback=choice("--stack", _stacks(), "stack"),
+    callback=lambda v: choice("--stack", _stacks(), "stack")(v),
     autocompletion=_stacks, show_default=False, rich_help_panel=TRAIN)]
 # --framework (deprecated) -> the stack whose bookkeeping it named
 FRAMEWORK_STACKS = {Framework.ZERO: "torchtitan", Framework.DEEPSPEED: "deepspeed", Framework.MEGATRON: "megatron"}
@@ -169,7 +172,7 @@ NGpuLayersOpt = Annotated[Optional[int], typer.Option(
     show_default=False, rich_help_panel=SERVE)]
 EngineOpt = Annotated[str, typer.Option(
     help="Serving engine whose rules (by version) shape memory, defaults and decode time: vllm, sglang, tgi, "
-         "trtllm, llamacpp (llama-server, GGUF) or transformers (generate with accelerate's device_map).", callback=choice("--engine", _engines(), "engine"),
+         "trtllm, llamacpp (llama-server, GGUF) or transformers (generate with accelerate's device_map).", callback=lambda v: choice("--engine", _engines(), "engine")(v),
     autocompletion=_engines, rich_help_panel=SERVE)]
 EngineVersionOpt = Annotated[Optional[str], typer.Option(
     help="Engine version, X.Y[.Z] (default: the newest shardplan knows, printed with the answer).",

@@ -1,6 +1,9 @@
 """Shared rendering: the console (stdout) and err_console (stderr), `--json` output,
 number formats, progress, error lines. Renderers take a command's result and print it; they
-compute nothing."""
+compute nothing.
+
+rich is imported when something is rendered with it: `console` and `err_console` are made on
+first use (module `__getattr__`), so `--json`, which writes with `json`, never loads it."""
 
 from __future__ import annotations
 
@@ -9,14 +12,14 @@ import os
 import sys
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from shardplan import units
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
 
 # Piped output (`| tee`, `| less`, CI logs) is read later, at any width: render it at a fixed
 # wide width, not rich's 80-column default, so tables keep one row per line. COLUMNS, when
@@ -25,13 +28,29 @@ PIPED_WIDTH_COLUMNS = 200
 
 
 def _console(*, stderr: bool = False) -> Console:
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     piped = not stream.isatty() and "COLUMNS" not in os.environ
     return Console(stderr=stderr, width=PIPED_WIDTH_COLUMNS if piped else None)
 
 
-console = _console()
-err_console = _console(stderr=True)
+def __getattr__(name: str) -> Any:
+    """`console` and `err_console`, made on first use and kept (PEP 562)."""
+    if name in ("console", "err_console"):
+        made = globals()[name] = _console(stderr=name == "err_console")
+        return made
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _out() -> Console:
+    return sys.modules[__name__].console  # type: ignore[no-any-return]
+
+
+def _err() -> Console:
+    return sys.modules[__name__].err_console  # type: ignore[no-any-return]
+
+
 PROGRESS_AFTER_SECONDS = 0.5  # searches shorter than this show no bar
 
 
@@ -67,13 +86,15 @@ def fmt_rate_gb(n_bytes_per_second: float) -> str:
 
 
 def error_line(text: str) -> None:
+    from rich.text import Text
+
     # The message is plain text: brackets in it (a pip extra, a list) are not rich markup.
-    err_console.print(Text.assemble(("error:", "red"), " ", text), highlight=False, soft_wrap=True)
+    _err().print(Text.assemble(("error:", "red"), " ", text), highlight=False, soft_wrap=True)
 
 
 def file_written(path: Any, what: str) -> None:
     """A side file (a plot) was written: a log line on stderr, so stdout stays data."""
-    err_console.print(f"{what} written to {path}", markup=False, highlight=False, soft_wrap=True)
+    _err().print(f"{what} written to {path}", markup=False, highlight=False, soft_wrap=True)
 
 
 def fmt_seconds(s: float) -> str:
@@ -85,6 +106,8 @@ def fmt_seconds(s: float) -> str:
 
 
 def breakdown_table(title: str, columns: dict[str, dict[str, float]]) -> Table:
+    from rich.table import Table
+
     t = Table(title=title, title_justify="left")
     t.add_column("")
     for name in columns:
@@ -116,9 +139,12 @@ def progress(label: str) -> Iterator[Callable[[int, int], None]]:
     def update(done: int, total: int) -> None:
         nonlocal bar, task
         if bar is None:
-            if time.monotonic() - start < PROGRESS_AFTER_SECONDS or not err_console.is_terminal:
+            if time.monotonic() - start < PROGRESS_AFTER_SECONDS or not _err().is_terminal:
                 return
-            bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True)
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=_err(),
+                           transient=True)
             bar.start()
             task = bar.add_task(label, total=total)
         bar.update(task, completed=done, total=total)  # type: ignore[arg-type]
@@ -156,6 +182,9 @@ def fitted_table(title: str, columns: list[tuple[str, str, int]], rows: list[lis
     never truncated to `...`; instead the highest-priority-number columns are dropped until the
     rest fit (priority 0 is never dropped: identifiers such as the layout), and the caption
     says which were left out."""
+    from rich.table import Table
+
+    console = _out()
     def width(i: int) -> int:
         return max([len(columns[i][0])] + [len(row[i]) for row in rows]) + 3  # padding and a border
 

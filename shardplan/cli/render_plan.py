@@ -241,8 +241,11 @@ def recommend_report(r: RecommendResult) -> None:
                 if parts:
                     line += " (" + ", ".join(parts) + ")"
             console.print(line)
+    offloaded_pick = bool(r.top) and bool(getattr(r.top[0].plan, "offload", None) and r.top[0].plan.offload.layers)
     for s in r.suggestions:
-        console.print(f"[yellow]would fit with[/yellow] {s.change}: {s.detail}")
+        # With a pick that fits on the GPUs alone these are the trade the other way, not a rescue.
+        label = "would fit with" if not r.top or offloaded_pick else "alternative:"
+        console.print(f"[yellow]{label}[/yellow] {s.change}: {s.detail}")
     if not r.top and r.strict_fit and r.rejected.get(TIGHT):
         band = r.bands[0].note if r.bands else "the band"
         console.print(f"[red]no layout fits at the error band's edge[/red]: {r.rejected[TIGHT]:,} fit only at the "

@@ -44,10 +44,12 @@ the experts its tokens touch, E_local (1 - (1 - k/E)^(tokens)) of them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from shardplan.cost import memo
+from shardplan.cost.memo import hash_once
 from shardplan.cost.layout import Layout
 from shardplan.cost.params import Component, Split, WeightKind, block_weights, layer_kind
 from shardplan.cost.weights import bytes_per_weight_element, is_quantized_tensor, numel_per_rank
@@ -131,6 +133,7 @@ FP8_CAST_BYTES_PER_ELEMENT = 5.0
 EAGER_DROPOUT_BYTES_PER_SCORE = 5.0
 
 
+@hash_once
 @dataclass(frozen=True)
 class Work:
     """What one forward pass of a layer processes on one GPU.
@@ -241,6 +244,21 @@ def _linear_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, w: Weight
         nbytes = n * k * wb + work.tokens * (k + n) * a
         return memory_seconds(hw, nbytes), 2.0 * work.tokens * n * k
     return gemm_time(hw, work.tokens, n, k, count=1, weight_bytes=wb, act_bytes=a, dtype=dt)
+
+
+def _block_linear_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, w: WeightKind, work: Work) -> tuple[float, float]:
+    """`_linear_time`, cached on what it reads of the layout: tp for a dense weight; tp, ep and
+    etp for a routed expert's. The attention and shared weights of an MoE layer are then costed
+    once for every expert-parallel degree."""
+    if w.routed_expert:
+        return _linear_time_of(spec, hw, w, work, layout.tp, layout.ep, layout.expert_tp)
+    return _linear_time_of(spec, hw, w, work, layout.tp, 1, None)
+
+
+@lru_cache(maxsize=65536)
+def _linear_time_of(spec: ModelSpec, hw: HardwareProfile, w: WeightKind, work: Work, tp: int, ep: int,
+                    etp: int | None) -> tuple[float, float]:
+    return _linear_time(spec, hw, _shape(tp, 1, ep, etp, False), w, work)
 
 
 def attention_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, layer_index: int) -> tuple[float, float, int]:
@@ -429,7 +447,7 @@ def layer_forward(
     for w in block_weights(spec, moe_layer, linear):
         if len(w.shape) != 2:
             continue
-        t, f = _linear_time(spec, hw, layout, w, work)
+        t, f = _block_linear_time(spec, hw, layout, w, work)
         mm_t += t
         mm_f += f
         kernels += 1
@@ -461,15 +479,43 @@ def layer_forward(
 def layers_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, layers: Sequence[int]) -> PassTime:
     """One forward pass over `layers` on one rank; layers of the same kind (MoE, sliding window,
     linear attention) are costed once."""
-    counts: dict[tuple[bool, bool, bool], tuple[int, int]] = {}
+    return kinds_forward(spec, hw, layout, work, layer_kind_groups(spec, layers))
+
+
+LayerKind = tuple[bool, bool, bool]  # MoE, sliding window, linear attention: what a layer's forward depends on
+
+
+def layer_kind_groups(spec: ModelSpec, layers: Iterable[int]) -> tuple[tuple[LayerKind, int, int], ...]:
+    """(kind, its first layer, how many of `layers`) in the order the kinds first appear, the
+    order `layers_forward` sums them in."""
+    groups: dict[LayerKind, tuple[int, int]] = {}
     for i in layers:
         key = (spec.is_moe_layer(i), spec.is_sliding_layer(i), spec.is_linear_attention_layer(i))
-        first, n = counts.get(key, (i, 0))
-        counts[key] = (first, n + 1)
+        first, n = groups.get(key, (i, 0))
+        groups[key] = (first, n + 1)
+    return tuple((kind, first, n) for kind, (first, n) in groups.items())
+
+
+def kinds_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work,
+                  groups: tuple[tuple[LayerKind, int, int], ...]) -> PassTime:
+    """`layers_forward` from the layers' kind groups (`layer_kind_groups`). A layer's forward
+    depends on its index only through its kind, so each kind is costed at one representative
+    layer, the model's first of that kind (the cache then serves every stage that holds it);
+    the reference path (cost/memo.py) costs the group's own first layer, as it always did."""
+    reps = _kind_representatives(spec) if memo.ENABLED else None
     total = PassTime()
-    for (moe, _, _), (first, n) in counts.items():
-        total = total + _layer_forward(spec, hw, _compute_shape(layout, moe), work, first).scaled(n)
+    for kind, first, n in groups:
+        at = reps[kind] if reps is not None else first
+        total = total + _layer_forward(spec, hw, _compute_shape(layout, kind[0]), work, at).scaled(n)
     return total
+
+
+@lru_cache(maxsize=256)
+def _kind_representatives(spec: ModelSpec) -> dict[LayerKind, int]:
+    reps: dict[LayerKind, int] = {}
+    for i in range(spec.num_layers):
+        reps.setdefault((spec.is_moe_layer(i), spec.is_sliding_layer(i), spec.is_linear_attention_layer(i)), i)
+    return reps
 
 
 def _compute_shape(layout: Layout, moe_layer: bool) -> Layout:

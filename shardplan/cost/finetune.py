@@ -25,15 +25,16 @@ r (in + out) trainable parameters. The base model is frozen:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from enum import Enum
 
 from shardplan.cost.params import Component, WeightKind, block_weights, layer_kinds
+# What trains and how the base is stored are workload fields: defined beside the workload (which
+# the command line imports without the model schema), named here too.
+from shardplan.cost.workload import ALL_LINEAR, BaseFormat, FineTune  # noqa: F401 - re-exported
 from shardplan.errors import ShardplanError
 from shardplan.specs.model import ModelSpec
 
 NF4_BLOCK = 64  # weights per absmax constant (bitsandbytes quantize_4bit default blocksize)
 NF4_DQ_BLOCK = 256  # absmax constants per second-level fp32 constant (double quantization)
-ALL_LINEAR = "all-linear"
 
 # The decoder linears LoRA can target, by module name (PEFT matches target_modules on it).
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -61,20 +62,6 @@ PEFT_EXPERT_WRAPPING: dict[str, tuple[str, ...]] = {
         "glm_moe_dsa", "hunyuan_v1_moe", "longcat_flash", "mellum", "olmoe", "qwen3_moe", "qwen3_next",
         "qwen3_omni_moe", "qwen3_omni_moe_text", "qwen3_omni_moe_thinker", "sarvam_mla", "solar_open")},
 }
-
-
-class FineTune(str, Enum):
-    FULL = "full"
-    LORA = "lora"
-    QLORA = "qlora"
-
-
-class BaseFormat(str, Enum):
-    """How the frozen base's decoder linears are stored under QLoRA."""
-
-    NONE = "none"  # the model dtype
-    NF4 = "nf4"  # bitsandbytes 4-bit NormalFloat, fp32 absmax per 64 weights
-    NF4_DQ = "nf4-dq"  # with double quantization (QLoRA's recipe)
 
 
 def nf4_bytes_per_weight(double_quant: bool) -> float:

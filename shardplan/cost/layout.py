@@ -11,9 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
+from shardplan.cost.memo import hash_once
 from shardplan.errors import LayoutError
-from shardplan.specs.model import ModelSpec
+
+if TYPE_CHECKING:  # annotations only: the command line reads the enums here without the model schema
+    from shardplan.specs.model import ModelSpec
 
 
 class Recompute(str, Enum):
@@ -36,6 +40,7 @@ class Offload(str, Enum):
     NVME = "nvme"
 
 
+@hash_once
 @dataclass(frozen=True)
 class Layout:
     tp: int = 1

@@ -56,6 +56,7 @@ class StateBytes:
     grads_partitioned_from_stage: int  # 2 in the ZeRO paper; 3 where stage 1/2 keep full gradients
 
 
+@lru_cache(maxsize=1024)
 def state_bytes(wl: TrainingWorkload, zero_stage: int) -> StateBytes:
     """Bytes per parameter of each state. K (optimizer) holds the moments (Adam: m and v,
     SGD: momentum, fp32) and an fp32 master copy of the weights where one exists apart from
@@ -390,24 +391,7 @@ def activation_bytes_lower_bound(
 
 def stage_states_bytes(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, stage: int = 0) -> float:
     """GPU bytes of the model states (weights, gradients, optimizer states, ZeRO-3 gather
-    buffers) of one rank of `stage`, exactly as `training_memory` counts them. Cached on the
-    fields it reads (micro-batch, SP and recomputation do not enter)."""
-    L = layout
-    return _stage_states_bytes(spec, hw, wl, L.tp, L.pp, L.dp, L.cp, L.ep, L.expert_tp, L.virtual_stages, L.zero_stage,
-                               L.hybrid_shard, L.offload_optimizer, L.offload_params, L.pp_embedding_as_layer,
-                               L.pp_loss_as_layer, L.pp_first_stage_layers, L.pp_last_stage_layers, stage)
-
-
-@lru_cache(maxsize=65536)
-def _stage_states_bytes(
-    spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, tp: int, pp: int, dp: int, cp: int, ep: int, etp: int,
-    virtual_stages: int, zero_stage: int, hybrid_shard: bool, offload_optimizer: Offload, offload_params: Offload,
-    embedding_as_layer: bool, loss_as_layer: bool, first: int | None, last: int | None, stage: int,
-) -> float:
-    layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, virtual_stages=virtual_stages, zero_stage=zero_stage,
-                    hybrid_shard=hybrid_shard, offload_optimizer=offload_optimizer, offload_params=offload_params,
-                    pp_embedding_as_layer=embedding_as_layer, pp_loss_as_layer=loss_as_layer,
-                    pp_first_stage_layers=first, pp_last_stage_layers=last)
+    buffers) of one rank of `stage`, exactly as `training_memory` counts them."""
     sb = state_bytes(wl, layout.zero_stage)
     dense_n, expert_n = zero_shard_degrees(layout, hw.gpus_per_node)
     w = stage_weights(spec, layout, stage, quantization=Quantization.NONE, dense_dtype=wl.param_dtype)
@@ -562,42 +546,22 @@ def _node_offload_bytes(
 
 
 def _stage_memory(
-    spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c: _Common, stage: int, with_detail: bool
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, c: _Common, stage: int,
+    with_detail: bool,
 ) -> RankMemory:
     """One stage's rank in `training_memory` (its named detail only `with_detail`: the figures
     are the same either way, so a verdict and the full model cannot disagree)."""
-    rep = 1.0 / layout.tp if layout.sequence_parallel else 1.0
-    s_local = wl.seq_len / layout.cp
-    b = layout.micro_batch_size
-    chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
     w, dense, expert = _stage_states(spec, layout, wl, c, stage)
-    layers = [i for r in chunks for i in r]
+    L = layout
+    act, act_detail, largest, largest_what, layers = _stage_activations(
+        spec, wl, L.tp, L.cp, L.expert_tp, L.sequence_parallel, L.recompute, L.micro_batch_size, L.pp,
+        L.virtual_stages, L.pp_schedule, L.pp_embedding_as_layer, L.pp_loss_as_layer, L.pp_first_stage_layers,
+        L.pp_last_stage_layers, c.num_micro, stage)
     ft_detail: dict[str, float] = {}
     if not wl.trains_base:
-        dense, ft_detail = finetune_states(spec, layout, wl, stage, layers, c.dense_n, c.expert_n)
+        dense, ft_detail = finetune_states(spec, layout, wl, stage, list(layers), c.dense_n, c.expert_n)
         expert = ModelStates(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    per_layer_avg = sum(num * activation_bytes_per_layer(spec, layout, wl, moe, b, linear)
-                        for (moe, linear), num in chunk_layer_kinds(spec, chunks).items()) / len(layers)
-    inflight = in_flight_layer_activations(layout, stage, len(layers), c.num_micro)
-    act = per_layer_avg * inflight
-    detail = {"activations.layers": act}
-    inflight_micro = inflight / len(layers)
-    if stage == 0 and wl.dropout:
-        emb = DROPOUT_MASK_BYTES * s_local * b * spec.hidden_size * rep * math.ceil(inflight_micro)
-        detail["activations.embedding_dropout"] = emb
-        act += emb
-    largest, largest_what = 0.0, ""
-    if stage == layout.pp - 1:
-        # Final norm input, lm_head input, and what the stack's loss keeps of the logits.
-        # A frozen lm_head (LoRA) saves no input for a weight gradient.
-        head = (2 if wl.trains_base else 1) * residual_bytes(wl) * s_local * b * spec.hidden_size * rep
-        logits, largest = loss_head_bytes(spec, layout, wl, b)
-        detail["activations.head"] = head
-        detail["activations.loss"] = logits
-        act += head + logits
-        if with_detail:
-            largest_what = ("the fp32 logits of the loss" if wl.largest_allocation_bytes_per_logit == FP32_BYTES
-                            else f"the loss head's largest tensor ({wl.largest_allocation_bytes_per_logit:g} bytes a logit)")
+    detail = dict(act_detail)
     temporary = dense.temporary + expert.temporary
     gradients = dense.gradients + expert.gradients
     if wl.trains_base and wl.fsdp_unsharded_under_pp and layout.pp > 1 and layout.zero_stage == 3:
@@ -639,6 +603,46 @@ def _stage_memory(
     )
 
 
+@lru_cache(maxsize=65536)
+def _stage_activations(
+    spec: ModelSpec, wl: TrainingWorkload, tp: int, cp: int, etp: int, sp: bool, recompute: Recompute, b: int, pp: int,
+    virtual_stages: int, schedule: PipelineSchedule, embedding_as_layer: bool, loss_as_layer: bool, first: int | None,
+    last: int | None, num_micro: int, stage: int,
+) -> tuple[float, tuple[tuple[str, float], ...], float, str, tuple[int, ...]]:
+    """A stage's activations at its peak with their named parts, the loss head's largest tensor
+    and what it is, and the stage's layers: they depend on the shape, not on ZeRO or offload,
+    so the many state variants of one shape share them."""
+    layout = Layout(tp=tp, cp=cp, etp=etp, sequence_parallel=sp, recompute=recompute, micro_batch_size=b, pp=pp,
+                    virtual_stages=virtual_stages, pp_schedule=schedule, pp_embedding_as_layer=embedding_as_layer,
+                    pp_loss_as_layer=loss_as_layer, pp_first_stage_layers=first, pp_last_stage_layers=last)
+    rep = 1.0 / layout.tp if layout.sequence_parallel else 1.0
+    s_local = wl.seq_len / layout.cp
+    chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
+    layers = tuple(i for r in chunks for i in r)
+    per_layer_avg = sum(num * activation_bytes_per_layer(spec, layout, wl, moe, b, linear)
+                        for (moe, linear), num in chunk_layer_kinds(spec, chunks).items()) / len(layers)
+    inflight = in_flight_layer_activations(layout, stage, len(layers), num_micro)
+    act = per_layer_avg * inflight
+    detail = {"activations.layers": act}
+    inflight_micro = inflight / len(layers)
+    if stage == 0 and wl.dropout:
+        emb = DROPOUT_MASK_BYTES * s_local * b * spec.hidden_size * rep * math.ceil(inflight_micro)
+        detail["activations.embedding_dropout"] = emb
+        act += emb
+    largest, largest_what = 0.0, ""
+    if stage == layout.pp - 1:
+        # Final norm input, lm_head input, and what the stack's loss keeps of the logits.
+        # A frozen lm_head (LoRA) saves no input for a weight gradient.
+        head = (2 if wl.trains_base else 1) * residual_bytes(wl) * s_local * b * spec.hidden_size * rep
+        logits, largest = loss_head_bytes(spec, layout, wl, b)
+        detail["activations.head"] = head
+        detail["activations.loss"] = logits
+        act += head + logits
+        largest_what = ("the fp32 logits of the loss" if wl.largest_allocation_bytes_per_logit == FP32_BYTES
+                        else f"the loss head's largest tensor ({wl.largest_allocation_bytes_per_logit:g} bytes a logit)")
+    return act, tuple(detail.items()), largest, largest_what, layers
+
+
 def exceeds_gpu_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload) -> bool:
     """True when `training_memory` would reject the layout for GPU memory alone (no host RAM or
     NVMe reason beside it), decided with the same figures stage by stage, stopping at the first
@@ -651,22 +655,59 @@ def exceeds_gpu_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl:
     if (offloads and not wl.trains_base) or (wl.paged_optimizer and not wl.trains_base):
         return False
     c = _common(hw, layout, wl)
-    if offloads:
-        states = [_stage_states(spec, layout, wl, c, stage) for stage in range(layout.pp)]
-        host, nvme = _node_offload_bytes(spec, hw, layout, wl, [d.host + e.host for _, d, e in states],
-                                         [d.nvme + e.nvme for _, d, e in states])
-        if host > hw.host_memory_bytes_per_node or nvme > hw.nvme_capacity_bytes_per_node:
-            return False
-    elif min(hw.host_memory_bytes_per_node, hw.nvme_capacity_bytes_per_node) < 0:
-        return False  # zero bytes over a negative capacity: a host reason too
     cap = hw.memory_capacity_bytes
     last = layout.pp - 1
     for stage in (0, *((last,) if last else ()), *range(1, last)):
-        r = _stage_memory(spec, layout, wl, c, stage, with_detail=False)
+        r = _stage_memory(spec, hw, layout, wl, c, stage, with_detail=False)
         total = r.breakdown.total
         if total > cap or total + r.largest_allocation_bytes > cap:
-            return True
-    return False
+            break
+    else:
+        return False  # fits on the GPUs
+    if offloads:
+        return not _may_exceed_host(spec, hw, layout, wl, c)
+    # nothing offloaded: zero bytes, over a capacity only if that is negative
+    return min(hw.host_memory_bytes_per_node, hw.nvme_capacity_bytes_per_node) >= 0
+
+
+# Relative slack for the float rounding of the per-node mean over at most a few hundred stages.
+_MEAN_ROUNDING = 1e-9
+
+
+def _may_exceed_host(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, c: _Common) -> bool:
+    """Whether `training_memory` may find the offloaded states over the node's host RAM or NVMe.
+    First a cheap bound: a stage's offloaded bytes grow with its parameters (every term of
+    `model_states_bytes` does), so the stage with the most dense and the most expert parameters
+    bounds each stage, and so the per-node mean; only when that bound does not clear the
+    capacities are the stages summed as `training_memory` sums them."""
+    if not (wl.framework is Framework.DEEPSPEED and layout.pp == 1 and layout.tp == 1):
+        dense_max, expert_max = _largest_stage_numels(
+            spec, layout.tp, layout.pp, layout.ep, layout.expert_tp, layout.virtual_stages, layout.pp_embedding_as_layer,
+            layout.pp_loss_as_layer, layout.pp_first_stage_layers, layout.pp_last_stage_layers, wl.param_dtype)
+        d = model_states_bytes(dense_max, 0.0, c.dense_n, layout.zero_stage, c.sb, layout.offload_optimizer,
+                               layout.offload_params)
+        e = model_states_bytes(expert_max, 0.0, c.expert_n, layout.zero_stage, c.sb, layout.offload_optimizer,
+                               layout.offload_params)
+        per_node = min(hw.gpus_per_node, layout.world_size) * (1 + _MEAN_ROUNDING)
+        if ((d.host + e.host) * per_node <= hw.host_memory_bytes_per_node
+                and (d.nvme + e.nvme) * per_node <= hw.nvme_capacity_bytes_per_node):
+            return False
+    states = [_stage_states(spec, layout, wl, c, stage) for stage in range(layout.pp)]
+    host, nvme = _node_offload_bytes(spec, hw, layout, wl, [d.host + e.host for _, d, e in states],
+                                     [d.nvme + e.nvme for _, d, e in states])
+    return host > hw.host_memory_bytes_per_node or nvme > hw.nvme_capacity_bytes_per_node
+
+
+@lru_cache(maxsize=4096)
+def _largest_stage_numels(
+    spec: ModelSpec, tp: int, pp: int, ep: int, etp: int, virtual_stages: int, embedding_as_layer: bool,
+    loss_as_layer: bool, first: int | None, last: int | None, dense_dtype: DType,
+) -> tuple[float, float]:
+    """The most dense and the most routed-expert parameters any stage's rank holds."""
+    layout = Layout(tp=tp, pp=pp, ep=ep, etp=etp, virtual_stages=virtual_stages, pp_embedding_as_layer=embedding_as_layer,
+                    pp_loss_as_layer=loss_as_layer, pp_first_stage_layers=first, pp_last_stage_layers=last)
+    stages = [stage_weights(spec, layout, s, quantization=Quantization.NONE, dense_dtype=dense_dtype) for s in range(pp)]
+    return max(w.dense_numel for w in stages), max(w.expert_numel for w in stages)
 
 
 def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload) -> TrainingMemory:
@@ -675,7 +716,7 @@ def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tr
     ranks: list[RankMemory] = []
     reasons: list[str] = []
     for stage in range(layout.pp):
-        rank = _stage_memory(spec, layout, wl, c, stage, with_detail=True)
+        rank = _stage_memory(spec, hw, layout, wl, c, stage, with_detail=True)
         ranks.append(rank)
         breakdown, largest, largest_what = rank.breakdown, rank.largest_allocation_bytes, rank.largest_allocation
         if breakdown.total > hw.memory_capacity_bytes:

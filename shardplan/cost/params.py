@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
 
+from shardplan.cost.memo import hash_once
 from shardplan.specs.model import ModelSpec, NormType, PositionEmbedding, QKNorm, VisionSpec
 
 
@@ -47,6 +48,7 @@ class Component(str, Enum):
     OTHER = "other"  # measured minus analytic parameters of a transformers-derived spec (may be negative)
 
 
+@hash_once
 @dataclass(frozen=True)
 class WeightKind:
     """One kind of stored tensor. `copies` > 1 for routed experts (one tensor per expert)."""

@@ -32,11 +32,14 @@ large prefill hides its launches entirely.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
+from shardplan.cost import memo
 from shardplan.cost.breakdown import SecondsBreakdown
 from shardplan.cost.comm import Collective, collective_seconds, group, layer_collectives_seconds
-from shardplan.cost.compute import PassTime, Work, embedding_forward, head_forward, layers_forward
-from shardplan.cost.layout import Layout, layout_stage_ranges
+from shardplan.cost.compute import PassTime, Work, embedding_forward, head_forward, kinds_forward, layer_kind_groups
+from shardplan.cost.layout import Layout, layout_stage_ranges, stage_layer_ranges
 from shardplan.cost.memory_serving import kv_bytes_per_token_per_layer_per_rank
 from shardplan.cost.offload import offload_memory, offload_pass_seconds
 from shardplan.cost.workload import InferenceWorkload
@@ -87,7 +90,7 @@ def _stage_pass(
     for) of one pass on one stage; `on_host`: layers the CPU runs instead (llama.cpp -ngl)."""
     chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
     layers = [i for r in chunks for i in r if i not in on_host]
-    total = layers_forward(spec, hw, layout, work, layers)
+    total = kinds_forward(spec, hw, layout, work, _stage_groups(spec, chunks, on_host))
     if stage == 0:
         total = total + embedding_forward(spec, hw, work)
     if stage == layout.pp - 1:
@@ -101,6 +104,23 @@ def _stage_pass(
     # follows each launch), nor does the collectives' time (launched like any kernel). This is
     # the form kernel_launch_us was calibrated in (TensorRT-LLM batch-1 TTFT rows).
     return total, tp, ep, max(0.0, host - (total.seconds - total.kernel_seconds))
+
+
+@lru_cache(maxsize=8192)
+def _stage_groups(spec: ModelSpec, chunks: tuple[range, ...], on_host: tuple[int, ...]) -> tuple[Any, ...]:
+    """The kinds of a stage's layers (`layers_forward`'s: MoE, sliding window, linear attention)
+    with each one's first layer and count, in the order they first appear."""
+    return layer_kind_groups(spec, (i for r in chunks for i in r if i not in on_host))
+
+
+@lru_cache(maxsize=4096)
+def _stage_makeups(spec: ModelSpec, pp: int, virtual_stages: int, embedding_as_layer: bool, loss_as_layer: bool,
+                   first: int | None, last: int | None, on_host: tuple[int, ...]) -> tuple[tuple[Any, ...], ...]:
+    """What `_stage_pass` reads of each stage's layers: their kinds with counts, in the order
+    they first appear (the order the forward sums them in); which layers they are does not enter
+    (a layer's time follows its kind). The embedding and the head go by the stage's place."""
+    stages = stage_layer_ranges(spec.num_layers, pp, virtual_stages, embedding_as_layer, loss_as_layer, first, last)
+    return tuple(tuple((kind, n) for kind, _, n in _stage_groups(spec, chunks, on_host)) for chunks in stages)
 
 
 def pass_time(
@@ -130,7 +150,21 @@ def pass_time(
     if layout.offload_layers and wl.offload_mode == "host_compute":
         gpu_multiplies = not decode and work.tokens >= wl.offload_batch_on_gpu_min_tokens > 0
         on_host = () if gpu_multiplies else offload_memory(spec, layout, wl).layers
-    per_stage = [_stage_pass(spec, hw, layout, work, s, in_flight, wl, graphs, on_host) for s in range(pp)]
+    if memo.ENABLED:
+        # Stages of the same make-up (their layers' kinds in order, first or last or neither) take
+        # the same time: cost each make-up once (a pass has a few, a deep pipeline up to 80 stages).
+        makeups = _stage_makeups(spec, layout.pp, layout.virtual_stages, layout.pp_embedding_as_layer,
+                                 layout.pp_loss_as_layer, layout.pp_first_stage_layers, layout.pp_last_stage_layers,
+                                 on_host)
+        made: dict[tuple[Any, ...], tuple[PassTime, float, float, float]] = {}
+        per_stage = []
+        for s in range(pp):
+            key = (makeups[s], s == 0, s == pp - 1)
+            if key not in made:
+                made[key] = _stage_pass(spec, hw, layout, work, s, in_flight, wl, graphs, on_host)
+            per_stage.append(made[key])
+    else:
+        per_stage = [_stage_pass(spec, hw, layout, work, s, in_flight, wl, graphs, on_host) for s in range(pp)]
     a = bytes_per_element(wl.activation_dtype)
     p2p = 0.0
     if pp > 1:

@@ -226,7 +226,8 @@ def _time_kind(spec: ModelSpec, i: int) -> tuple[bool, bool, bool]:
     return spec.is_moe_layer(i), spec.is_sliding_layer(i), spec.is_linear_attention_layer(i)
 
 
-def _canonical_layers(spec: ModelSpec, chunks: Sequence[range]) -> tuple[int, ...]:
+@lru_cache(maxsize=8192)
+def _canonical_layers(spec: ModelSpec, chunks: tuple[range, ...]) -> tuple[int, ...]:
     """The stage's layers with each replaced by the first layer of its kind (`_time_kind`)."""
     reps = _kind_representatives(spec)
     return tuple(sorted(reps[_time_kind(spec, i)] for r in chunks for i in r))

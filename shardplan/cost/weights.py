@@ -13,9 +13,9 @@ from shardplan.cost.params import (
     Component,
     WeightKind,
     block_weights,
+    chunk_layer_kinds,
     embedding_weights,
     head_weights,
-    layer_kinds,
     tied_lm_head_copy,
 )
 from shardplan.cost.workload import Quantization
@@ -128,11 +128,10 @@ class StageWeights:
 def stage_tensors(spec: ModelSpec, layout: Layout, stage: int) -> list[tuple[WeightKind, int]]:
     """(tensor kind, how many layers carry it) for one pipeline stage."""
     chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
-    layers = [i for r in chunks for i in r]
     out: list[tuple[WeightKind, int]] = []
     if stage == 0:
         out += [(w, 1) for w in embedding_weights(spec)]
-    for (moe, linear), num in sorted(layer_kinds(spec, layers).items()):
+    for (moe, linear), num in sorted(chunk_layer_kinds(spec, chunks).items()):
         out += [(w, num) for w in block_weights(spec, moe, linear)]
     if stage == layout.pp - 1:
         out += [(w, 1) for w in head_weights(spec)]
@@ -178,7 +177,7 @@ def _stage_weights(spec: ModelSpec, layout: Layout, stage: int, quantization: Qu
             expert += n
     per_block = [
         sum(numel_per_rank(w, spec, layout) for w in block_weights(spec, moe, linear))
-        for moe, linear in layer_kinds(spec, layers)
+        for moe, linear in chunk_layer_kinds(spec, chunks)
     ]
     return StageWeights(
         stage=stage,

@@ -6,11 +6,28 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from shardplan.cost.finetune import ALL_LINEAR, BaseFormat, FineTune
+from shardplan.cost.memo import hash_once
 from shardplan.units import DType
 
 if TYPE_CHECKING:
     from shardplan.cost.speculative import Speculative
+
+
+ALL_LINEAR = "all-linear"  # LoRA on every decoder linear (PEFT's target_modules="all-linear")
+
+
+class FineTune(str, Enum):
+    FULL = "full"
+    LORA = "lora"
+    QLORA = "qlora"
+
+
+class BaseFormat(str, Enum):
+    """How the frozen base's decoder linears are stored under QLoRA."""
+
+    NONE = "none"  # the model dtype
+    NF4 = "nf4"  # bitsandbytes 4-bit NormalFloat, fp32 absmax per 64 weights
+    NF4_DQ = "nf4-dq"  # with double quantization (QLoRA's recipe)
 
 
 class Quantization(str, Enum):
@@ -36,12 +53,13 @@ class Quantization(str, Enum):
 
     @property
     def is_gguf(self) -> bool:
-        return self.value in GGUF_VALUES
+        return self._value_ in GGUF_VALUES  # `_value_`: `value` goes through a slow descriptor
 
 
 GGUF_VALUES = frozenset({"q2_k", "q3_k_m", "q4_0", "q4_k_m", "q5_k_m", "q6_k", "q8_0", "iq4_xs"})
 
 
+@hash_once
 @dataclass(frozen=True)
 class InferenceWorkload:
     """Serving with vLLM's memory semantics. Defaults are vLLM's."""
@@ -148,6 +166,7 @@ class Framework(str, Enum):
     MEGATRON = "megatron"
 
 
+@hash_once
 @dataclass(frozen=True)
 class TrainingWorkload:
     seq_len: int = 4096

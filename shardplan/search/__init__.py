@@ -4,14 +4,20 @@ Rules (tests/test_architecture.py): pure, imports no yaml, rich, typer or torch,
 from `plan`, `exporters`, `tasks`, `verify` or `cli`; the CLI passes a progress callback and renders the result.
 `serving.py` costs every replica and batch; `training.py` is an exact branch and bound over
 tp, cp, pp, dp, ep, micro-batch, virtual stages, SP, recomputation, ZeRO and offload. Ties
-break on a fixed key (fewer GPUs, smaller degrees, ...), so results are deterministic.
+break on a fixed key (fewer GPUs, smaller degrees, ...), so results are deterministic. The
+shortcuts that keep every search under a second change no result (cost/memo.py lists them;
+`memo.reference_path()` runs without them, tests/search/test_search_memo.py compares the two).
 """
 
 from __future__ import annotations
 
+import gc
 import time
+from contextlib import contextmanager
 from dataclasses import replace
+from typing import Iterator
 
+from shardplan.cost import memo
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import ShardplanError
 from shardplan.search.serving import pareto_front, search_serving
@@ -45,6 +51,20 @@ def _within(progress: Progress | None, offset: int, total: int) -> Progress | No
     return lambda done, count: progress(offset + PROGRESS_STEPS * min(done, count) // max(1, count), total)
 
 
+@contextmanager
+def _cycle_collector_paused() -> Iterator[None]:
+    """The search allocates hundreds of thousands of short-lived objects, which reference counting
+    frees; their allocations keep triggering the cycle collector, whose full passes walk every
+    object the process holds (a tenth of a large search's time). It runs again afterwards."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def search(
     spec: ModelSpec,
     hw: HardwareProfile,
@@ -59,6 +79,23 @@ def search(
 ) -> SearchResult:
     """Search every layout of `spec` on `hw` (the GPU count given, or each count up to `max_gpus`;
     `first_fit`: stop at the smallest count where something fits)."""
+    with _cycle_collector_paused():
+        return _search(spec, hw, workload, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, progress=progress,
+                       first_fit=first_fit)
+
+
+def _search(
+    spec: ModelSpec,
+    hw: HardwareProfile,
+    workload: InferenceWorkload | TrainingWorkload,
+    space: Space,
+    goal: Goal,
+    *,
+    num_gpus: int | None,
+    max_gpus: int | None,
+    progress: Progress | None,
+    first_fit: bool,
+) -> SearchResult:
     training = isinstance(workload, TrainingWorkload)
     allowed = TRAINING_OBJECTIVES if training else SERVING_OBJECTIVES
     if goal.objective not in allowed:
@@ -76,6 +113,8 @@ def search(
     # The bar counts GPU counts, each split into PROGRESS_STEPS by its share of layouts decided:
     # its layouts are only known once it starts, so counting layouts would move the total.
     total = len(counts) * PROGRESS_STEPS
+    # Serving: a replica costed at one GPU count is looked up at the others (search/serving.py).
+    replicas: dict | None = {} if memo.ENABLED and not training else None
     for i, c in enumerate(counts):
         if res.num_steps >= space.max_search_steps:  # bounded work: say which counts were left out
             res.unsearched_gpu_counts = counts[i:]
@@ -89,7 +128,7 @@ def search(
         if training:
             search_training(spec, hwc, workload, space, goal, res, within)  # type: ignore[arg-type]
         else:
-            search_serving(spec, hwc, workload, space, goal, res)  # type: ignore[arg-type]
+            search_serving(spec, hwc, workload, space, goal, res, memo=replicas)  # type: ignore[arg-type]
         if progress is not None:
             progress((i + 1) * PROGRESS_STEPS, total)
         if first_fit and res.feasible:
@@ -102,9 +141,10 @@ def search(
         hwc = topology(hw, counts[0])
         extra = tuple(q for q in space.fallback_quantizations if q not in space.quantizations)
         if extra:
-            search_serving(spec, hwc, workload, replace(space, quantizations=extra), goal, res)  # type: ignore[arg-type]
+            search_serving(spec, hwc, workload, replace(space, quantizations=extra), goal, res,  # type: ignore[arg-type]
+                           memo=replicas)
         wide = replace(space, quantizations=space.quantizations + extra)
-        search_serving(spec, hwc, workload, wide, goal, res, offload=True)  # type: ignore[arg-type]
+        search_serving(spec, hwc, workload, wide, goal, res, offload=True, memo=replicas)  # type: ignore[arg-type]
     # Plans that fit only at the prediction ("tight") rank after those that fit at the band's
     # edge. Serving costs every point, so this order is exact; training's branch and bound keeps
     # each GPU count's best K by the objective, and this orders those (with --strict-fit the

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import replace
+from functools import lru_cache
 from typing import Any, Iterator
 
 from shardplan.cost.accuracy import memory_fits_at_edge
@@ -146,26 +146,32 @@ def _micro_batches(wl: TrainingWorkload, space: Space, deg: Layout) -> list[int]
     return [b for b in divisors(per_replica) if b <= space.max_micro_batch_size and b & (b - 1) == 0]
 
 
-def _pipelines(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout, mbs: int) -> list[tuple[int, PipelineSchedule]]:
+def _pipelines(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout, mbs: int) -> tuple[tuple[int, PipelineSchedule], ...]:
     """(virtual stages, schedule) for one micro-batch size. Megatron's interleaved schedule
     needs the micro-batches to divide evenly among the pp stages."""
-    pp = deg.pp
-    m = wl.global_batch_size // (deg.dp * mbs)
-    if space.virtual_stages:
-        vs = [space.virtual_stages]
+    return _pipelines_of(spec.num_layers, wl.global_batch_size, space.virtual_stages, space.max_virtual_stages,
+                         space.pp_schedule, deg.pp, deg.dp, mbs)
+
+
+@lru_cache(maxsize=8192)
+def _pipelines_of(num_layers: int, global_batch_size: int, virtual_stages: int | None, max_virtual_stages: int,
+                  pp_schedule: PipelineSchedule | None, pp: int, dp: int, mbs: int) -> tuple[tuple[int, PipelineSchedule], ...]:
+    m = global_batch_size // (dp * mbs)
+    if virtual_stages:
+        vs = [virtual_stages]
     elif pp == 1:
         vs = [1]
     else:
-        vs = [v for v in range(1, space.max_virtual_stages + 1) if pp * v <= spec.num_layers]
+        vs = [v for v in range(1, max_virtual_stages + 1) if pp * v <= num_layers]
     out = []
     for v in vs:
-        sched = space.pp_schedule or (PipelineSchedule.INTERLEAVED if v > 1 else PipelineSchedule.ONE_F_ONE_B)
+        sched = pp_schedule or (PipelineSchedule.INTERLEAVED if v > 1 else PipelineSchedule.ONE_F_ONE_B)
         if sched is PipelineSchedule.INTERLEAVED and (pp == 1 or m % pp):
             continue
         if v > 1 and sched is not PipelineSchedule.INTERLEAVED:
             continue
         out.append((v, sched))
-    return out
+    return tuple(out)
 
 
 def _flags(space: Space, deg: Layout, wl: TrainingWorkload) -> tuple[list[bool], list[Recompute]]:
@@ -215,7 +221,7 @@ def degrees_bound(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, sp
         m = wl.global_batch_size // (deg.dp * mbs)
         # Recomputation only adds work (a recomputed forward, a third pass of TP/EP traffic), so
         # the least recomputation allowed gives the least time.
-        rc = min(rcs, key=list(Recompute).index)
+        rc = min(rcs, key=lambda r: _RECOMPUTE_RANK[Recompute(r)])
         for sp in sps:
             shape = Layout(tp=deg.tp, pp=deg.pp, dp=deg.dp, cp=deg.cp, ep=deg.ep, micro_batch_size=mbs, sequence_parallel=sp, recompute=rc)
             mean_stage = layers_seconds_lower_bound(spec, hw, shape, wl) / deg.pp
@@ -228,9 +234,11 @@ def _key(layout: Layout) -> tuple[Any, ...]:
     less recomputation."""
     return (
         layout.world_size, layout.tp, layout.pp, layout.cp, layout.ep, layout.virtual_stages,
-        -layout.micro_batch_size, not layout.sequence_parallel, list(Recompute).index(layout.recompute),
+        -layout.micro_batch_size, not layout.sequence_parallel, _RECOMPUTE_RANK[layout.recompute],
     )
 
+
+_RECOMPUTE_RANK = {r: i for i, r in enumerate(Recompute)}  # less recomputation first
 
 def search_training(
     spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, goal: Goal, res: SearchResult,

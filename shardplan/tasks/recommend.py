@@ -101,6 +101,11 @@ def recommend(
         suggestions = explain.suggestions(spec, hw, workload, space, goal, n, run)
         if isinstance(workload, InferenceWorkload) and not res.top:
             suggestions += _engine_suggestions(spec, hw, workload, space, goal, n)
+    # Sizing part of a node (a workstation's few GPUs): say what one GPU would do by offloading.
+    if (suggest and res.top and isinstance(workload, InferenceWorkload) and num_gpus
+            and 1 < num_gpus < hw.gpus_per_node and workload.offload_targets and space.allow_offload
+            and space.offload is None):
+        suggestions += _fewer_gpus_by_offload(spec, hw, workload, space, goal)
     manifest = None
     if manifest_path is not None and res.top:
         best = res.top[0]
@@ -199,6 +204,23 @@ def _best_per_num_gpus(res: SearchResult) -> list[BestAtGpuCount]:
                        tokens_per_second_per_gpu=e.figures["tokens_per_second_per_gpu"], objective_value=e.objective_value)
         for n, e in sorted(best.items())
     ]
+
+
+def _fewer_gpus_by_offload(spec: Any, hw: HardwareProfile, workload: InferenceWorkload, space: Space,
+                           goal: Goal) -> list[Any]:
+    """The trade the other way: the same model on one GPU, fitting by a smaller format or by
+    holding layers in host memory (the search's fallback), with its speed beside the pick's."""
+    from shardplan.search.results import Suggestion
+
+    r = search(spec, hw, workload, space, replace(goal, top_k=1), num_gpus=1, max_gpus=None)
+    if not r.top:
+        return []
+    e = r.top[0]
+    how = f"{e.workload.quantization.value} weights" if e.workload.quantization is not Quantization.NONE else "as is"
+    if e.layout.offload_layers:
+        where = "on the CPU" if e.workload.offload_mode == "host_compute" else "in host memory"
+        how += f", {e.layout.offload_layers} of {spec.num_layers} layers {where}"
+    return [Suggestion(change="--gpus 1", detail=f"one GPU with {how}{explain.speed_note(e)}", num_gpus=1)]
 
 
 def _engine_suggestions(spec: Any, hw: HardwareProfile, workload: InferenceWorkload, space: Space, goal: Goal,

@@ -408,3 +408,17 @@ def test_training_on_two_nodes_explains_its_choice(cli):
         (top[1]["objective_value"] - w["objective_value"]) / abs(w["objective_value"]), rel=1e-9)
     _assert_ranked(top)
     _assert_counts_add_up(d)
+
+
+def test_two_consumer_gpus_compare_tensor_split_with_one_gpu_offloaded(cli):
+    """--gpus 2: the pick splits the model over both cards; the alternative says what one card
+    would do by offloading, each with its speed (the trade, stated)."""
+    d = _ok(cli("recommend", "llama-3.1-70b", "-H", "rtx-4090-24gb", "--gpus", "2", "--max-model-len", "8192",
+                "--json"))
+    pick = d["top"][0]
+    assert pick["num_gpus"] == 2 and pick["plan"]["offload"]["layers"] == 0
+    one = next(s for s in d["suggestions"] if s["change"] == "--gpus 1")
+    assert "layers in host memory" in one["detail"] and "output tokens/s" in one["detail"]
+    # the split is the faster way, by far: the offloaded card streams its layers every token
+    tpot_ms = float(one["detail"].split("TPOT ")[1].split(" ms")[0].replace(",", ""))
+    assert tpot_ms > 10 * pick["time"]["tpot_seconds"] * 1e3
