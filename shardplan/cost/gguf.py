@@ -29,6 +29,7 @@ from enum import Enum
 from functools import lru_cache
 
 from shardplan.cost.params import Component, WeightKind
+from shardplan.cost.workload import Quantization
 
 
 class GgmlType(str, Enum):
@@ -72,28 +73,17 @@ _FALLBACK = {
 }
 
 
-class GgufMixture(str, Enum):
-    """The llama_ftype names `llama-quantize` takes (lower case), for the mixtures modelled."""
-
-    Q2_K = "q2_k"
-    Q3_K_M = "q3_k_m"
-    Q4_0 = "q4_0"
-    Q4_K_M = "q4_k_m"
-    Q5_K_M = "q5_k_m"
-    Q6_K = "q6_k"
-    Q8_0 = "q8_0"
-    IQ4_XS = "iq4_xs"
-
-
-BASE_TYPE: dict[GgufMixture, GgmlType] = {
-    GgufMixture.Q2_K: GgmlType.Q2_K,
-    GgufMixture.Q3_K_M: GgmlType.Q3_K,
-    GgufMixture.Q4_0: GgmlType.Q4_0,
-    GgufMixture.Q4_K_M: GgmlType.Q4_K,
-    GgufMixture.Q5_K_M: GgmlType.Q5_K,
-    GgufMixture.Q6_K: GgmlType.Q6_K,
-    GgufMixture.Q8_0: GgmlType.Q8_0,
-    GgufMixture.IQ4_XS: GgmlType.IQ4_XS,
+# The llama_ftype mixtures `llama-quantize` names (lower case) that shardplan models, as
+# Quantization members, with the base type of each.
+BASE_TYPE: dict[Quantization, GgmlType] = {
+    Quantization.Q2_K: GgmlType.Q2_K,
+    Quantization.Q3_K_M: GgmlType.Q3_K,
+    Quantization.Q4_0: GgmlType.Q4_0,
+    Quantization.Q4_K_M: GgmlType.Q4_K,
+    Quantization.Q5_K_M: GgmlType.Q5_K,
+    Quantization.Q6_K: GgmlType.Q6_K,
+    Quantization.Q8_0: GgmlType.Q8_0,
+    Quantization.IQ4_XS: GgmlType.IQ4_XS,
 }
 
 
@@ -128,7 +118,7 @@ def quantizable(w: WeightKind) -> bool:
             and w.component not in (Component.NORMS, Component.ROUTER, Component.VISION, Component.PROJECTOR))
 
 
-def tensor_type(w: WeightKind, mixture: GgufMixture, *, layer: int, num_layers: int, num_experts: int,
+def tensor_type(w: WeightKind, mixture: Quantization, *, layer: int, num_layers: int, num_experts: int,
                 gqa_ratio: int, tied_embeddings: bool, llama_70b: bool) -> GgmlType:
     """The ggml type `llama-quantize` gives tensor kind `w` of decoder layer `layer`."""
     if not quantizable(w):
@@ -141,13 +131,13 @@ def tensor_type(w: WeightKind, mixture: GgufMixture, *, layer: int, num_layers: 
     elif role == "token_embd":
         t = base
     elif role == "attn_v":
-        if mixture is GgufMixture.Q2_K:
+        if mixture is Quantization.Q2_K:
             t = GgmlType.Q4_K if gqa_ratio >= 4 else GgmlType.Q3_K
-        elif mixture is GgufMixture.Q3_K_M:
+        elif mixture is Quantization.Q3_K_M:
             t = GgmlType.Q5_K if layer < 2 else GgmlType.Q4_K
-        elif mixture is GgufMixture.IQ4_XS and gqa_ratio >= 4:
+        elif mixture is Quantization.IQ4_XS and gqa_ratio >= 4:
             t = GgmlType.Q5_K
-        elif mixture in (GgufMixture.Q4_K_M, GgufMixture.Q5_K_M) and use_more_bits(layer, num_layers):
+        elif mixture in (Quantization.Q4_K_M, Quantization.Q5_K_M) and use_more_bits(layer, num_layers):
             t = GgmlType.Q6_K
         if llama_70b and t in (GgmlType.Q3_K, GgmlType.Q4_K):
             t = GgmlType.Q5_K
@@ -156,21 +146,21 @@ def tensor_type(w: WeightKind, mixture: GgufMixture, *, layer: int, num_layers: 
     elif role == "attn_k" and num_experts == 8:
         t = GgmlType.Q8_0
     elif role == "ffn_down":
-        if mixture is GgufMixture.Q2_K:
+        if mixture is Quantization.Q2_K:
             t = GgmlType.Q3_K
-        elif mixture is GgufMixture.Q3_K_M:
+        elif mixture is Quantization.Q3_K_M:
             t = GgmlType.Q5_K if layer < num_layers // 16 else GgmlType.Q4_K
-        elif mixture in (GgufMixture.Q4_K_M, GgufMixture.Q5_K_M) and use_more_bits(layer, num_layers):
+        elif mixture in (Quantization.Q4_K_M, Quantization.Q5_K_M) and use_more_bits(layer, num_layers):
             t = GgmlType.Q6_K
-        elif mixture is GgufMixture.IQ4_XS and layer < num_layers // 8:
+        elif mixture is Quantization.IQ4_XS and layer < num_layers // 8:
             t = GgmlType.Q5_K  # without an importance matrix
     elif role == "attn_output":
-        if num_experts == 8 and mixture in (GgufMixture.Q2_K, GgufMixture.Q3_K_M, GgufMixture.Q4_K_M,
-                                             GgufMixture.IQ4_XS):
+        if num_experts == 8 and mixture in (Quantization.Q2_K, Quantization.Q3_K_M, Quantization.Q4_K_M,
+                                             Quantization.IQ4_XS):
             t = GgmlType.Q5_K
-        elif num_experts != 8 and mixture is GgufMixture.Q2_K:
+        elif num_experts != 8 and mixture is Quantization.Q2_K:
             t = GgmlType.Q3_K
-        elif num_experts != 8 and mixture is GgufMixture.Q3_K_M:
+        elif num_experts != 8 and mixture is Quantization.Q3_K_M:
             t = GgmlType.Q4_K
     # ne[0] of a ggml weight is the row length: the input features.
     row = w.shape[-1]
@@ -187,7 +177,7 @@ def bytes_per_element(t: GgmlType) -> float:
 
 
 @lru_cache(maxsize=4096)
-def mean_bytes_per_element(w: WeightKind, mixture: GgufMixture, layers: tuple[int, ...], num_layers: int,
+def mean_bytes_per_element(w: WeightKind, mixture: Quantization, layers: tuple[int, ...], num_layers: int,
                            num_experts: int, gqa_ratio: int, tied_embeddings: bool, llama_70b: bool) -> float:
     """Bytes per element of tensor kind `w` averaged over the decoder layers `layers` that carry
     it (the type of attn_v and ffn_down changes with the layer index)."""

@@ -56,7 +56,7 @@ def gguf_bytes_per_element(w: WeightKind, quantization: Quantization, spec: Mode
                            layers: tuple[int, ...] | None = None) -> float:
     """Bytes per element of `w` in a GGUF file of mixture `quantization` (gguf.py), averaged over
     `layers` (None: every decoder layer; the type of attn_v and ffn_down follows the layer)."""
-    mixture = gguf.GgufMixture(quantization.value)
+    mixture = quantization
     if spec is None:  # no model at hand: the mixture's base type
         return gguf.bytes_per_element(gguf.BASE_TYPE[mixture])
     n = spec.num_layers

@@ -215,7 +215,12 @@ def longest_context_tokens(spec: ModelSpec, hw: HardwareProfile, layout: Layout,
     def ok(tokens: int) -> bool:
         return check_serving(spec, hw, layout, replace(wl, max_model_len=tokens), concurrency).serves
 
-    lo, hi = 0, spec.max_position_embeddings  # ok(lo) holds (vacuously for 0)
+    return _largest_that_holds(0, spec.max_position_embeddings, ok)  # ok(0) holds vacuously
+
+
+def _largest_that_holds(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
+    """The largest n in [lo, hi] with ok(n), for a test that holds up to some n and not beyond
+    (monotone), given that ok(lo) holds. Bisection."""
     if ok(hi):
         return hi
     while hi - lo > 1:  # invariant: ok(lo), not ok(hi)
@@ -238,15 +243,7 @@ def most_sequences(s: Served, spec: ModelSpec | None = None) -> int:
     def fits(n: int) -> bool:
         return serving_memory(spec, s.hw, s.layout, replace(s.workload, max_num_seqs=n)).fits
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, FIXED_CONTEXT_MAX_SEQUENCES
-    if fits(hi):
-        return hi
-    while hi - lo > 1:  # invariant: fits(lo), not fits(hi)
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return _largest_that_holds(1, FIXED_CONTEXT_MAX_SEQUENCES, fits) if fits(1) else 0
 
 
 def _format_label(wl: InferenceWorkload, q: Quantization) -> str:

@@ -97,3 +97,10 @@ def test_offloading_more_layers_is_slower_and_transfer_bound() -> None:
     speeds = [_predicted_tokens_per_second(n) for n in (48, 40, 24, 8)]
     assert speeds == sorted(speeds, reverse=True)
     assert speeds[0] / speeds[-1] > 5
+
+
+def test_every_gguf_quantization_has_its_llama_cpp_base_type():
+    """The GGUF --quantization values and the mixtures cost/gguf.py models are one list."""
+    from shardplan.cost.gguf import BASE_TYPE
+
+    assert set(BASE_TYPE) == {q for q in Quantization if q.is_gguf}
