@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Optional
 
 import typer
@@ -13,6 +14,7 @@ from shardplan.cost.workload import Optimizer
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
 
 from shardplan.cli.app import app, JsonOpt
+from shardplan.cli.targets import TargetOpt
 from shardplan.cli.options import (
     resolve_stack,
     speculative_from_options,
@@ -45,6 +47,10 @@ from shardplan.cli.options import (
     HardwareOpt,
     KvCacheDtypeOpt,
     MaxNumBatchedTokensOpt,
+    LOAD,
+    InputLenOpt,
+    OutputLenOpt,
+    DatasetLengthsOpt,
     MaxNumSeqsOpt,
     ModelOpt,
     OptimizerOpt,
@@ -57,11 +63,13 @@ from shardplan.cli.options import (
 
 @app.command()
 def capacity(
+    ctx: typer.Context,
     model: ModelOpt,
     hardware: HardwareOpt = "h100-sxm-80gb",
     gpus_per_node: GpusPerNodeOpt = None,
     workload: WorkloadOpt = WorkloadKind.INFERENCE,
     max_gpus: Annotated[Optional[int], typer.Option(min=1, help="Largest GPU count to consider (default: 64 nodes' worth).", rich_help_panel=SEARCH)] = None,
+    target: TargetOpt = None,
     context: Annotated[int, typer.Option(min=1, help="Serving: tokens per sequence (vLLM's max_model_len) the GPUs must hold.", rich_help_panel=SERVE)] = 8192,
     concurrency: Annotated[int, typer.Option(min=1, help="Serving: sequences of --context tokens held at once.", rich_help_panel=SERVE)] = 1,
     max_num_seqs: MaxNumSeqsOpt = None,
@@ -76,6 +84,14 @@ def capacity(
     num_speculative_tokens: NumSpeculativeTokensOpt = None,
     kv_cache_dtype: KvCacheDtypeOpt = None,
     enforce_eager: EnforceEagerOpt = False,
+    request_rate: Annotated[Optional[str], typer.Option("--request-rate", help="Serving: size the plan for this many requests per second within the SLA (--max-ttft-ms, --max-tpot-ms at --slo-percentile): the fewest GPUs and the replica layout, from the engine's continuous batching simulated under Poisson arrivals.", show_default=False, rich_help_panel=LOAD)] = None,
+    max_ttft_ms: Annotated[Optional[float], typer.Option(min=0, help="With --request-rate: longest time to first token allowed at the percentile (default 1000 when neither limit is given).", show_default=False, rich_help_panel=LOAD)] = None,
+    max_tpot_ms: Annotated[Optional[float], typer.Option(min=0, help="With --request-rate: longest time per output token allowed at the percentile (default 50 when neither limit is given).", show_default=False, rich_help_panel=LOAD)] = None,
+    slo_percentile: Annotated[int, typer.Option(help="With --request-rate: the percentile the limits hold at (50, 90 or 99).", rich_help_panel=LOAD)] = 90,
+    input_len: InputLenOpt = 1024,
+    output_len: OutputLenOpt = 128,
+    dataset_lengths: DatasetLengthsOpt = None,
+    allow_quantization: Annotated[Optional[str], typer.Option(help="With --request-rate: weight formats to size besides the model's, e.g. fp8,int4.", show_default=False, rich_help_panel=LOAD)] = None,
     seq_len: SeqLenOpt = 4096,
     global_batch_size: GlobalBatchSizeOpt = 512,
     optimizer: OptimizerOpt = Optimizer.ADAMW,
@@ -105,6 +121,7 @@ def capacity(
     GPU counts are those recommend searches (powers of two in a node, then whole nodes) up to
     --max-gpus. Exit 0; 3 when nothing fits within --max-gpus."""
     from shardplan.cli import render_capacity, render_common
+    from shardplan.cli.targets import engine_and_stack, given
     from shardplan.cost import inputs as options
     from shardplan.knowledge.load import engine_rules, stack_rules
     from shardplan.specs import loading
@@ -114,6 +131,8 @@ def capacity(
     base = loading.load_hardware(hardware)
     hw = base.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1)
     limit = max_gpus or default_max_gpus(hw)
+    engine, stack = engine_and_stack(target, training=workload is WorkloadKind.TRAINING, engine=engine, stack=stack,
+                                     engine_given=given(ctx, "engine"))
     if workload is WorkloadKind.TRAINING:
         stack_name, framework_name = resolve_stack(stack, framework)
         wl_t = options.training_workload(seq_len=seq_len, global_batch_size=global_batch_size, optimizer=optimizer.value,
@@ -126,7 +145,11 @@ def capacity(
                                          qlora_double_quant=qlora_double_quant, paged_optimizer=paged_optimizer,
                                          spec=loaded.spec)
         with render_common.progress("finding the fewest GPUs per ZeRO stage and offload") as progress:
-            result = CapacityResult(training_capacity(loaded.spec, hw, wl_t, max_gpus=limit, progress=progress))
+            result = CapacityResult(training_capacity(loaded.spec, hw, wl_t, max_gpus=limit, progress=progress,
+                                                      target=target))
+    elif request_rate is not None:
+        _size_for_rate(loaded.spec, hw, engine, engine_version, limit, locals())
+        return
     else:
         rules = engine_rules(engine, engine_version)
         wl_s = options.inference_workload(
@@ -141,7 +164,61 @@ def capacity(
             given = "--max-num-seqs" if max_num_seqs is not None else f"{rules.label}'s default max_num_seqs on this GPU"
             raise ShardplanError(f"--concurrency {concurrency} exceeds {given} ({wl_s.max_num_seqs}), the most the engine "
                                  "runs at once", field="--concurrency", hint=f"add --max-num-seqs {concurrency}")
-        result = CapacityResult(serving_capacity(loaded.spec, hw, wl_s, concurrency=concurrency, max_gpus=limit))
+        result = CapacityResult(serving_capacity(loaded.spec, hw, wl_s, concurrency=concurrency, max_gpus=limit,
+                                                 target=target))
     render_common.emit(result.model_dump(mode="json") if json_out else result.root, json_out, render_capacity.capacity_report)
+    if not result.found:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+def _size_for_rate(spec, hw, engine: str, engine_version: Optional[str], limit: int, o: dict) -> None:
+    """capacity --request-rate: the fewest GPUs that serve the rate within the SLA (tasks/sizing.py)."""
+    from dataclasses import replace
+
+    from shardplan.cli import render_capacity, render_common
+    from shardplan.cost import inputs as options
+    from shardplan.cost.traffic import Sla
+    from shardplan.cost.workload import Quantization
+    from shardplan.knowledge.load import engine_rules
+    from shardplan.search.space import DEFAULT_MAX_TPOT_SECONDS, DEFAULT_MAX_TTFT_SECONDS
+    from shardplan.specs.lengths import load_lengths
+    from shardplan.tasks.sizing import size_for_rate
+
+    if o["slo_percentile"] not in (50, 90, 99):
+        raise ShardplanError(f"must be 50, 90 or 99 (got {o['slo_percentile']})", field="--slo-percentile", hint="e.g. 90")
+    rules = engine_rules(engine, engine_version)
+    wl = options.inference_workload(
+        engine=rules, hw=hw, model_max_len=spec.max_position_embeddings, enable_chunked_prefill=o["enable_chunked_prefill"],
+        max_model_len=o["context"], max_num_seqs=o["max_num_seqs"], max_num_batched_tokens=o["max_num_batched_tokens"],
+        gpu_memory_utilization=o["gpu_memory_utilization"], block_size=o["block_size"], kv_cache_dtype=o["kv_cache_dtype"],
+        weight_dtype=None, quantization=None, enforce_eager=o["enforce_eager"], input_len=o["input_len"],
+        output_len=o["output_len"], batch_size=None, vision=spec.vision)
+    lengths, name = None, "fixed"
+    if o["dataset_lengths"]:
+        lengths = load_lengths(o["dataset_lengths"])
+        name = lengths.source
+    load = options.serving_load(request_rate=o["request_rate"], concurrency=None, num_prompts=1000, lengths=lengths,
+                                lengths_name=name, prefix_cache_hit=0.0, arrivals="poisson", seed=0,
+                                input_len=o["input_len"], output_len=o["output_len"], max_model_len=wl.max_model_len)
+    assert load is not None  # a rate was given
+    if math.isinf(load.request_rate_per_second):
+        raise ShardplanError("needs a finite rate", field="--request-rate", hint="requests per second, e.g. 20")
+    ttft, tpot = o["max_ttft_ms"], o["max_tpot_ms"]
+    if ttft is None and tpot is None:
+        ttft, tpot = DEFAULT_MAX_TTFT_SECONDS * 1e3, DEFAULT_MAX_TPOT_SECONDS * 1e3
+    formats = [wl.quantization]
+    for f in filter(None, (x.strip() for x in (o["allow_quantization"] or "").split(","))):
+        try:
+            q = Quantization(f)
+        except ValueError:
+            raise ShardplanError(f"unknown weight format '{f}'", field="--allow-quantization",
+                                 hint="e.g. fp8,int8,int4") from None
+        if q not in formats:
+            formats.append(q)
+    sla = Sla(ttft / 1e3 if ttft is not None else None, tpot / 1e3 if tpot is not None else None, o["slo_percentile"])
+    with render_common.progress("sizing replicas for the rate"):
+        result = size_for_rate(spec, hw, replace(wl, load=load), rate=load.request_rate_per_second, sla=sla,
+                               formats=tuple(formats), max_gpus=limit)
+    render_common.emit(result.model_dump(mode="json"), o["json_out"], lambda _: render_capacity.sizing_report(result))
     if not result.found:
         raise typer.Exit(EXIT_DOES_NOT_FIT)

@@ -15,6 +15,7 @@ from shardplan.cli.app import app, JsonOpt
 # The exporters, the tasks and the renderers are imported when a command runs (`shardplan
 # --help` loads none of them).
 from shardplan.cli.options import ObjectiveChoice, ToOpt
+from shardplan.cli.targets import TargetOpt
 
 
 
@@ -90,6 +91,7 @@ def replan_cmd(
     from_checkpoint: Annotated[Optional[Path], typer.Option(help="Safetensors checkpoint folder to read the slices no surviving rank holds from (headers only are read here).")] = None,
     prefer_fast_recovery: Annotated[bool, typer.Option(help="Among layouts within --margin, take the one whose move is predicted to end soonest (default: the one that moves fewest bytes).")] = False,
     min_capacity: Annotated[Optional[float], typer.Option(help="Serving: the share of the old plan's served rate the rollout keeps, in (0, 1], e.g. --min-capacity 0.75: new replicas start on free GPUs and old ones drain in an order whose rate never falls below it (default: the highest share any order keeps). Exit 3 when no order keeps it.")] = None,
+    target: TargetOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """A new plan for a changed cluster (--gpus N or --nodes N), ranked like recommend, with the
@@ -124,7 +126,7 @@ def replan_cmd(
         result = replan(old, source=str(plan), hw=hw, num_gpus=n, margin=margin, top_k=top_k,
                         objective=objective.value if objective else None, manifest_path=output, moves_path=moves,
                         progress=progress, lost_nodes=dead_nodes, lost_ranks=dead_ranks, checkpoint=from_checkpoint,
-                        prefer_fast_recovery=prefer_fast_recovery, min_capacity=min_capacity)
+                        prefer_fast_recovery=prefer_fast_recovery, min_capacity=min_capacity, target=target)
     render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_deploy.replan_report)
     render_deploy.replan_files_written(result)
     if result.chosen is None or (result.rollout is not None and not result.rollout.keeps_floor):

@@ -19,6 +19,7 @@ from shardplan.cost.workload import InferenceWorkload, Optimizer, Quantization, 
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
 
 from shardplan.cli.app import app, JsonOpt
+from shardplan.cli.targets import TargetOpt
 
 if TYPE_CHECKING:
     from shardplan.cost.report import CostReport
@@ -79,6 +80,13 @@ from shardplan.cli.options import (
     WeightDtypeOpt,
     WorkloadKind,
     WorkloadOpt,
+    ArrivalsOpt,
+    ConcurrencyOpt,
+    DatasetLengthsOpt,
+    NumPromptsOpt,
+    PrefixCacheHitOpt,
+    RequestRateOpt,
+    SeedOpt,
 )
 
 
@@ -130,6 +138,13 @@ def estimate(
     input_len: InputLenOpt = 1024,
     output_len: OutputLenOpt = 128,
     batch_size: BatchSizeOpt = None,
+    request_rate: RequestRateOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    num_prompts: NumPromptsOpt = 1000,
+    dataset_lengths: DatasetLengthsOpt = None,
+    prefix_cache_hit: PrefixCacheHitOpt = 0.0,
+    arrivals: ArrivalsOpt = "poisson",
+    seed: SeedOpt = 0,
     seq_len: SeqLenOpt = 4096,
     global_batch_size: GlobalBatchSizeOpt = 512,
     optimizer: OptimizerOpt = Optimizer.ADAMW,
@@ -209,6 +224,7 @@ def estimate(
 
 @app.command()
 def recommend(
+    ctx: typer.Context,
     model: ModelOpt,
     hardware: HardwareOpt = "h100-sxm-80gb",
     gpus: GpusOpt = None,
@@ -216,9 +232,17 @@ def recommend(
     gpus_per_node: GpusPerNodeOpt = None,
     workload: WorkloadOpt = WorkloadKind.INFERENCE,
     max_gpus: Annotated[Optional[int], typer.Option(min=1, help="Search every GPU count up to this and report the smallest that meets the goal.", rich_help_panel=SEARCH)] = None,
-    objective: Annotated[Optional[ObjectiveChoice], typer.Option(help="Serving: latency | throughput | cost; training: step-time | cost. Default: throughput / step-time.", rich_help_panel=SEARCH)] = None,
-    max_ttft_ms: Annotated[Optional[float], typer.Option(min=0, help="Serving: longest time to first token allowed.", rich_help_panel=SEARCH)] = None,
-    max_tpot_ms: Annotated[Optional[float], typer.Option(min=0, help="Serving: longest time per output token allowed.", rich_help_panel=SEARCH)] = None,
+    objective: Annotated[Optional[ObjectiveChoice], typer.Option(help="Serving: goodput (most output tokens/s per GPU from requests within the SLA, under continuous batching; the default) | latency | throughput | cost (static batches); training: step-time | cost. Default: goodput / step-time.", rich_help_panel=SEARCH)] = None,
+    max_ttft_ms: Annotated[Optional[float], typer.Option(min=0, help="Serving: longest time to first token allowed (goodput: at --slo-percentile; default 1000 when neither limit is given).", rich_help_panel=SEARCH)] = None,
+    max_tpot_ms: Annotated[Optional[float], typer.Option(min=0, help="Serving: longest time per output token allowed (goodput: at --slo-percentile; default 50 when neither limit is given).", rich_help_panel=SEARCH)] = None,
+    slo_percentile: Annotated[int, typer.Option(help="Serving goodput: the percentile of TTFT and TPOT the limits hold at (50, 90 or 99).", rich_help_panel=SEARCH)] = 90,
+    request_rate: RequestRateOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    num_prompts: NumPromptsOpt = 1000,
+    dataset_lengths: DatasetLengthsOpt = None,
+    prefix_cache_hit: PrefixCacheHitOpt = 0.0,
+    arrivals: ArrivalsOpt = "poisson",
+    seed: SeedOpt = 0,
     min_throughput: Annotated[Optional[float], typer.Option(min=0, help="Serving: least output tokens/s over all GPUs.", rich_help_panel=SEARCH)] = None,
     gpu_hour_price: Annotated[Optional[float], typer.Option(min=0, help="USD per GPU-hour for --objective cost (default: the profile's).", rich_help_panel=SEARCH)] = None,
     allow_quantization: Annotated[Optional[str], typer.Option(help="Serving: formats the search may use, e.g. fp8,int8,int4 (fp8 also allows an fp8 KV cache).", rich_help_panel=SEARCH)] = None,
@@ -229,6 +253,7 @@ def recommend(
     compare: Annotated[Optional[str], typer.Option(help="A layout to compare with the winner, e.g. tp=8,pp=16,dp=128 (a published one).", rich_help_panel=SEARCH)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the winner's deployment manifest (YAML) here.", rich_help_panel=SEARCH)] = None,
     export_to: ExportToOpt = None,
+    target: TargetOpt = None,
     tp: Annotated[Optional[int], typer.Option(min=1, help="Tensor-parallel degree.", rich_help_panel=PIN)] = None,
     pp: Annotated[Optional[int], typer.Option(min=1, help="Pipeline stages.", rich_help_panel=PIN)] = None,
     dp: Annotated[Optional[int], typer.Option(min=1, help="Data-parallel degree (serving: replicas).", rich_help_panel=PIN)] = None,
@@ -293,6 +318,7 @@ def recommend(
     from shardplan.cost.inputs import offload_pair
     from shardplan.search import Goal, Objective, Space
     from shardplan.specs import cluster, loading
+    from shardplan.cli.targets import engine_and_stack, given, with_export
     from shardplan.tasks.recommend import recommend as run_recommend
     from shardplan.tasks.recommend import with_allowed_dtypes
 
@@ -312,11 +338,26 @@ def recommend(
         cluster.at_most(max_gpus, cluster.MAX_GPUS, "--max-gpus")
         cluster.at_most(gpus_per_node, cluster.MAX_GPUS, "--gpus-per-node")
         hw, num_gpus = base.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1), None
+    # --target (or the one --export implies) fixes the engine or stack the plans are sized with
+    target = with_export(target, export_to, training=workload is WorkloadKind.TRAINING)
+    engine, stack = engine_and_stack(target, training=workload is WorkloadKind.TRAINING, engine=engine, stack=stack,
+                                     engine_given=given(ctx, "engine"))
     wl = _workload(locals())
     training = isinstance(wl, TrainingWorkload)
-    obj = objective.value if objective else ("step-time" if training else "throughput")
+    obj = objective.value if objective else ("step-time" if training else "goodput")
+    defaulted = obj == "goodput" and max_ttft_ms is None and max_tpot_ms is None
+    if defaulted:
+        from shardplan.search.space import DEFAULT_MAX_TPOT_SECONDS, DEFAULT_MAX_TTFT_SECONDS
+
+        max_ttft_ms, max_tpot_ms = DEFAULT_MAX_TTFT_SECONDS * 1e3, DEFAULT_MAX_TPOT_SECONDS * 1e3
+    if obj == "goodput" and not training and isinstance(wl, InferenceWorkload) and wl.load is None:
+        from shardplan.cost.workload import ServingLoad
+
+        wl = replace(wl, load=ServingLoad(num_requests=num_prompts, seed=seed, poisson=arrivals == "poisson"))
     goal = Goal(
         objective=Objective(obj),
+        slo_percentile=slo_percentile,
+        sla_defaulted=defaulted,
         max_ttft_seconds=max_ttft_ms / 1e3 if max_ttft_ms is not None else None,
         max_tpot_seconds=max_tpot_ms / 1e3 if max_tpot_ms is not None else None,
         min_throughput_tokens_per_second=min_throughput,
@@ -342,7 +383,7 @@ def recommend(
     with render_common.progress("searching layouts") as progress:
         result = run_recommend(
             loaded, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, compare_layout=compare,
-            manifest_path=output, progress=progress, strict_fit=strict_fit,
+            manifest_path=output, progress=progress, strict_fit=strict_fit, target=target,
         )
     if result.top and export_to is not None:
         from shardplan.exporters import ExportOptions
@@ -350,7 +391,8 @@ def recommend(
         from shardplan.tasks.export import export_plan
 
         assert output is not None
-        exported = export_plan(output, export_to, ExportOptions(plan_file=str(output)), output.parent)
+        engine_opt = {"engine": target} if export_to == "kubernetes" and target and not training else {}
+        exported = export_plan(output, export_to, ExportOptions(plan_file=str(output), **engine_opt), output.parent)
         summary = ExportSummary(target=export_to, files=[f.path for f in exported.files if f.path is not None])
         result = result.model_copy(update={"export": summary})
     if json_out:
@@ -456,7 +498,7 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
             qlora_double_quant=o["qlora_double_quant"], paged_optimizer=o["paged_optimizer"], spec=o["loaded"].spec,
         )
     q = o["quantization"]
-    return options.inference_workload(
+    wl = options.inference_workload(
         engine=engine_rules(o["engine"], o["engine_version"]), hw=o["hw"], model_max_len=o["loaded"].spec.max_position_embeddings,
         enable_chunked_prefill=o["enable_chunked_prefill"],
         speculative=speculative_from_options(o["loaded"].spec, o["speculative_model"], o["speculative_method"],
@@ -467,3 +509,24 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
         input_len=o["input_len"], output_len=o["output_len"], batch_size=o["batch_size"],
         vision=o["loaded"].spec.vision, images_per_prompt=o.get("limit_mm_per_prompt"),
     )
+    return _with_load(o, wl)
+
+
+def _with_load(o: dict, wl: InferenceWorkload) -> InferenceWorkload:
+    """The workload with the traffic of --request-rate / --concurrency, if given."""
+    from dataclasses import replace
+
+    from shardplan.cost import inputs as options
+
+    lengths, name = None, "fixed"
+    if o.get("dataset_lengths"):
+        from shardplan.specs.lengths import load_lengths
+
+        lengths = load_lengths(o["dataset_lengths"])
+        name = lengths.source
+    load = options.serving_load(
+        request_rate=o.get("request_rate"), concurrency=o.get("concurrency"), num_prompts=o.get("num_prompts", 1000),
+        lengths=lengths, lengths_name=name, prefix_cache_hit=o.get("prefix_cache_hit", 0.0),
+        arrivals=o.get("arrivals", "poisson"), seed=o.get("seed", 0), input_len=wl.input_len, output_len=wl.output_len,
+        max_model_len=wl.max_model_len or o["loaded"].spec.max_position_embeddings)
+    return wl if load is None else replace(wl, load=load)

@@ -52,6 +52,14 @@ EnforceEagerOpt = Annotated[bool, typer.Option(help="No CUDA graphs: decode step
 InputLenOpt = Annotated[int, typer.Option(min=1, help="Prompt tokens per request (time to first token, throughput).", rich_help_panel=SERVE)]
 OutputLenOpt = Annotated[int, typer.Option(min=1, help="Generated tokens per request.", rich_help_panel=SERVE)]
 BatchSizeOpt = Annotated[Optional[int], typer.Option(min=1, help="Concurrent sequences for the time figures (default: as many as the KV cache holds, up to --max-num-seqs).", rich_help_panel=SERVE)]
+LOAD = "Traffic (continuous batching under a request rate or concurrency)"
+RequestRateOpt = Annotated[Optional[str], typer.Option("--request-rate", help="Requests per second sent to the plan ('inf': all at once, as benchmark clients send them). With it or --concurrency, TTFT, TPOT and throughput come from a simulation of the engine's continuous batching (its scheduler, chunked prefill and KV-cache preemption, by version) and are reported as mean/p50/p90/p99 under `load`.", show_default=False, rich_help_panel=LOAD)]
+ConcurrencyOpt = Annotated[Optional[int], typer.Option("--concurrency", min=1, help="Requests in flight at most (a benchmark client's --max-concurrency); alone, the clients send a new request as soon as one finishes.", show_default=False, rich_help_panel=LOAD)]
+NumPromptsOpt = Annotated[int, typer.Option("--num-prompts", min=1, help="Requests simulated (spread evenly over the plan's replicas).", rich_help_panel=LOAD)]
+DatasetLengthsOpt = Annotated[Optional[str], typer.Option("--dataset-lengths", help="Request lengths drawn from a dataset: 'sharegpt' (bundled histogram) or a YAML/JSON file of per-request input_tokens/output_tokens lists or bins (default: every request --input-len in, --output-len out).", show_default=False, rich_help_panel=LOAD)]
+PrefixCacheHitOpt = Annotated[float, typer.Option("--prefix-cache-hit", help="Share of each prompt found in the prefix cache (0 to below 1): not computed again, still held in the cache.", rich_help_panel=LOAD)]
+ArrivalsOpt = Annotated[str, typer.Option("--arrivals", help="How requests are spaced at --request-rate: poisson (exponential gaps, the clients' default) or constant.", rich_help_panel=LOAD)]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the arrival times and the lengths drawn.", rich_help_panel=LOAD)]
 SeqLenOpt = Annotated[int, typer.Option(min=1, help="Training sequence length.", rich_help_panel=TRAIN)]
 GlobalBatchSizeOpt = Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.", rich_help_panel=TRAIN)]
 OptimizerOpt = Annotated[Optimizer, typer.Option(help="Optimizer (states in fp32).", rich_help_panel=TRAIN)]
@@ -84,6 +92,7 @@ OverlapGradReduceOpt = Annotated[bool, typer.Option(help="Data-parallel gradient
 
 
 class ObjectiveChoice(str, Enum):
+    GOODPUT = "goodput"
     LATENCY = "latency"
     THROUGHPUT = "throughput"
     COST = "cost"

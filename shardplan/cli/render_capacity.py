@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from shardplan import units
 
+
+from rich.table import Table
 
 from shardplan.cli.render_common import console, fitted_table, fmt_gib, fmt_seconds
 from shardplan.tasks.capacity import FormatRow, ServingCapacity, TrainingCapacity, TrainingRow
@@ -85,3 +89,31 @@ def capacity_report(r: ServingCapacity | TrainingCapacity) -> None:
             console.print(f"{row.weight_dtype}: {row.not_found}")
     console.print(f"{searched}; memory budget {r.gpu_memory_utilization:g} x device memory (vLLM); "
                   f"KV cache {r.kv_cache_dtype}", highlight=False)
+
+
+def sizing_report(r: Any) -> None:
+    """capacity --request-rate: the fewest GPUs that serve the rate within the SLA (tasks/sizing.py)."""
+    limits = [f"p{r.slo_percentile} TTFT <= {r.max_ttft_seconds * 1e3:g} ms" if r.max_ttft_seconds is not None else "",
+              f"p{r.slo_percentile} TPOT <= {r.max_tpot_seconds * 1e3:g} ms" if r.max_tpot_seconds is not None else ""]
+    console.print(f"SLA: {', '.join(x for x in limits if x)}; {r.model} on {r.hardware} at {r.request_rate:g} requests/s "
+                  f"({r.lengths} lengths, mean {r.mean_input_tokens:,.0f} in / {r.mean_output_tokens:,.0f} out)",
+                  markup=False, highlight=False)
+    t = Table(title="Replica shapes (fewest GPUs first)", title_justify="left")
+    for c in ("tp", "pp", "ep", "weights", "GPUs/replica", "req/s per replica", "replicas", "GPUs", "why not"):
+        t.add_column(c, justify="left" if c in ("weights", "why not") else "right")
+    for row in r.rows:
+        t.add_row(str(row.tp), str(row.pp), str(row.ep), row.quantization, str(row.gpus_per_replica),
+                  "-" if row.max_request_rate_per_replica is None else f"{row.max_request_rate_per_replica:,.2f}",
+                  "-" if row.replicas is None else str(row.replicas), "-" if row.num_gpus is None else str(row.num_gpus),
+                  row.reason or "")
+    console.print(t)
+    if r.best is None:
+        console.print("[red]no replica shape meets the SLA[/red]: relax --max-ttft-ms / --max-tpot-ms or use faster GPUs")
+        return
+    b, a = r.best, r.at_rate
+    line = (f"[bold]{b.num_gpus} GPUs[/bold]: {b.replicas} replica(s) of tp={b.tp} pp={b.pp}"
+            + (f" ep={b.ep}" if b.ep > 1 else "") + f" with {b.quantization} weights")
+    if a is not None:
+        line += (f"; at {r.request_rate:g} req/s p{a.p} TTFT {a.ttft_seconds * 1e3:,.0f} ms, p{a.p} TPOT "
+                 f"{a.tpot_seconds * 1e3:,.1f} ms, {a.output_tokens_per_second_per_gpu:,.0f} output tokens/s per GPU")
+    console.print(line)

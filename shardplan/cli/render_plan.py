@@ -9,7 +9,7 @@ from rich.table import Table
 
 from shardplan import units
 from shardplan.cli.render_common import breakdown_table, console, file_written, fitted_table, fmt_count, fmt_gib, fmt_seconds
-from shardplan.cost.report import CostReport, FitAtBandEdge, PredictionBand, TrainingMemoryReport, TrainingTimeReport
+from shardplan.cost.report import CostReport, FitAtBandEdge, LoadReport, PredictionBand, TrainingMemoryReport, TrainingTimeReport
 from shardplan.plan.schema import DeploymentManifest, ServingTime
 from shardplan.search.explain import describe
 from shardplan.search.results import ParetoPoint, RecommendEntry, RecommendResult
@@ -89,12 +89,34 @@ def estimate_report(r: CostReport) -> None:
         if mem.nvme_offload_bytes_per_node:
             console.print(f"NVMe for offloaded states: {fmt_gib(mem.nvme_offload_bytes_per_node)} per node")
     _time_report(r)
+    if r.load is not None:
+        load_table(r.load)
     if r.fits and r.fit_at_band_edge is not None:
         console.print(_verdict(r.fit_at_band_edge))
     elif r.fits:
         console.print("[green]fits[/green]")
     else:
         console.print(f"[red]does not fit[/red]: {r.reason}")
+
+
+def load_table(ld: LoadReport) -> None:
+    """The plan under traffic: latency percentiles and throughputs (cost/serving_load.py)."""
+    offered = (f"{ld.request_rate:g} req/s" if ld.request_rate is not None else "all at once") + (
+        f", at most {ld.max_concurrency} in flight" if ld.max_concurrency is not None else "")
+    console.print(f"Under traffic: {ld.num_requests:,} requests ({ld.lengths} lengths, mean {ld.mean_input_tokens:,.0f} in / "
+                  f"{ld.mean_output_tokens:,.0f} out), {offered}, over {ld.num_replicas} replica(s); {ld.schedule}",
+                  markup=False, highlight=False)
+    t = Table(title_justify="left")
+    for c in ("", "mean", "p50", "p90", "p99"):
+        t.add_column(c, justify="right" if c else "left")
+    for name, pct in (("TTFT", ld.ttft_seconds), ("TPOT", ld.tpot_seconds), ("end-to-end", ld.e2e_seconds)):
+        t.add_row(name, *[fmt_seconds(getattr(pct, k)) for k in ("mean", "p50", "p90", "p99")])
+    console.print(t)
+    state = "[red]saturated[/red]" if ld.saturated else "not saturated"
+    console.print(f"{ld.output_tokens_per_second:,.0f} output tokens/s ({ld.output_tokens_per_second_per_gpu:,.0f} per GPU), "
+                  f"{ld.request_throughput_per_second:,.2f} req/s; sustains up to {ld.saturation_request_rate:,.2f} req/s: "
+                  f"{state}; peak {ld.peak_running} running, {ld.mean_decode_batch:,.1f} decoding a step, "
+                  f"{ld.num_preemptions} preempted per replica")
 
 
 def _time_report(r: CostReport) -> None:
@@ -143,10 +165,14 @@ def _throughput(total: float, per_gpu: float, per_replica: float | None, replica
 
 def _top_table(top: list[RecommendEntry]) -> Table:
     training = isinstance(top[0].time, TrainingTimeReport)
+    loaded = top[0].load is not None
     # (header, justify, priority): 0 never dropped; larger numbers go first when it is narrow.
     cols = [("#", "right", 0), ("GPUs", "right", 0), ("layout", "left", 0), ("GiB", "right", 4), ("free", "right", 6)]
     if training:
         cols += [("step", "right", 1), ("tok/s/GPU", "right", 2), ("MFU", "right", 3)]
+    elif loaded:
+        cols += [("req/s", "right", 4), ("p90 TTFT", "right", 3), ("p90 TPOT", "right", 2), ("tok/s", "right", 1),
+                 ("tok/s/GPU", "right", 5)]
     else:
         cols += [("TTFT", "right", 3), ("TPOT", "right", 2), ("tok/s", "right", 1), ("tok/s/GPU", "right", 5)]
     cols.append(("$/Mtok", "right", 7))
@@ -160,6 +186,11 @@ def _top_table(top: list[RecommendEntry]) -> Table:
                  f"{units.bytes_to_gib(mem.per_gpu_bytes['total']):.1f}", f"{units.bytes_to_gib(mem.headroom_bytes):.1f}"]
         if isinstance(tm, TrainingTimeReport):
             cells += [fmt_seconds(tm.step_seconds), f"{tm.tokens_per_second_per_gpu:,.0f}", f"{100 * tm.mfu:.1f}%"]
+        elif loaded and e.load is not None:
+            ld = e.load
+            cells += [f"{ld.request_throughput_per_second:,.2f}", fmt_seconds(ld.ttft_seconds.p90),
+                      fmt_seconds(ld.tpot_seconds.p90), f"{ld.output_tokens_per_second:,.0f}",
+                      f"{ld.output_tokens_per_second_per_gpu:,.0f}"]
         else:
             cells += [fmt_seconds(tm.ttft_seconds), fmt_seconds(tm.tpot_seconds),
                       f"{tm.throughput_tokens_per_second:,.0f}", f"{tm.throughput_tokens_per_second_per_gpu:,.0f}"]

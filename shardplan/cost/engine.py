@@ -26,6 +26,7 @@ class ServingDefaults:
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    chunked_prefill: bool
     gpu_memory_utilization: float
     block_size: int
     cuda_context_in_budget: bool
@@ -230,7 +231,7 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
                  f"({era.sources['step_overhead_us']})")
     return ServingDefaults(
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+        chunked_prefill=chunked, gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
         cuda_context_in_budget=era.cuda_context_in_budget, cuda_graphs_in_budget=era.cuda_graphs_in_budget,
         refusal=era.refusal, accounting=era.accounting, static_fraction_by_tp=by_tp,
         python_ops_per_layer=era.python_ops_per_layer, python_ops_per_step=era.python_ops_per_step,

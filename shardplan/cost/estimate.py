@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from shardplan.cost.breakdown import RankMemory
@@ -17,6 +18,8 @@ from shardplan.cost.report import (
     HardwareReport,
     InferenceWorkloadReport,
     KvCacheReport,
+    LatencyPercentiles,
+    LoadReport,
     MemoryReport,
     ModelReport,
     OffloadReport,
@@ -29,6 +32,8 @@ from shardplan.cost.report import (
     TrainingWorkloadReport,
 )
 from shardplan.cost.time_serving import SERVING_OVERLAP, best_batch, serving_time
+from shardplan.cost.traffic import load_figures, requests_for
+from shardplan.cost.serving_load import SCHEDULES
 from shardplan.cost.offload import pageable_note
 from shardplan.cost.time_training import OVERLAP, training_assumptions, training_time
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
@@ -146,6 +151,27 @@ def estimate(
         memory=MemoryReport(**_memory_fields(sm.ranks, worst, sm.budget_bytes, capacity, layout, spec.num_layers)),
         kv_cache=kv, time=_serving_time(spec, hw, layout, workload, sm).model_copy(update={"plan_fits": sm.fits}),  # type: ignore[arg-type]
         assumptions=list(workload.assumptions) + [n for n in (pageable_note(hw, layout, workload),) if n],  # type: ignore[arg-type]
+        load=_load(spec, hw, layout, workload, sm) if sm.fits and workload.load is not None else None,  # type: ignore[union-attr,arg-type]
+    )
+
+
+def _load(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: Any) -> LoadReport:
+    f = load_figures(spec, hw, layout, wl, sm.kv_capacity_tokens)
+    r, load = f.replica, wl.load
+    assert load is not None  # checked by the caller
+    reqs = requests_for(wl, load, max(1, r.num_requests))
+    return LoadReport(
+        request_rate=None if math.isinf(load.request_rate_per_second) else load.request_rate_per_second,
+        max_concurrency=load.max_concurrency, num_requests=r.num_requests * f.num_replicas, lengths=load.lengths_name,
+        mean_input_tokens=sum(p for p, _ in reqs) / len(reqs), mean_output_tokens=sum(o for _, o in reqs) / len(reqs),
+        prefix_cache_hit=load.prefix_cache_hit_fraction, num_replicas=f.num_replicas,
+        ttft_seconds=LatencyPercentiles(**vars(r.ttft_seconds)), tpot_seconds=LatencyPercentiles(**vars(r.tpot_seconds)),
+        e2e_seconds=LatencyPercentiles(**vars(r.e2e_seconds)),
+        request_throughput_per_second=f.request_throughput_per_second, output_tokens_per_second=f.output_tokens_per_second,
+        output_tokens_per_second_per_gpu=f.output_tokens_per_second_per_gpu, total_tokens_per_second=f.total_tokens_per_second,
+        saturation_request_rate=f.saturation_request_rate_per_second, saturated=f.saturated, num_steps=r.num_steps,
+        num_preemptions=r.num_preemptions, num_refused=r.num_refused, peak_running=r.peak_running,
+        mean_decode_batch=r.mean_decode_batch, schedule=SCHEDULES[wl.schedule if wl.chunked_prefill else "unchunked"],
     )
 
 
@@ -219,7 +245,7 @@ def _check_batch(layout: Layout, wl: TrainingWorkload) -> None:
 def _workload_dict(w: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in w.__dict__.items():
-        if k == "assumptions":  # reported once, at the top of the report
+        if k in ("assumptions", "load"):  # reported once, at the top of the report; the load in its own section
             continue
         if k == "speculative":
             out[k] = None if v is None else dict(method=v.method.value, num_speculative_tokens=v.num_speculative_tokens,

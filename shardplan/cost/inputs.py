@@ -3,10 +3,12 @@ takes the same flags, so they are declared and checked once; errors name the fla
 
 from __future__ import annotations
 
+import math
+from typing import Any
 
 from shardplan.cost.finetune import ALL_LINEAR, LORA_MODULES, BaseFormat, FineTune, check_targets
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
-from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
+from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, ServingLoad, TrainingWorkload
 from shardplan.errors import LayoutError, ShardplanError
 from shardplan.cost.engine import resolve_serving
 from shardplan.cost import speculative as spec_decode
@@ -181,6 +183,12 @@ def inference_workload(
                         assumptions=d.assumptions, vision_encoder_tokens=d.vision_encoder_tokens,
                         vision_kept_tokens=d.vision_kept_tokens)
         switches["weight_formats"] = tuple(engine.weight_formats)
+        era = engine.era
+        switches.update(chunked_prefill=d.chunked_prefill, schedule=era.schedule,
+                        graphs_for_prompt_steps=era.graphs_for_prompt_steps,
+                        admission=None if era.admission is None else (
+                            era.admission.initial_ratio, era.admission.min_ratio_factor, era.admission.decay_steps,
+                            era.admission.clip_output_tokens))
         if engine.offload is not None:
             o = engine.offload
             switches.update(offload_mode=o.mode, offload_gpu_layers=o.gpu_layers, offload_overlap=o.overlap,
@@ -377,3 +385,49 @@ def _finetune_fields(
         out.update(base_format=BaseFormat.NF4_DQ if double_quant else BaseFormat.NF4,
                    base_fp32_non_quantized=stack.finetune.qlora_fp32_non_quantized if stack is not None else False)
     return out
+
+
+MAX_LOAD_REQUESTS = 100_000  # requests one simulation runs: its work grows with them
+
+
+def serving_load(*, request_rate: str | None, concurrency: int | None, num_prompts: int, lengths: Any,
+                 lengths_name: str, prefix_cache_hit: float, arrivals: str, seed: int, input_len: int, output_len: int,
+                 max_model_len: int | None) -> ServingLoad | None:
+    """The traffic of --request-rate / --concurrency (None when neither is given). `lengths`: a
+    LengthDistribution from --dataset-lengths (specs/lengths.py), or None for the fixed
+    --input-len/--output-len; requests longer than `max_model_len` are dropped, as the engine
+    refuses them, and an error says so when none fits."""
+    if request_rate is None and concurrency is None:
+        for value, default, option in ((lengths_name, "fixed", "--dataset-lengths"), (prefix_cache_hit, 0.0, "--prefix-cache-hit")):
+            if value != default:
+                raise ShardplanError("applies to traffic", field=option,
+                                     hint="add --request-rate R or --concurrency C (or leave the option out)")
+        return None
+    rate = math.inf
+    if request_rate is not None:
+        try:
+            rate = float(request_rate)
+        except ValueError:
+            raise ShardplanError(f"'{request_rate}' is not a number", field="--request-rate",
+                                 hint="requests per second, e.g. 4 or 0.5, or inf for all at once") from None
+        if math.isnan(rate) or rate <= 0:
+            raise ShardplanError(f"must be a number > 0 (got {request_rate})", field="--request-rate",
+                                 hint="requests per second, e.g. 4, or inf for all at once")
+    if concurrency is not None and not 1 <= concurrency <= MAX_SEQUENCES:
+        raise ShardplanError(f"must be from 1 to {MAX_SEQUENCES}", field="--concurrency", hint="e.g. 64")
+    if not 1 <= num_prompts <= MAX_LOAD_REQUESTS:
+        raise ShardplanError(f"must be from 1 to {MAX_LOAD_REQUESTS:,}", field="--num-prompts", hint="e.g. 1000")
+    if not (math.isfinite(prefix_cache_hit) and 0 <= prefix_cache_hit < 1):
+        raise ShardplanError(f"must be in [0, 1) (got {prefix_cache_hit})", field="--prefix-cache-hit",
+                             hint="the share of each prompt found in the prefix cache, e.g. 0.3")
+    if arrivals not in ("poisson", "constant"):
+        raise ShardplanError(f"unknown arrivals '{arrivals}'", field="--arrivals", hint="poisson or constant")
+    if lengths is None and max_model_len is not None and input_len + output_len > max_model_len:
+        raise ShardplanError(f"--input-len {input_len} + --output-len {output_len} exceed the context "
+                             f"({max_model_len} tokens)", field="--input-len",
+                             hint="shorten the request or raise --max-model-len")
+    if lengths is not None and max_model_len is not None:
+        lengths = lengths.clipped(max_model_len)
+    return ServingLoad(request_rate_per_second=rate, max_concurrency=concurrency, num_requests=num_prompts,
+                       lengths=lengths, lengths_name=lengths_name, prefix_cache_hit_fraction=prefix_cache_hit,
+                       poisson=arrivals == "poisson", seed=seed)

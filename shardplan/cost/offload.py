@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from shardplan.cost.layout import Layout, Offload
 from shardplan.cost.params import block_weights, embedding_weights, layer_kind
@@ -81,6 +82,7 @@ class OffloadMemory:
     nvme_bytes: float
 
 
+@lru_cache(maxsize=4096)
 def offload_memory(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> OffloadMemory:
     layers = offloaded_layers(spec, layout, wl)
     if not layers:

@@ -111,6 +111,12 @@ class InferenceWorkloadReport(Frozen):
     offload_stream_unit: str = Field("layer", description="what one streamed copy holds on the GPU: layer or tensor")
     offload_pinned: bool = Field(True, description="streamed copies come from pinned host memory (false: pageable)")
     weight_formats: list[str] = Field(default_factory=list, description="quantized weight formats the engine loads")
+    chunked_prefill: bool = Field(True, description="prompts are computed in chunks of the token budget")
+    schedule: str = Field("mixed", description="how the engine composes a step under continuous batching: mixed, "
+                                               "prefill_first or static (knowledge/engines/*.yaml)")
+    graphs_for_prompt_steps: bool = Field(False, description="steps with prompt tokens replay CUDA graphs")
+    admission: list[float] | None = Field(None, description="admission reserve: initial ratio, floor factor, decay "
+                                                            "steps, output clip in tokens (SGLang new_token_ratio)")
 
 
 class TrainingWorkloadReport(Frozen):
@@ -322,10 +328,47 @@ class FitAtBandEdge(Frozen):
     note: str = Field(description="the verdict in words, with the band and its cases")
 
 
+class LatencyPercentiles(Frozen):
+    mean: float = Field(description="seconds")
+    p50: float = Field(description="seconds")
+    p90: float = Field(description="seconds")
+    p99: float = Field(description="seconds")
+
+
+class LoadReport(Frozen):
+    """The plan under traffic: continuous batching by the engine's scheduler (cost/serving_load.py)."""
+
+    request_rate: float | None = Field(description="requests per second sent to the plan; null: all at once (inf)")
+    max_concurrency: int | None = Field(description="requests in flight at most; null: no cap")
+    num_requests: int = Field(description="requests simulated")
+    lengths: str = Field(description="where the request lengths come from: fixed, sharegpt or a file")
+    mean_input_tokens: float = Field(description="mean prompt tokens of the requests simulated")
+    mean_output_tokens: float = Field(description="mean output tokens of the requests simulated")
+    prefix_cache_hit: float = Field(description="share of each prompt found in the prefix cache")
+    num_replicas: int = Field(description="replicas the traffic is spread over (dp)")
+    ttft_seconds: LatencyPercentiles = Field(description="time to first token from sending")
+    tpot_seconds: LatencyPercentiles = Field(description="time per output token after the first, per request")
+    e2e_seconds: LatencyPercentiles = Field(description="end-to-end latency from sending")
+    request_throughput_per_second: float = Field(description="requests completed per second, all replicas")
+    output_tokens_per_second: float = Field(description="output tokens per second, all replicas")
+    output_tokens_per_second_per_gpu: float = Field(description="output tokens per second over all the plan's GPUs")
+    total_tokens_per_second: float = Field(description="prompt and output tokens per second, all replicas")
+    saturation_request_rate: float = Field(description="the highest request rate the plan sustains with a bounded "
+                                                       "queue (its throughput with every request ready at once)")
+    saturated: bool = Field(description="the offered load is at or above what the plan sustains (a rate at or above "
+                                        "the saturation rate; with a concurrency cap: not all requests can run at once)")
+    num_steps: int = Field(description="engine steps one replica ran")
+    num_preemptions: int = Field(description="requests preempted (KV cache full) and recomputed, one replica")
+    num_refused: int = Field(description="requests the engine could never hold, one replica")
+    peak_running: int = Field(description="requests running at once at most, one replica")
+    mean_decode_batch: float = Field(description="decoding requests per step that had any, one replica")
+    schedule: str = Field(description="the engine's scheduling rule the simulation followed")
+
+
 class CostReport(OmitNone):
     """What `estimate --json` prints. `kv_cache` is serving only and absent from training's JSON."""
 
-    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"kv_cache", "assumptions", "bands", "fit_at_band_edge"})
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"kv_cache", "assumptions", "bands", "fit_at_band_edge", "load"})
 
     model: ModelReport = Field(description="the model")
     hardware: HardwareReport = Field(description="the cluster")
@@ -336,6 +379,8 @@ class CostReport(OmitNone):
     memory: Union[TrainingMemoryReport, MemoryReport] = Field(description="bytes per GPU")
     kv_cache: KvCacheReport | None = Field(default=None, description="serving only")
     time: TimeReport = Field(description="serving or training time figures")
+    load: LoadReport | None = Field(default=None, description="serving under traffic (--request-rate / --concurrency); "
+                                                              "absent without")
     assumptions: list[str] | None = Field(default=None, description="serving: each engine rule that shaped the "
                                           "figures, with its source (absent in training)")
     bands: list[PredictionBand] | None = Field(default=None, description="the measured error band of each predicted "

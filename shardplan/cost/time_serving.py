@@ -124,9 +124,13 @@ def _stage_makeups(spec: ModelSpec, pp: int, virtual_stages: int, embedding_as_l
 
 
 def pass_time(
-    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, *, batch: float, q_len: float, kv_len: float, decode: bool
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, *, batch: float, q_len: float, kv_len: float,
+    decode: bool, logit_tokens: float | None = None, graphs: bool | None = None
 ) -> StepBreakdown:
-    """One prefill (decode=False) or one decode round (decode=True) of `batch` sequences."""
+    """One prefill (decode=False) or one decode round (decode=True) of `batch` sequences.
+    `logit_tokens`: the positions sampled over the whole pass (None: one a sequence); `graphs`:
+    whether the layers replay a CUDA graph (None: the engine's rule for a decode step). The
+    continuous-batching model (cost/serving_load.py) sets both for the steps it composes."""
     pp = layout.pp
     in_flight = batch / pp if pp > 1 and batch >= pp else batch  # sequences per micro-batch
     rounds = pp if pp > 1 and batch >= pp else 1
@@ -145,7 +149,9 @@ def pass_time(
         cuda_graphs=True,  # launches are costed per stage and step (host_seconds), not per layer
     )
     # Engines capture decode steps up to a batch size, never prefills.
-    graphs = decode and not wl.enforce_eager and in_flight <= wl.cuda_graph_max_batch
+    if graphs is None:
+        graphs = decode and not wl.enforce_eager and in_flight <= wl.cuda_graph_max_batch
+    logits = in_flight if logit_tokens is None else logit_tokens / rounds
     on_host: tuple[int, ...] = ()
     if layout.offload_layers and wl.offload_mode == "host_compute":
         gpu_multiplies = not decode and work.tokens >= wl.offload_batch_on_gpu_min_tokens > 0
@@ -161,10 +167,10 @@ def pass_time(
         for s in range(pp):
             key = (makeups[s], s == 0, s == pp - 1)
             if key not in made:
-                made[key] = _stage_pass(spec, hw, layout, work, s, in_flight, wl, graphs, on_host)
+                made[key] = _stage_pass(spec, hw, layout, work, s, logits, wl, graphs, on_host)
             per_stage.append(made[key])
     else:
-        per_stage = [_stage_pass(spec, hw, layout, work, s, in_flight, wl, graphs, on_host) for s in range(pp)]
+        per_stage = [_stage_pass(spec, hw, layout, work, s, logits, wl, graphs, on_host) for s in range(pp)]
     a = bytes_per_element(wl.activation_dtype)
     p2p = 0.0
     if pp > 1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shardplan.cost.memo import hash_once
 from shardplan.units import DType
@@ -57,6 +57,24 @@ class Quantization(str, Enum):
 
 
 GGUF_VALUES = frozenset({"q2_k", "q3_k_m", "q4_0", "q4_k_m", "q5_k_m", "q6_k", "q8_0", "iq4_xs"})
+
+
+@hash_once
+@dataclass(frozen=True)
+class ServingLoad:
+    """The traffic a serving plan is judged under (cost/serving_load.py): requests sent at a rate
+    (Poisson or evenly spaced; inf: all at once) and/or with at most `max_concurrency` in flight,
+    `num_requests` of them, their lengths drawn from `lengths` (specs/lengths.py; None: every
+    request input_len in, output_len out), a share of each prompt found in the prefix cache."""
+
+    request_rate_per_second: float = float("inf")
+    max_concurrency: int | None = None
+    num_requests: int = 1000  # vLLM's and SGLang's benchmark clients default to 1000 prompts
+    lengths: Any = None  # a LengthDistribution, or None
+    lengths_name: str = "fixed"  # where the lengths come from, as printed ("fixed", "sharegpt", a file)
+    prefix_cache_hit_fraction: float = 0.0
+    poisson: bool = True
+    seed: int = 0
 
 
 @hash_once
@@ -138,6 +156,16 @@ class InferenceWorkload:
     offload_stream_unit: str = "layer"  # what one streamed copy holds on the GPU: "layer" or "tensor"
     offload_pinned: bool = True  # streamed copies come from pinned host memory (False: pageable)
     weight_formats: tuple[str, ...] = ()  # quantized formats the engine loads (searched when nothing fits otherwise)
+    # The scheduler under continuous batching (knowledge/engines/*.yaml `schedule`; cost/serving_load.py):
+    # "mixed" (decodes and prompt chunks in one step), "prefill_first" (prompt steps whenever a request
+    # is admitted) or "static" (one batch to its end); whether prompts are chunked to the token budget;
+    # whether steps with prompt tokens replay CUDA graphs; the admission reserve (initial ratio, floor
+    # factor, decay steps, output clip in tokens) or None.
+    chunked_prefill: bool = True
+    schedule: str = "mixed"
+    graphs_for_prompt_steps: bool = False
+    admission: tuple[float, float, int, int] | None = None
+    load: ServingLoad | None = None  # traffic to judge the plan under (continuous batching); None: static batch only
 
 
 class Optimizer(str, Enum):

@@ -51,32 +51,15 @@ from shardplan.exporters.base import (
     torch_dtype,
     training,
 )
+from shardplan.exporters.targets import check
+from shardplan.knowledge import model_support
 from shardplan.exporters.torchrun import RDZV_PORT
+from shardplan.specs.model import ModelSpec
 from shardplan.units import parse_dtype
 
 TARGET = "accelerate"
 
-# model_type -> (embedding modules, "<prefix>.{i}" of block i, modules after the blocks, block class)
-# (transformers' modeling_<type>.py: the submodule names of <Type>ForCausalLM)
-_LLAMA_LIKE = (["model.embed_tokens", "model.rotary_emb"], "model.layers.{i}", ["model.norm", "lm_head"])
-HF_MODULES: dict[str, tuple[list[str], str, list[str], str]] = {
-    "llama": (*_LLAMA_LIKE, "LlamaDecoderLayer"),
-    "mistral": (*_LLAMA_LIKE, "MistralDecoderLayer"),
-    "mixtral": (*_LLAMA_LIKE, "MixtralDecoderLayer"),
-    "qwen2": (*_LLAMA_LIKE, "Qwen2DecoderLayer"),
-    "qwen2_moe": (*_LLAMA_LIKE, "Qwen2MoeDecoderLayer"),
-    "qwen3": (*_LLAMA_LIKE, "Qwen3DecoderLayer"),
-    "qwen3_moe": (*_LLAMA_LIKE, "Qwen3MoeDecoderLayer"),
-    "gemma": (*_LLAMA_LIKE, "GemmaDecoderLayer"),
-    "gemma2": (*_LLAMA_LIKE, "Gemma2DecoderLayer"),
-    "deepseek_v3": (*_LLAMA_LIKE, "DeepseekV3DecoderLayer"),
-    "phi3": (*_LLAMA_LIKE, "Phi3DecoderLayer"),
-    "gpt_neox": (["gpt_neox.embed_in", "gpt_neox.rotary_emb"], "gpt_neox.layers.{i}",
-                 ["gpt_neox.final_layer_norm", "embed_out"], "GPTNeoXLayer"),
-    "gpt2": (["transformer.wte", "transformer.wpe"], "transformer.h.{i}", ["transformer.ln_f", "lm_head"], "GPT2Block"),
-    "falcon": (["transformer.word_embeddings", "transformer.rotary_emb"], "transformer.h.{i}",
-               ["transformer.ln_f", "lm_head"], "FalconDecoderLayer"),
-}
+HF_MODULES = model_support.HF_MODULES  # model_type -> (embedding modules, block i's name, modules after, block class)
 _PLACE = {"cpu": "cpu", "nvme": "disk"}
 
 # Weight formats transformers quantizes a 16-bit checkpoint into at load time (bitsandbytes);
@@ -94,15 +77,18 @@ DEFAULT_OFFLOAD_FOLDER = "offload"  # relative to the directory load.py runs in
 
 
 def _hf_modules(ctx: ExportContext) -> tuple[list[str], str, list[str], str]:
-    spec = ctx.spec
-    if spec is None:
+    if ctx.spec is None:
         raise cannot(TARGET, "model.source", "the plan's model spec could not be read back, and the device map "
                      "names its modules", "run the export where the spec file the plan names exists")
-    names = HF_MODULES.get(spec.model_type)
-    if names is None:
-        raise cannot(TARGET, "model.source", f"no transformers module names known for model_type "
-                     f"'{spec.model_type}'", f"use a model of type {', '.join(sorted(HF_MODULES))}")
-    return names
+    return hf_modules(ctx.spec)
+
+
+def hf_modules(spec: ModelSpec) -> tuple[list[str], str, list[str], str]:
+    """transformers' module names for the spec's model_type; a type without them is refused."""
+    refused = model_support.accelerate(spec)
+    if refused is not None:
+        raise cannot(TARGET, refused.field, refused.says, refused.hint)
+    return HF_MODULES[spec.model_type]
 
 
 def offloaded_layers(ctx: ExportContext) -> tuple[int, ...]:
@@ -112,9 +98,7 @@ def offloaded_layers(ctx: ExportContext) -> tuple[int, ...]:
     L, n = ctx.manifest.layout, ctx.manifest.model.num_layers
     if L.offload_params == "none":
         return ()
-    if L.offload_layers and L.pp > 1:
-        raise cannot(TARGET, "layout.offload_layers", f"offloading {L.offload_layers} layers is planned for one "
-                     f"pipeline stage, and this plan has pp={L.pp}", "re-plan with --pp 1")
+    check(ctx, TARGET)  # offloaded layers with pipeline stages (knowledge/targets.yaml)
     return tuple(range(n - L.offload_layers if L.offload_layers else 0, n))
 
 
@@ -122,13 +106,8 @@ def device_map(ctx: ExportContext) -> tuple[dict[str, int | str], list[str]]:
     """Module name -> GPU index (the stage's), "cpu" or "disk"; and no_split_module_classes."""
     m = ctx.manifest
     serving(ctx, TARGET)
+    check(ctx, TARGET)  # tp, several nodes, offload with stages, GGUF (knowledge/targets.yaml)
     L = m.layout
-    if L.tp > 1:
-        raise cannot(TARGET, "layout.tp", f"a device_map places whole modules, so tensor parallelism (tp={L.tp}) "
-                     "has no form in it", "re-plan with --tp 1, or export --to vllm")
-    if m.hardware.num_nodes > 1:
-        raise cannot(TARGET, "hardware.num_nodes", "big-model inference runs in one process on one node",
-                     "re-plan on one node, or export --to vllm")
     first, block, last, cls = _hf_modules(ctx)
     off = set(offloaded_layers(ctx))
     out: dict[str, int | str] = {name: 0 for name in first}
@@ -150,10 +129,8 @@ def quantization_config(ctx: ExportContext) -> dict[str, Any] | None:
     the offloaded modules unquantized, in the load dtype (`_process_model_before_weight_loading`:
     modules_to_not_convert += the map's cpu and disk keys)."""
     wl = serving(ctx, TARGET)
+    check(ctx, TARGET)  # GGUF mixtures (knowledge/targets.yaml)
     q = wl.quantization
-    if Quantization(q).is_gguf:
-        raise cannot(TARGET, "workload.quantization", f"transformers cannot run a GGUF mixture ({q}): it would "
-                     "dequantize it to 16-bit at load", "export --to llamacpp, or re-plan with --quantization int8 or nf4")
     if q not in BNB_FORMATS:
         return None
     four = q == "nf4"
@@ -386,14 +363,7 @@ def fsdp_config(ctx: ExportContext) -> dict[str, Any]:
     m = ctx.manifest
     wl = training(ctx, TARGET)
     L = m.layout
-    if L.pp > 1:
-        raise cannot(TARGET, "layout.pp", f"accelerate's FSDP has no pipeline stages (pp={L.pp})",
-                     "re-plan with --pp 1, or export --to torchrun")
-    if L.ep > 1:
-        raise cannot(TARGET, "layout.ep", "accelerate's FSDP has no expert parallelism", "re-plan with --ep 1")
-    if L.offload_optimizer != L.offload_params or L.offload_params == "nvme":
-        raise cannot(TARGET, "layout.offload_optimizer", "FSDP offloads parameters, gradients and optimizer states "
-                     "together and to CPU only", "re-plan with --offload all-cpu or none, or export --to deepspeed")
+    check(ctx, TARGET)  # pp, ep, offload other than FSDP's, tp or cp without FSDP (knowledge/targets.yaml)
     _, _, _, cls = _hf_modules(ctx)
     n, g = m.hardware.num_nodes, gpus_per_node_used(m)
     mixed = {"bf16": "bf16", "fp16": "fp16"}.get(wl.param_dtype, "no")
@@ -410,9 +380,6 @@ def fsdp_config(ctx: ExportContext) -> dict[str, Any]:
         "use_cpu": False,
     }
     if L.zero_stage == 0:  # nothing sharded: plain data parallelism (DDP)
-        if L.tp > 1 or L.cp > 1:
-            raise cannot(TARGET, "layout.zero_stage", "accelerate runs tensor and context parallelism under FSDP, "
-                         "and the plan shards nothing (ZeRO 0)", "re-plan with --zero-stage 2 or 3")
         cfg["distributed_type"] = "MULTI_GPU" if m.hardware.num_gpus > 1 else "NO"
     else:
         shard = L.dp if not L.hybrid_shard else max(1, g // (L.tp * L.cp))

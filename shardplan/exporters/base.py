@@ -177,10 +177,10 @@ def engine_replicas(m: DeploymentManifest, target: str) -> int:
     L = m.layout
     if not isinstance(m.workload, InferenceWorkloadSection) or L.ep * L.etp <= L.tp:
         return 1
-    if (L.ep * L.etp) % L.tp:
-        raise cannot(target, "layout.ep", f"the expert group (ep x etp = {L.ep * L.etp}) is not a whole number of "
-                     f"replicas (tp={L.tp}): no engine splits a replica between expert groups",
-                     "re-plan with ep x etp a multiple of tp")
+    if (L.ep * L.etp) % L.tp:  # the declared rule (knowledge/targets.yaml `engine_groups`) says why
+        from shardplan.exporters.targets import check_rule_set
+
+        check_rule_set(ExportContext(manifest=m, spec=None, options=ExportOptions()), "engine_groups", target)
     return L.ep * L.etp // L.tp
 
 

@@ -56,6 +56,7 @@ from shardplan.exporters.base import (
     script_words,
     training,
 )
+from shardplan.exporters.targets import check
 from shardplan.exporters.torchrun import RDZV_PORT
 from shardplan.cost.params import block_weights, embedding_weights, head_weights, layer_kinds, vision_weights
 from shardplan.specs.model import ModelSpec
@@ -150,34 +151,9 @@ def _offload(where: str, ctx: ExportContext) -> dict[str, Any]:
 
 
 def _expressible(ctx: ExportContext) -> None:
-    L = ctx.manifest.layout
-    torchrun = "export it --to torchrun (Megatron-style frameworks take these layouts)"
-    if L.cp > 1:
-        raise cannot(TARGET, "layout.cp", f"context parallelism (cp={L.cp}) has no ds_config setting", torchrun)
-    if L.hybrid_shard:
-        raise cannot(TARGET, "layout.hybrid_shard", "within-node (hybrid) sharding: DeepSpeed removed MiCS in 0.19",
-                     "re-plan with --no-hybrid-shard, or export --to accelerate (FSDP HYBRID_SHARD)")
-    if L.sequence_parallel:
-        raise cannot(TARGET, "layout.sequence_parallel", "AutoTP has no Megatron sequence parallelism",
-                     "re-plan with --no-sequence-parallel, or export --to torchrun")
-    if L.offload_params != "none" and L.zero_stage != 3:
-        raise cannot(TARGET, "layout.offload_params", f"parameter offload needs ZeRO stage 3 (plan: {L.zero_stage})",
-                     "re-plan with --zero-stage 3")
-    if L.offload_optimizer != "none" and L.zero_stage == 0:
-        raise cannot(TARGET, "layout.offload_optimizer", "optimizer offload needs ZeRO stage 1-3", "re-plan with --zero-stage 1")
-    if L.pp > 1:
-        if L.zero_stage > 1:
-            raise cannot(TARGET, "layout.zero_stage", f"DeepSpeed's pipeline engine works with ZeRO 0-1, not {L.zero_stage}",
-                         "re-plan with --zero-stage 1")
-        if L.virtual_stages > 1 or L.pp_schedule != "1f1b":
-            raise cannot(TARGET, "layout.pp_schedule", f"DeepSpeed pipelines run 1F1B with one chunk per stage "
-                         f"(plan: {L.pp_schedule}, {L.virtual_stages} virtual stages)",
-                         "re-plan with --pp-schedule 1f1b --virtual-stages 1, or export --to torchrun")
-        if L.tp > 1:
-            raise cannot(TARGET, "layout.tp", "AutoTP does not combine with the pipeline engine", torchrun)
-    if L.ep > 1:
-        raise cannot(TARGET, "layout.ep", "expert parallelism is set in model code (deepspeed.moe.layer.MoE(ep_size=...)), "
-                     "not in ds_config", torchrun)
+    """No context or expert parallelism, hybrid sharding or sequence parallelism; offload and the
+    pipeline engine only with the ZeRO stages they take (knowledge/targets.yaml)."""
+    check(ctx, TARGET)
 
 
 def launch_command(ctx: ExportContext) -> str:

@@ -14,28 +14,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardplan.exporters.base import ExportContext, ExportFile, cannot, plan_header
+from shardplan.exporters.base import ExportContext, ExportFile, plan_header
+from shardplan.exporters.targets import check
 
 TARGET = "jax"
 AXES = (("data", "dp"), ("context", "cp"), ("tensor", "tp"))  # mesh axis name, layout field
 
 
 def _expert_axes(ctx: ExportContext) -> tuple[str, ...]:
+    """The innermost mesh axes whose sizes multiply to ep (whole experts: knowledge/targets.yaml
+    refuses etp > 1 and an ep that is no such product)."""
     L = ctx.manifest.layout
     if L.ep == 1:
         return ()
-    if L.etp > 1:
-        raise cannot(TARGET, "layout.etp", f"experts split both ways (ep={L.ep}, etp={L.etp})",
-                     "re-plan with etp 1, or shard the experts by hand")
     prod, axes = 1, []
     for name, field in reversed(AXES):
         if prod == L.ep:
             break
         prod *= getattr(L, field)
         axes.insert(0, name)
-    if prod != L.ep:
-        raise cannot(TARGET, "layout.ep", f"ep={L.ep} is not the product of the innermost mesh axes "
-                     f"({', '.join(f'{n}={getattr(L, f)}' for n, f in AXES)})", "re-plan with ep equal to tp, tp*cp or tp*cp*dp")
     return tuple(axes)
 
 
@@ -43,8 +40,7 @@ def partition_specs(ctx: ExportContext) -> dict[str, list[Any]]:
     """Weight name (per layer where it repeats) -> PartitionSpec entries, one per dimension."""
     m = ctx.manifest
     L = m.layout
-    if L.pp > 1:
-        raise cannot(TARGET, "layout.pp", f"a JAX mesh has no pipeline stages (pp={L.pp})", "re-plan with --pp 1")
+    check(ctx, TARGET)  # pipeline stages, experts split both ways or off the inner axes, offload
     fsdp = "data" if L.zero_stage == 3 and L.dp > 1 else None
     tensor = "tensor" if L.tp > 1 else None
     experts = _expert_axes(ctx)

@@ -35,18 +35,17 @@ from shardplan.exporters.base import (
     ExportContext,
     ExportFile,
     PlanDoesNotFit,
-    cannot,
     checked_word,
     command,
     comment,
     flag_table,
-    nodes_per_replica,
     plan_header,
     safe_name,
     script,
     serving,
 )
 from shardplan.exporters.serving import DEFAULT_PORT, each_node_note, node_replicas, replicas_script
+from shardplan.exporters.targets import check
 
 TARGET = "llamacpp"
 PINNED_TAG = "b11312"  # flags/llamacpp-b11312.yaml: commit 0c1e57098bba43ac29e6e3b677cdceebdd22334f
@@ -65,54 +64,25 @@ def table():
 
 
 def expressible(ctx: ExportContext) -> None:
-    """Refuse what one llama-server per replica cannot run."""
-    m = ctx.manifest
-    wl = serving(ctx, TARGET)
-    L = m.layout
-    if L.ep > 1:
-        raise cannot(TARGET, "layout.ep", f"llama.cpp has no expert parallelism (ep={L.ep}): a layer's experts sit on "
-                     "its GPU, or are split by rows with the rest (--split-mode row)",
-                     "re-plan with --ep 1 (tensor parallelism splits the experts too), or export --to vllm or sglang")
-    if L.cp > 1:
-        raise cannot(TARGET, "layout.cp", f"llama.cpp has no context parallelism (cp={L.cp})", "re-plan with --cp 1")
-    if L.tp > 1 and L.pp > 1:
-        raise cannot(TARGET, "layout", f"llama.cpp splits a model one way over all its GPUs, by layers (pp) or by "
-                     f"rows (tp), and the plan has tp={L.tp} x pp={L.pp}", "re-plan with --tp 1 or --pp 1")
-    if nodes_per_replica(m, TARGET) > 1:
-        raise cannot(TARGET, "layout", f"a replica of {L.tp * L.pp} GPUs spans nodes: llama-server runs a replica in "
-                     "one process (its RPC backend for remote GPUs is not exported)",
-                     "re-plan so that a replica fits one node, or export --to vllm or sglang")
-    if L.offload_layers and L.pp > 1:
-        raise cannot(TARGET, "layout.offload_layers", "offloaded layers with pipeline stages: llama.cpp keeps the last "
-                     "n_gpu_layers on the GPUs, whatever the stages", "re-plan with --pp 1")
-    if L.offload_layers and L.offload_params != "cpu":
-        raise cannot(TARGET, "layout.offload_params", f"llama.cpp keeps offloaded layers in host memory (the mmapped "
-                     f"GGUF), not at {L.offload_params}", "re-plan with --offload all-cpu")
-    if wl.speculative is not None:
-        raise cannot(TARGET, "workload.speculative", f"speculative decoding ({wl.speculative.method}) is not exported "
-                     "for llama.cpp", "re-plan without speculative decoding, or export --to vllm or sglang")
+    """Refuse what one llama-server per replica cannot run (knowledge/targets.yaml): expert or
+    context parallelism, tp with pp, a replica over nodes, offload with stages or off host
+    memory, speculative decoding, weights or a KV cache that are not GGUF types."""
+    serving(ctx, TARGET)
+    check(ctx, TARGET)
 
 
 def weight_type(ctx: ExportContext) -> str:
     """The GGUF file's type, as llama-quantize names it (Q4_K_M) or, unquantized, BF16/F16/F32."""
+    expressible(ctx)
     m = ctx.manifest
     q = m.layout.weight_quantization or "none"
-    if q in GGUF_TYPES:
-        return GGUF_TYPES[q]
-    if q == "none" and m.workload.activation_dtype in _UNQUANTIZED:
-        return _UNQUANTIZED[m.workload.activation_dtype]
-    others = ", ".join(t for t in GGUF_TYPES if t != "q4_k_m")
-    raise cannot(TARGET, "layout.weight_quantization", f"llama.cpp runs GGUF files, and {q} weights are not a "
-                 "GGUF type", f"re-plan with --quantization q4_k_m (or {others}, or none)")
+    return GGUF_TYPES[q] if q in GGUF_TYPES else _UNQUANTIZED[m.workload.activation_dtype]
 
 
 def cache_type(ctx: ExportContext) -> str:
     """--cache-type-k/v: the plan's KV format where llama.cpp has exactly it (q8_0 is 8.5 bits, not int8)."""
-    kv = ctx.manifest.layout.kv_cache_dtype or ctx.manifest.workload.activation_dtype
-    if kv not in _CACHE_TYPES:
-        raise cannot(TARGET, "layout.kv_cache_dtype", f"llama.cpp has no {kv} KV cache (it takes f32, f16, bf16 and "
-                     "block formats such as q8_0)", "re-plan with --kv-cache-dtype auto")
-    return _CACHE_TYPES[kv]
+    expressible(ctx)
+    return _CACHE_TYPES[ctx.manifest.layout.kv_cache_dtype or ctx.manifest.workload.activation_dtype]
 
 
 def gguf_path(ctx: ExportContext) -> str:

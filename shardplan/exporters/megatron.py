@@ -37,57 +37,31 @@ from shardplan.exporters.base import (
     script_words,
     training,
 )
+from shardplan.exporters.targets import check
+from shardplan.knowledge import model_support
 from shardplan.exporters.torchrun import script_launcher_args, script_rdzv_lines
 from shardplan.specs.model import ModelSpec, NormType, PositionEmbedding, QKNorm
 
 TARGET = "megatron"
 FLAGS = "megatron-0.19.0"
 _OPTIMIZER = {"adamw": "adam", "adam": "adam", "sgd": "sgd"}  # Megatron's adam is AdamW (decoupled decay)
-_POSITION = {PositionEmbedding.ROPE: "rope", PositionEmbedding.LEARNED: "learned_absolute",
-             PositionEmbedding.NONE: "none"}
+_POSITION = model_support.MEGATRON_POSITIONS
 
 
 def _expressible(ctx: ExportContext) -> None:
-    m = ctx.manifest
-    L, wl = m.layout, training(ctx, TARGET)
-    if L.dp > 1 and L.zero_stage >= 2:
-        raise cannot(TARGET, "layout.zero_stage", f"ZeRO stage {L.zero_stage}: Megatron's distributed optimizer "
-                     "shards optimizer states only (ZeRO-1)", "re-plan with --zero-stage 1, or export --to torchtitan "
-                     "(FSDP2) or deepspeed")
-    if L.hybrid_shard:
-        raise cannot(TARGET, "layout.hybrid_shard", "within-node (hybrid) sharding", "re-plan with --no-hybrid-shard")
-    if L.offload_optimizer != "none" or L.offload_params != "none":
-        raise cannot(TARGET, "layout.offload_optimizer", "offload to CPU or NVMe (the plan's offload memory model "
-                     "is ZeRO-Offload's)", "re-plan without offload, or export --to deepspeed")
-    if L.pp > 1 and L.pp_schedule == "gpipe":
-        raise cannot(TARGET, "layout.pp_schedule", "GPipe: Megatron pipelines run 1F1B (interleaved with virtual "
-                     "stages)", "re-plan with --pp-schedule 1f1b or interleaved")
-    if wl.finetune != "full":
-        raise cannot(TARGET, "workload.finetune", f"{wl.finetune} adapters: pretrain_gpt.py trains every weight",
-                     "export it --to accelerate or deepspeed with the PEFT config")
-    if wl.optimizer not in _OPTIMIZER:
-        raise cannot(TARGET, "workload.optimizer", f"the {wl.optimizer} optimizer", "re-plan with --optimizer adamw")
+    training(ctx, TARGET)
+    check(ctx, TARGET)  # ZeRO 2-3, hybrid sharding, offload, GPipe, adapters, optimizers (knowledge/targets.yaml)
     if ctx.spec is None:
         raise cannot(TARGET, "model.source", "Megatron builds the model from shape flags and the plan's model spec "
                      "could not be read back", "export where the plan's model spec (model.source) can be read")
 
 
 def model_args(spec: ModelSpec) -> list[Arg]:
-    """The model's shape as Megatron's GPT model flags; a feature it has no flag for is refused."""
-    unsupported = [what for what, present in [
-        ("multi-head latent attention", spec.mla is not None), ("linear attention", spec.linear_attention is not None),
-        ("a vision tower", spec.vision is not None), ("sliding-window layers", spec.sliding_window is not None),
-        ("attention sinks", spec.attention_sinks), ("parallel residual blocks", spec.parallel_residual),
-        ("an lm_head bias", spec.lm_head_bias), ("a full-width qk norm", spec.qk_norm == QKNorm.FULL),
-        (f"{spec.position_embedding.value} positions", spec.position_embedding not in _POSITION),
-        (f"a gated {spec.hidden_act} MLP", spec.mlp_gated and spec.hidden_act != "silu"),
-        ("biases on some linear layers only", spec.mlp_bias != spec.o_bias),
-        ("MoE layers at a step or dense indices", spec.moe is not None and (spec.moe.moe_layer_step != 1
-                                                                          or bool(spec.moe.dense_layer_indices))),
-    ] if present]
-    if unsupported:
-        raise cannot(TARGET, "model", f"{unsupported[0]} has no pretrain_gpt.py flag",
-                     "export --to torchrun with your own training script")
+    """The model's shape as Megatron's GPT model flags; a feature it has no flag for is refused
+    (knowledge/model_support.py)."""
+    refused = model_support.megatron(spec)
+    if refused is not None:
+        raise cannot(TARGET, refused.field, refused.says, refused.hint)
     heads, kv = spec.num_attention_heads, spec.num_kv_heads or spec.num_attention_heads
     args: list[Arg] = [("num-layers", spec.num_layers), ("hidden-size", spec.hidden_size),
                        ("ffn-hidden-size", spec.intermediate_size), ("num-attention-heads", heads)]

@@ -28,7 +28,6 @@ from shardplan.exporters.base import (
     ExportContext,
     ExportFile,
     Raw,
-    cannot,
     checked_word,
     command,
     engine_replicas,
@@ -43,6 +42,7 @@ from shardplan.exporters.base import (
     torch_dtype,
 )
 from shardplan.exporters.serving import DEFAULT_PORT, each_node_note, node_replicas, replicas_script
+from shardplan.exporters.targets import check
 
 TARGET = "sglang"
 IMAGE = f"lmsysorg/sglang:v{flag_table(TARGET).version}"
@@ -63,13 +63,10 @@ def mem_fraction_static(ctx: ExportContext) -> float:
 
 
 def group_replicas(ctx: ExportContext) -> int:
-    """Replicas one server runs with DP attention because experts are split among them (1: none)."""
-    L = ctx.manifest.layout
-    k = engine_replicas(ctx.manifest, TARGET)
-    if k > 1 and L.pp > 1:
-        raise cannot(TARGET, "layout.pp", f"expert parallelism over {k} replicas runs as DP attention, which this "
-                     f"export does not combine with pipeline stages (pp={L.pp})", "re-plan with --pp 1, or export --to vllm")
-    return k
+    """Replicas one server runs with DP attention because experts are split among them (1: none);
+    what SGLang's export cannot run is refused first (knowledge/targets.yaml)."""
+    check(ctx, TARGET)
+    return engine_replicas(ctx.manifest, TARGET)
 
 
 def server_args(ctx: ExportContext, *, data_parallel: int, port: int, nnodes: int = 1,
@@ -143,6 +140,7 @@ def launch_command(ctx: ExportContext, **kw) -> str:
 def export_sglang(ctx: ExportContext) -> list[ExportFile]:
     m = ctx.manifest
     serving(ctx, TARGET)
+    check(ctx, TARGET)
     table = flag_table(TARGET)
     port = ctx.options.port or DEFAULT_PORT
     header = [*plan_header(m, TARGET, table),

@@ -24,7 +24,6 @@ from shardplan.exporters.base import (
     Arg,
     ExportContext,
     ExportFile,
-    cannot,
     command,
     flag_table,
     model_ref,
@@ -34,6 +33,7 @@ from shardplan.exporters.base import (
     torch_dtype,
 )
 from shardplan.exporters.serving import each_node_note, node_replicas, replicas_script
+from shardplan.exporters.targets import check
 
 TARGET = "tgi"
 IMAGE = f"ghcr.io/huggingface/text-generation-inference:{flag_table(TARGET).version}"
@@ -48,16 +48,8 @@ MAINTENANCE_NOTICE = ("notice: TGI has been in maintenance mode since December 2
 
 
 def _expressible(ctx: ExportContext) -> None:
-    L, m = ctx.manifest.layout, ctx.manifest
-    if L.pp > 1:
-        raise cannot(TARGET, "layout.pp", f"TGI has no pipeline parallelism (pp={L.pp})",
-                     "re-plan with --pp 1, or export --to vllm or sglang")
-    if L.ep > 1:
-        raise cannot(TARGET, "layout.ep", f"TGI shards experts with tensor parallelism only (ep={L.ep})",
-                     "re-plan with --ep 1, or export --to vllm or sglang")
-    if L.tp > m.hardware.gpus_per_node:
-        raise cannot(TARGET, "layout.tp", f"TGI's shards run on one node (tp={L.tp} > {m.hardware.gpus_per_node} GPUs per node)",
-                     "export --to vllm or sglang")
+    """No pipeline or expert parallelism, shards on one node, no offload (knowledge/targets.yaml)."""
+    check(ctx, TARGET)
 
 
 def memory_fraction(ctx: ExportContext) -> float:

@@ -45,26 +45,14 @@ from shardplan.exporters.base import (
     script_words,
     training,
 )
+from shardplan.exporters.targets import check
+from shardplan.knowledge import model_support
 from shardplan.exporters.torchrun import script_launcher_args, script_rdzv_lines
 from shardplan.specs.model import ModelSpec
 
 TARGET = "torchtitan"
 KEYS = "torchtitan-0.2.2"
-# torchtitan 0.2.2 models/<name>/__init__.py flavors: (family, layers, hidden, heads, kv heads) -> (name, flavor)
-FLAVORS: dict[tuple[str, int, int, int, int], tuple[str, str]] = {
-    ("llama", 32, 4096, 32, 8): ("llama3", "8B"),
-    ("llama", 80, 8192, 64, 8): ("llama3", "70B"),
-    ("llama", 126, 16384, 128, 8): ("llama3", "405B"),
-    ("qwen3", 28, 1024, 16, 8): ("qwen3", "0.6B"),
-    ("qwen3", 28, 2048, 16, 8): ("qwen3", "1.7B"),
-    ("qwen3", 36, 2560, 32, 8): ("qwen3", "4B"),
-    ("qwen3", 36, 4096, 32, 8): ("qwen3", "8B"),
-    ("qwen3", 40, 5120, 40, 8): ("qwen3", "14B"),
-    ("qwen3", 64, 5120, 64, 8): ("qwen3", "32B"),
-    ("qwen3_moe", 48, 2048, 32, 4): ("qwen3", "30B-A3B"),
-    ("qwen3_moe", 94, 4096, 64, 4): ("qwen3", "235B-A22B"),
-    ("deepseek_v3", 61, 7168, 128, 128): ("deepseek_v3", "671B"),
-}
+FLAVORS = model_support.TORCHTITAN_FLAVORS  # (family, layers, hidden, heads, kv heads) -> (name, flavor)
 SCHEDULES = {("1f1b", False): "1F1B", ("gpipe", False): "GPipe", ("interleaved", True): "Interleaved1F1B",
              ("1f1b", True): "Interleaved1F1B"}
 _OPTIMIZER = {"adamw": "AdamW", "adam": "Adam"}
@@ -74,14 +62,10 @@ def flavor(spec: ModelSpec | None) -> tuple[str, str]:
     if spec is None:
         raise cannot(TARGET, "model.source", "torchtitan picks its model by shape and the plan's model spec could "
                      "not be read back", "export where the plan's model spec (model.source) can be read")
-    key = (spec.model_type, spec.num_layers, spec.hidden_size, spec.num_attention_heads,
-           spec.num_kv_heads or spec.num_attention_heads)
-    if key not in FLAVORS:
-        known = ", ".join(sorted({f"{n} {f}" for n, f in FLAVORS.values()}))
-        raise cannot(TARGET, "model", f"torchtitan trains its own model definitions and none has this model's shape "
-                     f"({spec.model_type}, {spec.num_layers} layers, hidden {spec.hidden_size})",
-                     f"plan one of {known}, or export --to megatron or torchrun")
-    return FLAVORS[key]
+    refused = model_support.torchtitan(spec)
+    if refused is not None:
+        raise cannot(TARGET, refused.field, refused.says, refused.hint)
+    return FLAVORS[model_support.torchtitan_key(spec)]
 
 
 def _data_parallel(ctx: ExportContext) -> dict[str, int]:
@@ -89,14 +73,8 @@ def _data_parallel(ctx: ExportContext) -> dict[str, int]:
     L = m.layout
     if L.dp == 1:
         return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 1}
-    if L.zero_stage == 0:
-        if L.tp * L.pp * L.cp > 1:
-            raise cannot(TARGET, "layout.zero_stage", "plain data parallelism (DDP) with tp, pp or cp: torchtitan runs "
-                         "DDP only as the one parallelism", "re-plan with --zero-stage 3 (FSDP2)")
+    if L.zero_stage == 0:  # DDP, alone (knowledge/targets.yaml refuses it with tp, pp or cp, and ZeRO 1-2)
         return {"data_parallel_replicate_degree": L.dp, "data_parallel_shard_degree": 1}
-    if L.zero_stage in (1, 2):
-        raise cannot(TARGET, "layout.zero_stage", f"ZeRO stage {L.zero_stage}: FSDP2 shards parameters too (ZeRO-3) "
-                     "or nothing (DDP)", "re-plan with --zero-stage 3, or export --to megatron (ZeRO-1)")
     if not L.hybrid_shard:
         return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": L.dp}
     shard = max(1, min(L.dp, gpus_per_node_used(m) // (L.tp * L.cp)))
@@ -121,20 +99,9 @@ def job_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
     m = ctx.manifest
     L, wl = m.layout, training(ctx, TARGET)
     name, flav = flavor(ctx.spec)
-    if wl.finetune != "full":
-        raise cannot(TARGET, "workload.finetune", f"{wl.finetune} adapters: torchtitan trains every weight",
-                     "export it --to accelerate or deepspeed with the PEFT config")
-    if wl.optimizer not in _OPTIMIZER:
-        raise cannot(TARGET, "workload.optimizer", f"the {wl.optimizer} optimizer", "re-plan with --optimizer adamw")
-    if L.offload_optimizer != "none" or L.offload_params != "none":
-        both_cpu = L.offload_optimizer == "cpu" and L.offload_params == "cpu"
-        if not (both_cpu and L.zero_stage == 3 and L.dp > 1):
-            raise cannot(TARGET, "layout.offload_params", "offload other than FSDP2's CPU offload of parameters, "
-                         "gradients and optimizer states together (ZeRO-3, dp > 1)", "re-plan without offload")
+    # adapters, optimizers, offload, schedules, DDP with model parallelism, ZeRO 1-2, weight formats
+    check(ctx, TARGET)
     schedule = SCHEDULES.get((L.pp_schedule, L.virtual_stages > 1))
-    if L.pp > 1 and schedule is None:
-        raise cannot(TARGET, "layout.pp_schedule", f"{L.pp_schedule} with {L.virtual_stages} virtual stages",
-                     "re-plan with --pp-schedule 1f1b, gpipe or interleaved")
     par: dict[str, Any] = {**_data_parallel(ctx), "tensor_parallel_degree": L.tp, "pipeline_parallel_degree": L.pp,
                            "context_parallel_degree": L.cp}
     if L.ep > 1:
@@ -148,9 +115,7 @@ def job_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
         local = wl.global_batch_size // dp  # the pipeline splits it into micro-batches
     else:
         local = L.micro_batch_size  # torchtitan accumulates gradients up to global_batch_size
-    dtype = {"bf16": "bfloat16", "fp32": "float32"}.get(wl.param_dtype)
-    if dtype is None:
-        raise cannot(TARGET, "workload.param_dtype", f"{wl.param_dtype} training", "re-plan with --dtype bf16")
+    dtype = {"bf16": "bfloat16", "fp32": "float32"}[wl.param_dtype]
     model: dict[str, Any] = {"name": name, "flavor": flav, "hf_assets_path": _assets(ctx)}
     cfg: dict[str, dict[str, Any]] = {
         "job": {"dump_folder": "./outputs", "description": f"shardplan plan for {m.model.name}"},

@@ -20,12 +20,9 @@ from shardplan.exporters.base import (
     Arg,
     ExportContext,
     ExportFile,
-    cannot,
     command,
-    engine_replicas,
     flag_table,
     model_ref,
-    nodes_per_replica,
     non_kv_bytes,
     plan_header,
     script,
@@ -34,6 +31,7 @@ from shardplan.exporters.base import (
     torch_dtype,
 )
 from shardplan.exporters.serving import each_node_note, node_replicas, replicas_script
+from shardplan.exporters.targets import check
 
 TARGET = "trtllm"
 IMAGE = f"nvcr.io/nvidia/tensorrt-llm/release:{flag_table('trtllm-serve').version}"
@@ -53,16 +51,8 @@ def kv_free_fraction(ctx: ExportContext) -> float:
 
 
 def _expressible(ctx: ExportContext) -> None:
-    m = ctx.manifest
-    k = engine_replicas(m, TARGET)
-    if k > 1:
-        raise cannot(TARGET, "layout.ep", f"expert parallelism spans {k} replicas (ep={m.layout.ep} > tp={m.layout.tp}), "
-                     "which needs one trtllm-serve over all their GPUs with attention data parallelism "
-                     "(enable_attention_dp), not written by this export", "export --to vllm or sglang")
-    if nodes_per_replica(m) > 1:
-        raise cannot(TARGET, "layout", f"a replica spans {nodes_per_replica(m)} nodes, which needs an MPI launch "
-                     "(trtllm-llmapi-launch under mpirun/srun) this export does not write",
-                     "export --to vllm or sglang, or re-plan on one node per replica")
+    """One trtllm-serve per replica on one node, no offload (knowledge/targets.yaml)."""
+    check(ctx, TARGET)
 
 
 def serve_args(ctx: ExportContext, *, port: int) -> list[Arg]:

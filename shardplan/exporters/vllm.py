@@ -60,6 +60,7 @@ from shardplan.exporters.base import (
     torch_dtype,
 )
 from shardplan.exporters.serving import DEFAULT_PORT, each_node_note, node_replicas, replicas_script
+from shardplan.exporters.targets import check
 
 TARGET = "vllm"
 IMAGE = f"vllm/vllm-openai:v{flag_table(TARGET).version}"  # the release image of the pinned version
@@ -83,14 +84,10 @@ def separate_replicas(ctx: ExportContext) -> bool:
 def group_replicas(ctx: ExportContext) -> int:
     """Replicas one vLLM server runs as data-parallel ranks because experts are split among them
     (1 when each replica holds every expert). vLLM's expert-parallel size is tp x that, with whole
-    experts: a plan with another ep, or experts split by tensor parallelism under ep, is refused."""
-    L = ctx.manifest.layout
-    k = engine_replicas(ctx.manifest, TARGET)
-    if L.ep > 1 and (L.ep != L.tp * k or L.etp != 1):
-        raise cannot(TARGET, "layout.ep", f"vLLM's expert parallelism spans every tp x data-parallel rank of a server "
-                     f"with whole experts (ep = tp x dp, etp = 1), and the plan has ep={L.ep}, etp={L.etp}, tp={L.tp}",
-                     "re-plan with --ep equal to tp (or tp x replicas), or export --to sglang")
-    return k
+    experts: a plan with another ep, or experts split by tensor parallelism under ep, is refused
+    (knowledge/targets.yaml)."""
+    check(ctx, TARGET)
+    return engine_replicas(ctx.manifest, TARGET)
 
 
 def cpu_offload_gib(ctx: ExportContext) -> float | None:
@@ -98,9 +95,7 @@ def cpu_offload_gib(ctx: ExportContext) -> float | None:
     vLLM multiplies it by 1024**3), rounded up to 0.01; None when the plan offloads nothing. NVMe
     offload is refused: vLLM offloads to host memory only."""
     m = ctx.manifest
-    if m.layout.offload_params == "nvme" or any(st.nvme_offload_bytes > 0 for st in m.predicted.memory.stages):
-        raise cannot(TARGET, "layout.offload_params", "vLLM offloads weights to host memory only (--cpu-offload-gb); "
-                     "it has no disk offload", "re-plan with --offload all-cpu, or export --to accelerate")
+    check(ctx, TARGET)  # no disk offload (knowledge/targets.yaml)
     host = max((st.host_offload_bytes for st in m.predicted.memory.stages), default=0.0)
     if host <= 0:
         return None
@@ -168,11 +163,8 @@ def local_dp_ranks(ctx: ExportContext) -> int:
     """Data-parallel ranks (replicas) per node when a dp x ep group spans nodes; refused unless
     each rank sits on one node and the group fills whole nodes."""
     m = ctx.manifest
-    g, k = gpus_per_node_used(m), group_replicas(ctx)
-    if replica_gpus(m) > g or g % replica_gpus(m) or (k * replica_gpus(m)) % g:
-        raise cannot(TARGET, "layout", f"a data-parallel rank of {replica_gpus(m)} GPUs does not tile nodes of {g} GPUs "
-                     f"in a {k}-replica expert-parallel group", "re-plan so that tp x pp divides the GPUs per node")
-    return g // replica_gpus(m)
+    group_replicas(ctx)  # refuses groups whose ranks do not tile nodes (knowledge/targets.yaml)
+    return gpus_per_node_used(m) // replica_gpus(m)
 
 
 def dp_node_args(ctx: ExportContext, *, head: str, node_rank: str) -> list[Arg]:
@@ -216,6 +208,7 @@ def _notes(ctx: ExportContext) -> list[str]:
 def export_vllm(ctx: ExportContext) -> list[ExportFile]:
     m = ctx.manifest
     serving(ctx, TARGET)
+    check(ctx, TARGET)
     table = flag_table(TARGET)
     header = [*plan_header(m, TARGET, table), *_notes(ctx)]
     port = ctx.options.port or DEFAULT_PORT

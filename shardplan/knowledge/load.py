@@ -11,12 +11,14 @@ from pydantic import ValidationError
 
 from shardplan.errors import ShardplanError, UnknownNameError
 from shardplan.knowledge.schema import BandsFile, EngineFile, EngineRules, MetricsFile, StackFile, parse_version
+from shardplan.knowledge.targets import TargetsFile
 from shardplan.specs.loading import read_structured, validation_error
 
 ENGINES_DIR = Path(__file__).resolve().parent / "engines"
 STACKS_DIR = Path(__file__).resolve().parent / "stacks"
 BANDS_PATH = Path(__file__).resolve().parent / "bands.yaml"
 METRICS_PATH = Path(__file__).resolve().parent / "metrics.yaml"
+TARGETS_PATH = Path(__file__).resolve().parent / "targets.yaml"
 DEFAULT_ENGINE = "vllm"
 DEFAULT_STACK = "torchtitan"
 
@@ -108,5 +110,23 @@ def metrics_file(path: Path = METRICS_PATH) -> MetricsFile:
         raise validation_error(e, str(path)) from None
 
 
+def targets_file() -> TargetsFile:
+    """What each deployment target runs (`knowledge/targets.yaml`, at TARGETS_PATH): the rules the
+    search, the exporters and verify's up-front checks all read."""
+    return _targets_file(TARGETS_PATH)
+
+
+@lru_cache(maxsize=None)
+def _targets_file(path: Path) -> TargetsFile:
+    try:
+        return TargetsFile.model_validate(read_structured(path))
+    except ValidationError as e:
+        raise validation_error(e, str(path)) from None
+
+
+def known_targets() -> list[str]:
+    return list(targets_file().targets)
+
+
 __all__ = ["BANDS_PATH", "DEFAULT_ENGINE", "DEFAULT_STACK", "METRICS_PATH", "bands_file", "engine_file",
-           "engine_generation", "engine_rules", "known_engines", "known_stacks", "metrics_file", "stack_rules"]
+           "engine_generation", "engine_rules", "known_engines", "known_stacks", "known_targets", "metrics_file", "stack_rules", "targets_file"]

@@ -95,6 +95,19 @@ def version_in_range(version: tuple[int, int, int], min_version: str, max_versio
     return lo <= version and (hi is None or version < hi)
 
 
+class AdmissionReserve(Frozen):
+    """SGLang's admission rule (python/sglang/srt/managers/schedule_policy.py PrefillAdder): the pool must
+    hold the new prompt plus ratio x min(max_new_tokens, clip) of its output, with the running
+    requests' remaining outputs reserved at the same ratio. The ratio starts at `initial_ratio`,
+    falls linearly to initial x `min_ratio_factor` over `decay_steps` decode steps, and returns to
+    the start when requests are retracted (scheduler.py update_running_batch)."""
+
+    initial_ratio: float = Field(gt=0, le=1, description="new_token_ratio at start and after a retraction")
+    min_ratio_factor: float = Field(gt=0, le=1, description="the floor, as a fraction of initial_ratio")
+    decay_steps: int = Field(ge=1, description="decode steps from the start to the floor")
+    clip_output_tokens: int = Field(ge=1, description="max_new_tokens is clipped to this in the estimate, tokens")
+
+
 class EngineEra(Frozen):
     """The rules of one version range, [min_version, max_version)."""
 
@@ -163,6 +176,20 @@ class EngineEra(Frozen):
     cuda_graph_max_batch: list[DeviceDefault] = Field(
         min_length=1, description="decode steps of up to this many sequences replay a CUDA graph by default, by "
                                   "device; 0: the engine captures none")
+    schedule: Literal["mixed", "prefill_first", "static"] = Field(
+        description="how the scheduler composes a step under continuous batching (cost/serving_load.py): mixed: "
+                    "the running requests' decode tokens first, then prompt chunks of running and waiting requests "
+                    "fill the token budget, in one forward; prefill_first: a step of prompt tokens alone whenever a "
+                    "waiting request can be admitted, decode steps otherwise; static: one batch runs to its end "
+                    "before the next is admitted (no continuous batching). Without chunked prefill every engine "
+                    "prefills whole prompts first (vLLM V0 _schedule_default)")
+    graphs_for_prompt_steps: bool = Field(
+        False, description="steps that carry prompt tokens replay CUDA graphs up to cuda_graph_max_batch tokens "
+                           "(vLLM V1's piecewise graphs around attention); false: only decode steps do")
+    admission: AdmissionReserve | None = Field(
+        None, description="a waiting request is admitted only if the KV pool holds its prompt plus a reserve for "
+                          "the outputs of it and of the running requests (SGLang's new_token_ratio); null: admitted "
+                          "while the pool holds its prompt chunk (vLLM), preempting when decodes run out")
     sources: dict[str, str] = Field(description="field -> where the rule comes from (file at a tag, PR, release note)")
 
     @model_validator(mode="after")
@@ -178,7 +205,11 @@ class EngineEra(Frozen):
         documented = {"generation", "gpu_memory_utilization", "block_size", "max_num_seqs", "chunked_prefill",
                       "chunked_budget_tokens", "unchunked_min_tokens", "cuda_context_in_budget",
                       "cuda_graphs_in_budget", "refusal", "python_ops_per_layer", "python_ops_per_step",
-                      "cuda_graph_max_batch", "step_overhead_us", "sampler_bytes_per_logit"}
+                      "cuda_graph_max_batch", "step_overhead_us", "sampler_bytes_per_logit", "schedule"}
+        if self.graphs_for_prompt_steps:
+            documented.add("graphs_for_prompt_steps")
+        if self.admission is not None:
+            documented.add("admission")
         if self.accounting == "static_fraction":
             if self.static_fraction_reserved is not None:
                 documented |= {"accounting", "static_fraction_reserved"}

@@ -10,6 +10,8 @@ with one line naming the file, the field and the fix.
 
 from __future__ import annotations
 
+import math
+
 import hashlib
 import json
 from dataclasses import fields
@@ -135,9 +137,25 @@ def _plain(workload: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
                                   draft_model=sp.draft_name,
                                   draft_source=_source(sp.draft_source) if sp.draft_source is not None else None,
                                   draft_hf_id=sp.draft_hf_id)
+    if out.get("load") is not None:
+        out["load"] = _load_section(out["load"])
     if "static_fraction_by_tp" in out:
         out["static_fraction_by_tp"] = [{"min_tp": t, "fraction": f} for t, f in out["static_fraction_by_tp"]]
     return out
+
+
+def _load_section(load: Any) -> dict[str, Any]:
+    def bins(b: Any) -> dict[str, Any]:
+        return {"min_tokens": list(b.min_tokens), "max_tokens": list(b.max_tokens), "weights": list(b.weights)}
+
+    d = load.lengths
+    lengths = None if d is None else {
+        "kind": d.kind.value, "input_bins": bins(d.input_bins), "output_bins": bins(d.output_bins), "paired": d.paired,
+        "source": d.source, "max_total_tokens": d.max_total_tokens, "refused_fraction": d.refused_fraction}
+    rate = load.request_rate_per_second
+    return {"request_rate_per_second": None if math.isinf(rate) else rate, "max_concurrency": load.max_concurrency,
+            "num_requests": load.num_requests, "lengths": lengths, "lengths_name": load.lengths_name,
+            "prefix_cache_hit_fraction": load.prefix_cache_hit_fraction, "poisson": load.poisson, "seed": load.seed}
 
 
 def _floats(d: dict[str, Any]) -> dict[str, float]:
@@ -200,8 +218,10 @@ def _assumptions(report: CostReport, hw: HardwareProfile) -> list[str]:
 
 def build_manifest(*, loaded: LoadedModel, hw: HardwareProfile, layout: Layout,
                    workload: InferenceWorkload | TrainingWorkload, report: CostReport,
-                   objective: str | None = None, search: dict[str, Any] | None = None) -> DeploymentManifest:
-    """The manifest of one estimated plan; `report` is `estimate(...)` for these inputs."""
+                   objective: str | None = None, search: dict[str, Any] | None = None,
+                   runs_on: list[str] | None = None) -> DeploymentManifest:
+    """The manifest of one estimated plan; `report` is `estimate(...)` for these inputs;
+    `runs_on`: the targets that run it (recommend says so)."""
     spec, serving = loaded.spec, isinstance(workload, InferenceWorkload)
     chunks = layout_stage_ranges(spec.num_layers, layout)
     ranges = [[[r.start, r.stop - 1] for r in stage] for stage in chunks]
@@ -240,6 +260,7 @@ def build_manifest(*, loaded: LoadedModel, hw: HardwareProfile, layout: Layout,
         assumptions=_assumptions(report, hw),
         objective=objective,
         search=dict(search) if search is not None else None,
+        runs_on=list(runs_on) if runs_on is not None else None,
     )
 
 

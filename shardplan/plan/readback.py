@@ -9,16 +9,20 @@ or typer (tests/test_architecture.py).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from shardplan.cost.finetune import BaseFormat, FineTune
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
 from shardplan.cost.speculative import Speculative, SpeculativeMethod
-from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
+from shardplan.cost.workload import ServingLoad, Framework, InferenceWorkload, Optimizer, Quantization, TrainingWorkload
 from shardplan.errors import ShardplanError, UnknownNameError
 from shardplan.plan.manifest import legacy_spec_sha256, load_manifest, spec_sha256
 from shardplan.plan.schema import DeploymentManifest
+from shardplan.search.targets import Setting, used_gpus_per_node
 from shardplan.specs import loading
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -108,11 +112,37 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
                                    "finetune": FineTune(w["finetune"]), "lora_targets": tuple(w["lora_targets"]),
                                    "base_format": BaseFormat(w["base_format"])})
     kv = w["kv_cache_dtype"]
+    # Lists in the manifest are tuples in the cost model's frozen (hashable, cached) workload.
+    w = {k: tuple(v) if isinstance(v, list) else v for k, v in w.items()}
     return InferenceWorkload(**{**w, "speculative": plan_speculative(m), "kv_cache_dtype": DType(kv) if kv else None,
                                 "activation_dtype": DType(w["activation_dtype"]),
                                 "quantization": Quantization(w["quantization"]),
                                 "assumptions": tuple(w["assumptions"]),
-                                "static_fraction_by_tp": tuple((r["min_tp"], r["fraction"]) for r in w["static_fraction_by_tp"])})
+                                "static_fraction_by_tp": tuple((r["min_tp"], r["fraction"]) for r in w["static_fraction_by_tp"]),
+                                "admission": tuple(w["admission"]) if w["admission"] is not None else None,
+                                "load": plan_load(w["load"])})
+
+
+def plan_load(d: dict[str, Any] | None) -> ServingLoad | None:
+    """The traffic a plan was judged under, as the cost model's own type."""
+    if d is None:
+        return None
+    from shardplan.specs.lengths import LengthDistribution, LengthKind, TokenBins
+
+    lengths = None
+    if d["lengths"] is not None:
+        x = d["lengths"]
+
+        def bins(b: dict[str, Any]) -> TokenBins:
+            return TokenBins(tuple(b["min_tokens"]), tuple(b["max_tokens"]), tuple(b["weights"]))
+
+        lengths = LengthDistribution(LengthKind(x["kind"]), bins(x["input_bins"]), bins(x["output_bins"]),
+                                     paired=x["paired"], source=x["source"], max_total_tokens=x["max_total_tokens"],
+                                     refused_fraction=x["refused_fraction"])
+    rate = d["request_rate_per_second"]
+    return ServingLoad(request_rate_per_second=math.inf if rate is None else rate, max_concurrency=d["max_concurrency"],
+                       num_requests=d["num_requests"], lengths=lengths, lengths_name=d["lengths_name"],
+                       prefix_cache_hit_fraction=d["prefix_cache_hit_fraction"], poisson=d["poisson"], seed=d["seed"])
 
 
 def plan_speculative(m: DeploymentManifest, plan: str | None = None) -> Speculative | None:
@@ -147,6 +177,24 @@ def plan_layout(m: DeploymentManifest) -> Layout:
         pp_loss_as_layer=L.pp_loss_as_layer, pp_first_stage_layers=L.pp_first_stage_layers,
         pp_last_stage_layers=L.pp_last_stage_layers,
     )
+
+
+def plan_setting(m: DeploymentManifest, spec: ModelSpec | None = None) -> Setting:
+    """What a plan's target facts read besides its layout (search/targets.py): its workload, model
+    and cluster, as the manifest records them (`spec`, when it can be read, adds tied embeddings)."""
+    hw, wl = m.hardware, m.workload
+    base: dict = dict(
+        gpus_per_node=used_gpus_per_node(hw.num_gpus, hw.gpus_per_node, hw.num_nodes), num_nodes=hw.num_nodes,
+        num_layers=m.model.num_layers, kv_heads=m.model.num_kv_heads, moe=m.model.num_experts is not None,
+        tied_embeddings=bool(spec is not None and spec.tie_word_embeddings), activation_dtype=wl.activation_dtype)
+    if wl.kind == "training":
+        return Setting(workload="training", seq_len=wl.seq_len, global_batch_size=wl.global_batch_size,
+                       kv_format=wl.activation_dtype, finetune=wl.finetune, optimizer=wl.optimizer,
+                       param_dtype=wl.param_dtype, **base)
+    return Setting(workload="inference", weight_format=m.layout.weight_quantization or wl.quantization,
+                   kv_format=m.layout.kv_cache_dtype or wl.kv_cache_dtype or wl.activation_dtype,
+                   speculative=wl.speculative.method if wl.speculative is not None else "none",
+                   param_dtype=wl.activation_dtype, **base)
 
 
 @dataclass(frozen=True)

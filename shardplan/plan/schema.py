@@ -86,6 +86,39 @@ class SpeculativeSection(_Section):
     draft_hf_id: str | None = Field(None, description="the draft's Hugging Face id, what the engine loads; null: unknown")
 
 
+class TokenBinsSection(_Section):
+    """specs.lengths.TokenBins: bin k holds the integers [min, max] with weight k."""
+
+    min_tokens: list[int] = Field(description="each bin's first length, tokens")
+    max_tokens: list[int] = Field(description="each bin's last length, tokens")
+    weights: list[float] = Field(description="each bin's share of the requests (any positive scale)")
+
+
+class LengthsSection(_Section):
+    """specs.lengths.LengthDistribution, field for field."""
+
+    kind: str = Field(description="fixed, uniform or histogram")
+    input_bins: TokenBinsSection = Field(description="prompt lengths")
+    output_bins: TokenBinsSection = Field(description="output lengths")
+    paired: bool = Field(description="input bin k goes with output bin k")
+    source: str = Field(description="where the lengths came from")
+    max_total_tokens: int | None = Field(None, description="only requests of at most this many tokens in all")
+    refused_fraction: float = Field(0.0, ge=0, le=1, description="share of requests the context limit removed")
+
+
+class LoadSection(_Section):
+    """`cost.workload.ServingLoad`: the traffic the plan was judged under (continuous batching)."""
+
+    request_rate_per_second: float | None = Field(description="requests per second; null: all at once (inf)")
+    max_concurrency: int | None = Field(description="requests in flight at most; null: no cap")
+    num_requests: int = Field(ge=1, description="requests simulated")
+    lengths: LengthsSection | None = Field(description="request lengths; null: input_len in, output_len out")
+    lengths_name: str = Field(description="where the lengths came from, as printed")
+    prefix_cache_hit_fraction: float = Field(ge=0, lt=1, description="share of each prompt found in the prefix cache")
+    poisson: bool = Field(description="exponential gaps between requests (false: evenly spaced)")
+    seed: int = Field(description="seed of the arrival times and the lengths drawn")
+
+
 class InferenceWorkloadSection(_Section):
     """`cost.workload.InferenceWorkload`, field for field (vLLM semantics)."""
 
@@ -139,6 +172,13 @@ class InferenceWorkloadSection(_Section):
     offload_stream_unit: Literal["layer", "tensor"] = Field("layer", description="what one streamed copy holds on the GPU")
     offload_pinned: bool = Field(True, description="streamed copies come from pinned host memory (false: pageable)")
     weight_formats: list[str] = Field(default_factory=list, description="quantized weight formats the engine loads")
+    chunked_prefill: bool = Field(True, description="prompts are computed in chunks of the token budget")
+    schedule: Literal["mixed", "prefill_first", "static"] = Field(
+        "mixed", description="how the engine composes a step under continuous batching (knowledge/engines/*.yaml)")
+    graphs_for_prompt_steps: bool = Field(False, description="steps with prompt tokens replay CUDA graphs")
+    admission: list[float] | None = Field(None, description="admission reserve: initial ratio, floor factor, decay steps, "
+                                                            "output clip in tokens; null: none")
+    load: LoadSection | None = Field(None, description="the traffic the plan was judged under; null: none")
 
 
 class TrainingWorkloadSection(_Section):
@@ -366,6 +406,8 @@ class DeploymentManifest(_Section):
     assumptions: list[str] = Field(description="what the predictions assume, as 'key: text'")
     objective: str | None = Field(description="what the search ranked by; null: a single estimate")
     search: dict[str, int | float | str] | None = Field(description="the search's summary counts; null: no search")
+    runs_on: list[str] | None = Field(None, exclude_if=lambda v: v is None, description="the targets that run this "
+                                      "plan as it is (knowledge/targets.yaml); absent: not recorded (an estimate, an older plan)")
 
     @model_validator(mode="after")
     def _possible(self) -> "DeploymentManifest":

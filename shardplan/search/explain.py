@@ -57,6 +57,8 @@ def entry(spec: ModelSpec, e: Evaluated, goal: Goal, rank: int,
         report = banded(report)
     t = report.time
     tokens_per_second = t.tokens_per_second if isinstance(t, TrainingTimeReport) else t.throughput_tokens_per_second
+    if report.load is not None:  # judged under traffic: its cost is that of the goodput
+        tokens_per_second = report.load.output_tokens_per_second
     return RecommendEntry(
         rank=rank,
         num_gpus=e.num_gpus,
@@ -69,6 +71,7 @@ def entry(spec: ModelSpec, e: Evaluated, goal: Goal, rank: int,
         cost=CostFigures(**cost_figures(e.hw, goal, e.num_gpus, tokens_per_second)),
         bands=report.bands,
         fit_at_band_edge=report.fit_at_band_edge,
+        load=report.load,
     )
 
 
@@ -113,7 +116,8 @@ def describe(plan: PlanReport | dict[str, Any]) -> str:
     if "quantization" in plan:
         parts.append(f"weights={plan['quantization'] if plan['quantization'] != 'none' else 'bf16'}")
         parts.append(f"kv={plan['kv_cache_dtype']}")
-        parts.append(f"batch={plan['batch_size']}")
+        if plan["batch_size"] is not None:  # a goodput plan runs under continuous batching, not one batch
+            parts.append(f"batch={plan['batch_size']}")
     return " ".join(parts)
 
 
@@ -122,7 +126,12 @@ def binding_constraint(top: RecommendEntry, goal: Goal) -> BindingConstraint:
     limit, as the fraction of slack left."""
     mem, t = top.memory, top.time
     slacks: list[tuple[float, str, str]] = []
-    if isinstance(t, ServingTimeReport):
+    if isinstance(t, ServingTimeReport) and top.load is not None:
+        kv = top.kv_cache
+        slacks.append((1.0, "kv_cache", f"{top.load.num_preemptions} requests preempted per replica") if not top.load.num_preemptions
+                      else (0.0, "kv_cache", f"the KV cache fills: {top.load.num_preemptions} requests preempted and "
+                                             f"recomputed per replica ({kv.capacity_tokens if kv else 0:,} tokens)"))
+    elif isinstance(t, ServingTimeReport):
         fill = t.batch_size / max(1, t.max_batch_in_kv_cache)
         slacks.append((1 - fill, "kv_cache", f"batch {t.batch_size} uses {100 * fill:.0f}% of the {t.max_batch_in_kv_cache} sequences the KV cache holds"))
     else:
@@ -132,7 +141,15 @@ def binding_constraint(top: RecommendEntry, goal: Goal) -> BindingConstraint:
             f"{bytes_to_gib(mem.headroom_bytes):.1f} GiB headroom of {bytes_to_gib(cap):.1f} GiB on stage "
             f"{mem.binding_stage}; largest part {mem.binding_component}",
         ))
-    if isinstance(t, ServingTimeReport):
+    ld = top.load
+    if ld is not None:
+        p = f"p{goal.slo_percentile}"
+        ttft, tpot = getattr(ld.ttft_seconds, p), getattr(ld.tpot_seconds, p)
+        if goal.max_ttft_seconds is not None:
+            slacks.append((1 - ttft / goal.max_ttft_seconds, "max_ttft", f"{p} TTFT {ttft * 1e3:.1f} ms of {goal.max_ttft_seconds * 1e3:.0f} ms allowed"))
+        if goal.max_tpot_seconds is not None:
+            slacks.append((1 - tpot / goal.max_tpot_seconds, "max_tpot", f"{p} TPOT {tpot * 1e3:.2f} ms of {goal.max_tpot_seconds * 1e3:.0f} ms allowed"))
+    elif isinstance(t, ServingTimeReport):
         if goal.max_ttft_seconds is not None:
             slacks.append((1 - t.ttft_seconds / goal.max_ttft_seconds, "max_ttft", f"TTFT {t.ttft_seconds * 1e3:.1f} ms of {goal.max_ttft_seconds * 1e3:.0f} ms allowed"))
         if goal.max_tpot_seconds is not None:
@@ -150,6 +167,7 @@ def _objective_label(goal: Goal) -> str:
         Objective.THROUGHPUT: "throughput",
         Objective.COST: "USD per million tokens",
         Objective.STEP_TIME: "step time",
+        Objective.GOODPUT: f"goodput (output tokens/s per GPU within the p{goal.slo_percentile} SLA)",
     }[goal.objective]
 
 
@@ -157,6 +175,10 @@ def _headline(e: RecommendEntry) -> str:
     t = e.time
     if isinstance(t, TrainingTimeReport):
         return f"step {t.step_seconds:.3g} s, MFU {100 * t.mfu:.1f}%"
+    if e.load is not None:
+        ld = e.load
+        return (f"{ld.request_throughput_per_second:,.2f} req/s, p90 TTFT {ld.ttft_seconds.p90 * 1e3:.0f} ms, p90 TPOT "
+                f"{ld.tpot_seconds.p90 * 1e3:.1f} ms, {ld.output_tokens_per_second_per_gpu:,.0f} output tokens/s per GPU")
     return (
         f"TTFT {t.ttft_seconds * 1e3:.0f} ms, TPOT {t.tpot_seconds * 1e3:.1f} ms, "
         f"{t.throughput_tokens_per_second:,.0f} tokens/s"
@@ -168,6 +190,8 @@ def differences(a: RecommendEntry, b: RecommendEntry) -> list[Difference]:
     ta, tb = a.time, b.time
     if isinstance(ta, TrainingTimeReport) and isinstance(tb, TrainingTimeReport):
         pairs = [(k, ta.breakdown[k], tb.breakdown[k]) for k in ta.breakdown if k != "total"]
+    elif a.load is not None and b.load is not None:
+        pairs = [(f"p90_{k}", getattr(a.load, k).p90, getattr(b.load, k).p90) for k in ("ttft_seconds", "tpot_seconds", "e2e_seconds")]
     else:
         pairs = [(k, getattr(ta, k), getattr(tb, k)) for k in ("ttft_seconds", "tpot_seconds", "e2e_latency_seconds")]
     out = [Difference(component=k, seconds_a=x, seconds_b=y, delta_seconds=y - x)

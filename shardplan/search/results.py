@@ -12,6 +12,7 @@ from shardplan.cost.report import (
     FitAtBandEdge,
     Frozen,
     KvCacheReport,
+    LoadReport,
     MemoryReport,
     OmitNone,
     PlanReport,
@@ -35,7 +36,7 @@ class CostFigures(Frozen):
 class RecommendEntry(OmitNone):
     """One ranked plan with its full estimate."""
 
-    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"kv_cache", "bands", "fit_at_band_edge"})
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"kv_cache", "bands", "fit_at_band_edge", "load"})
 
     rank: int = Field(description="1 = the pick")
     num_gpus: int = Field(description="GPUs of the plan (count)")
@@ -50,6 +51,10 @@ class RecommendEntry(OmitNone):
                                                "(as `estimate --json`)")
     fit_at_band_edge: FitAtBandEdge | None = Field(default=None, description="fits / tight at the memory band's "
                                                    "edge; tight plans rank after those that fit at the edge")
+    runs_on: list[str] = Field(default_factory=list, description="the targets that run this plan as it is "
+                               "(knowledge/targets.yaml: their exporters accept it); `--target T` returns only plans T runs")
+    load: LoadReport | None = Field(default=None, description="serving under the traffic the plan was judged at "
+                                                              "(goodput objective); as `estimate --json`'s load")
 
     @property
     def throughput_tokens_per_second(self) -> float:
@@ -136,7 +141,7 @@ class ExportSummary(Frozen):
 class RecommendResult(OmitNone):
     """What `recommend --json` prints."""
 
-    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"export"})
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"export", "target"})
 
     model: str = Field(description="model name")
     hardware: str = Field(description="hardware profile name")
@@ -168,3 +173,5 @@ class RecommendResult(OmitNone):
     suggestions: list[Suggestion] = Field(description="when nothing fits: single changes that make something fit")
     manifest: str | None = Field(description="where the pick's manifest was written")
     export: ExportSummary | None = Field(default=None, description="--export: what was written")
+    target: str | None = Field(default=None, description="--target (or the one --export implies): every plan is one "
+                                                         "it runs and verify checks")

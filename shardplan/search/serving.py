@@ -17,8 +17,11 @@ from typing import Any, Iterator, NamedTuple
 from shardplan.cost.accuracy import kv_holds_at_edge
 from shardplan.cost.layout import Layout, Offload
 from shardplan.cost.memory_serving import ServingMemory, serving_memory
-from shardplan.cost.time_serving import ServingTime, serving_time
-from shardplan.cost.workload import InferenceWorkload, Quantization
+from shardplan.cost.time_serving import ServingTime, pass_time, serving_time
+from shardplan.cost.step_model import StepModel
+from shardplan.cost.traffic import SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_concurrency, best_rate, latency_floor, load_figures
+from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
+from shardplan.search.targets import serving_refusal
 from shardplan.search.space import (
     TIGHT,
     Evaluated,
@@ -55,6 +58,10 @@ def _serving_replicas(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkloa
                 if not check_layout(spec, layout, n, False, rejected):
                     continue
                 for wlq in formats:
+                    refused = serving_refusal(space.rules, spec, hw, layout, wlq)  # the --target's rules
+                    if refused is not None:
+                        rejected[refused] += 1
+                        continue
                     yield layout, wlq
 
 
@@ -179,6 +186,7 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
     was costed stay those of costing it again, so the step budget runs out where it did."""
     ctx = wl.input_len + wl.output_len
     with_batch: dict[tuple[int, int], InferenceWorkload] = {}  # (id of the format's workload, batch) -> workload
+    pending: list[tuple[Layout, InferenceWorkload, _ReplicaMemory, bool]] = []  # goodput: costed after the loop
     for layout, wlq in _serving_replicas(spec, hw, wl, space, res.invalid if not offload else Counter()):
         sm = _replica_memory(spec, hw, layout, wlq, memo)
         res.num_costed += 1
@@ -188,8 +196,8 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
             if sm.fits and not (tight0 and goal.strict_fit):
                 continue  # counted by the first pass
             found = fewest_offloaded_layers(spec, hw, layout, wlq, res)
-            if found is None:
-                continue  # stays rejected
+            if found is None or serving_refusal(space.rules, spec, hw, found[0], wlq) is not None:
+                continue  # stays rejected (the target may not offload)
             n = len(_batch_sizes(wlq, wl.max_num_seqs))
             reason = memory_reason(sm.reason) if not sm.fits else TIGHT
             res.rejected[reason] -= n
@@ -203,10 +211,13 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
         fit_batch = int(sm.kv_capacity_tokens // ctx)
         tight = not kv_holds_at_edge(sm.kv_capacity_tokens, sm.max_model_len, goal.kv_capacity_band_fraction)
         if not sm.fits or (tight and goal.strict_fit):
-            n = len(_batch_sizes(wlq, wl.max_num_seqs))  # the points this replica would have had
+            n = 1 if goal.objective is Objective.GOODPUT else len(_batch_sizes(wlq, wl.max_num_seqs))  # its points
             res.num_candidates += n
             res.num_evaluated += n
             res.rejected[memory_reason(sm.reason) if not sm.fits else TIGHT] += n
+            continue
+        if goal.objective is Objective.GOODPUT:
+            pending.append((layout, wlq, sm, tight))
             continue
         for b in _batch_sizes(wlq, fit_batch):
             res.num_candidates += 1
@@ -239,6 +250,180 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
             if wlb is None:
                 wlb = with_batch[(id(wlq), b)] = replace(wlq, batch_size=b)
             res.feasible.append(Evaluated(layout, wlb, hw, serving_objective(goal, figures), key, figures, tight))
+    _goodput_in_bound_order(spec, hw, pending, goal, res, memo)
+
+
+def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[Any], goal: Goal, res: SearchResult,
+                            memo: Memo | None) -> None:
+    """Cost the goodput points of one GPU count, the highest bound first; once the count has a
+    plan, a point whose bound cannot reach the top K is left out (counted as such). Exact: the bound
+    (`_goodput_bound`) is never below what the simulation finds."""
+    if not pending:
+        return
+    sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
+    load = pending[0][1].load or ServingLoad()
+    open_loop = load.max_concurrency is None and math.isinf(load.request_rate_per_second)
+    if not open_loop:
+        for layout, wlq, sm, tight in pending:
+            _goodput(spec, hw, layout, wlq, sm, goal, res, tight, memo)
+        return
+    # Per GPU of the replica (the dp replicas each carry as much); 5% above the bound, for the step
+    # model's interpolation between the points it reads off pass_time.
+    bounds = [(BOUND_MARGIN * _goodput_bound(spec, hw, layout, wlq, sla, memo) / (layout.tp * layout.pp), i)
+              for i, (layout, wlq, sm, tight) in enumerate(pending)]
+    count = pending[0][0].world_size
+    for bound, i in sorted(bounds, key=lambda x: (-x[0], x[1])):
+        layout, wlq, sm, tight = pending[i]
+        here = [e for e in res.feasible if e.num_gpus == count]
+        best = sorted(-e.objective_value for e in res.feasible)[::-1][:goal.top_k]
+        if here and len(best) >= goal.top_k and bound < best[-1]:
+            res.num_candidates += 1
+            res.num_evaluated += 1
+            res.rejected[BOUNDED_OUT] += 1
+            continue
+        _goodput(spec, hw, layout, wlq, sm, goal, res, tight, memo)
+
+
+BOUNDED_OUT = "cannot reach the top plans: even its bound on goodput is lower"
+BOUND_MARGIN = 1.05
+
+
+def _goodput_bound(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sla: Sla,
+                   memo: Memo | None) -> float:
+    """Output tokens/s one replica cannot exceed within the SLA: each step gives each decoding
+    request one token, a decode step of b requests takes at least its layers' and logits' time
+    without attention (`pass_time` of b one-token rows, attention out), prompts only add steps, and
+    within a TPOT limit no step may take longer than the limit. So the bound is b / t(b) at the
+    largest b the engine runs (max_num_seqs) whose t(b) meets the limit, or at the graph-capture
+    size below it (b / t(b) grows with b, except where steps stop replaying CUDA graphs)."""
+    key = ("bound", _goodput_key(hw, layout, wl), sla.max_tpot_seconds)
+    found, store = _looked_up(memo, key)
+    if found is not None:
+        return found
+
+    def t(b: int, sampled: bool = True) -> float:
+        p = pass_time(spec, hw, layout, wl, batch=b, q_len=1, kv_len=1, decode=True, logit_tokens=b if sampled else 0)
+        return p.total - p.attention
+
+    top = max(1, wl.max_num_seqs)
+    limit = sla.max_tpot_seconds
+    if limit is not None and t(top) > limit:
+        lo, hi = 0, top  # t(lo) <= limit < t(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if t(mid) <= limit else (lo, mid)
+        top = lo
+    bound = 0.0
+    if top >= 1:
+        sizes = {top} | ({wl.cuda_graph_max_batch} if 1 <= wl.cuda_graph_max_batch < top else set())
+        bound = max(b / t(b) for b in sizes)
+        # Every token, prompt or output, passes through the layers in some step, and a step of T
+        # tokens takes at least T times the least time a token takes (at the largest step the
+        # budget allows): outputs are at most their share of the tokens that rate carries.
+        load = wl.load or ServingLoad()
+        mean_in = wl.input_len if load.lengths is None else load.lengths.mean_input_tokens
+        mean_out = wl.output_len if load.lengths is None else load.lengths.mean_output_tokens
+        budget = max(1, wl.max_num_batched_tokens)
+        per_token = t(budget, sampled=False) / budget
+        share = mean_out / max(1e-9, mean_out + mean_in * (1 - load.prefix_cache_hit_fraction))
+        bound = min(bound, share / per_token)
+    if store:
+        memo[key] = bound  # type: ignore[index]
+    return bound
+
+
+def _goodput_key(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload) -> tuple[Any, ...]:
+    """What one replica's figures under traffic depend on: `_replica_key` without the figures the
+    time of a replica that offloads nothing does not read: the node size (its tensor-parallel group
+    lies inside a node at every count; how its pipeline stages spread over nodes is k[5]), the host
+    link's sharers, NCCL's buffers (which only its memory, memoised apart, reads)."""
+    k = _replica_key(hw, layout, wl)
+    offloads = bool(layout.offload_layers)
+    return ("goodput", k[0] if offloads else None, k[1], k[2], k[4] if offloads else None, k[5])
+
+
+def _goodput(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: _ReplicaMemory,
+             goal: Goal, res: SearchResult, tight: bool, memo: Memo | None) -> None:
+    """One replica under continuous batching (cost/traffic.py): at the load's rate or concurrency,
+    split over the dp replicas, or, with neither, at the highest rate it sustains within the SLA.
+    One point per replica; its workload carries the load it was judged at, so the plan's estimate
+    (and its manifest) shows the same traffic."""
+    res.num_candidates += 1
+    res.num_evaluated += 1
+    load = wl.load or ServingLoad()
+    sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
+    replicas = layout.dp
+    open_loop = load.max_concurrency is None and math.isinf(load.request_rate_per_second)
+    key = (_goodput_key(hw, layout, wl), sla, None if open_loop else replicas) if memo is not None else None
+    found, store = _looked_up(memo, key)
+    if found is None:
+        step = StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
+        mean_in = wl.input_len if load.lengths is None else load.lengths.mean_input_tokens
+        floor_ttft, floor_tpot = latency_floor(step, wl, mean_in)
+        if ((sla.max_ttft_seconds is not None and floor_ttft > sla.max_ttft_seconds)
+                or (sla.max_tpot_seconds is not None and floor_tpot > sla.max_tpot_seconds)):
+            found = ("none within the SLA", None, (floor_ttft, floor_tpot), None)
+        elif open_loop:
+            mean_ctx = max(1, wl.input_len + wl.output_len if load.lengths is None else
+                           load.lengths.mean_input_tokens + load.lengths.mean_output_tokens)
+            slots = max(1, min(wl.max_num_seqs, int(sm.kv_capacity_tokens // mean_ctx)))
+            n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
+            point = best_rate(step, wl, sm.kv_capacity_tokens, sla, n)
+            if point is None:
+                alone = best_concurrency(step, wl, sm.kv_capacity_tokens, Sla(None, None, sla.percentile), 1)
+                pct = {50: "p50", 90: "p90", 99: "p99"}[sla.percentile]
+                floors = None if alone is None else (getattr(alone.result.ttft_seconds, pct),
+                                                     getattr(alone.result.tpot_seconds, pct))
+                found = ("none within the SLA", None, floors, n)
+            else:
+                found = (None, point.request_rate_per_second, point.result, n)
+        else:
+            figures = load_figures(spec, hw, layout, wl, sm.kv_capacity_tokens, model=step)
+            bad = sla.violated(figures.replica)
+            found = (bad, figures.request_rate_per_replica, figures.replica, None)
+        if store:
+            memo[key] = found  # type: ignore[index]
+    res.num_costed += 1
+    res.num_steps += 1
+    if found[0] is not None:
+        res.rejected[found[0] if found[0] != "none within the SLA" else
+                     f"{sla.percentile}th-percentile TTFT/TPOT over the SLA even at the lowest load"] += 1
+        floors = found[2] if isinstance(found[2], tuple) else None  # (TTFT, TPOT) at the lowest load, if known
+        if floors is not None:
+            for name, value in zip(("ttft", "tpot"), floors):
+                res.sla_floor_seconds[name] = min(value, res.sla_floor_seconds.get(name, math.inf))
+        return
+    _, rate, r, simulated = found
+    pct = {50: "p50", 90: "p90", 99: "p99"}[sla.percentile]
+    total = r.output_tokens_per_second * replicas
+    figures = {
+        "batch_size": r.peak_running,
+        "ttft_seconds": getattr(r.ttft_seconds, pct),
+        "tpot_seconds": getattr(r.tpot_seconds, pct),
+        "e2e_latency_seconds": getattr(r.e2e_seconds, pct),
+        "throughput_tokens_per_second": total,
+        "throughput_tokens_per_second_per_gpu": total / layout.world_size,
+        "request_rate_per_second": r.request_throughput_per_second * replicas,
+        "headroom_bytes": float(hw.memory_capacity_bytes) - sm.peak_bytes,
+    }
+    cost = cost_figures(hw, goal, layout.world_size, total)
+    figures["usd_per_million_tokens"] = cost["usd_per_million_tokens"] if cost["usd_per_million_tokens"] is not None else math.nan
+    bad = _limits_violated(replace(goal, max_ttft_seconds=None, max_tpot_seconds=None), figures)
+    if bad:
+        res.rejected[bad] += 1
+        return
+    res.num_feasible += 1
+    # The operating point's own traffic (the same requests per replica, the same seed), so the plan's
+    # estimate reproduces the figures it was ranked by.
+    judged = load if not open_loop else replace(load, request_rate_per_second=rate * replicas,
+                                                 num_requests=simulated * replicas)
+    qkey = (layout.world_size, layout.tp, layout.pp, layout.ep, layout.offload_layers, _quant_rank(wl))
+    if math.isfinite(load.request_rate_per_second) or load.max_concurrency is not None:
+        # The offered load is the same for every plan of a GPU count: the least latency wins.
+        value = figures["e2e_latency_seconds"]
+    else:
+        value = -figures["throughput_tokens_per_second_per_gpu"]
+    res.feasible.append(Evaluated(layout, replace(wl, load=judged), hw, value, qkey, figures, tight))
 
 
 def _quant_rank(wl: InferenceWorkload) -> tuple[int, int]:

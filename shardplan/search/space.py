@@ -12,6 +12,7 @@ from typing import Any, Callable
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, validate_layout
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
 from shardplan.errors import LayoutError, ShardplanError
+from shardplan.search.targets import TargetRules
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
 from shardplan.units import DType
@@ -25,9 +26,16 @@ class Objective(str, Enum):
     THROUGHPUT = "throughput"  # serving: most output tokens per second over all GPUs
     COST = "cost"  # least USD per million tokens (output tokens serving, trained tokens training)
     STEP_TIME = "step-time"  # training: shortest optimizer step
+    # serving: most output tokens/s per GPU from requests that meet the SLA (continuous batching,
+    # cost/traffic.py): at the given rate or concurrency, or at the most load within the SLA
+    GOODPUT = "goodput"
 
 
-SERVING_OBJECTIVES = (Objective.LATENCY, Objective.THROUGHPUT, Objective.COST)
+SERVING_OBJECTIVES = (Objective.GOODPUT, Objective.LATENCY, Objective.THROUGHPUT, Objective.COST)
+# The SLA of the goodput objective when none is given: an interactive chat service (printed as such).
+DEFAULT_MAX_TTFT_SECONDS = 1.0
+DEFAULT_MAX_TPOT_SECONDS = 0.05
+DEFAULT_SLO_PERCENTILE = 90
 TRAINING_OBJECTIVES = (Objective.STEP_TIME, Objective.COST)
 
 
@@ -47,8 +55,13 @@ class Goal:
     peak_memory_band_fraction: float | None = None
     kv_capacity_band_fraction: float | None = None
     strict_fit: bool = False
+    slo_percentile: int = DEFAULT_SLO_PERCENTILE  # the percentile --max-ttft-ms / --max-tpot-ms hold at (goodput)
+    sla_defaulted: bool = False  # the limits are the default SLA (said so in the answer)
 
     def __post_init__(self) -> None:
+        if self.slo_percentile not in (50, 90, 99):
+            raise ShardplanError(f"must be 50, 90 or 99 (got {self.slo_percentile})", field="--slo-percentile",
+                                 hint="the percentile of TTFT and TPOT the limits hold at, e.g. 90")
         limits = (("max_ttft_seconds", "--max-ttft-ms"), ("max_tpot_seconds", "--max-tpot-ms"),
                   ("min_throughput_tokens_per_second", "--min-throughput"), ("gpu_hour_price_usd", "--gpu-hour-price"),
                   ("peak_memory_band_fraction", "bands.yaml"), ("kv_capacity_band_fraction", "bands.yaml"))
@@ -91,6 +104,9 @@ class Space:
     # Each GPU count gets an equal share of what is left; when a share is spent, the layouts left
     # in its branch and bound are reported as not searched instead of running for minutes.
     max_search_steps: int = 50_000
+    # What the plans must run on (knowledge/targets.yaml): a --target's rules, or a stack's own
+    # runtime rules; None: every layout that can exist (search/targets.py).
+    rules: TargetRules | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +145,9 @@ class SearchResult:
     num_steps: int = 0  # bounds and costs computed (Space.max_search_steps caps them)
     step_limit: int = 0  # where the GPU count being searched must stop: its share of what is left
     unsearched_gpu_counts: list[int] = field(default_factory=list)  # skipped once the budget was spent
+    # Serving goodput: the least TTFT and TPOT (at the SLA's percentile) any replica reached with one
+    # request at a time, among those no load kept within the SLA: what a relaxed limit must allow.
+    sla_floor_seconds: dict[str, float] = field(default_factory=dict)
 
 
 BUDGET_SPENT = "not searched: the search budget (max_search_steps) was spent"

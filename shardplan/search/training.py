@@ -43,6 +43,7 @@ from shardplan.cost.time_training import (
     training_time,
 )
 from shardplan.cost.workload import TrainingWorkload
+from shardplan.search.targets import Admission, setting
 from shardplan.search.space import (
     BUDGET_SPENT,
     SECONDS_PER_HOUR,
@@ -72,8 +73,11 @@ _PARAM_OFFLOADS = ((Offload.CPU, Offload.CPU), (Offload.NVME, Offload.NVME))
 _DEGREES, _SHAPE, _REFINED = 0, 1, 2
 
 
-def state_variants(layout: Layout, hw: HardwareProfile, space: Space) -> tuple[list[Variant], list[Variant]]:
-    """ZeRO stage x hybrid sharding of one set of degrees, without offload and with it."""
+def state_variants(layout: Layout, hw: HardwareProfile, space: Space,
+                   adm: Admission | None = None) -> tuple[list[Variant], list[Variant]]:
+    """ZeRO stage x hybrid sharding of one set of degrees, without offload and with it (those the
+    target's rules admit, with `adm`: its state rules read degree facts only, so a shape's
+    variants are its degrees')."""
     plain: list[Variant] = []
     offloaded: list[Variant] = []
     zeros = [space.zero_stage] if space.zero_stage is not None else [0, 1, 2, 3]
@@ -94,6 +98,9 @@ def state_variants(layout: Layout, hw: HardwareProfile, space: Space) -> tuple[l
                 if par is not Offload.NONE and z != 3:
                     continue
                 (plain if (opt, par) == _NO_OFFLOAD else offloaded).append((z, hyb, opt, par))
+    if adm is not None and adm.rules.state:
+        plain = [v for v in plain if adm.state(with_variant(layout, v))]
+        offloaded = [v for v in offloaded if adm.state(with_variant(layout, v))]
     return plain, offloaded
 
 
@@ -110,8 +117,10 @@ def with_variant(layout: Layout, v: Variant) -> Layout:
     return _evolve(layout, zero_stage=v[0], hybrid_shard=v[1], offload_optimizer=Offload(v[2]), offload_params=Offload(v[3]))
 
 
-def degree_candidates(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, res: SearchResult) -> Iterator[Layout]:
-    """tp, cp, pp, dp, ep that can exist (micro-batch 1, one virtual stage)."""
+def degree_candidates(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, res: SearchResult,
+                      adm: Admission | None = None) -> Iterator[Layout]:
+    """tp, cp, pp, dp, ep that can exist (micro-batch 1, one virtual stage), and that the
+    target's workload, model and degree rules admit (`adm`; refusals counted by rule)."""
     n = hw.num_gpus
     for tp in tp_choices(spec, hw, n, space, res.invalid):
         for cp in [space.cp] if space.cp else divisors(n // tp):
@@ -134,8 +143,13 @@ def degree_candidates(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload
                     eps = [1]
                 for ep in eps:
                     layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep)
-                    if check_layout(spec, layout, n, True, res.invalid):
-                        yield layout
+                    if not check_layout(spec, layout, n, True, res.invalid):
+                        continue
+                    refused = adm.early(layout) if adm is not None else None
+                    if refused is not None:
+                        res.invalid[refused] += 1
+                        continue
+                    yield layout
 
 
 def _micro_batches(wl: TrainingWorkload, space: Space, deg: Layout) -> list[int]:
@@ -146,11 +160,14 @@ def _micro_batches(wl: TrainingWorkload, space: Space, deg: Layout) -> list[int]
     return [b for b in divisors(per_replica) if b <= space.max_micro_batch_size and b & (b - 1) == 0]
 
 
-def _pipelines(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout, mbs: int) -> tuple[tuple[int, PipelineSchedule], ...]:
+def _pipelines(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout, mbs: int,
+               adm: Admission | None = None) -> tuple[tuple[int, PipelineSchedule], ...]:
     """(virtual stages, schedule) for one micro-batch size. Megatron's interleaved schedule
-    needs the micro-batches to divide evenly among the pp stages."""
-    return _pipelines_of(spec.num_layers, wl.global_batch_size, space.virtual_stages, space.max_virtual_stages,
-                         space.pp_schedule, deg.pp, deg.dp, mbs)
+    needs the micro-batches to divide evenly among the pp stages; the target's pipeline rules
+    (`adm`) may refuse more (torch's 1F1B: fewer micro-batches than stages)."""
+    pipes = _pipelines_of(spec.num_layers, wl.global_batch_size, space.virtual_stages, space.max_virtual_stages,
+                          space.pp_schedule, deg.pp, deg.dp, mbs)
+    return adm.pipelines(deg, mbs, pipes) if adm is not None else pipes
 
 
 @lru_cache(maxsize=8192)
@@ -174,30 +191,34 @@ def _pipelines_of(num_layers: int, global_batch_size: int, virtual_stages: int |
     return tuple(out)
 
 
-def _flags(space: Space, deg: Layout, wl: TrainingWorkload) -> tuple[list[bool], list[Recompute]]:
+def _flags(space: Space, deg: Layout, wl: TrainingWorkload, adm: Admission | None = None) -> tuple[list[bool], list[Recompute]]:
     sps = [space.sequence_parallel] if space.sequence_parallel is not None else ([False, True] if deg.tp > 1 else [False])
     sps = [sp for sp in sps if not (sp and deg.tp == 1)]
     # the checkpointing the stack offers (Hugging Face: none or full)
     rcs = [space.recompute] if space.recompute is not None else [r for r in Recompute if r.value in wl.recompute_offered]
+    if adm is not None:
+        return adm.flags(deg, sps, [Recompute(r) for r in rcs])
     return sps, rcs
 
 
-def shape_candidates(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout) -> Iterator[Layout]:
-    sps, rcs = _flags(space, deg, wl)
+def shape_candidates(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: Layout,
+                     adm: Admission | None = None) -> Iterator[Layout]:
+    sps, rcs = _flags(space, deg, wl, adm)
     rcs = [Recompute(rc) for rc in rcs]
     for mbs in _micro_batches(wl, space, deg):
-        for v, sched in _pipelines(spec, wl, space, deg, mbs):
+        for v, sched in _pipelines(spec, wl, space, deg, mbs, adm):
             sched = PipelineSchedule(sched)
             for sp in sps:
                 for rc in rcs:
                     yield _evolve(deg, micro_batch_size=mbs, virtual_stages=v, pp_schedule=sched, sequence_parallel=sp, recompute=rc)
 
 
-def _num_layouts(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, deg: Layout) -> int:
+def _num_layouts(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, deg: Layout,
+                 adm: Admission | None = None) -> int:
     """Layouts under one set of degrees, counted without building them."""
-    sps, rcs = _flags(space, deg, wl)
-    shapes = sum(len(_pipelines(spec, wl, space, deg, mbs)) for mbs in _micro_batches(wl, space, deg)) * len(sps) * len(rcs)
-    plain, offloaded = state_variants(deg, hw, space)
+    sps, rcs = _flags(space, deg, wl, adm)
+    shapes = sum(len(_pipelines(spec, wl, space, deg, mbs, adm)) for mbs in _micro_batches(wl, space, deg)) * len(sps) * len(rcs)
+    plain, offloaded = state_variants(deg, hw, space, adm)
     return shapes * (len(plain) + len(offloaded))
 
 
@@ -208,13 +229,14 @@ def objective_value(goal: Goal, hw: HardwareProfile, num_gpus: int, step_seconds
     return step_seconds
 
 
-def degrees_bound(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, deg: Layout) -> float:
+def degrees_bound(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, deg: Layout,
+                  adm: Admission | None = None) -> float:
     """min over micro-batch, SP and recomputation of (m + (pp-1)/v_max) x (all layers' time) / pp:
     the slowest stage takes at least the mean, whatever the virtual stages."""
-    sps, rcs = _flags(space, deg, wl)
+    sps, rcs = _flags(space, deg, wl, adm)
     best = math.inf
     for mbs in _micro_batches(wl, space, deg):
-        pipes = _pipelines(spec, wl, space, deg, mbs)
+        pipes = _pipelines(spec, wl, space, deg, mbs, adm)
         if not pipes:
             continue
         v_max = max(v for v, _ in pipes)
@@ -250,14 +272,18 @@ def search_training(
     k = max(1, goal.top_k)
     heap: list[tuple[float, tuple[Any, ...], int, Any]] = []
     candidates_before = res.num_candidates
-    for deg in degree_candidates(spec, hw, wl, space, res):
-        count = _num_layouts(spec, hw, wl, space, deg)
+    # The target's (or the stack's runtime) rules, checked at each stage (search/targets.py).
+    adm = Admission(space.rules, setting(spec, hw, wl)) if space.rules is not None else None
+    for deg in degree_candidates(spec, hw, wl, space, res, adm):
+        count = _num_layouts(spec, hw, wl, space, deg, adm)
         if count == 0:
-            res.invalid["no micro-batch or schedule divides the batch"] += 1
+            by_target = adm is not None and _num_layouts(spec, hw, wl, space, deg) > 0
+            res.invalid[f"{space.rules.name}: no micro-batch, schedule or state it runs" if by_target  # type: ignore[union-attr]
+                        else "no micro-batch or schedule divides the batch"] += 1
             continue
         res.num_candidates += count
         res.num_steps += 1
-        bound = objective_value(goal, hw, n, degrees_bound(spec, hw, wl, space, deg), tokens)
+        bound = objective_value(goal, hw, n, degrees_bound(spec, hw, wl, space, deg, adm), tokens)
         heap.append((bound, _key(deg), _DEGREES, (deg, count)))
     heapq.heapify(heap)
     total = res.num_candidates - candidates_before  # this GPU count's layouts, like `done` below
@@ -278,14 +304,14 @@ def search_training(
             break
         if kind == _DEGREES:
             deg, _ = payload
-            _expand(spec, hw, wl, space, goal, res, deg, heap, cap, tokens)
+            _expand(spec, hw, wl, space, goal, res, deg, heap, cap, tokens, adm)
         elif kind == _SHAPE:
             shape, m, plain_fits, count = payload
             tight = objective_value(goal, hw, n, pipeline_seconds(spec, hw, shape, wl, m), tokens)
             heapq.heappush(heap, (max(bound, tight), key, _REFINED, payload))
         else:
             shape, m, plain_fits, count = payload
-            plain, offloaded = state_variants(shape, hw, space)
+            plain, offloaded = state_variants(shape, hw, space, adm)
             fitted = _cost_variants(spec, hw, wl, goal, res, shape, plain, key, best, k, m) if plain_fits else 0
             if offloaded and not fitted:
                 _cost_variants(spec, hw, wl, goal, res, shape, offloaded, key, best, k, m)
@@ -295,6 +321,8 @@ def search_training(
         if progress is not None:
             progress(res.num_evaluated - evaluated_before, total)
     res.feasible.extend(best)
+    if adm is not None:  # candidates the target's later-stage rules left out, by rule
+        res.invalid.update(adm.refused)
 
 
 def _count(payload: Any, kind: int) -> int:
@@ -303,14 +331,14 @@ def _count(payload: Any, kind: int) -> int:
 
 def _expand(
     spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, goal: Goal, res: SearchResult,
-    deg: Layout, heap: list, cap: float, tokens: float,
+    deg: Layout, heap: list, cap: float, tokens: float, adm: Admission | None = None,
 ) -> None:
     """Push every shape of one set of degrees with its bound, after the memory prunes."""
     n = hw.num_gpus
-    plain, offloaded = state_variants(deg, hw, space)
+    plain, offloaded = state_variants(deg, hw, space, adm)
     variants = len(plain) + len(offloaded)
     least_states: dict[int, float] = {}  # by virtual stages: states do not depend on micro-batch, SP or recompute
-    for shape in shape_candidates(spec, wl, space, deg):
+    for shape in shape_candidates(spec, wl, space, deg, adm):
         m = wl.global_batch_size // (shape.dp * shape.micro_batch_size)
         act = activation_bytes_lower_bound(spec, hw, shape, wl, m)
         if act > cap:

@@ -14,6 +14,7 @@ TRANSLATORS is built by transformers on the meta device when it is installed (hf
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -78,7 +79,16 @@ def _rope_theta(cfg: Config) -> float | None:
     theta = cfg.get("rope_theta")
     if theta is None and isinstance(cfg.get("rope_parameters"), Mapping):
         theta = cfg["rope_parameters"].get("rope_theta")
-    return float(theta) if theta is not None else None
+    if theta is None:
+        return None
+    try:
+        value = float(theta)
+    except (TypeError, ValueError, OverflowError):
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise InputFileError(f"rope_theta {str(theta)[:40]} is not a positive finite number", field="rope_theta",
+                             hint="give the RoPE base, e.g. 500000.0")
+    return value
 
 
 def _sliding(cfg: Config) -> int | None:

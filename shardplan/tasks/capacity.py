@@ -35,7 +35,9 @@ from shardplan.search import Goal, Objective, Space, search
 from shardplan.search.space import check_layout, gpu_counts, topology, tp_choices
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
+from shardplan.search.targets import TargetRules, serving_refusal
 from shardplan.tasks._bands import banded
+from shardplan.tasks._targets import RunsOn, check_target, search_rules, workload_refused
 from shardplan.tasks._results import Result, absent
 
 DEFAULT_MAX_NODES = 64  # --max-gpus defaults to this many whole nodes
@@ -81,6 +83,7 @@ class FormatRow(Result):
     budget_bytes: float | None = absent("vLLM's memory budget per GPU (bytes)")
     kv_cache: dict[str, int | float] | None = absent("the estimate's KV cache figures (see `estimate --json`)")
     per_tp: list[PerTpRow] = Field(description="per tensor-parallel size of one node")
+    runs_on: list[str] | None = absent("the targets that run the layout found (knowledge/targets.yaml)")
 
 
 class QuantizationUnshards(Result):
@@ -108,6 +111,7 @@ class ServingCapacity(Result):
     max_num_seqs: int = Field(description="the engine's most sequences at once (count)")
     formats: list[FormatRow]
     quantization_removes_sharding: QuantizationUnshards | None
+    target: str | None = absent("--target: only layouts it runs (and verify checks), only formats it loads")
 
 
 class TrainingRow(Result):
@@ -127,6 +131,7 @@ class TrainingRow(Result):
     host_offload_bytes_per_node: float | None = absent("host memory the offload uses per node (bytes)")
     nvme_offload_bytes_per_node: float | None = absent("NVMe the offload uses per node (bytes)")
     step_seconds: float | None = absent("one optimizer step (seconds)")
+    runs_on: list[str] | None = absent("the targets that run the layout found (knowledge/targets.yaml)")
 
 
 class TrainingCapacity(Result):
@@ -142,6 +147,8 @@ class TrainingCapacity(Result):
     global_batch_size: int = Field(description="sequences per optimizer step (count)")
     framework: str = Field(description="training stack the memory model follows")
     rows: list[TrainingRow]
+    target: str | None = absent("--target: only the ZeRO stages and offload it runs, only layouts it runs "
+                                "(and verify checks)")
 
 
 class CapacityResult(RootModel[Union[ServingCapacity, TrainingCapacity]]):
@@ -177,10 +184,11 @@ def check_serving(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infe
     return Served(layout, hw, wl, sm, sm.fits and sm.max_concurrency >= concurrency)
 
 
-def replica_layouts(spec: ModelSpec, hw: HardwareProfile) -> Iterator[Layout]:
+def replica_layouts(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload | None = None,
+                    rules: TargetRules | None = None) -> Iterator[Layout]:
     """One replica on all of `hw`'s GPUs (dp = 1): every tp the search allows (divides the
     heads, KV heads and MLP width, inside a node), pp the rest; MoE models: ep 1 or tp, as
-    the serving search tries them."""
+    the serving search tries them; with `rules` (a --target's) only those it runs for `wl`."""
     n = hw.num_gpus
     for tp in tp_choices(spec, hw, n, Space(), Counter()):
         pp = n // tp
@@ -188,7 +196,8 @@ def replica_layouts(spec: ModelSpec, hw: HardwareProfile) -> Iterator[Layout]:
             continue
         for ep in [1, tp] if spec.moe is not None and tp > 1 else [1]:
             layout = Layout(tp=tp, pp=pp, dp=1, ep=ep)
-            if check_layout(spec, layout, n, False, Counter()):
+            if check_layout(spec, layout, n, False, Counter()) and (
+                    wl is None or serving_refusal(rules, spec, hw, layout, wl) is None):
                 yield layout
 
 
@@ -197,12 +206,14 @@ def _most_room(candidates: list[Served]) -> Served:
     return max(candidates, key=lambda s: (s.memory.max_concurrency, -s.layout.tp, -s.layout.ep))
 
 
-def min_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, concurrency: int, max_gpus: int) -> Served | None:
+def min_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, concurrency: int, max_gpus: int,
+                rules: TargetRules | None = None) -> Served | None:
     """At the smallest GPU count (of those the search tries up to `max_gpus`: powers of two
     inside a node, then whole nodes) at which some replica serves, that replica; else None."""
     for n in gpu_counts(hw, num_gpus=None, max_gpus=max_gpus):
         hwn = topology(hw, n)
-        served = [s for s in (check_serving(spec, hwn, lay, wl, concurrency) for lay in replica_layouts(spec, hwn)) if s.serves]
+        served = [s for s in (check_serving(spec, hwn, lay, wl, concurrency) for lay in replica_layouts(spec, hwn, wl, rules))
+                  if s.serves]
         if served:
             return _most_room(served)
     return None
@@ -266,14 +277,16 @@ def _serving_figures(spec: ModelSpec, s: Served) -> dict[str, Any]:
     }
 
 
-def _per_tp(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, concurrency: int) -> list[PerTpRow]:
+def _per_tp(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, concurrency: int,
+            rules: TargetRules | None = None) -> list[PerTpRow]:
     """For each tensor-parallel size inside a node (pp = 1, one replica): the longest context
     at `concurrency` sequences and the most sequences at wl.max_model_len."""
     node = topology(hw, hw.gpus_per_node)
     rows = []
     for tp in tp_choices(spec, node, node.num_gpus, Space(), Counter()):
         hwt = topology(hw, tp)
-        options = [check_serving(spec, hwt, lay, wl, concurrency) for lay in replica_layouts(spec, hwt) if lay.pp == 1]
+        options = [check_serving(spec, hwt, lay, wl, concurrency) for lay in replica_layouts(spec, hwt, wl, rules)
+                   if lay.pp == 1]
         if not options:
             continue
         s = _most_room(options)
@@ -285,18 +298,21 @@ def _per_tp(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, concurr
             most_sequences=most_sequences(s, spec),
             longest_context_tokens=longest_context_tokens(spec, hwt, s.layout, wl, concurrency),
             kv_capacity_tokens=s.memory.kv_capacity_tokens,
-            **_offloaded(spec, hwt, s.layout, wl, concurrency),
+            **_offloaded(spec, hwt, s.layout, wl, concurrency, rules),
         ))
     return rows
 
 
 def _offloaded(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload,
-               concurrency: int) -> dict[str, Any]:
+               concurrency: int, rules: TargetRules | None = None) -> dict[str, Any]:
     """The same replica with every decoder layer's weights held in host memory, where the engine
-    can (`offload_targets`): its longest context, most sequences and decode time at batch 1."""
+    (and the --target) can (`offload_targets`): its longest context, most sequences and decode
+    time at batch 1."""
     if "cpu" not in wl.offload_targets or layout.pp > 1:
         return {}
     off = replace(layout, offload_layers=spec.num_layers, offload_params=Offload.CPU)
+    if serving_refusal(rules, spec, hw, off, wl) is not None:
+        return {}
     s = check_serving(spec, hw, off, wl, concurrency)
     t = serving_time(spec, hw, off, replace(wl, batch_size=1), 1) if s.memory.fits else None
     return dict(longest_context_tokens_offloaded=longest_context_tokens(spec, hw, off, wl, concurrency),
@@ -304,8 +320,13 @@ def _offloaded(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inferen
 
 
 def serving_capacity(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *, concurrency: int,
-                     max_gpus: int) -> ServingCapacity:
-    """What `capacity --json` prints for serving (wl.max_model_len is the stated context)."""
+                     max_gpus: int, target: str | None = None) -> ServingCapacity:
+    """What `capacity --json` prints for serving (wl.max_model_len is the stated context).
+    `target`: only the formats it loads and the layouts it runs (and verify checks)."""
+    if target is not None:
+        check_target(target, spec, hw, wl)
+    rules = search_rules(target, spec, wl)
+    runs_on = RunsOn(spec)
     # The engine's own quantized formats (llama.cpp: GGUF mixtures), one of each size (awq and
     # gptq store what int4 does); an engine without the list: fp8, int8, int4.
     engine_formats = [Quantization(f) for f in wl.weight_formats if f not in ("awq", "gptq")]
@@ -315,15 +336,17 @@ def serving_capacity(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload
     rows: list[FormatRow] = []
     for q in formats:
         wlq = replace(wl, quantization=q)
-        best = min_serving(spec, hw, wlq, concurrency, max_gpus)
+        if workload_refused(rules, spec, hw, wlq):
+            continue  # a format the target does not load
+        best = min_serving(spec, hw, wlq, concurrency, max_gpus, rules)
         if best is None:
             found: dict[str, Any] = dict(min_num_gpus=None, num_nodes=None, not_found=(
                 f"no layout of up to {max_gpus} GPUs holds {concurrency} sequence(s) of {context:,} tokens"))
         else:
             found = dict(min_num_gpus=best.hw.num_gpus, num_nodes=best.hw.num_nodes, not_found=None,
-                         **_serving_figures(spec, best))
+                         runs_on=runs_on.of(best.hw, best.layout, best.workload), **_serving_figures(spec, best))
         rows.append(FormatRow(weight_dtype=_format_label(wl, q), quantization=q.value, **found,
-                              per_tp=_per_tp(spec, hw, wlq, concurrency)))
+                              per_tp=_per_tp(spec, hw, wlq, concurrency, rules)))
     return ServingCapacity(
         model=spec.name,
         hardware=hw.name,
@@ -338,12 +361,15 @@ def serving_capacity(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload
         max_num_seqs=wl.max_num_seqs,
         formats=rows,
         quantization_removes_sharding=_unsharded_by_quantization(rows),
+        target=target,
     )
 
 
 def _unsharded_by_quantization(rows: list[FormatRow]) -> QuantizationUnshards | None:
     """When the 16-bit weights need more than one GPU (or none found) and a quantized format
     fits on one: the widest such format, and every one that does."""
+    if not rows:
+        return None
     dense, quantized = rows[0], rows[1:]
     if dense.min_num_gpus == 1:
         return None
@@ -361,17 +387,24 @@ def training_choices() -> list[tuple[int, str]]:
 
 
 def training_capacity(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, *, max_gpus: int,
-                      space: Space | None = None, progress: Progress | None = None) -> TrainingCapacity:
+                      space: Space | None = None, progress: Progress | None = None,
+                      target: str | None = None) -> TrainingCapacity:
     """What `capacity --json` prints for training: per ZeRO stage and offload choice the fewest
     GPUs at which the training search finds a layout that fits, and the fastest one there.
-    `progress(done, total)` is called after each of the searches (one per row)."""
-    base = space or Space()
+    `progress(done, total)` is called after each of the searches (one per row). `target`: only
+    layouts it runs (and verify checks); a ZeRO stage and offload it never runs has no row."""
+    if target is not None:
+        check_target(target, spec, hw, wl)
+    base = replace(space or Space(), rules=search_rules(target, spec, wl))
+    runs_on = RunsOn(spec)
     rows: list[TrainingRow] = []
     choices = training_choices()
     for done, (z, off) in enumerate(choices, start=1):
         res = search(spec, hw, wl, replace(base, zero_stage=z, offload=offload_pair(off)),
                      Goal(Objective.STEP_TIME, top_k=1), max_gpus=max_gpus, first_fit=True)
-        if not res.top:
+        if target is not None and res.num_candidates == 0:
+            pass  # the target runs no layout with this ZeRO stage and offload: no row
+        elif not res.top:
             rows.append(TrainingRow(
                 zero_stage=z, offload=off, min_num_gpus=None, num_nodes=None,
                 not_found=f"no layout of up to {max_gpus} GPUs fits at {wl.seq_len:,} tokens x {wl.global_batch_size} sequences"))
@@ -386,6 +419,7 @@ def training_capacity(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload
                 per_gpu_bytes=mem.per_gpu_bytes,
                 headroom_bytes=mem.headroom_bytes, host_offload_bytes_per_node=mem.host_offload_bytes_per_node,
                 nvme_offload_bytes_per_node=mem.nvme_offload_bytes_per_node, step_seconds=time.step_seconds,
+                runs_on=runs_on.of(best.hw, best.layout, best.workload),
             ))
         if progress is not None:
             progress(done, len(choices))
@@ -400,4 +434,5 @@ def training_capacity(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload
         global_batch_size=wl.global_batch_size,
         framework=wl.framework.value,
         rows=rows,
+        target=target,
     )

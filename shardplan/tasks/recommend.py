@@ -4,6 +4,7 @@ parses options and renders it."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,12 @@ from shardplan.plan.manifest import build_manifest, write_manifest
 from shardplan.cost.inputs import offload_pair
 from shardplan.search import Goal, Objective, SearchResult, Space, search
 from shardplan.search import explain
-from shardplan.search.results import BestAtGpuCount, RecommendResult, SearchBudget
+from shardplan.search.results import BestAtGpuCount, RecommendResult, SearchBudget, Suggestion
 from shardplan.search.space import BUDGET_SPENT, Progress
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import LoadedModel
 from shardplan.tasks._bands import banded, goal_at_edge, workload_bands
+from shardplan.tasks._targets import RunsOn, check_target, search_rules
 from shardplan.units import DType
 
 
@@ -72,14 +74,31 @@ def recommend(
     progress: Progress | None = None,
     suggest: bool = True,
     strict_fit: bool = False,
+    target: str | None = None,
 ) -> RecommendResult:
     """The search with "fits" decided at the edge of the workload's measured error band
     (`knowledge/bands.yaml`): plans that fit only at the prediction (tight) rank after those
-    that fit at the edge, or, with `strict_fit`, are rejected where the search decides fit."""
+    that fit at the edge, or, with `strict_fit`, are rejected where the search decides fit.
+    `target`: only plans that target runs (and verify checks); without it each plan says which
+    targets run it (`runs_on`) (tasks/_targets.py)."""
     spec = loaded.spec
+    if target is not None:
+        check_target(target, spec, hw, workload)
+    space = replace(space, rules=search_rules(target, spec, workload))
     goal = goal_at_edge(goal, workload, hw, strict_fit=strict_fit)
     res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, progress=progress)
+    dropped = ""
+    if not res.top and goal.objective is Objective.GOODPUT and goal.sla_defaulted and res.sla_floor_seconds:
+        # A default SLA is a preference, not the user's limit: when no layout that fits meets it,
+        # rank those by goodput without it, and say what the fastest reaches.
+        floors = ", ".join(f"p{goal.slo_percentile} {k.upper()} {v * 1e3:,.1f} ms" for k, v in sorted(res.sla_floor_seconds.items()))
+        dropped = (f"no layout meets the default SLA (the fastest, one request at a time: {floors}); ranked by goodput "
+                   "without it, at the highest rate each sustains")
+        goal = replace(goal, max_ttft_seconds=None, max_tpot_seconds=None, sla_defaulted=False)
+        res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, progress=progress)
+    runs_on = RunsOn(spec)
     top = [explain.entry(spec, e, goal, i + 1, lambda r: banded(r, hw)) for i, e in enumerate(res.top)]
+    top = [t.model_copy(update={"runs_on": runs_on.of(e.hw, e.layout, e.workload)}) for t, e in zip(top, res.top)]
     binding = explain.binding_constraint(top[0], goal) if top else None
     gap = explain.gap(top[0], top[1]) if len(top) > 1 else None
     comparison = None
@@ -98,8 +117,8 @@ def recommend(
         def run(wl: Any, sp: Space, g: Goal, *, num_gpus: int | None, max_gpus: int | None, first_fit: bool = False) -> SearchResult:
             return search(spec, hw, wl, sp, g, num_gpus=num_gpus, max_gpus=max_gpus, first_fit=first_fit)
 
-        suggestions = explain.suggestions(spec, hw, workload, space, goal, n, run)
-        if isinstance(workload, InferenceWorkload) and not res.top:
+        suggestions = _sla_suggestions(res, goal) + explain.suggestions(spec, hw, workload, space, goal, n, run)
+        if isinstance(workload, InferenceWorkload) and not res.top and target is None:  # a target fixes the engine
             suggestions += _engine_suggestions(spec, hw, workload, space, goal, n)
     # Sizing part of a node (a workstation's few GPUs): say what one GPU would do by offloading.
     if (suggest and res.top and isinstance(workload, InferenceWorkload) and num_gpus
@@ -116,7 +135,7 @@ def recommend(
             summary["runner_up_gap_fraction"] = gap
         m = build_manifest(
             loaded=loaded, hw=best.hw, layout=best.layout, workload=best.workload, report=report,
-            objective=goal.objective.value, search=summary,
+            objective=goal.objective.value, search=summary, runs_on=top[0].runs_on,
         )
         write_manifest(m, manifest_path)
         manifest = str(manifest_path)
@@ -125,7 +144,8 @@ def recommend(
         hardware=hw.name,
         workload="training" if res.training else "inference",
         objective=goal.objective.value,
-        assumptions=assumptions(workload, goal),
+        assumptions=(f"SLA: {dropped}; " + assumptions(workload, goal).removeprefix("SLA: none; ")) if dropped
+        else assumptions(workload, goal),
         gpu_counts=res.gpu_counts,
         smallest_num_gpus=res.smallest_num_gpus,
         num_candidates=res.num_candidates,
@@ -153,6 +173,7 @@ def recommend(
         compare=comparison,
         suggestions=suggestions,
         manifest=manifest,
+        target=target,
     )
 
 
@@ -183,6 +204,8 @@ def assumptions(workload: InferenceWorkload | TrainingWorkload, goal: Goal) -> s
         if workload.engine_version is not None:
             shape += f" on {engine_label(workload)}"
         per = "output"
+    if goal.objective is Objective.GOODPUT and isinstance(workload, InferenceWorkload):
+        return _sla_assumptions(workload, goal, shape)
     best = _BEST.get(goal.objective, f"least USD per million {per} tokens")
     limits = [f"TTFT <= {goal.max_ttft_seconds * 1e3:g} ms" if goal.max_ttft_seconds is not None else "",
               f"TPOT <= {goal.max_tpot_seconds * 1e3:g} ms" if goal.max_tpot_seconds is not None else "",
@@ -191,6 +214,43 @@ def assumptions(workload: InferenceWorkload | TrainingWorkload, goal: Goal) -> s
     text = f"{shape}; best = {best}"
     shown = [x for x in limits if x]
     return text + ("; limits: " + ", ".join(shown) if shown else "")
+
+
+def _sla_suggestions(res: SearchResult, goal: Goal) -> list[Suggestion]:
+    """Nothing met the SLA: the limits the fastest replica reaches with one request at a time."""
+    out = []
+    p = goal.slo_percentile
+    for name, option, limit in (("ttft", "--max-ttft-ms", goal.max_ttft_seconds), ("tpot", "--max-tpot-ms", goal.max_tpot_seconds)):
+        floor = res.sla_floor_seconds.get(name)
+        if floor is not None and limit is not None and floor > limit:
+            ms = math.ceil(floor * 1e3)
+            out.append(Suggestion(change=f"{option} {ms}", detail=f"the lowest p{p} {name.upper()} any layout reaches on "
+                                  f"these GPUs, one request at a time, is {floor * 1e3:,.1f} ms (asked: {limit * 1e3:g} ms)"))
+    return out
+
+
+def _sla_assumptions(workload: InferenceWorkload, goal: Goal, shape: str) -> str:
+    """The goodput objective's line, the SLA first: the limits, whether they are the defaults, the
+    traffic each plan is judged under."""
+    p = goal.slo_percentile
+    limits = [f"p{p} TTFT <= {goal.max_ttft_seconds * 1e3:g} ms" if goal.max_ttft_seconds is not None else "",
+              f"p{p} TPOT <= {goal.max_tpot_seconds * 1e3:g} ms" if goal.max_tpot_seconds is not None else ""]
+    sla = ", ".join(x for x in limits if x) or "none"
+    if goal.sla_defaulted:
+        sla += " (the default SLA of an interactive service; set --max-ttft-ms / --max-tpot-ms)"
+    load = workload.load
+    lengths = "" if load is None or load.lengths is None else f" with {load.lengths_name} lengths"
+    if load is not None and math.isfinite(load.request_rate_per_second):
+        traffic = f"{load.request_rate_per_second:g} requests/s{lengths} spread over the replicas; best = least p{p} end-to-end latency"
+    elif load is not None and load.max_concurrency is not None:
+        traffic = f"{load.max_concurrency} requests in flight{lengths}; best = most output tokens/s per GPU"
+    else:
+        traffic = (f"each plan at the highest request rate{lengths} it sustains within the SLA (continuous batching, "
+                   "Poisson arrivals); best = most output tokens/s per GPU (goodput)")
+    text = f"SLA: {sla}; {shape}; traffic: {traffic}"
+    if goal.min_throughput_tokens_per_second is not None:
+        text += f"; limits: >= {goal.min_throughput_tokens_per_second:g} output tokens/s over all GPUs"
+    return text
 
 
 def _best_per_num_gpus(res: SearchResult) -> list[BestAtGpuCount]:

@@ -51,6 +51,7 @@ from shardplan.tasks._moves import (
 )
 from shardplan.tasks._results import Result
 from shardplan.tasks._rollout import Rollout, plan_rollout
+from shardplan.tasks._targets import RunsOn, check_target, search_rules
 from shardplan.tasks._safetensors import StoredTensor, check_tensors, expected_dtype, read_checkpoint
 
 Progress = Callable[[int, int], None]  # (done, total)
@@ -122,6 +123,8 @@ class ReplanCandidate(Result):
     moved_bytes_by_state: dict[str, Number] = Field(description="weights, optimizer (bytes)")
     max_received_bytes_per_rank: Number = Field(description="the most one new rank receives (bytes)")
     move_time_seconds: float = Field(description="predicted time of the move: its slowest new rank's (s)")
+    runs_on: list[str] = Field(default_factory=list, description="the targets that run this layout as it is "
+                               "(knowledge/targets.yaml); --target keeps to one")
 
 
 class OldCluster(Result):
@@ -231,7 +234,8 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
            top_k: int, objective: str | None = None, manifest_path: Path | None = None,
            moves_path: Path | None = None, progress: Progress | None = None, lost_nodes: Iterable[int] = (),
            lost_ranks: Iterable[int] = (), checkpoint: Path | None = None,
-           prefer_fast_recovery: bool = False, min_capacity: float | None = None) -> ReplanResult:
+           prefer_fast_recovery: bool = False, min_capacity: float | None = None,
+           target: str | None = None) -> ReplanResult:
     """What `shardplan replan --json` prints; writes the chosen manifest and its move list when
     paths are given. Raises ShardplanError (exit 2) for bad input, UnrecoverableError (exit 3)
     when slices only lost ranks held have no checkpoint to come from; `chosen` is None when
@@ -239,7 +243,8 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
     search, then called once per candidate costed. `checkpoint`: a safetensors checkpoint
     folder (headers only are read). `min_capacity`: serving only, the share of the old plan's
     rate the rollout keeps (None: the highest any order keeps); `rollout.keeps_floor` is false
-    when no order keeps it (the CLI exits 3)."""
+    when no order keeps it (the CLI exits 3). `target`: only layouts it runs (and verify checks),
+    for a plan made with its engine or stack (tasks/_targets.py)."""
     if not 0 <= margin < 1:
         raise ShardplanError(f"margin {margin} is not a fraction in [0, 1)", field="--margin", hint="e.g. 0.05")
     check_min_capacity(old, min_capacity)
@@ -253,7 +258,9 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
     prefer = "move_time_seconds" if prefer_fast_recovery else "moved_bytes"
     workload = readback.plan_workload(old)
     goal = Goal(objective=Objective(objective) if objective else _default_objective(old), top_k=top_k * 8)
-    space = Space()
+    if target is not None:
+        check_target(target, spec, hw, workload, plan=source)
+    space = Space(rules=search_rules(target, spec, workload))
     if isinstance(workload, InferenceWorkload):
         space = replace(space, quantizations=(workload.quantization,), kv_cache_dtypes=(workload.kv_cache_dtype,))
     res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, progress=progress)
@@ -278,11 +285,13 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
                             rollout=None)
     best = candidates[0].objective_value
     built, rows = [], []
+    runs_on = RunsOn(spec)
     for i, e in enumerate(candidates):
         report = banded(estimate(spec, e.hw, e.layout, e.workload), e.hw)  # the manifest records the bands
         m = build_manifest(loaded=loaded, hw=e.hw, layout=e.layout, workload=e.workload, report=report,
                            objective=goal.objective.value,
-                           search={"num_evaluated": res.num_evaluated, "num_feasible": res.num_feasible})
+                           search={"num_evaluated": res.num_evaluated, "num_feasible": res.num_feasible},
+                           runs_on=runs_on.of(e.hw, e.layout, e.workload))
         devices = Devices.build(gpus_per_node=node_size(old, m), old_num_gpus=old.hardware.num_gpus,
                                 new_num_gpus=m.hardware.num_gpus, lost=lost)
         moves, missing = moves_between(old, m, spec, devices, hw, stored)
@@ -296,7 +305,7 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
             "within_margin": e.objective_value <= best + margin * abs(best), "figures": e.figures,
             **{k: summary[k] for k in ("moved_bytes", "kept_bytes", "moved_bytes_by_route", "moved_bytes_by_state",
                                        "max_received_bytes_per_rank")},
-            "move_time_seconds": summary["time_seconds"],
+            "move_time_seconds": summary["time_seconds"], "runs_on": m.runs_on or [],
         })
         if progress is not None:
             progress(i + 1, len(candidates))

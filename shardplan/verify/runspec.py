@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Sequence
 
-from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, layout_stage_ranges
+from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
 from shardplan.cost.workload import (
     Framework,
     InferenceWorkload,
@@ -29,9 +29,13 @@ from shardplan.cost.workload import (
     TrainingWorkload,
 )
 from shardplan.errors import CannotVerify
-from shardplan.plan.readback import plan_layout
+from shardplan.knowledge import model_support
+from shardplan.knowledge.load import targets_file
+from shardplan.knowledge.targets import Rule
+from shardplan.plan.readback import plan_layout, plan_setting
+from shardplan.search.targets import Setting, refusal
 from shardplan.plan.schema import DeploymentManifest
-from shardplan.specs.model import ModelSpec, NormType, PositionEmbedding, QKNorm
+from shardplan.specs.model import ModelSpec
 from shardplan.units import DType, bytes_per_element, gib_to_bytes
 
 # The folder the launcher gives each rank for its result file (launch writes it, worker reads it).
@@ -148,82 +152,42 @@ def _refuse(field: str, what: str, hint: str) -> CannotVerify:
     return CannotVerify(f"verify does not run {what} yet", field=field, hint=hint)
 
 
-def check_runnable(spec: ModelSpec, layout: Layout, *, training: bool = True) -> None:
-    """Refuse, before any process starts, what the verify model or its parallel set-up does not run."""
-    unsupported = [
-        (spec.mla is not None, "model", "multi-head latent attention (MLA)"),
-        (spec.norm_type is not NormType.RMSNORM, "model.norm_type", "LayerNorm models"),
-        (spec.position_embedding is not PositionEmbedding.ROPE, "model.position_embedding", "non-rotary position embeddings"),
-        (spec.rotary_fraction != 1.0, "model.rotary_fraction", "partial rotary embeddings"),
-        (spec.sliding_window is not None, "model.sliding_window", "sliding-window attention"),
-        (spec.parallel_residual, "model.parallel_residual", "parallel-residual blocks"),
-        (spec.qk_norm is not QKNorm.NONE, "model.qk_norm", "q/k norms"),
-        (spec.qkv_bias or spec.o_bias or spec.mlp_bias or spec.lm_head_bias, "model", "linear biases"),
-        (not spec.mlp_gated or spec.hidden_act not in ("silu", "swiglu"), "model.hidden_act", "MLPs other than SwiGLU"),
-        (spec.num_norms_per_layer != 2, "model.num_norms_per_layer", "blocks without exactly two norms"),
-        (spec.moe is not None and (spec.moe.num_shared_experts > 0 or spec.moe.router_bias), "model.moe",
-         "shared experts or router biases"),
-    ]
-    for bad, fld, what in unsupported:
-        if bad:
-            raise _refuse(fld, what, "verify runs Llama-style dense and MoE decoders; check this model with estimate")
-    L = layout
-    _check_experts(spec, L, training)
-    if L.pp > 1 and min(len(r) for chunks in layout_stage_ranges(spec.num_layers, L) for r in chunks) == 0:
-        raise _refuse("layout.pp_embedding_as_layer", "a pipeline chunk holding only the embedding or the loss",
-                      "verify the plan with fewer virtual stages")
-    if spec.moe is not None and L.sequence_parallel:
-        raise _refuse("layout.sequence_parallel", "sequence parallelism with MoE blocks (Megatron's dispatcher gathers "
-                      "the routed tokens over tp)", "verify the plan without sequence parallelism")
-    if L.tp > spec.kv_heads:
-        raise _refuse("layout.tp", f"tp={L.tp} over {spec.kv_heads} KV heads (replicated KV heads)",
-                      "use tp <= the KV heads")
-    if spec.tie_word_embeddings and L.tp > 1:
-        raise _refuse("layout.tp", "tied embeddings under tensor parallelism", "verify the plan with tp=1")
-    offload = (L.offload_optimizer, L.offload_params)
-    if not training and L.offload_params is not Offload.NONE:
+def check_model(spec: ModelSpec) -> None:
+    """Refuse a model the verify model cannot build, whatever the layout (knowledge/model_support.py)."""
+    refused = model_support.verify(spec)
+    if refused is not None:
+        raise CannotVerify(refused.says, field=refused.field, hint=refused.hint)
+
+
+def check_runnable(spec: ModelSpec, layout: Layout, *, training: bool = True, setting: Setting | None = None) -> None:
+    """Refuse, before any process starts, what the verify model or its parallel set-up does not run:
+    the model (`check_model`), then the layout by the `verify` rules of knowledge/targets.yaml,
+    the rules `recommend --target` keeps to. `setting`: the plan's workload and cluster
+    (`readback.plan_setting`); without it, the model's with a full fine-tune."""
+    check_model(spec)
+    s = setting or _setting(spec, training)
+    if not training and layout.offload_params is not Offload.NONE:
         # Offloaded serving runs in one process, from the model's own weights, with accelerate's
         # offload hooks (verify.offload_serving): `verify PLAN --checkpoint DIR` takes it there.
         raise CannotVerify("an offloaded serving plan is verified by loading its checkpoint with accelerate, not "
                            "by a torchrun launch", field="layout.offload_params", hint=OFFLOAD_SERVING_HINT)
-    if Offload.NVME in offload:
-        field = "layout.offload_params" if L.offload_params is Offload.NVME else "layout.offload_optimizer"
-        raise _refuse(field, "NVMe offload", "verify the plan with offload to cpu")
-    if offload == (Offload.CPU, Offload.NONE):
-        raise _refuse("layout.offload_optimizer", "optimizer-only offload (DeepSpeed's ZeRO-Offload; FSDP2's "
-                      "CPUOffloadPolicy moves parameters, gradients and optimizer states together)",
-                      "verify the plan with offload_params: cpu and zero_stage: 3")
-    if offload == (Offload.NONE, Offload.CPU):
-        raise _refuse("layout.offload_optimizer", "parameter offload with the optimizer on the GPU",
-                      "verify the plan with offload_optimizer: cpu too (FSDP2's CPUOffloadPolicy)")
+    _refuse_by_rules(targets_file().rule_sets["verify"], layout, s)
 
 
-def _check_experts(spec: ModelSpec, L: Layout, training: bool) -> None:
-    """Expert layouts verify runs: experts split by tp (ep = 1, etp = tp), or whole experts
-    over ep ranks (etp = 1): in training with tp = 1 (Megatron-core's all-to-all dispatcher),
-    in serving with ep = tp (vLLM's expert parallelism inside one server)."""
-    if spec.moe is None:
-        return
-    if L.ep == 1:
-        if L.expert_tp != L.tp:
-            raise _refuse("layout.etp", f"experts split over etp={L.expert_tp} ranks with tp={L.tp}",
-                          "verify the plan with etp = tp")
-        return
-    if L.expert_tp != 1:
-        raise _refuse("layout.etp", f"expert tensor parallelism inside expert parallelism (ep={L.ep}, etp={L.expert_tp})",
-                      "verify the plan with etp=1 (whole experts)")
-    if training and L.tp > 1:
-        raise _refuse("layout.ep", f"expert parallelism with tensor parallelism in training (ep={L.ep}, tp={L.tp})",
-                      "Megatron-core requires sequence parallelism when ep > 1 and tp > 1 (TransformerConfig); "
-                      "verify runs expert-parallel training with tp=1")
-    if training and L.cp > 1:
-        raise _refuse("layout.cp", "expert parallelism with context parallelism", "verify the plan with cp=1")
-    if training and L.hybrid_shard:
-        raise _refuse("layout.hybrid_shard", "hybrid sharding with expert parallelism",
-                      "verify the plan without hybrid_shard")
-    if not training and L.ep != L.tp:
-        raise _refuse("layout.ep", f"serving expert parallelism across replicas (ep={L.ep}, tp={L.tp})",
-                      "vLLM's expert parallelism in one server spans its tp ranks: verify a plan with ep = tp")
+def _setting(spec: ModelSpec, training: bool) -> Setting:
+    model = dict(gpus_per_node=1, num_nodes=1, num_layers=spec.num_layers, moe=spec.moe is not None,
+                 kv_heads=spec.num_attention_heads if spec.mla is not None else spec.kv_heads,
+                 tied_embeddings=spec.tie_word_embeddings)
+    if training:
+        return Setting(workload="training", finetune="full", optimizer="adamw", **model)
+    return Setting(workload="inference", **model)
+
+
+def _refuse_by_rules(rules: Sequence[Rule], layout: Layout, s: Setting) -> None:
+    found = refusal([("", r) for r in rules], layout, s)
+    if found is not None:
+        _, rule, fact = found
+        raise CannotVerify(rule.words(fact), field=rule.field, hint=rule.fix(fact))
 
 
 def _round_up(x: float, multiple: int) -> int:
@@ -319,12 +283,12 @@ def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int =
     --scale full, no limit but the device's own for a proxy)."""
     layout = plan_layout(m)
     training = m.workload.kind == "training"
-    check_runnable(spec, layout, training=training)
-    if training and m.workload.finetune != "full":  # type: ignore[union-attr]
-        raise _refuse("workload.finetune", f"{m.workload.finetune} fine-tuning (PEFT adapters on a frozen base)",  # type: ignore[union-attr]
-                      "check the plan with estimate; verify runs full fine-tuning")
-    if training and m.workload.optimizer == "adamw8bit":  # type: ignore[union-attr]
-        raise _refuse("workload.optimizer", "bitsandbytes' 8-bit AdamW", "verify the plan with --optimizer adamw")
+    # The model, the layout, fine-tuning and the optimizer by the `verify` rules; a 1F1B pipeline
+    # by torch's (Schedule1F1B wants as many micro-batches as stages) (knowledge/targets.yaml).
+    setting = plan_setting(m, spec)
+    check_runnable(spec, layout, training=training, setting=setting)
+    if training:
+        _refuse_by_rules(targets_file().rule_sets["torch_pipelining"], layout, setting)
     fmt, planned, notes = run_dtype(m, dtype)
     if device_memory_gib is not None and device_memory_gib <= 0:
         raise CannotVerify(f"--device-memory-gib {device_memory_gib:g} is not a memory size", field="--device-memory-gib",
@@ -347,8 +311,6 @@ def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int =
         layout = replace(layout, recompute=Recompute.NONE)
         notes.append("selective recomputation runs as none: flash attention already recomputes the scores; "
                      "the prediction is for none")
-    if not training and layout.cp > 1:
-        raise _refuse("layout.cp", "context parallelism for serving", "verify the plan with cp=1")
     if not training:
         wl = m.workload
         batch = min(m.predicted.time.batch_size, SERVING_MAX_BATCH)

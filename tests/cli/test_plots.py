@@ -124,7 +124,7 @@ def test_estimate_plot_of_a_plan_that_does_not_fit_is_still_written(cli, tmp_pat
 
 def test_recommend_serving_svg_draws_the_frontier_and_marks_the_pick(cli, tmp_path):
     out = tmp_path / "frontier.svg"
-    d = _ok(cli("recommend", "llama-3.1-8b", "--gpus", "2", "--max-model-len", "8192", "--plot", str(out), "--json"))
+    d = _ok(cli("recommend", "llama-3.1-8b", "--objective", "throughput", "--gpus", "2", "--max-model-len", "8192", "--plot", str(out), "--json"))
     root = _svg(out)
     pick = d["top"][0]
     texts = _texts(root)

@@ -53,7 +53,7 @@ def _changes(d):
 
 
 def test_one_gpu_serving_ranks_by_throughput_and_reports_a_pareto_frontier(cli):
-    d = _ok(cli("recommend", "llama-3.1-8b", "--gpus", "1", "--json"))
+    d = _ok(cli("recommend", "llama-3.1-8b", "--objective", "throughput", "--gpus", "1", "--json"))
     assert (d["model"], d["hardware"], d["workload"], d["objective"]) == (
         "llama-3.1-8b", "h100-sxm-80gb", "inference", "throughput")
     assert d["gpu_counts"] == [1] and d["smallest_num_gpus"] == 1
@@ -90,7 +90,7 @@ GPU_ONLY = ("--quantization", "none", "--no-allow-offload")  # no fallback to sm
 
 
 def test_nothing_fits_405b_on_one_node_suggests_two_nodes(cli):
-    d = _does_not_fit(cli("recommend", "llama-3.1-405b", *GPU_ONLY, "--json"))
+    d = _does_not_fit(cli("recommend", "llama-3.1-405b", "--objective", "throughput", *GPU_ONLY, "--json"))
     assert d["top"] == [] and d["pareto"] == []
     assert d["gpu_counts"] == [8]
     assert d["num_feasible"] == 0 and d["smallest_num_gpus"] is None
@@ -101,7 +101,7 @@ def test_nothing_fits_405b_on_one_node_suggests_two_nodes(cli):
     more = next(s for s in d["suggestions"] if s["change"] == "--gpus 16")
     assert more["num_gpus"] == 16
     # The suggestion is real: the same search on 16 GPUs finds a plan.
-    d16 = _ok(cli("recommend", "llama-3.1-405b", "--gpus", "16", "--json"))
+    d16 = _ok(cli("recommend", "llama-3.1-405b", "--objective", "throughput", "--gpus", "16", "--json"))
     assert d16["top"][0]["num_gpus"] == 16
     assert d16["top"][0]["plan"]["tp"] <= 8  # no cross-node TP unless allowed
 
@@ -126,10 +126,10 @@ def test_one_consumer_gpu_falls_back_to_smaller_formats_and_offload_and_states_t
 def test_llama_cpp_serves_the_full_context_where_vllm_cannot(cli):
     """At the model's 131,072-token context vLLM cannot hold one sequence's KV (40 GiB) on a 24 GB
     card even with every layer offloaded; llama.cpp keeps offloaded layers' KV in host memory."""
-    vllm = _does_not_fit(cli("recommend", "llama-3.1-70b", "-H", "rtx-4090-24gb", "--gpus", "1", "--json"))
+    vllm = _does_not_fit(cli("recommend", "llama-3.1-70b", "--objective", "throughput", "-H", "rtx-4090-24gb", "--gpus", "1", "--json"))
     engine = next(s for s in vllm["suggestions"] if s["change"] == "--engine llamacpp")
     assert "layers on the CPU" in engine["detail"]
-    llama = _ok(cli("recommend", "llama-3.1-70b", "-H", "rtx-4090-24gb", "--gpus", "1", "--engine", "llamacpp",
+    llama = _ok(cli("recommend", "llama-3.1-70b", "--objective", "throughput", "-H", "rtx-4090-24gb", "--gpus", "1", "--engine", "llamacpp",
                     "--objective", "latency", "--json"))
     best = llama["top"][0]
     assert best["plan"]["offload"]["layers"] > 40 and best["plan"]["quantization"] in (
@@ -157,13 +157,13 @@ def test_latency_and_throughput_objectives_pick_different_winners(cli):
 
 
 def test_max_tpot_limit_filters_and_is_reported(cli):
-    free = _ok(cli("recommend", "llama-3.1-8b", "--gpus", "1", "--json"))
+    free = _ok(cli("recommend", "llama-3.1-8b", "--objective", "throughput", "--gpus", "1", "--json"))
     tpots = sorted({p["tpot_seconds"] for p in free["pareto"]} | {t["time"]["tpot_seconds"] for t in free["top"]})
     assert len(tpots) >= 2
     limit_s = (tpots[-2] + tpots[-1]) / 2  # between two observed values: the slowest is ruled out
     assert free["top"][0]["time"]["tpot_seconds"] > limit_s  # so the limit changes the winner
 
-    d = _ok(cli("recommend", "llama-3.1-8b", "--gpus", "1", "--max-tpot-ms", repr(limit_s * 1e3), "--json"))
+    d = _ok(cli("recommend", "llama-3.1-8b", "--objective", "throughput", "--gpus", "1", "--max-tpot-ms", repr(limit_s * 1e3), "--json"))
     assert d["top"]
     for t in d["top"]:
         assert t["time"]["tpot_seconds"] <= limit_s
@@ -257,10 +257,10 @@ def test_max_gpus_reports_the_smallest_count_that_fits(cli):
 
 def test_manifest_is_written_deterministically_and_shown(cli, tmp_path):
     a, b = tmp_path / "plan.yaml", tmp_path / "again.yaml"
-    d = _ok(cli("recommend", "llama-3.1-8b", "--gpus", "2", "-o", str(a), "--json"))
+    d = _ok(cli("recommend", "llama-3.1-8b", "--objective", "throughput", "--gpus", "2", "-o", str(a), "--json"))
     assert d["manifest"] == str(a)
     assert a.is_file()
-    d2 = _ok(cli("recommend", "llama-3.1-8b", "--gpus", "2", "-o", str(b), "--json"))
+    d2 = _ok(cli("recommend", "llama-3.1-8b", "--objective", "throughput", "--gpus", "2", "-o", str(b), "--json"))
     assert d2["manifest"] == str(b)
     assert a.read_bytes() == b.read_bytes()
 
@@ -413,7 +413,7 @@ def test_training_on_two_nodes_explains_its_choice(cli):
 def test_two_consumer_gpus_compare_tensor_split_with_one_gpu_offloaded(cli):
     """--gpus 2: the pick splits the model over both cards; the alternative says what one card
     would do by offloading, each with its speed (the trade, stated)."""
-    d = _ok(cli("recommend", "llama-3.1-70b", "-H", "rtx-4090-24gb", "--gpus", "2", "--max-model-len", "8192",
+    d = _ok(cli("recommend", "llama-3.1-70b", "--objective", "throughput", "-H", "rtx-4090-24gb", "--gpus", "2", "--max-model-len", "8192",
                 "--json"))
     pick = d["top"][0]
     assert pick["num_gpus"] == 2 and pick["plan"]["offload"]["layers"] == 0

@@ -29,7 +29,7 @@ def test_throughput_is_the_whole_plan_everywhere(cli, tmp_path):
     assert est["best_throughput_tokens_per_second"] >= est["throughput_tokens_per_second"] * (1 - 1e-12)
 
     plan = tmp_path / "plan.yaml"
-    rec = _ok(cli("recommend", "llama-3.1-70b", "--hardware", "h100-sxm-80gb", "--gpus", "8", "-o", str(plan), "--json"))
+    rec = _ok(cli("recommend", "llama-3.1-70b", "--objective", "throughput", "--hardware", "h100-sxm-80gb", "--gpus", "8", "-o", str(plan), "--json"))
     win = rec["top"][0]
     shown = _ok(cli("show", str(plan), "--json"))["predicted"]["time"]
     assert shown["throughput_tokens_per_second"] == pytest.approx(win["time"]["throughput_tokens_per_second"], rel=1e-12)
@@ -66,8 +66,8 @@ def test_interleaved_stages_list_their_chunks(cli):
 
 def test_recommend_table_at_80_columns_shows_every_layout_in_full(cli, monkeypatch):
     monkeypatch.setattr(render_common.console, "width", 80)
-    d = _ok(cli("recommend", "llama-3.1-70b", "--hardware", "h100-sxm-80gb", "--gpus", "8", "--json"))
-    r = cli("recommend", "llama-3.1-70b", "--hardware", "h100-sxm-80gb", "--gpus", "8")
+    d = _ok(cli("recommend", "llama-3.1-70b", "--objective", "throughput", "--hardware", "h100-sxm-80gb", "--gpus", "8", "--json"))
+    r = cli("recommend", "llama-3.1-70b", "--objective", "throughput", "--hardware", "h100-sxm-80gb", "--gpus", "8")
     assert r.exit_code == 0
     lines = r.stdout.splitlines()
     assert lines[0] == ("serving 1024-token prompts, 128 output tokens on vLLM 0.21.0; "

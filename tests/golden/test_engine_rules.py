@@ -179,7 +179,7 @@ def test_sglang_static_pool_against_its_log():
 
 def test_an_sglang_plan_round_trips_through_its_manifest(cli, tmp_path):
     plan = tmp_path / "sg.yaml"
-    res = cli("recommend", "llama-3.1-8b", "--engine", "sglang", "--engine-version", "0.4.3", "--gpus", "2",
+    res = cli("recommend", "llama-3.1-8b", "--objective", "throughput", "--engine", "sglang", "--engine-version", "0.4.3", "--gpus", "2",
               "-o", str(plan), "--json")
     assert res.exit_code == 0, res.stderr
     shown = cli("show", str(plan), "--json").json()["workload"]

@@ -1,0 +1,419 @@
+"""Serving under load: a discrete-event model of an engine's continuous-batching scheduler.
+
+Requests arrive (a rate, Poisson or evenly spaced, or all at once; at most `max_concurrency`
+in flight, as benchmark clients cap them), wait, are admitted by the engine's rules, have their
+prompts computed (whole or in chunks of the token budget) and then decode one token a step
+until their output is done. The scheduler is the engine version's (knowledge/engines/*.yaml
+`schedule`, as Vidur, Agrawal et al. 2024, and Sarathi-Serve, Agrawal et al. 2024, describe
+them):
+
+  mixed          every step: one token for each decoding request, then prompt chunks of the
+                 running and then the waiting requests until max_num_batched_tokens is used
+                 (vLLM V1, V0 with chunked prefill, TensorRT-LLM in-flight batching, llama.cpp).
+                 When the KV cache cannot hold a step's tokens, the latest admitted request is
+                 preempted: its cache is freed and it is recomputed later (vLLM's recompute).
+  prefill_first  a step of prompt tokens alone whenever a waiting request can be admitted, a
+                 decode step of every running request otherwise (SGLang, TGI, any engine
+                 without chunked prefill).
+  static         one batch is admitted, prefilled and decoded to its end before the next
+                 (transformers' generate).
+
+Admission: while fewer than max_num_seqs run and the cache holds the prompt's next chunk; with
+an admission reserve (SGLang's new_token_ratio, TensorRT-LLM's GUARANTEED_NO_EVICT), only if the
+cache also holds ratio x the outputs still to come of it and of every running request.
+
+A step's time is `StepModel.seconds` of its composition (cost/step_model.py). The client's clock
+starts when a request is sent: TTFT ends with the step that samples its first token; TPOT is
+(end-to-end - TTFT) / (output - 1), as vLLM's and SGLang's benchmark clients report it.
+Prefix-cache hits skip that share of each prompt's first computation (its KV still occupies the
+cache). The state is aggregated (counts and sums of the decoding requests, a heap of the
+steps at which they finish), so a step costs O(requests admitted or finished in it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from shardplan.cost.layout import Layout
+from shardplan.cost.memory_serving import serving_memory
+from shardplan.cost.step_model import StepModel
+from shardplan.cost.workload import InferenceWorkload
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import ModelSpec
+
+
+SCHEDULES = {
+    "mixed": "mixed steps: each decoding request's token first, then prompt chunks up to max_num_batched_tokens",
+    "prefill_first": "prefill first: a step of prompt tokens whenever a waiting request can be admitted, decode "
+                     "steps otherwise",
+    "static": "static batches: one batch is prefilled and decoded to its end before the next is admitted",
+    "unchunked": "whole prompts first (no chunked prefill): decode steps only when no prompt is scheduled",
+}
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the clients send. `requests`: (prompt tokens, output tokens) per request, in order."""
+
+    requests: tuple[tuple[int, int], ...]
+    request_rate_per_second: float = math.inf  # inf: every request is ready at time 0
+    poisson: bool = True  # exponential gaps (vLLM's bench --burstiness 1); False: evenly spaced
+    max_concurrency: int | None = None  # requests in flight at most (bench --max-concurrency); None: no cap
+    prefix_cache_hit_fraction: float = 0.0  # share of each prompt found in the prefix cache
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """The engine's limits and rules for one replica (InferenceWorkload fields, the KV capacity)."""
+
+    schedule: str  # "mixed", "prefill_first" or "static"
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    chunked_prefill: bool
+    kv_capacity_tokens: int
+    admission: tuple[float, float, int, int] | None = None  # (initial ratio, floor factor, decay steps, output clip)
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    num_requests: int
+    duration_seconds: float
+    request_throughput_per_second: float
+    output_tokens_per_second: float
+    total_tokens_per_second: float
+    ttft_seconds: Percentiles
+    tpot_seconds: Percentiles
+    e2e_seconds: Percentiles
+    num_steps: int
+    num_preemptions: int
+    num_refused: int  # requests the engine could never hold
+    peak_running: int  # requests admitted at once, at most
+    mean_decode_batch: float  # decoding requests per step that had any
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """numpy's default (linear) percentile of sorted values, as the benchmark clients compute it."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _summary(values: list[float]) -> Percentiles:
+    v = sorted(values)
+    if not v:
+        return Percentiles(math.nan, math.nan, math.nan, math.nan)
+    return Percentiles(sum(v) / len(v), percentile(v, 50), percentile(v, 90), percentile(v, 99))
+
+
+def arrival_times(traffic: Traffic) -> list[float]:
+    n = len(traffic.requests)
+    rate = traffic.request_rate_per_second
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = random.Random(traffic.seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate) if traffic.poisson else 1.0 / rate
+    return out
+
+
+class _Request:
+    __slots__ = ("i", "prompt", "output", "sent", "computed", "target", "generated", "first_token", "decode_from",
+                 "generated_at_decode", "done", "epoch")
+
+    def __init__(self, i: int, prompt: int, output: int, sent: float) -> None:
+        self.i, self.prompt, self.output, self.sent = i, prompt, output, sent
+        self.computed = 0  # tokens whose K/V are in the cache (prefix hits included)
+        self.target = prompt  # tokens to compute before the next token is sampled
+        self.generated = 0
+        self.first_token = math.nan
+        self.decode_from = 0  # the decode-step count when it started decoding
+        self.generated_at_decode = 0
+        self.done = math.nan
+        self.epoch = 0  # bumped by each preemption: heap entries of an older epoch are stale
+
+
+def simulate(model: StepModel, sched: Scheduler, traffic: Traffic) -> LoadResult:
+    """Run every request of `traffic` through the scheduler; figures as the benchmark clients give them."""
+    n = len(traffic.requests)
+    arrivals = arrival_times(traffic)
+    cap = traffic.max_concurrency or n
+    hit = traffic.prefix_cache_hit_fraction
+    budget = sched.max_num_batched_tokens
+    capacity = sched.kv_capacity_tokens
+    reqs: list[_Request] = []
+    next_send = 0  # the next request the clients have not sent
+    in_flight = 0
+    waiting: deque[_Request] = deque()
+    running: dict[int, _Request] = {}  # admission order (preemption takes the last)
+    prefilling: list[_Request] = []  # admitted, prompt (or recompute) not yet done, in admission order
+    finish_heap: list[tuple[int, int, int]] = []  # (decode step it ends at, epoch, id)
+    decoding = 0
+    used = 0  # KV tokens held by running requests
+    remaining_out = 0.0  # sum of (clipped) outputs still to come of running requests (admission reserve)
+    decode_steps = 0  # steps that gave every decoding request a token
+    now = 0.0
+    steps = preemptions = peak = 0
+    decode_batch_sum = 0
+    ratio = floor = decay = initial = 0.0
+    clip = 0
+    if sched.admission is not None:
+        ratio, factor, decay_steps, clip = sched.admission
+        floor = ratio * factor
+        decay = (ratio - floor) / decay_steps
+        initial = ratio
+    finished = refused = 0
+
+    last_free = 0.0  # when a concurrency slot last freed: a capped client sends its next request then
+
+    def send_ready() -> None:
+        nonlocal next_send, in_flight
+        while next_send < n and in_flight < cap and arrivals[next_send] <= now:
+            p, o = traffic.requests[next_send]
+            r = _Request(next_send, p, max(1, o), max(arrivals[next_send], last_free))
+            reqs.append(r)
+            waiting.append(r)
+            next_send += 1
+            in_flight += 1
+
+    def out_left(r: _Request) -> float:
+        return max(0, min(r.output, clip) - r.generated)
+
+    def preempt_last() -> bool:
+        """Free the latest admitted request's cache; it waits at the head of the queue to be recomputed."""
+        nonlocal decoding, used, remaining_out, preemptions
+        if not running:
+            return False
+        _, r = running.popitem()
+        if r in prefilling:
+            prefilling.remove(r)
+            used -= r.computed
+        else:
+            r.generated = r.generated_at_decode + (decode_steps - r.decode_from)
+            decoding -= 1
+            used -= r.prompt + r.generated - 1
+        remaining_out -= out_left(r)
+        r.epoch += 1
+        r.computed = 0
+        r.target = r.prompt + max(0, r.generated - 1)  # the prompt and the tokens generated so far
+        waiting.appendleft(r)
+        preemptions += 1
+        return True
+
+    def admit_cost(r: _Request) -> int:
+        """Tokens the prompt (or its recompute) adds to the cache on its first chunk: prefix hits too."""
+        return int(hit * r.prompt) if r.generated == 0 and r.computed == 0 else 0
+
+    def sampled_done(r: _Request, t: float) -> None:
+        """The step ending at `t` computed the last of `r`'s target: it samples a token."""
+        nonlocal decoding
+        r.generated += 1
+        if r.generated == 1:
+            r.first_token = t
+        if r.generated >= r.output:
+            finish(r, t)
+            return
+        r.decode_from, r.generated_at_decode = decode_steps, r.generated
+        decoding += 1
+        heapq.heappush(finish_heap, (decode_steps + r.output - r.generated, r.epoch, r.i))
+
+    def finish(r: _Request, t: float) -> None:
+        nonlocal used, finished, in_flight, last_free
+        r.done = t
+        r.generated = r.output
+        running.pop(r.i, None)
+        used -= r.prompt + r.output - 1  # its reserve was drawn down by its own decode steps
+        finished += 1
+        in_flight -= 1
+        last_free = t
+
+    def refuse(r: _Request) -> None:
+        """A request the engine can never hold (prompt past the cache or the unchunked budget)."""
+        nonlocal finished, in_flight, refused, last_free
+        finished += 1
+        refused += 1
+        in_flight -= 1
+        last_free = now
+
+    def reserve_ok(r: _Request, chunk: int) -> bool:
+        if sched.admission is None:
+            return used + chunk + admit_cost(r) <= capacity
+        return used + r.target - r.computed + ratio * (remaining_out + out_left(r)) <= capacity
+
+    send_ready()
+    while finished < n:
+        if not running and not waiting:
+            if next_send >= n:
+                break
+            now = max(now, arrivals[next_send])
+            send_ready()
+            continue
+        chunks: list[tuple[_Request, int]] = []
+        prompt_units = 0.0
+        tokens = 0
+        step_decoding = 0
+        if sched.schedule == "mixed":
+            while decoding and used + decoding > capacity and preempt_last():
+                pass
+            step_decoding = decoding
+            left = budget - step_decoding
+            for r in list(prefilling):
+                if left <= 0:
+                    break
+                c = min(r.target - r.computed, left) if sched.chunked_prefill else r.target - r.computed
+                if c > left or used + c > capacity:
+                    break
+                chunks.append((r, c))
+                left -= c
+            while waiting and left > 0 and len(running) < sched.max_num_seqs:
+                r = waiting[0]
+                start = admit_cost(r)
+                need = r.target - r.computed - start
+                c = min(need, left) if sched.chunked_prefill else need
+                if c > left or not reserve_ok(r, c):
+                    break
+                waiting.popleft()
+                running[r.i] = r
+                r.computed += start
+                used += start
+                remaining_out += out_left(r)
+                prefilling.append(r)
+                chunks.append((r, c))
+                left -= c
+        elif sched.schedule == "prefill_first" or sched.schedule == "static":
+            static_busy = sched.schedule == "static" and bool(running) and not prefilling
+            if not static_busy:
+                left = budget
+                for r in list(prefilling):
+                    c = min(r.target - r.computed, left) if sched.chunked_prefill else r.target - r.computed
+                    if left <= 0 or c > left:
+                        break
+                    chunks.append((r, c))
+                    left -= c
+                while waiting and left > 0 and len(running) < sched.max_num_seqs:
+                    r = waiting[0]
+                    start = admit_cost(r)
+                    need = r.target - r.computed - start
+                    c = min(need, left) if sched.chunked_prefill else need
+                    if c > left or not reserve_ok(r, c):
+                        break
+                    waiting.popleft()
+                    running[r.i] = r
+                    r.computed += start
+                    used += start
+                    remaining_out += out_left(r)
+                    prefilling.append(r)
+                    chunks.append((r, c))
+                    left -= c
+            if not chunks:
+                while decoding and used + decoding > capacity and preempt_last():
+                    if sched.admission is not None:
+                        ratio = initial
+                step_decoding = decoding
+        else:
+            raise ValueError(f"unknown schedule {sched.schedule!r}")  # the schema allows three
+        if not chunks and not step_decoding:
+            # Nothing can run: a prompt chunk the cache cannot hold beside the others. Free the latest
+            # admitted; a request alone that still cannot run is one the engine cannot serve.
+            if len(running) > 1:
+                preempt_last()
+            elif running:
+                r = running.popitem()[1]
+                if r in prefilling:
+                    prefilling.remove(r)
+                used -= r.computed
+                refuse(r)
+            else:
+                refuse(waiting.popleft())
+            send_ready()
+            continue
+        for r, c in chunks:
+            p = r.computed
+            prompt_units += c * (p + (c + 1) / 2)
+            tokens += c
+        tokens += step_decoding
+        completing = [r for r, c in chunks if r.computed + c >= r.target]
+        kv_read = used - sum(r.computed for r in prefilling) if step_decoding else 0
+        dt = model.seconds(tokens=tokens, sampled=step_decoding + len(completing), decoding=step_decoding,
+                           kv_tokens=kv_read, prompt_units=prompt_units, prompt_step=bool(chunks))
+        now += dt
+        steps += 1
+        peak = max(peak, len(running))
+        for r, c in chunks:
+            r.computed += c
+            used += c
+        if step_decoding:
+            decode_steps += 1
+            used += step_decoding
+            remaining_out -= step_decoding
+            decode_batch_sum += step_decoding
+            if sched.admission is not None:
+                ratio = max(ratio - decay, floor)
+            while finish_heap and finish_heap[0][0] <= decode_steps:
+                _, epoch, i = heapq.heappop(finish_heap)
+                r = reqs[i]
+                if epoch != r.epoch:
+                    continue
+                decoding -= 1
+                finish(r, now)
+        for r in completing:
+            prefilling.remove(r)
+            sampled_done(r, now)
+        send_ready()
+    done = [r for r in reqs if not math.isnan(r.done)]
+    duration = max((r.done for r in done), default=0.0)
+    out_tokens = sum(r.output for r in done)
+    in_tokens = sum(r.prompt for r in done)
+    ttft = [r.first_token - r.sent for r in done]
+    tpot = [(r.done - r.first_token) / (r.output - 1) for r in done if r.output > 1]
+    e2e = [r.done - r.sent for r in done]
+    return LoadResult(
+        num_requests=len(done),
+        duration_seconds=duration,
+        request_throughput_per_second=len(done) / duration if duration else 0.0,
+        output_tokens_per_second=out_tokens / duration if duration else 0.0,
+        total_tokens_per_second=(in_tokens + out_tokens) / duration if duration else 0.0,
+        ttft_seconds=_summary(ttft),
+        tpot_seconds=_summary(tpot),
+        e2e_seconds=_summary(e2e),
+        num_steps=steps,
+        num_preemptions=preemptions,
+        num_refused=refused,
+        peak_running=peak,
+        mean_decode_batch=decode_batch_sum / decode_steps if decode_steps else 0.0,
+    )
+
+
+def scheduler_for(wl: InferenceWorkload, kv_capacity_tokens: int) -> Scheduler:
+    """The engine's scheduler for a replica whose cache holds `kv_capacity_tokens`."""
+    # Without chunked prefill prompts go whole and first (vLLM V0 _schedule_default, SGLang with -1).
+    schedule = wl.schedule if wl.chunked_prefill or wl.schedule == "static" else "prefill_first"
+    return Scheduler(schedule=schedule, max_num_seqs=wl.max_num_seqs, max_num_batched_tokens=wl.max_num_batched_tokens,
+                     chunked_prefill=wl.chunked_prefill, kv_capacity_tokens=kv_capacity_tokens, admission=wl.admission)
+
+
+def serve_traffic(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, traffic: Traffic,
+                  kv_capacity_tokens: int | None = None) -> LoadResult:
+    """One replica of `layout` serving `traffic` under its engine's scheduler (None: the KV capacity
+    from the engine's start-up arithmetic, `serving_memory`)."""
+    if kv_capacity_tokens is None:
+        kv_capacity_tokens = serving_memory(spec, hw, layout, wl).kv_capacity_tokens
+    model = StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
+    return simulate(model, scheduler_for(wl, kv_capacity_tokens), traffic)

@@ -1,0 +1,121 @@
+"""The time of one engine step of any composition, for the continuous-batching model.
+
+A step of continuous batching carries decode tokens of some running requests and prompt chunks
+of others in one forward (or, by the engine's schedule, only one kind). Its time splits into
+terms each of which depends on one aggregate of the batch, because the roofline of every op
+(compute.py) depends on one of them:
+
+    step(T, S, C, U) = linear(T) + head(S) + a_kv C + a_seq D + a_prompt U
+
+  linear(T)   every GEMM, norm, embedding, collective and the host's issuing over T tokens:
+              `pass_time` of T one-token rows, attention and logits taken out
+  head(S)     the final norm and lm_head over the S positions sampled (each decoding request's
+              and each prompt that completes in the step)
+  a_kv C      decode attention reads every cached K/V of the D decoding requests: C tokens in
+              all (memory-bound: linear in C), a_seq per request for its query and output
+  a_prompt U  prompt attention: U = sum over chunks of q x (p + (q + 1) / 2), the causal score
+              area of q new tokens after p cached ones (FLOPs: Kaplan et al. 2020 Table 1)
+
+linear() and head() are read off `pass_time` on a geometric grid of token counts (two points
+an octave) and interpolated linearly between them; the attention coefficients come from two
+`pass_time` calls each. Whether the layers replay a CUDA graph is the engine's rule: decode
+steps up to cuda_graph_max_batch, and steps with prompt tokens only where the engine captures
+them (vLLM V1's piecewise graphs: `graphs_for_prompt_steps`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from shardplan.cost.layout import Layout
+from shardplan.cost.time_serving import pass_time
+from shardplan.cost.workload import InferenceWorkload
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import ModelSpec
+
+POINTS_PER_OCTAVE = 2
+# Context lengths and batch between which the decode-attention slope is read: long enough that
+# the per-request term is small beside the K/V reads, short enough to stay inside every window.
+KV_PROBE_SHORT_TOKENS = 1024
+KV_PROBE_LONG_TOKENS = 8192
+KV_PROBE_SEQS = 64
+PROMPT_PROBE_TOKENS = 4096
+
+
+def _grid(top: int) -> list[int]:
+    points = {1}
+    k = 0
+    while True:
+        t = round(2 ** (k / POINTS_PER_OCTAVE))
+        points.add(min(t, top))
+        if t >= top:
+            return sorted(points)
+        k += 1
+
+
+@dataclass(frozen=True)
+class _Curve:
+    xs: tuple[int, ...]
+    ys: tuple[float, ...]
+
+    def at(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if x <= xs[0]:
+            return ys[0] * x / xs[0] if x > 0 else 0.0
+        i = bisect.bisect_left(xs, x)
+        if i >= len(xs):  # past the grid: the last segment's slope
+            i = len(xs) - 1
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+class StepModel:
+    """Seconds of one step of one replica, by the batch's aggregates (module docstring)."""
+
+    def __init__(self, spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, max_tokens: int,
+                 max_seqs: int) -> None:
+        self.graph_max = 0 if wl.enforce_eager else wl.cuda_graph_max_batch
+        self.graphs_for_prompt_steps = wl.graphs_for_prompt_steps
+
+        def linear(t: int, graphs: bool) -> float:
+            b = pass_time(spec, hw, layout, wl, batch=t, q_len=1, kv_len=1, decode=True, logit_tokens=0, graphs=graphs)
+            return b.total - b.attention
+
+        def head(s: int) -> float:
+            with_logits = pass_time(spec, hw, layout, wl, batch=s, q_len=1, kv_len=1, decode=True, logit_tokens=s,
+                                    graphs=False)
+            without = pass_time(spec, hw, layout, wl, batch=s, q_len=1, kv_len=1, decode=True, logit_tokens=0,
+                                graphs=False)
+            return max(0.0, with_logits.total - without.total)
+
+        top = max(2, max_tokens + max_seqs)
+        xs = _grid(top)
+        self._eager = _Curve(tuple(xs), tuple(linear(t, False) for t in xs))
+        gx = [t for t in xs if t <= self.graph_max] or [1]
+        self._graphs = _Curve(tuple(gx), tuple(linear(t, bool(self.graph_max)) for t in gx))
+        sx = _grid(max(2, max_seqs))
+        self._head = _Curve(tuple(sx), tuple(head(s) for s in sx))
+
+        d = max(1, min(KV_PROBE_SEQS, max_seqs))
+
+        def decode_attention(kv: int) -> float:
+            return pass_time(spec, hw, layout, wl, batch=d, q_len=1, kv_len=kv, decode=True).attention
+
+        short, long_ = decode_attention(KV_PROBE_SHORT_TOKENS), decode_attention(KV_PROBE_LONG_TOKENS)
+        self.kv_seconds_per_token = max(0.0, (long_ - short) / (d * (KV_PROBE_LONG_TOKENS - KV_PROBE_SHORT_TOKENS)))
+        self.seconds_per_decoding_seq = max(0.0, short / d - self.kv_seconds_per_token * KV_PROBE_SHORT_TOKENS)
+        q = max(16, min(PROMPT_PROBE_TOKENS, max_tokens))
+        prompt = pass_time(spec, hw, layout, wl, batch=1, q_len=q, kv_len=q, decode=False).attention
+        self.prompt_seconds_per_unit = prompt / (q * (q + 1) / 2)
+
+    def seconds(self, *, tokens: int, sampled: int, decoding: int, kv_tokens: float, prompt_units: float,
+                prompt_step: bool) -> float:
+        """One step of `tokens` tokens: `decoding` requests reading `kv_tokens` cached tokens in all,
+        prompt chunks of causal area `prompt_units`, `sampled` positions sampled."""
+        if tokens <= 0:
+            return 0.0
+        graphs = tokens <= self.graph_max and (not prompt_step or self.graphs_for_prompt_steps)
+        linear = (self._graphs if graphs else self._eager).at(tokens)
+        return (linear + self._head.at(sampled) + self.kv_seconds_per_token * kv_tokens
+                + self.seconds_per_decoding_seq * decoding + self.prompt_seconds_per_unit * prompt_units)

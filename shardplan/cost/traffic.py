@@ -1,0 +1,195 @@
+"""A plan's figures under traffic: the requests a `ServingLoad` describes, split over the plan's
+replicas, run through the engine's scheduler (cost/serving_load.py), with the saturation point.
+
+The dp replicas of a plan serve independently and the traffic is spread evenly over them (the
+engines' data-parallel front ends and a round-robin load balancer do), so one replica is
+simulated at 1/dp of the rate and of the concurrency, and its throughputs are multiplied by dp;
+latencies are one replica's.
+
+Saturation: the highest request rate a replica sustains with a bounded queue is its request
+throughput when every request is ready at once (rate inf): beyond it the queue grows without
+bound. A rate at or above it is `saturated`; with a concurrency cap the queue is bounded by the
+clients, and the plan is saturated when the engine cannot run all of them at once (they wait in
+its queue).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from shardplan.cost.layout import Layout
+from shardplan.cost.serving_load import LoadResult, Traffic, scheduler_for, simulate
+from shardplan.cost.step_model import StepModel
+from shardplan.cost.workload import InferenceWorkload, ServingLoad
+from shardplan.specs.hardware import HardwareProfile
+from shardplan.specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class LoadFigures:
+    """One plan under its traffic: one replica's result and the plan's totals."""
+
+    replica: LoadResult
+    num_replicas: int
+    request_rate_per_replica: float
+    concurrency_per_replica: int | None
+    saturation_request_rate_per_second: float  # the plan's (all replicas)
+    saturated: bool
+    request_throughput_per_second: float
+    output_tokens_per_second: float
+    total_tokens_per_second: float
+    output_tokens_per_second_per_gpu: float
+
+
+def requests_for(wl: InferenceWorkload, load: ServingLoad, num: int) -> tuple[tuple[int, int], ...]:
+    """(prompt, output) tokens of `num` requests: drawn from the load's lengths, or the workload's."""
+    if load.lengths is None:
+        return ((wl.input_len, wl.output_len),) * num
+    return tuple(load.lengths.sample(num, load.seed))
+
+
+def _share(value: float, replicas: int) -> float:
+    return value / replicas
+
+
+def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, kv_capacity_tokens: int,
+                 *, model: StepModel | None = None) -> LoadFigures:
+    """The plan of `layout` under `wl.load` (which must be set)."""
+    load = wl.load
+    if load is None:
+        raise ValueError("the workload carries no load")  # a caller's bug
+    replicas = max(1, layout.dp)
+    num = max(1, math.ceil(load.num_requests / replicas))
+    reqs = requests_for(wl, load, num)
+    rate = _share(load.request_rate_per_second, replicas)
+    conc = None if load.max_concurrency is None else max(1, math.ceil(load.max_concurrency / replicas))
+    step = model or StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
+    sched = scheduler_for(wl, kv_capacity_tokens)
+    traffic = Traffic(requests=reqs, request_rate_per_second=rate, poisson=load.poisson, max_concurrency=conc,
+                      prefix_cache_hit_fraction=load.prefix_cache_hit_fraction, seed=load.seed)
+    result = simulate(step, sched, traffic)
+    if math.isinf(rate) and conc is None:
+        capacity = result.request_throughput_per_second
+    else:
+        capacity = simulate(step, sched, replace(traffic, request_rate_per_second=math.inf,
+                                                 max_concurrency=None)).request_throughput_per_second
+    saturated = rate >= capacity  # inf: every request waits for the engine
+    if conc is not None:
+        saturated = result.peak_running < min(conc, num) or (math.isfinite(rate) and rate >= capacity)
+    out = result.output_tokens_per_second * replicas
+    return LoadFigures(
+        replica=result, num_replicas=replicas, request_rate_per_replica=rate, concurrency_per_replica=conc,
+        saturation_request_rate_per_second=capacity * replicas, saturated=saturated,
+        request_throughput_per_second=result.request_throughput_per_second * replicas,
+        output_tokens_per_second=out, total_tokens_per_second=result.total_tokens_per_second * replicas,
+        output_tokens_per_second_per_gpu=out / layout.world_size,
+    )
+
+
+@dataclass(frozen=True)
+class Sla:
+    """Latency limits at a percentile of the requests (None: no limit)."""
+
+    max_ttft_seconds: float | None
+    max_tpot_seconds: float | None
+    percentile: int = 90
+
+    def violated(self, r: LoadResult) -> str | None:
+        """Which limit the result breaks, or None."""
+        if r.num_refused:
+            return "requests longer than the KV cache holds"
+        key = {50: "p50", 90: "p90", 99: "p99"}[self.percentile]
+        if self.max_ttft_seconds is not None and getattr(r.ttft_seconds, key) > self.max_ttft_seconds:
+            return f"{key} TTFT over --max-ttft-ms"
+        if self.max_tpot_seconds is not None and getattr(r.tpot_seconds, key) > self.max_tpot_seconds:
+            return f"{key} TPOT over --max-tpot-ms"
+        return None
+
+
+# Requests one search simulation runs per point: enough for a p90 to settle at every concurrency
+# (several times the requests in flight), few enough to cost every replica of a search.
+SEARCH_REQUESTS_MIN = 64
+SEARCH_REQUESTS_PER_SLOT = 3
+SEARCH_REQUESTS_MAX = 256
+RATE_BISECTIONS = 6
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """The most load one replica carries within the SLA, and its figures there."""
+
+    concurrency: int | None  # requests in flight per replica (closed loop), or None (open loop at `rate`)
+    request_rate_per_second: float  # the replica's request throughput there
+    result: LoadResult
+
+
+def _traffic(wl: InferenceWorkload, load: ServingLoad, num: int, *, rate: float, conc: int | None) -> Traffic:
+    return Traffic(requests=requests_for(wl, load, num), request_rate_per_second=rate, poisson=load.poisson,
+                   max_concurrency=conc, prefix_cache_hit_fraction=load.prefix_cache_hit_fraction, seed=load.seed)
+
+
+def best_concurrency(step: StepModel, wl: InferenceWorkload, kv_capacity_tokens: int, sla: Sla,
+                     most: int) -> OperatingPoint | None:
+    """The largest number of requests in flight per replica (at most `most`) whose figures meet
+    the SLA, found by bisection (latency grows with the requests in flight); None when even one
+    request at a time breaks it."""
+    load = wl.load or ServingLoad()
+    sched = scheduler_for(wl, kv_capacity_tokens)
+
+    def run(c: int) -> LoadResult:
+        n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, SEARCH_REQUESTS_PER_SLOT * c))
+        return simulate(step, sched, _traffic(wl, load, n, rate=math.inf, conc=c))
+
+    lo, hi, best = 1, max(1, most), None
+    first = run(lo)
+    if sla.violated(first):
+        return None
+    best = OperatingPoint(lo, first.request_throughput_per_second, first)
+    top = run(hi) if hi > lo else first
+    if not sla.violated(top):
+        return OperatingPoint(hi, top.request_throughput_per_second, top)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        r = run(mid)
+        if sla.violated(r):
+            hi = mid
+        else:
+            lo, best = mid, OperatingPoint(mid, r.request_throughput_per_second, r)
+    return best
+
+
+def best_rate(step: StepModel, wl: InferenceWorkload, kv_capacity_tokens: int, sla: Sla,
+              num_requests: int = SEARCH_REQUESTS_MAX) -> OperatingPoint | None:
+    """The highest request rate one replica sustains within the SLA (Poisson or even arrivals as
+    the load says), by bisection below its saturation rate; None when none does."""
+    load = wl.load or ServingLoad()
+    sched = scheduler_for(wl, kv_capacity_tokens)
+    cap = simulate(step, sched, _traffic(wl, load, num_requests, rate=math.inf, conc=None)).request_throughput_per_second
+    if cap <= 0:
+        return None
+    lo, hi, best = 0.0, cap, None
+    for _ in range(RATE_BISECTIONS):
+        mid = (lo + hi) / 2
+        r = simulate(step, sched, _traffic(wl, load, num_requests, rate=mid, conc=None))
+        if sla.violated(r):
+            hi = mid
+        else:
+            lo, best = mid, OperatingPoint(None, mid, r)
+    return best
+
+
+def latency_floor(step: StepModel, wl: InferenceWorkload, mean_input_tokens: float) -> tuple[float, float]:
+    """(TTFT, TPOT) of a request of the mean prompt length alone on the replica: no load can do
+    better, and a percentile of many requests is no lower, so a replica whose floor breaks the SLA
+    is rejected without simulating it."""
+    budget = max(1, wl.max_num_batched_tokens)
+    left, done, ttft = mean_input_tokens, 0.0, 0.0
+    while left > 0:  # the prompt in chunks of the token budget, each after the ones before it
+        c = min(left, budget) if wl.chunked_prefill else left
+        ttft += step.seconds(tokens=math.ceil(c), sampled=1 if c == left else 0, decoding=0, kv_tokens=0,
+                             prompt_units=c * (done + (c + 1) / 2), prompt_step=True)
+        left -= c
+        done += c
+    tpot = step.seconds(tokens=1, sampled=1, decoding=1, kv_tokens=mean_input_tokens, prompt_units=0, prompt_step=False)
+    return ttft, tpot

@@ -1,0 +1,159 @@
+"""Serving under traffic from the command line (issue 23): estimate --request-rate/--concurrency,
+recommend's goodput objective with its SLA, capacity --request-rate, the manifest's load, and
+one-line errors for bad traffic."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from shardplan.plan.manifest import load_manifest
+from shardplan.plan.readback import plan_workload
+
+
+def _ok(res):
+    assert res.exit_code == 0, (res.exit_code, res.stderr[-2000:])
+    return res.json()
+
+
+def _one_line_error(res, *needles):
+    assert res.exit_code == 2, (res.exit_code, res.stdout[-500:], res.stderr)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def test_estimate_under_a_rate_reports_percentiles_and_conserves_requests(cli):
+    d = _ok(cli("estimate", "llama-3.1-8b", "--gpus", "1", "--request-rate", "4", "--input-len", "1000",
+                "--output-len", "200", "--num-prompts", "400", "--json"))
+    ld = d["load"]
+    assert set(ld["ttft_seconds"]) == {"mean", "p50", "p90", "p99"}
+    assert ld["num_requests"] == 400 and ld["request_rate"] == 4.0 and not ld["saturated"]
+    # Below saturation the plan completes what is sent: N / (N / rate + the last request's latency).
+    assert 0.85 * 4.0 < ld["request_throughput_per_second"] <= 4.0
+    assert ld["output_tokens_per_second"] == pytest.approx(ld["request_throughput_per_second"] * 200, rel=1e-9)
+    assert ld["saturation_request_rate"] > 4.0
+    assert ld["ttft_seconds"]["p50"] <= ld["ttft_seconds"]["p90"] <= ld["ttft_seconds"]["p99"]
+    assert ld["e2e_seconds"]["mean"] > 199 * ld["tpot_seconds"]["p50"] * 0.9
+
+
+def test_a_rate_above_what_the_plan_sustains_is_saturated_and_queues(cli):
+    calm = _ok(cli("estimate", "llama-3.1-8b", "--gpus", "1", "--request-rate", "2", "--num-prompts", "300", "--json"))
+    cap = calm["load"]["saturation_request_rate"]
+    hot = _ok(cli("estimate", "llama-3.1-8b", "--gpus", "1", "--request-rate", repr(2 * cap), "--num-prompts", "300",
+                  "--json"))["load"]
+    assert hot["saturated"] and not calm["load"]["saturated"]
+    assert hot["ttft_seconds"]["p90"] > 10 * calm["load"]["ttft_seconds"]["p90"]
+
+
+def test_replicas_split_the_traffic(cli):
+    one = _ok(cli("estimate", "llama-3.1-8b", "--gpus", "1", "--request-rate", "3", "--num-prompts", "300", "--json"))
+    two = _ok(cli("estimate", "llama-3.1-8b", "--gpus", "2", "--request-rate", "6", "--num-prompts", "600", "--json"))
+    assert two["load"]["num_replicas"] == 2
+    assert two["load"]["ttft_seconds"]["p50"] == pytest.approx(one["load"]["ttft_seconds"]["p50"], rel=1e-9)
+    assert two["load"]["output_tokens_per_second"] == pytest.approx(2 * one["load"]["output_tokens_per_second"], rel=1e-9)
+
+
+def test_sharegpt_lengths_and_a_concurrency_cap(cli):
+    d = _ok(cli("estimate", "llama-3.1-8b", "--gpus", "1", "--concurrency", "16", "--dataset-lengths", "sharegpt",
+                "--num-prompts", "200", "--json"))["load"]
+    assert d["lengths"] == "sharegpt" and d["max_concurrency"] == 16 and d["peak_running"] == 16
+    assert 100 < d["mean_input_tokens"] < 1024 and d["mean_output_tokens"] > 100
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--request-rate", "0"], ["--request-rate", "> 0"]),
+    (["--request-rate", "-3"], ["--request-rate"]),
+    (["--request-rate", "nan"], ["--request-rate"]),
+    (["--request-rate", "fast"], ["--request-rate", "not a number"]),
+    (["--concurrency", "4", "--prefix-cache-hit", "1.5"], ["--prefix-cache-hit"]),
+    (["--concurrency", "4", "--num-prompts", "1000000000"], ["--num-prompts"]),
+    (["--concurrency", "4", "--input-len", "130000", "--output-len", "5000"], ["--input-len", "context"]),
+    (["--concurrency", "4", "--arrivals", "bursty"], ["--arrivals"]),
+    (["--dataset-lengths", "sharegpt"], ["--dataset-lengths", "--request-rate"]),
+])
+def test_bad_traffic_is_one_line_and_exit_2(cli, args, needles):
+    _one_line_error(cli("estimate", "llama-3.1-8b", "--gpus", "1", *args), *needles)
+
+
+@pytest.mark.parametrize("content", ["", "{}", "input_tokens: [1, 2]\noutput_tokens: [nan, 3]\n",
+                                     "input_tokens: [-5]\noutput_tokens: [3]\n", "\x1b]0;evil\x07: 1\n"])
+def test_a_bad_lengths_file_is_one_line_naming_it(cli, tmp_path, content):
+    path = tmp_path / "lengths.yaml"
+    path.write_text(content)
+    res = cli("estimate", "llama-3.1-8b", "--gpus", "1", "--request-rate", "2", "--dataset-lengths", str(path))
+    _one_line_error(res, "lengths.yaml")
+    assert "\x1b" not in res.stderr
+
+
+def test_lengths_all_beyond_the_context_are_refused(cli, tmp_path):
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps({"input_tokens": [9000, 9500], "output_tokens": [500, 500]}))
+    _one_line_error(cli("estimate", "llama-3.1-8b", "--gpus", "1", "--max-model-len", "8192", "--request-rate", "2",
+                        "--dataset-lengths", str(path)), "context")
+
+
+def test_recommend_defaults_to_goodput_within_a_stated_sla(cli):
+    res = cli("recommend", "llama-3.1-8b", "--gpus", "2")
+    assert res.exit_code == 0, res.stderr
+    first = res.stdout.splitlines()[0]
+    assert first.startswith("SLA: p90 TTFT <= 1000 ms, p90 TPOT <= 50 ms (the default SLA")
+    d = _ok(cli("recommend", "llama-3.1-8b", "--gpus", "2", "--json"))
+    assert d["objective"] == "goodput"
+    top = d["top"]
+    assert top and all(t["load"]["ttft_seconds"]["p90"] <= 1.0 and t["load"]["tpot_seconds"]["p90"] <= 0.05 for t in top)
+    goodput = [t["load"]["output_tokens_per_second_per_gpu"] for t in top]
+    assert goodput == sorted(goodput, reverse=True)
+
+
+def test_recommend_at_a_rate_judges_every_plan_at_that_rate(cli):
+    d = _ok(cli("recommend", "llama-3.1-70b", "--gpus", "8", "--request-rate", "6", "--max-ttft-ms", "800",
+                "--max-tpot-ms", "60", "--num-prompts", "300", "--json"))
+    for t in d["top"]:
+        ld = t["load"]
+        assert ld["request_rate"] == 6.0
+        assert ld["ttft_seconds"]["p90"] <= 0.8 and ld["tpot_seconds"]["p90"] <= 0.06
+    e2e = [t["load"]["e2e_seconds"]["p90"] for t in d["top"]]
+    assert e2e == sorted(e2e)
+
+
+def test_an_sla_no_layout_meets_is_exit_3_with_the_limit_that_would(cli):
+    res = cli("recommend", "llama-3.1-70b", "--gpus", "8", "--max-tpot-ms", "2", "--json")
+    assert res.exit_code == 3, res.stderr
+    d = res.json()
+    changes = [s["change"] for s in d["suggestions"]]
+    assert any(c.startswith("--max-tpot-ms ") for c in changes), changes
+    tpot_ms = next(int(c.split()[1]) for c in changes if c.startswith("--max-tpot-ms "))
+    again = _ok(cli("recommend", "llama-3.1-70b", "--gpus", "8", "--max-tpot-ms", str(tpot_ms + 1), "--json"))
+    assert again["top"]
+
+
+def test_the_plan_carries_the_traffic_it_was_judged_at(cli, tmp_path):
+    path = tmp_path / "plan.yaml"
+    d = _ok(cli("recommend", "llama-3.1-8b", "--gpus", "1", "-o", str(path), "--json"))
+    wl = plan_workload(load_manifest(path))
+    assert wl.load is not None and math.isfinite(wl.load.request_rate_per_second)
+    assert wl.load.request_rate_per_second == pytest.approx(d["top"][0]["load"]["request_rate"], rel=1e-12)
+    assert wl.schedule == "mixed" and wl.chunked_prefill
+
+
+def test_capacity_sizes_gpus_for_a_rate_within_the_sla(cli):
+    d = _ok(cli("capacity", "llama-3.1-70b", "--request-rate", "12", "--max-ttft-ms", "1000", "--max-tpot-ms", "50",
+                "--input-len", "2000", "--output-len", "300", "--json"))
+    b, a = d["best"], d["at_rate"]
+    assert b["num_gpus"] == b["replicas"] * b["tp"] * b["pp"]
+    assert b["replicas"] * b["max_request_rate_per_replica"] >= 12.0
+    assert (b["replicas"] - 1) * b["max_request_rate_per_replica"] < 12.0
+    assert a["ttft_seconds"] <= 1.0 and a["tpot_seconds"] <= 0.05
+    served = [r["num_gpus"] for r in d["rows"] if r["num_gpus"] is not None]
+    assert b["num_gpus"] == min(served)
+    more = _ok(cli("capacity", "llama-3.1-70b", "--request-rate", "48", "--max-ttft-ms", "1000", "--max-tpot-ms", "50",
+                   "--input-len", "2000", "--output-len", "300", "--json"))
+    assert more["best"]["num_gpus"] > b["num_gpus"]
+
+
+def test_capacity_rate_needs_a_finite_rate(cli):
+    _one_line_error(cli("capacity", "llama-3.1-8b", "--request-rate", "inf"), "--request-rate")

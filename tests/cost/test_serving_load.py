@@ -1,0 +1,184 @@
+"""The continuous-batching model (cost/serving_load.py, step_model.py, traffic.py): what a single
+request costs, what conservation requires, and which way the engine's knobs move the figures."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from shardplan.cost import inputs
+from shardplan.cost.layout import Layout
+from shardplan.cost.memory_serving import serving_memory
+from shardplan.cost.serving_load import Scheduler, Traffic, percentile, scheduler_for, serve_traffic, simulate
+from shardplan.cost.step_model import StepModel
+from shardplan.cost.traffic import Sla, best_concurrency, best_rate, latency_floor
+from shardplan.knowledge.load import engine_rules
+from shardplan.specs import loading
+
+SPEC = loading.load_model("llama-3.1-8b").spec
+H100 = loading.load_hardware("h100-sxm-80gb")
+ONE = Layout(tp=1, pp=1, dp=1)
+
+
+def _wl(engine: str = "vllm", version: str | None = None, **kw):
+    base = dict(max_model_len=8192, max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=None,
+                block_size=None, kv_cache_dtype=None, weight_dtype=None, quantization=None, enforce_eager=False,
+                input_len=1024, output_len=128, batch_size=None)
+    base.update(kw)
+    return inputs.inference_workload(engine=engine_rules(engine, version), hw=H100,
+                                     model_max_len=SPEC.max_position_embeddings, **base)
+
+
+def _model(wl):
+    return StepModel(SPEC, H100, ONE, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
+
+
+def test_percentile_is_numpys_linear_interpolation():
+    values = [1.0, 2.0, 3.0, 4.0]
+    assert percentile(values, 50) == 2.5
+    assert percentile(values, 90) == pytest.approx(3.7)
+    assert percentile(values, 0) == 1.0 and percentile(values, 100) == 4.0
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_one_request_alone_costs_its_prompt_steps_then_one_decode_step_a_token(engine):
+    wl = _wl(engine)
+    model = _model(wl)
+    kv = serving_memory(SPEC, H100, ONE, wl).kv_capacity_tokens
+    r = simulate(model, scheduler_for(wl, kv), Traffic(requests=((3000, 50),)))
+    budget = wl.max_num_batched_tokens
+    assert budget < 3000 < 2 * budget or budget >= 3000
+    ttft, _ = latency_floor(model, wl, 3000)
+    assert r.ttft_seconds.p50 == pytest.approx(ttft, rel=1e-9)
+    # Every decode step reads the prompt and the tokens so far: between the first and the last.
+    first = model.seconds(tokens=1, sampled=1, decoding=1, kv_tokens=3000, prompt_units=0, prompt_step=False)
+    last = model.seconds(tokens=1, sampled=1, decoding=1, kv_tokens=3048, prompt_units=0, prompt_step=False)
+    assert first <= r.tpot_seconds.p50 <= last
+    assert r.num_steps == math.ceil(3000 / budget) + 49
+    assert r.e2e_seconds.p50 == pytest.approx(r.ttft_seconds.p50 + 49 * r.tpot_seconds.p50, rel=1e-9)
+
+
+def test_every_request_completes_and_throughput_is_tokens_over_the_duration():
+    wl = _wl()
+    reqs = tuple((200 + 37 * i % 900, 20 + 13 * i % 200) for i in range(300))
+    r = serve_traffic(SPEC, H100, ONE, wl, Traffic(requests=reqs, request_rate_per_second=20.0, seed=3))
+    assert r.num_requests == 300 and r.num_refused == 0
+    assert r.output_tokens_per_second * r.duration_seconds == pytest.approx(sum(o for _, o in reqs), rel=1e-9)
+    assert r.total_tokens_per_second * r.duration_seconds == pytest.approx(sum(p + o for p, o in reqs), rel=1e-9)
+    assert r.ttft_seconds.p50 <= r.ttft_seconds.p90 <= r.ttft_seconds.p99
+
+
+def test_a_small_cache_preempts_and_recomputes_yet_every_request_finishes():
+    wl = _wl()
+    reqs = ((2000, 400),) * 64
+    tight = simulate(_model(wl), scheduler_for(wl, 20_000), Traffic(requests=reqs))
+    roomy = simulate(_model(wl), scheduler_for(wl, 1_000_000), Traffic(requests=reqs))
+    assert tight.num_requests == roomy.num_requests == 64
+    assert tight.num_preemptions > 0 and roomy.num_preemptions == 0
+    assert tight.peak_running < roomy.peak_running
+    assert tight.output_tokens_per_second < roomy.output_tokens_per_second
+
+
+def test_a_request_longer_than_the_whole_cache_is_refused_not_looped_on():
+    wl = _wl()
+    r = simulate(_model(wl), scheduler_for(wl, 1_000), Traffic(requests=((5000, 10), (100, 10))))
+    assert r.num_refused == 1 and r.num_requests == 1
+
+
+def test_raising_max_num_batched_tokens_lowers_ttft_under_load_as_chunked_prefill_implies():
+    """vLLM schedules decodes first and fills the rest of the budget with prompt chunks: a larger
+    budget finishes a waiting prompt in fewer steps (TTFT down) while each step carries more prompt
+    work beside the decodes (TPOT up). The must-show of issue 23."""
+    reqs = ((6000, 200),) * 300
+    traffic = Traffic(requests=reqs, request_rate_per_second=4.0, seed=1)
+    results = {}
+    for budget in (1024, 2048, 8192):
+        wl = _wl(max_num_batched_tokens=budget, max_model_len=16384)
+        results[budget] = serve_traffic(SPEC, H100, ONE, wl, traffic)
+    assert results[1024].ttft_seconds.p50 > 1.2 * results[2048].ttft_seconds.p50
+    assert results[2048].ttft_seconds.p50 > 1.2 * results[8192].ttft_seconds.p50
+    assert results[1024].tpot_seconds.mean < results[8192].tpot_seconds.mean
+
+
+def test_sglang_prefill_first_gives_lower_ttft_and_higher_tpot_than_vllm_mixed_steps():
+    """The two schedules on the same device and traffic: SGLang runs a waiting prompt before the
+    decodes (TTFT down, decodes stall: TPOT up); vLLM folds prompt chunks into decode steps."""
+    reqs = ((1500, 300),) * 300
+    traffic = Traffic(requests=reqs, request_rate_per_second=10.0, seed=2)
+    vllm, sglang = _wl("vllm"), _wl("sglang")
+    kv = 400_000
+    a = simulate(_model(vllm), scheduler_for(vllm, kv), traffic)
+    b = simulate(_model(sglang), replace(scheduler_for(sglang, kv), max_num_batched_tokens=vllm.max_num_batched_tokens),
+                 traffic)
+    assert b.ttft_seconds.p50 < a.ttft_seconds.p50
+    assert b.tpot_seconds.p90 > a.tpot_seconds.p90
+
+
+def test_sglang_admission_reserve_runs_fewer_requests_at_once_in_a_small_cache():
+    sglang = _wl("sglang")
+    sched = scheduler_for(sglang, 60_000)
+    assert sched.admission is not None and sched.admission[0] == 0.7
+    reqs = ((1000, 1000),) * 200
+    reserved = simulate(_model(sglang), sched, Traffic(requests=reqs))
+    greedy = simulate(_model(sglang), replace(sched, admission=None), Traffic(requests=reqs))
+    assert reserved.peak_running < greedy.peak_running
+    assert reserved.num_preemptions <= greedy.num_preemptions
+
+
+def test_prefix_cache_hits_cut_ttft():
+    wl = _wl()
+    reqs = ((4000, 50),) * 200
+    cold = serve_traffic(SPEC, H100, ONE, wl, Traffic(requests=reqs, request_rate_per_second=5.0))
+    warm = serve_traffic(SPEC, H100, ONE, wl, Traffic(requests=reqs, request_rate_per_second=5.0,
+                                                      prefix_cache_hit_fraction=0.75))
+    assert warm.ttft_seconds.p50 < 0.5 * cold.ttft_seconds.p50
+
+
+def test_a_concurrency_cap_bounds_the_requests_running():
+    wl = _wl()
+    r = serve_traffic(SPEC, H100, ONE, wl, Traffic(requests=((500, 100),) * 100, max_concurrency=8))
+    assert r.peak_running == 8
+
+
+def test_static_batches_wait_for_the_whole_batch():
+    """transformers' generate: the next batch starts only when the longest of this one ends."""
+    wl = _wl("transformers")
+    sched = Scheduler(schedule="static", max_num_seqs=4, max_num_batched_tokens=100_000, chunked_prefill=False,
+                      kv_capacity_tokens=1_000_000)
+    reqs = ((100, 10), (100, 200), (100, 10), (100, 10), (100, 10))
+    model = _model(wl)
+    r = simulate(model, sched, Traffic(requests=reqs))
+    # The fifth request's first token comes after the 200-token request of the first batch ends:
+    # at least 199 decode steps of one sequence, each no faster than a step alone.
+    step = model.seconds(tokens=1, sampled=1, decoding=1, kv_tokens=100, prompt_units=0, prompt_step=False)
+    fifth = 5 * r.ttft_seconds.mean - 4 * r.ttft_seconds.p50  # the first four share one prefill step
+    assert fifth > 199 * step
+    continuous = simulate(model, replace(sched, schedule="mixed"), Traffic(requests=reqs))
+    assert continuous.ttft_seconds.p99 < 20 * step  # it joins when a 10-token request leaves
+
+
+def test_the_best_rate_within_the_sla_meets_it_and_a_faster_one_would_not():
+    wl = _wl()
+    kv = serving_memory(SPEC, H100, ONE, wl).kv_capacity_tokens
+    sla = Sla(max_ttft_seconds=0.5, max_tpot_seconds=0.02, percentile=90)
+    model = _model(wl)
+    point = best_rate(model, wl, kv, sla, 200)
+    assert point is not None and sla.violated(point.result) is None
+    from shardplan.cost.traffic import _traffic  # the same requests at 1.5x the rate
+    from shardplan.cost.workload import ServingLoad
+
+    over = simulate(model, scheduler_for(wl, kv), _traffic(wl, ServingLoad(), 200, rate=point.request_rate_per_second * 1.5,
+                                                           conc=None))
+    assert sla.violated(over) is not None
+
+
+def test_best_concurrency_is_the_largest_that_meets_the_sla():
+    wl = _wl()
+    kv = serving_memory(SPEC, H100, ONE, wl).kv_capacity_tokens
+    sla = Sla(max_ttft_seconds=None, max_tpot_seconds=0.012, percentile=90)
+    point = best_concurrency(_model(wl), wl, kv, sla, 256)
+    assert point is not None and point.concurrency is not None
+    assert point.result.tpot_seconds.p90 <= 0.012
+    assert 1 <= point.concurrency < 256

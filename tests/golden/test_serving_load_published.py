@@ -1,0 +1,107 @@
+"""The continuous-batching model against published benchmark_serving runs (tests/data/serving_load,
+sources in docs/research/serving-load-sources.md; per-case errors in BENCHMARKS.md).
+
+Below saturation (at most 16 requests in flight from the client) each run's median TPOT must be
+within 20% and its output throughput within 15%: there the figures are the engine's decode steps
+and the scheduler's interleaving, which the model costs. The runs listed in NOT_YET miss that
+today, each for a stated mechanism the model lacks; they are asserted to still miss, so the list
+cannot go stale unnoticed. At saturation (rate inf with up to 1000 requests) and for TTFT the model
+is not yet within the issue's tolerances (it predicts neither the servers' per-request latency
+before the first token, ~15-110 ms, nor their large-batch slowdown); an aggregate bound holds the
+present error so it can only shrink.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+import serving_load_cases as S
+
+TPOT_TOLERANCE = 0.20
+THROUGHPUT_TOLERANCE = 0.15
+LOW_CONCURRENCY = 16
+
+NOT_YET = {
+    "gpustack-qwen3-8b-h100-latency-sglang-04":
+        "Qwen3-8B-FP8 on SGLang: the fp8 path's per-token activation quantization kernels are not costed "
+        "(TPOT 15% fast, output 25% high)",
+    "gpustack-deepseek-r1-h200-vllm-10":
+        "DeepSeek-R1 on vLLM at 4 in flight: small-batch MLA decode and block-scaled fp8 MoE kernels run far "
+        "below the roofline (TPOT 39% fast)",
+    "sgl-cookbook-gpt-oss-00":
+        "gpt-oss-120b: MXFP4 experts are costed at 16 bits, so decode reads twice the bytes (TPOT 84% slow)",
+    "sgl-cookbook-llama3.1-01":
+        "Llama-3.1-70B TP8 on A100 at 16 in flight: output 18% high (decode at batch 16 slower than the roofline)",
+    "sgl-cookbook-deepseek-r1-01":
+        "DeepSeek-R1 TP8 on B200 at 16 in flight: output 25% high (MoE decode at batch 16 below the roofline)",
+    "sgl-cookbook-deepseek-r1-07":
+        "DeepSeek-R1 TP8 on B200 at 16 in flight, 8K prompts: output 19% high",
+}
+
+
+def _starts(case: S.Case) -> bool:
+    try:
+        S.predict(case)
+    except S.NotModelled:  # e.g. gpt-oss-120b on one H100: its MXFP4 experts are sized at 16 bits
+        return False
+    return True
+
+
+def _judged() -> list[S.Case]:
+    return [c for c in S.cases() if c.why_not_modelled is None and c.max_concurrency is not None
+            and c.max_concurrency <= LOW_CONCURRENCY and _starts(c)]
+
+
+CASES = _judged()
+
+
+def _within(case: S.Case) -> tuple[bool, dict[str, float]]:
+    try:
+        r = S.predict(case)
+    except S.NotModelled:
+        return False, {}
+    e = S.errors(case, r)
+    ok = abs(e["median_tpot"]) <= TPOT_TOLERANCE and abs(e["output_throughput"]) <= THROUGHPUT_TOLERANCE
+    return ok, e
+
+
+def test_the_judged_set_spans_both_engines_dense_and_moe():
+    held = [c for c in CASES if c.id not in NOT_YET]
+    assert len(held) >= 10
+    assert {c.engine for c in held} == {"vllm", "sglang"}
+    assert {c.row["model_kind"] for c in held} == {"dense", "moe"}
+    assert set(NOT_YET) <= {c.id for c in CASES}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.id not in NOT_YET], ids=lambda c: c.id)
+def test_below_saturation_tpot_and_output_throughput_match_the_published_run(case):
+    ok, e = _within(case)
+    assert ok, (case.id, e)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in NOT_YET], ids=lambda c: c.id)
+def test_known_misses_still_miss(case):
+    ok, e = _within(case)
+    assert not ok, f"{case.id} is now within the tolerances ({e}): move it out of NOT_YET"
+
+
+def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
+    """Every modelled run, saturation included: the median absolute error of each figure, bounded
+    where it stands today (TTFT ~0.6, throughput at saturation ~0.65) so that it can only shrink."""
+    errors: dict[str, list[float]] = {"median_ttft": [], "median_tpot": [], "output_throughput": []}
+    for c in S.cases():
+        if c.why_not_modelled is not None:
+            continue
+        try:
+            e = S.errors(c, S.predict(c))
+        except S.NotModelled:
+            continue
+        for k, v in e.items():
+            if v == v:  # NaN: the run has no such figure
+                errors[k].append(abs(v))
+    assert len(errors["output_throughput"]) >= 60
+    assert statistics.median(errors["median_tpot"]) <= 0.30
+    assert statistics.median(errors["median_ttft"]) <= 0.60
+    assert statistics.median(errors["output_throughput"]) <= 0.45
