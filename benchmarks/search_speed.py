@@ -40,6 +40,9 @@ CASES: list[tuple[str, str, float]] = [
      "recommend llama-3.1-70b -H h100-sxm-80gb --max-gpus 512 --json", 3.0),
     ("serve llama-3.1-70b, --max-gpus 65536 H100",
      "recommend llama-3.1-70b -H h100-sxm-80gb --max-gpus 65536 --json", 10.0),
+    ("serve llama-3.1-70b at 10 req/s within p90 TTFT 1 s / TPOT 50 ms, --max-gpus 16 H100 (issue 23)",
+     "recommend llama-3.1-70b -H h100-sxm-80gb --max-gpus 16 --request-rate 10 --max-ttft-ms 1000 --max-tpot-ms 50 "
+     "--json", 2.0),
     ("shardplan --help", "--help", 0.3),
 ]
 

@@ -101,6 +101,9 @@ class LoadResult:
     num_preemptions: int
     num_refused: int  # requests the engine could never hold
     peak_running: int  # requests admitted at once, at most
+    # Requests completed per second between the first and the third quartile of completions: the
+    # rate the replica keeps up once running, without the ramp at the start and the drain at the end
+    steady_request_throughput_per_second: float
     mean_decode_batch: float  # decoding requests per step that had any
 
 
@@ -150,9 +153,26 @@ class _Request:
         self.epoch = 0  # bumped by each preemption: heap entries of an older epoch are stale
 
 
-def simulate(model: StepModel, sched: Scheduler, traffic: Traffic) -> LoadResult:
-    """Run every request of `traffic` through the scheduler; figures as the benchmark clients give them."""
+class SlaBroken(Exception):
+    """Raised by `simulate` with `give_up`: more requests broke a limit than the percentile allows."""
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """Stop a simulation as soon as its percentile cannot meet a limit: more than `allowed`
+    requests with a TTFT over `ttft_seconds` or a TPOT over `tpot_seconds` (None: no limit)."""
+
+    allowed: int
+    ttft_seconds: float | None
+    tpot_seconds: float | None
+
+
+def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp | None = None) -> LoadResult:
+    """Run every request of `traffic` through the scheduler; figures as the benchmark clients give
+    them. With `give_up`, SlaBroken as soon as the SLA's percentile is certainly broken (a search
+    needs the verdict only, and a load past what the replica sustains would queue for long)."""
     n = len(traffic.requests)
+    broken = 0
     arrivals = arrival_times(traffic)
     cap = traffic.max_concurrency or n
     hit = traffic.prefix_cache_hit_fraction
@@ -227,6 +247,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic) -> LoadResult
         r.generated += 1
         if r.generated == 1:
             r.first_token = t
+            if give_up is not None and give_up.ttft_seconds is not None and t - r.sent > give_up.ttft_seconds:
+                count_broken()
         if r.generated >= r.output:
             finish(r, t)
             return
@@ -234,9 +256,18 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic) -> LoadResult
         decoding += 1
         heapq.heappush(finish_heap, (decode_steps + r.output - r.generated, r.epoch, r.i))
 
+    def count_broken() -> None:
+        nonlocal broken
+        broken += 1
+        if give_up is not None and broken > give_up.allowed:
+            raise SlaBroken
+
     def finish(r: _Request, t: float) -> None:
         nonlocal used, finished, in_flight, last_free
         r.done = t
+        if (give_up is not None and give_up.tpot_seconds is not None and r.output > 1
+                and (t - r.first_token) / (r.output - 1) > give_up.tpot_seconds):
+            count_broken()
         r.generated = r.output
         running.pop(r.i, None)
         used -= r.prompt + r.output - 1  # its reserve was drawn down by its own decode steps
@@ -384,8 +415,13 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic) -> LoadResult
     ttft = [r.first_token - r.sent for r in done]
     tpot = [(r.done - r.first_token) / (r.output - 1) for r in done if r.output > 1]
     e2e = [r.done - r.sent for r in done]
+    ends = sorted(r.done for r in done)
+    q1, q3 = len(ends) // 4, (3 * len(ends)) // 4
+    steady = (q3 - q1) / (ends[q3] - ends[q1]) if q3 > q1 and ends[q3] > ends[q1] else (
+        len(done) / duration if duration else 0.0)
     return LoadResult(
         num_requests=len(done),
+        steady_request_throughput_per_second=steady,
         duration_seconds=duration,
         request_throughput_per_second=len(done) / duration if duration else 0.0,
         output_tokens_per_second=out_tokens / duration if duration else 0.0,

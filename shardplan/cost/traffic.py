@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, replace
 
 from shardplan.cost.layout import Layout
-from shardplan.cost.serving_load import LoadResult, Traffic, scheduler_for, simulate
+from shardplan.cost.serving_load import GiveUp, LoadResult, SlaBroken, Traffic, scheduler_for, simulate
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.workload import InferenceWorkload, ServingLoad
 from shardplan.specs.hardware import HardwareProfile
@@ -70,10 +70,10 @@ def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infer
                       prefix_cache_hit_fraction=load.prefix_cache_hit_fraction, seed=load.seed)
     result = simulate(step, sched, traffic)
     if math.isinf(rate) and conc is None:
-        capacity = result.request_throughput_per_second
+        capacity = result.steady_request_throughput_per_second
     else:
         capacity = simulate(step, sched, replace(traffic, request_rate_per_second=math.inf,
-                                                 max_concurrency=None)).request_throughput_per_second
+                                                 max_concurrency=None)).steady_request_throughput_per_second
     saturated = rate >= capacity  # inf: every request waits for the engine
     if conc is not None:
         saturated = result.peak_running < min(conc, num) or (math.isfinite(rate) and rate >= capacity)
@@ -95,6 +95,13 @@ class Sla:
     max_tpot_seconds: float | None
     percentile: int = 90
 
+    def give_up(self, num_requests: int) -> GiveUp:
+        """When a run of `num_requests` is certainly over the limits: more requests over one of
+        them than the percentile leaves out (numpy's linear percentile sits above the
+        floor(q (n - 1))-th value, so more than n - 1 - that many over it puts it over)."""
+        allowed = num_requests - 1 - math.floor(self.percentile / 100 * (num_requests - 1))
+        return GiveUp(allowed, self.max_ttft_seconds, self.max_tpot_seconds)
+
     def violated(self, r: LoadResult) -> str | None:
         """Which limit the result breaks, or None."""
         if r.num_refused:
@@ -111,8 +118,8 @@ class Sla:
 # (several times the requests in flight), few enough to cost every replica of a search.
 SEARCH_REQUESTS_MIN = 64
 SEARCH_REQUESTS_PER_SLOT = 3
-SEARCH_REQUESTS_MAX = 256
-RATE_BISECTIONS = 6
+SEARCH_REQUESTS_MAX = 600
+RATE_BISECTIONS = 5
 
 
 @dataclass(frozen=True)
@@ -165,13 +172,20 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv_capacity_tokens: int, s
     the load says), by bisection below its saturation rate; None when none does."""
     load = wl.load or ServingLoad()
     sched = scheduler_for(wl, kv_capacity_tokens)
-    cap = simulate(step, sched, _traffic(wl, load, num_requests, rate=math.inf, conc=None)).request_throughput_per_second
+    # The rate it keeps up with every request waiting (its steady state, not the ramp and the drain
+    # of a finite run): above it the queue, and with it TTFT, grows without bound.
+    cap = simulate(step, sched, _traffic(wl, load, num_requests, rate=math.inf, conc=None)).steady_request_throughput_per_second
     if cap <= 0:
         return None
     lo, hi, best = 0.0, cap, None
+    give_up = sla.give_up(num_requests)
     for _ in range(RATE_BISECTIONS):
         mid = (lo + hi) / 2
-        r = simulate(step, sched, _traffic(wl, load, num_requests, rate=mid, conc=None))
+        try:
+            r = simulate(step, sched, _traffic(wl, load, num_requests, rate=mid, conc=None), give_up)
+        except SlaBroken:
+            hi = mid
+            continue
         if sla.violated(r):
             hi = mid
         else:
@@ -193,3 +207,13 @@ def latency_floor(step: StepModel, wl: InferenceWorkload, mean_input_tokens: flo
         done += c
     tpot = step.seconds(tokens=1, sampled=1, decoding=1, kv_tokens=mean_input_tokens, prompt_units=0, prompt_step=False)
     return ttft, tpot
+
+
+def lightest_load(step: StepModel, wl: InferenceWorkload, kv_capacity_tokens: int,
+                  num_requests: int = SEARCH_REQUESTS_MAX) -> LoadResult:
+    """The replica at the lowest rate `best_rate` tries (its steady rate / 2^RATE_BISECTIONS): what an
+    SLA must allow for the search to keep the replica at all."""
+    load = wl.load or ServingLoad()
+    sched = scheduler_for(wl, kv_capacity_tokens)
+    cap = simulate(step, sched, _traffic(wl, load, num_requests, rate=math.inf, conc=None)).steady_request_throughput_per_second
+    return simulate(step, sched, _traffic(wl, load, num_requests, rate=max(cap, 1e-9) / 2 ** RATE_BISECTIONS, conc=None))

@@ -92,7 +92,7 @@ def recommend(
         # A default SLA is a preference, not the user's limit: when no layout that fits meets it,
         # rank those by goodput without it, and say what the fastest reaches.
         floors = ", ".join(f"p{goal.slo_percentile} {k.upper()} {v * 1e3:,.1f} ms" for k, v in sorted(res.sla_floor_seconds.items()))
-        dropped = (f"no layout meets the default SLA (the fastest, one request at a time: {floors}); ranked by goodput "
+        dropped = (f"no layout meets the default SLA (the fastest, one request at a time or at the lightest load: {floors}); ranked by goodput "
                    "without it, at the highest rate each sustains")
         goal = replace(goal, max_ttft_seconds=None, max_tpot_seconds=None, sla_defaulted=False)
         res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, progress=progress)
@@ -225,7 +225,8 @@ def _sla_suggestions(res: SearchResult, goal: Goal) -> list[Suggestion]:
         if floor is not None and limit is not None and floor > limit:
             ms = math.ceil(floor * 1e3)
             out.append(Suggestion(change=f"{option} {ms}", detail=f"the lowest p{p} {name.upper()} any layout reaches on "
-                                  f"these GPUs, one request at a time, is {floor * 1e3:,.1f} ms (asked: {limit * 1e3:g} ms)"))
+                                  f"these GPUs is {floor * 1e3:,.1f} ms (asked: {limit * 1e3:g} ms), one request at a "
+                                  "time: a limit at it admits only a light load, some headroom above it more"))
     return out
 
 

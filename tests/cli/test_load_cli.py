@@ -127,8 +127,14 @@ def test_an_sla_no_layout_meets_is_exit_3_with_the_limit_that_would(cli):
     changes = [s["change"] for s in d["suggestions"]]
     assert any(c.startswith("--max-tpot-ms ") for c in changes), changes
     tpot_ms = next(int(c.split()[1]) for c in changes if c.startswith("--max-tpot-ms "))
-    again = _ok(cli("recommend", "llama-3.1-70b", "--gpus", "8", "--max-tpot-ms", str(tpot_ms + 1), "--json"))
+    assert not _ok_or_none(cli("recommend", "llama-3.1-70b", "--gpus", "8", "--max-tpot-ms", str(0.9 * tpot_ms), "--json"))
+    again = _ok(cli("recommend", "llama-3.1-70b", "--gpus", "8", "--max-tpot-ms", str(1.5 * tpot_ms), "--json"))
     assert again["top"]
+
+
+def _ok_or_none(res):
+    assert res.exit_code in (0, 3), res.stderr
+    return res.json()["top"]
 
 
 def test_the_plan_carries_the_traffic_it_was_judged_at(cli, tmp_path):
