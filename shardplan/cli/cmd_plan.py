@@ -87,6 +87,7 @@ from shardplan.cli.options import (
     PrefixCacheHitOpt,
     RequestRateOpt,
     SeedOpt,
+    SpecAcceptanceRateOpt,
 )
 
 
@@ -145,6 +146,7 @@ def estimate(
     prefix_cache_hit: PrefixCacheHitOpt = 0.0,
     arrivals: ArrivalsOpt = "poisson",
     seed: SeedOpt = 0,
+    spec_acceptance_rate: SpecAcceptanceRateOpt = None,
     seq_len: SeqLenOpt = 4096,
     global_batch_size: GlobalBatchSizeOpt = 512,
     optimizer: OptimizerOpt = Optimizer.ADAMW,
@@ -243,6 +245,7 @@ def recommend(
     prefix_cache_hit: PrefixCacheHitOpt = 0.0,
     arrivals: ArrivalsOpt = "poisson",
     seed: SeedOpt = 0,
+    spec_acceptance_rate: SpecAcceptanceRateOpt = None,
     min_throughput: Annotated[Optional[float], typer.Option(min=0, help="Serving: least output tokens/s over all GPUs.", rich_help_panel=SEARCH)] = None,
     gpu_hour_price: Annotated[Optional[float], typer.Option(min=0, help="USD per GPU-hour for --objective cost (default: the profile's).", rich_help_panel=SEARCH)] = None,
     allow_quantization: Annotated[Optional[str], typer.Option(help="Serving: formats the search may use, e.g. fp8,int8,int4 (fp8 also allows an fp8 KV cache).", rich_help_panel=SEARCH)] = None,
@@ -353,7 +356,8 @@ def recommend(
     if obj == "goodput" and not training and isinstance(wl, InferenceWorkload) and wl.load is None:
         from shardplan.cost.workload import ServingLoad
 
-        wl = replace(wl, load=ServingLoad(num_requests=num_prompts, seed=seed, poisson=arrivals == "poisson"))
+        wl = replace(wl, load=ServingLoad(num_requests=num_prompts, seed=seed, poisson=arrivals == "poisson",
+                                          spec_acceptance_rate=spec_acceptance_rate))
     goal = Goal(
         objective=Objective(obj),
         slo_percentile=slo_percentile,
@@ -528,5 +532,6 @@ def _with_load(o: dict, wl: InferenceWorkload) -> InferenceWorkload:
         request_rate=o.get("request_rate"), concurrency=o.get("concurrency"), num_prompts=o.get("num_prompts", 1000),
         lengths=lengths, lengths_name=name, prefix_cache_hit=o.get("prefix_cache_hit", 0.0),
         arrivals=o.get("arrivals", "poisson"), seed=o.get("seed", 0), input_len=wl.input_len, output_len=wl.output_len,
-        max_model_len=wl.max_model_len or o["loaded"].spec.max_position_embeddings)
+        max_model_len=wl.max_model_len or o["loaded"].spec.max_position_embeddings,
+        spec_acceptance_rate=o.get("spec_acceptance_rate"), speculative=wl.speculative is not None)
     return wl if load is None else replace(wl, load=load)

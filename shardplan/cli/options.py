@@ -59,6 +59,7 @@ NumPromptsOpt = Annotated[int, typer.Option("--num-prompts", min=1, help="Reques
 DatasetLengthsOpt = Annotated[Optional[str], typer.Option("--dataset-lengths", help="Request lengths drawn from a dataset: 'sharegpt' (bundled histogram) or a YAML/JSON file of per-request input_tokens/output_tokens lists or bins (default: every request --input-len in, --output-len out).", show_default=False, rich_help_panel=LOAD)]
 PrefixCacheHitOpt = Annotated[float, typer.Option("--prefix-cache-hit", help="Share of each prompt found in the prefix cache (0 to below 1): not computed again, still held in the cache.", rich_help_panel=LOAD)]
 ArrivalsOpt = Annotated[str, typer.Option("--arrivals", help="How requests are spaced at --request-rate: poisson (exponential gaps, the clients' default) or constant.", rich_help_panel=LOAD)]
+SpecAcceptanceRateOpt = Annotated[Optional[float], typer.Option("--spec-acceptance-rate", help="Speculative decoding under traffic: the chance each drafted token is accepted (0 to 1, data-dependent); each decode step then verifies K + 1 positions and yields (1 - a^(K+1)) / (1 - a) tokens, plus the draft's K passes.", show_default=False, rich_help_panel=LOAD)]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the arrival times and the lengths drawn.", rich_help_panel=LOAD)]
 SeqLenOpt = Annotated[int, typer.Option(min=1, help="Training sequence length.", rich_help_panel=TRAIN)]
 GlobalBatchSizeOpt = Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.", rich_help_panel=TRAIN)]

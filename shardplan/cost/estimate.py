@@ -172,6 +172,7 @@ def _load(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWor
         saturation_request_rate=f.saturation_request_rate_per_second, saturated=f.saturated, num_steps=r.num_steps,
         num_preemptions=r.num_preemptions, num_refused=r.num_refused, peak_running=r.peak_running,
         mean_decode_batch=r.mean_decode_batch, schedule=SCHEDULES[wl.schedule if wl.chunked_prefill else "unchunked"],
+        tokens_per_decode_step=f.tokens_per_decode_step,
     )
 
 

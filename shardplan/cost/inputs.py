@@ -392,13 +392,22 @@ MAX_LOAD_REQUESTS = 100_000  # requests one simulation runs: its work grows with
 
 def serving_load(*, request_rate: str | None, concurrency: int | None, num_prompts: int, lengths: Any,
                  lengths_name: str, prefix_cache_hit: float, arrivals: str, seed: int, input_len: int, output_len: int,
-                 max_model_len: int | None) -> ServingLoad | None:
+                 max_model_len: int | None, spec_acceptance_rate: float | None = None,
+                 speculative: bool = False) -> ServingLoad | None:
     """The traffic of --request-rate / --concurrency (None when neither is given). `lengths`: a
     LengthDistribution from --dataset-lengths (specs/lengths.py), or None for the fixed
     --input-len/--output-len; requests longer than `max_model_len` are dropped, as the engine
     refuses them, and an error says so when none fits."""
+    if spec_acceptance_rate is not None:
+        if not speculative:
+            raise ShardplanError("applies to speculative decoding", field="--spec-acceptance-rate",
+                                 hint="add --speculative-model NAME or --speculative-method mtp|ngram")
+        if not (math.isfinite(spec_acceptance_rate) and 0 < spec_acceptance_rate <= 1):
+            raise ShardplanError(f"must be in (0, 1] (got {spec_acceptance_rate})", field="--spec-acceptance-rate",
+                                 hint="the chance each drafted token is accepted, e.g. 0.7")
     if request_rate is None and concurrency is None:
-        for value, default, option in ((lengths_name, "fixed", "--dataset-lengths"), (prefix_cache_hit, 0.0, "--prefix-cache-hit")):
+        for value, default, option in ((lengths_name, "fixed", "--dataset-lengths"), (prefix_cache_hit, 0.0, "--prefix-cache-hit"),
+                                       (spec_acceptance_rate, None, "--spec-acceptance-rate")):
             if value != default:
                 raise ShardplanError("applies to traffic", field=option,
                                      hint="add --request-rate R or --concurrency C (or leave the option out)")
@@ -430,4 +439,4 @@ def serving_load(*, request_rate: str | None, concurrency: int | None, num_promp
         lengths = lengths.clipped(max_model_len)
     return ServingLoad(request_rate_per_second=rate, max_concurrency=concurrency, num_requests=num_prompts,
                        lengths=lengths, lengths_name=lengths_name, prefix_cache_hit_fraction=prefix_cache_hit,
-                       poisson=arrivals == "poisson", seed=seed)
+                       poisson=arrivals == "poisson", seed=seed, spec_acceptance_rate=spec_acceptance_rate)

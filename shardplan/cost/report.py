@@ -363,6 +363,8 @@ class LoadReport(Frozen):
     peak_running: int = Field(description="requests running at once at most, one replica")
     mean_decode_batch: float = Field(description="decoding requests per step that had any, one replica")
     schedule: str = Field(description="the engine's scheduling rule the simulation followed")
+    tokens_per_decode_step: float = Field(1.0, description="tokens a decode step yields per request (speculative "
+                                                           "decoding with --spec-acceptance-rate: above 1)")
 
 
 class CostReport(OmitNone):

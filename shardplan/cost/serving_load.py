@@ -65,6 +65,9 @@ class Traffic:
     max_concurrency: int | None = None  # requests in flight at most (bench --max-concurrency); None: no cap
     prefix_cache_hit_fraction: float = 0.0  # share of each prompt found in the prefix cache
     seed: int = 0
+    # A disaggregated decode pool: each request arrives with its first token already sent (by the
+    # prefill pool), so the wait for a decode slot counts in its TPOT, as the client sees it.
+    first_token_sent: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     needs the verdict only, and a load past what the replica sustains would queue for long)."""
     n = len(traffic.requests)
     broken = 0
+    per_step = model.tokens_per_decode_step
     arrivals = arrival_times(traffic)
     cap = traffic.max_concurrency or n
     hit = traffic.prefix_cache_hit_fraction
@@ -208,6 +212,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         while next_send < n and in_flight < cap and arrivals[next_send] <= now:
             p, o = traffic.requests[next_send]
             r = _Request(next_send, p, max(1, o), max(arrivals[next_send], last_free))
+            if traffic.first_token_sent and r.output > 1:
+                r.generated, r.first_token = 1, r.sent
             reqs.append(r)
             waiting.append(r)
             next_send += 1
@@ -226,9 +232,10 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             prefilling.remove(r)
             used -= r.computed
         else:
-            r.generated = r.generated_at_decode + (decode_steps - r.decode_from)
+            grown = per_step * (decode_steps - r.decode_from)  # KV tokens its decode steps added
+            used -= r.prompt + r.generated_at_decode - 1 + grown
+            r.generated = min(r.output - 1, r.generated_at_decode + int(grown))
             decoding -= 1
-            used -= r.prompt + r.generated - 1
         remaining_out -= out_left(r)
         r.epoch += 1
         r.computed = 0
@@ -239,7 +246,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
 
     def admit_cost(r: _Request) -> int:
         """Tokens the prompt (or its recompute) adds to the cache on its first chunk: prefix hits too."""
-        return int(hit * r.prompt) if r.generated == 0 and r.computed == 0 else 0
+        return int(hit * r.prompt) if r.epoch == 0 and r.computed == 0 else 0
 
     def sampled_done(r: _Request, t: float) -> None:
         """The step ending at `t` computed the last of `r`'s target: it samples a token."""
@@ -249,12 +256,13 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             r.first_token = t
             if give_up is not None and give_up.ttft_seconds is not None and t - r.sent > give_up.ttft_seconds:
                 count_broken()
+        r.decode_from, r.generated_at_decode = decode_steps, r.generated
         if r.generated >= r.output:
             finish(r, t)
             return
-        r.decode_from, r.generated_at_decode = decode_steps, r.generated
         decoding += 1
-        heapq.heappush(finish_heap, (decode_steps + r.output - r.generated, r.epoch, r.i))
+        # Each decode step yields per_step tokens (1, or E with speculative decoding).
+        heapq.heappush(finish_heap, (decode_steps + math.ceil((r.output - r.generated) / per_step - 1e-9), r.epoch, r.i))
 
     def count_broken() -> None:
         nonlocal broken
@@ -270,7 +278,9 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             count_broken()
         r.generated = r.output
         running.pop(r.i, None)
-        used -= r.prompt + r.output - 1  # its reserve was drawn down by its own decode steps
+        # What it holds: its prompt, the tokens up to its first decode step, and what its decode steps
+        # added (its reserve was drawn down by the same steps).
+        used -= r.prompt + r.generated_at_decode - 1 + per_step * (decode_steps - r.decode_from)
         finished += 1
         in_flight -= 1
         last_free = t
@@ -392,8 +402,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             used += c
         if step_decoding:
             decode_steps += 1
-            used += step_decoding
-            remaining_out -= step_decoding
+            used += step_decoding * per_step
+            remaining_out -= step_decoding * per_step
             decode_batch_sum += step_decoding
             if sched.admission is not None:
                 ratio = max(ratio - decay, floor)

@@ -26,11 +26,12 @@ them (vLLM V1's piecewise graphs: `graphs_for_prompt_steps`).
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardplan.cost.layout import Layout
+from shardplan.cost.speculative import SpeculativeMethod
 from shardplan.cost.time_serving import pass_time
-from shardplan.cost.workload import InferenceWorkload
+from shardplan.cost.workload import InferenceWorkload, Quantization
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
 
@@ -108,6 +109,42 @@ class StepModel:
         q = max(16, min(PROMPT_PROBE_TOKENS, max_tokens))
         prompt = pass_time(spec, hw, layout, wl, batch=1, q_len=q, kv_len=q, decode=False).attention
         self.prompt_seconds_per_unit = prompt / (q * (q + 1) / 2)
+        # Speculative decoding (with an acceptance rate in the load): a decode step verifies K + 1
+        # positions of each request and yields E = (1 - a^(K+1)) / (1 - a) tokens on average
+        # (Leviathan, Kalman and Matias 2023, "Fast Inference from Transformers via Speculative
+        # Decoding", Eq. 1, a = each drafted token's acceptance rate); the proposals cost K passes
+        # of the draft model over the decoding requests, or of one MTP layer and its head; n-gram
+        # lookup runs on the host (not costed).
+        self.width = 1
+        self.tokens_per_decode_step = 1.0
+        self._draft: StepModel | None = None
+        self._mtp_layers = 0.0
+        sp = wl.speculative
+        acceptance = wl.load.spec_acceptance_rate if wl.load is not None else None
+        if sp is not None and acceptance is not None:
+            k = sp.num_speculative_tokens
+            self.width = k + 1
+            self.tokens_per_decode_step = (k + 1.0) if acceptance >= 1 else (1 - acceptance ** (k + 1)) / (1 - acceptance)
+            self._proposals = k
+            if sp.method is SpeculativeMethod.DRAFT_MODEL and sp.draft is not None:
+                # The draft runs unquantized at the target's tp, one stage (cost/speculative.py).
+                plain = replace(wl, speculative=None, load=None, quantization=Quantization.NONE)
+                self._draft = StepModel(sp.draft, hw, Layout(tp=layout.tp), plain, max_tokens, max_seqs)
+            elif sp.method is SpeculativeMethod.MTP:
+                self._mtp_layers = 1.0 / max(1, spec.num_layers)
+
+    def _proposal_seconds(self, decoding: int, kv_tokens: float) -> float:
+        if self.width == 1 or decoding <= 0:
+            return 0.0
+        if self._draft is not None:
+            step = self._draft.seconds(tokens=decoding, sampled=decoding, decoding=decoding, kv_tokens=kv_tokens,
+                                       prompt_units=0, prompt_step=False)
+            return self._proposals * step
+        if self._mtp_layers:
+            graphs = decoding <= self.graph_max
+            layer = (self._graphs if graphs else self._eager).at(decoding) * self._mtp_layers
+            return self._proposals * (layer + self._head.at(decoding))
+        return 0.0
 
     def seconds(self, *, tokens: int, sampled: int, decoding: int, kv_tokens: float, prompt_units: float,
                 prompt_step: bool) -> float:
@@ -115,7 +152,10 @@ class StepModel:
         prompt chunks of causal area `prompt_units`, `sampled` positions sampled."""
         if tokens <= 0:
             return 0.0
+        extra = decoding * (self.width - 1)  # the K drafted positions each decoding request verifies
+        tokens, sampled = tokens + extra, sampled + extra
         graphs = tokens <= self.graph_max and (not prompt_step or self.graphs_for_prompt_steps)
         linear = (self._graphs if graphs else self._eager).at(tokens)
         return (linear + self._head.at(sampled) + self.kv_seconds_per_token * kv_tokens
-                + self.seconds_per_decoding_seq * decoding + self.prompt_seconds_per_unit * prompt_units)
+                + self.seconds_per_decoding_seq * decoding + self.prompt_seconds_per_unit * prompt_units
+                + self._proposal_seconds(decoding, kv_tokens))

@@ -40,6 +40,7 @@ class LoadFigures:
     output_tokens_per_second: float
     total_tokens_per_second: float
     output_tokens_per_second_per_gpu: float
+    tokens_per_decode_step: float = 1.0
 
 
 def requests_for(wl: InferenceWorkload, load: ServingLoad, num: int) -> tuple[tuple[int, int], ...]:
@@ -83,7 +84,7 @@ def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infer
         saturation_request_rate_per_second=capacity * replicas, saturated=saturated,
         request_throughput_per_second=result.request_throughput_per_second * replicas,
         output_tokens_per_second=out, total_tokens_per_second=result.total_tokens_per_second * replicas,
-        output_tokens_per_second_per_gpu=out / layout.world_size,
+        output_tokens_per_second_per_gpu=out / layout.world_size, tokens_per_decode_step=step.tokens_per_decode_step,
     )
 
 
@@ -120,6 +121,8 @@ SEARCH_REQUESTS_MIN = 64
 SEARCH_REQUESTS_PER_SLOT = 3
 SEARCH_REQUESTS_MAX = 600
 RATE_BISECTIONS = 5
+STEADY_LATENCIES = 4  # arrivals spanning this many latencies of a request alone (best_rate)
+STEADY_REQUESTS_MAX = 6000
 
 
 @dataclass(frozen=True)
@@ -129,11 +132,14 @@ class OperatingPoint:
     concurrency: int | None  # requests in flight per replica (closed loop), or None (open loop at `rate`)
     request_rate_per_second: float  # the replica's request throughput there
     result: LoadResult
+    num_requests: int = 0  # requests the run simulated (an estimate at this rate with as many reproduces it)
 
 
-def _traffic(wl: InferenceWorkload, load: ServingLoad, num: int, *, rate: float, conc: int | None) -> Traffic:
+def _traffic(wl: InferenceWorkload, load: ServingLoad, num: int, *, rate: float, conc: int | None,
+             first_token_sent: bool = False) -> Traffic:
     return Traffic(requests=requests_for(wl, load, num), request_rate_per_second=rate, poisson=load.poisson,
-                   max_concurrency=conc, prefix_cache_hit_fraction=load.prefix_cache_hit_fraction, seed=load.seed)
+                   max_concurrency=conc, prefix_cache_hit_fraction=load.prefix_cache_hit_fraction, seed=load.seed,
+                   first_token_sent=first_token_sent)
 
 
 def best_concurrency(step: StepModel, wl: InferenceWorkload, kv_capacity_tokens: int, sla: Sla,
@@ -167,7 +173,7 @@ def best_concurrency(step: StepModel, wl: InferenceWorkload, kv_capacity_tokens:
 
 
 def best_rate(step: StepModel, wl: InferenceWorkload, kv_capacity_tokens: int, sla: Sla,
-              num_requests: int = SEARCH_REQUESTS_MAX) -> OperatingPoint | None:
+              num_requests: int = SEARCH_REQUESTS_MAX, first_token_sent: bool = False) -> OperatingPoint | None:
     """The highest request rate one replica sustains within the SLA (Poisson or even arrivals as
     the load says), by bisection below its saturation rate; None when none does."""
     load = wl.load or ServingLoad()
@@ -178,18 +184,34 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv_capacity_tokens: int, s
     if cap <= 0:
         return None
     lo, hi, best = 0.0, cap, None
-    give_up = sla.give_up(num_requests)
+    # Enough requests for the run to reach its steady state at each rate: Little's law puts
+    # rate x latency requests in flight there, so the arrivals must span several latencies (at
+    # least the latency of a request alone), or a short run never fills and looks faster.
+    mean_in = wl.input_len if load.lengths is None else load.lengths.mean_input_tokens
+    mean_out = wl.output_len if load.lengths is None else load.lengths.mean_output_tokens
+    ttft, tpot = latency_floor(step, wl, mean_in)
+    alone = ttft + max(0.0, mean_out - 1) * tpot
     for _ in range(RATE_BISECTIONS):
         mid = (lo + hi) / 2
+        n = max(num_requests, min(STEADY_REQUESTS_MAX, math.ceil(STEADY_LATENCIES * mid * alone)))
         try:
-            r = simulate(step, sched, _traffic(wl, load, num_requests, rate=mid, conc=None), give_up)
+            r = simulate(step, sched, _traffic(wl, load, n, rate=mid, conc=None, first_token_sent=first_token_sent),
+                         sla.give_up(n))
+            # Under load a request takes longer than alone: if the arrivals did not span several of
+            # the latencies the run measured, the run ended before the queue filled; run it again
+            # long enough (once: the second run's latency is the steady one or past the SLA).
+            needed = min(STEADY_REQUESTS_MAX, math.ceil(STEADY_LATENCIES * mid * r.e2e_seconds.p50))
+            if needed > n:
+                n = needed
+                r = simulate(step, sched, _traffic(wl, load, n, rate=mid, conc=None, first_token_sent=first_token_sent),
+                             sla.give_up(n))
         except SlaBroken:
             hi = mid
             continue
         if sla.violated(r):
             hi = mid
         else:
-            lo, best = mid, OperatingPoint(None, mid, r)
+            lo, best = mid, OperatingPoint(None, mid, r, n)
     return best
 
 

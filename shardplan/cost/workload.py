@@ -75,6 +75,9 @@ class ServingLoad:
     prefix_cache_hit_fraction: float = 0.0
     poisson: bool = True
     seed: int = 0
+    # Speculative decoding's acceptance rate: the chance each drafted token is accepted (it depends
+    # on the data); with the workload's speculative setup it shapes the decode steps (cost/step_model.py).
+    spec_acceptance_rate: float | None = None
 
 
 @hash_once

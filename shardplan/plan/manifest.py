@@ -155,7 +155,8 @@ def _load_section(load: Any) -> dict[str, Any]:
     rate = load.request_rate_per_second
     return {"request_rate_per_second": None if math.isinf(rate) else rate, "max_concurrency": load.max_concurrency,
             "num_requests": load.num_requests, "lengths": lengths, "lengths_name": load.lengths_name,
-            "prefix_cache_hit_fraction": load.prefix_cache_hit_fraction, "poisson": load.poisson, "seed": load.seed}
+            "prefix_cache_hit_fraction": load.prefix_cache_hit_fraction, "poisson": load.poisson, "seed": load.seed,
+            "spec_acceptance_rate": load.spec_acceptance_rate}
 
 
 def _floats(d: dict[str, Any]) -> dict[str, float]:

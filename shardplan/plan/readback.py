@@ -142,7 +142,8 @@ def plan_load(d: dict[str, Any] | None) -> ServingLoad | None:
     rate = d["request_rate_per_second"]
     return ServingLoad(request_rate_per_second=math.inf if rate is None else rate, max_concurrency=d["max_concurrency"],
                        num_requests=d["num_requests"], lengths=lengths, lengths_name=d["lengths_name"],
-                       prefix_cache_hit_fraction=d["prefix_cache_hit_fraction"], poisson=d["poisson"], seed=d["seed"])
+                       prefix_cache_hit_fraction=d["prefix_cache_hit_fraction"], poisson=d["poisson"], seed=d["seed"],
+                       spec_acceptance_rate=d.get("spec_acceptance_rate"))
 
 
 def plan_speculative(m: DeploymentManifest, plan: str | None = None) -> Speculative | None:

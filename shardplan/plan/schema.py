@@ -117,6 +117,8 @@ class LoadSection(_Section):
     prefix_cache_hit_fraction: float = Field(ge=0, lt=1, description="share of each prompt found in the prefix cache")
     poisson: bool = Field(description="exponential gaps between requests (false: evenly spaced)")
     seed: int = Field(description="seed of the arrival times and the lengths drawn")
+    spec_acceptance_rate: float | None = Field(None, gt=0, le=1, description="speculative decoding: the chance each "
+                                                                          "drafted token is accepted; null: not timed")
 
 
 class InferenceWorkloadSection(_Section):

@@ -133,6 +133,23 @@ class Suggestion(OmitNone):
     num_gpus: int | None = Field(default=None, description="--gpus suggestions: the GPU count")
 
 
+class DisaggregatedComparison(Frozen):
+    """The best disaggregated plan on the same GPUs beside the aggregated pick (cost/disaggregated.py)."""
+
+    prefill_tp: int = Field(description="tensor-parallel degree of a prefill replica")
+    prefill_replicas: int = Field(description="prefill replicas")
+    decode_tp: int = Field(description="tensor-parallel degree of a decode replica")
+    decode_replicas: int = Field(description="decode replicas")
+    request_rate_per_second: float = Field(description="requests/s the plan carries within the SLA (the lesser pool)")
+    output_tokens_per_second_per_gpu: float = Field(description="its goodput per GPU")
+    aggregated_output_tokens_per_second_per_gpu: float = Field(description="the aggregated pick's goodput per GPU")
+    kv_transfer_bytes_per_request: float = Field(description="a prompt's KV cache sent from prefill to decode, bytes")
+    kv_transfer_seconds: float = Field(description="its transfer time over the link, added to TTFT")
+    link: str = Field(description="the link between the pools")
+    winner: str = Field(description="aggregated or disaggregated")
+    why: str = Field(description="the deciding figures, in words")
+
+
 class ExportSummary(Frozen):
     target: str = Field(description="export target")
     files: list[str] = Field(description="files written")
@@ -141,7 +158,7 @@ class ExportSummary(Frozen):
 class RecommendResult(OmitNone):
     """What `recommend --json` prints."""
 
-    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"export", "target"})
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"export", "target", "disaggregated"})
 
     model: str = Field(description="model name")
     hardware: str = Field(description="hardware profile name")
@@ -173,5 +190,8 @@ class RecommendResult(OmitNone):
     suggestions: list[Suggestion] = Field(description="when nothing fits: single changes that make something fit")
     manifest: str | None = Field(description="where the pick's manifest was written")
     export: ExportSummary | None = Field(default=None, description="--export: what was written")
+    disaggregated: DisaggregatedComparison | None = Field(
+        default=None, description="goodput on a fixed GPU count: the best plan with separate prefill and decode pools, "
+                                  "and which of the two wins")
     target: str | None = Field(default=None, description="--target (or the one --export implies): every plan is one "
                                                          "it runs and verify checks")

@@ -375,7 +375,7 @@ def _goodput(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inference
                 floors = (getattr(light.ttft_seconds, pct), getattr(light.tpot_seconds, pct))
                 found = ("none within the SLA", None, floors, n)
             else:
-                found = (None, point.request_rate_per_second, point.result, n)
+                found = (None, point.request_rate_per_second, point.result, point.num_requests)
         else:
             figures = load_figures(spec, hw, layout, wl, sm.kv_capacity_tokens, model=step)
             bad = sla.violated(figures.replica)

@@ -17,7 +17,9 @@ from shardplan.plan.manifest import build_manifest, write_manifest
 from shardplan.cost.inputs import offload_pair
 from shardplan.search import Goal, Objective, SearchResult, Space, search
 from shardplan.search import explain
-from shardplan.search.results import BestAtGpuCount, RecommendResult, SearchBudget, Suggestion
+from shardplan.search.results import BestAtGpuCount, DisaggregatedComparison, RecommendResult, SearchBudget, Suggestion
+from shardplan.cost.disaggregated import best_disaggregated
+from shardplan.cost.traffic import Sla
 from shardplan.search.space import BUDGET_SPENT, Progress
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import LoadedModel
@@ -75,6 +77,7 @@ def recommend(
     suggest: bool = True,
     strict_fit: bool = False,
     target: str | None = None,
+    compare_disaggregated: bool = True,
 ) -> RecommendResult:
     """The search with "fits" decided at the edge of the workload's measured error band
     (`knowledge/bands.yaml`): plans that fit only at the prediction (tight) rank after those
@@ -139,6 +142,10 @@ def recommend(
         )
         write_manifest(m, manifest_path)
         manifest = str(manifest_path)
+    disaggregated = None
+    if (res.top and isinstance(workload, InferenceWorkload) and goal.objective is Objective.GOODPUT and num_gpus
+            and num_gpus > 1 and compare_disaggregated):
+        disaggregated = _disaggregated(spec, res.top[0], workload, goal, num_gpus, hw)
     return RecommendResult(
         model=spec.name,
         hardware=hw.name,
@@ -174,6 +181,7 @@ def recommend(
         suggestions=suggestions,
         manifest=manifest,
         target=target,
+        disaggregated=disaggregated,
     )
 
 
@@ -214,6 +222,39 @@ def assumptions(workload: InferenceWorkload | TrainingWorkload, goal: Goal) -> s
     text = f"{shape}; best = {best}"
     shown = [x for x in limits if x]
     return text + ("; limits: " + ", ".join(shown) if shown else "")
+
+
+def _disaggregated(spec: Any, top: Any, workload: InferenceWorkload, goal: Goal, num_gpus: int,
+                   hw: HardwareProfile) -> DisaggregatedComparison | None:
+    """The best split into prefill and decode pools of the pick's GPUs, in the pick's formats and
+    traffic (without a rate: each pool at the most it sustains within its part of the SLA)."""
+    load = workload.load
+    if load is None or not math.isinf(load.request_rate_per_second) or load.max_concurrency is not None:
+        return None  # a given rate or concurrency: the comparison is at the most each sustains
+    wl = replace(top.workload, load=load, batch_size=None)
+    gpn = min(top.hw.gpus_per_node, num_gpus)
+    tps = tuple(t for t in (1, 2, 4, 8, 16) if t <= gpn and gpn % t == 0)
+    sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
+    d = best_disaggregated(spec, top.hw, wl, sla, num_gpus, tps)
+    if d is None:
+        return None
+    agg = top.figures["throughput_tokens_per_second_per_gpu"]
+    wins = d.output_tokens_per_second_per_gpu > agg
+    ratio = d.output_tokens_per_second_per_gpu / agg if agg else math.inf
+    if wins:
+        why = (f"disaggregated wins by {100 * (ratio - 1):.0f}%: without prompt chunks in the decode steps the decode pool "
+               f"keeps p{goal.slo_percentile} TPOT within the limit at larger batches; each prompt's KV "
+               f"({d.kv_transfer_bytes_per_request / 2**20:,.0f} MiB) crosses {d.link} in {d.kv_transfer_seconds * 1e3:,.1f} ms")
+    else:
+        why = (f"aggregated wins by {100 * (1 / ratio - 1):.0f}%: split into pools of {d.prefill_replicas} x tp{d.prefill_tp} "
+               f"prefill and {d.decode_replicas} x tp{d.decode_tp} decode, the lesser pool limits the rate and the other "
+               f"idles; the interference the split removes costs less on these GPUs")
+    return DisaggregatedComparison(
+        prefill_tp=d.prefill_tp, prefill_replicas=d.prefill_replicas, decode_tp=d.decode_tp,
+        decode_replicas=d.decode_replicas, request_rate_per_second=d.request_rate_per_second,
+        output_tokens_per_second_per_gpu=d.output_tokens_per_second_per_gpu,
+        aggregated_output_tokens_per_second_per_gpu=agg, kv_transfer_bytes_per_request=d.kv_transfer_bytes_per_request,
+        kv_transfer_seconds=d.kv_transfer_seconds, link=d.link, winner="disaggregated" if wins else "aggregated", why=why)
 
 
 def _sla_suggestions(res: SearchResult, goal: Goal) -> list[Suggestion]:

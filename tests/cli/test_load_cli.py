@@ -163,3 +163,22 @@ def test_capacity_sizes_gpus_for_a_rate_within_the_sla(cli):
 
 def test_capacity_rate_needs_a_finite_rate(cli):
     _one_line_error(cli("capacity", "llama-3.1-8b", "--request-rate", "inf"), "--request-rate")
+
+
+def test_mtp_with_an_acceptance_rate_lowers_tpot_and_says_so(cli):
+    base = ["estimate", "deepseek-v3", "-H", "h200-sxm-141gb", "--gpus", "8", "--tp", "8", "--quantization", "fp8",
+            "--max-model-len", "8192", "--concurrency", "16", "--num-prompts", "100", "--speculative-method", "mtp"]
+    plain = _ok(cli(*base, "--json"))["load"]
+    fast = _ok(cli(*base, "--spec-acceptance-rate", "0.8", "--json"))["load"]
+    assert plain["tokens_per_decode_step"] == 1.0
+    assert fast["tokens_per_decode_step"] == pytest.approx(1.8)
+    assert fast["tpot_seconds"]["p50"] < plain["tpot_seconds"]["p50"]
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--concurrency", "4", "--spec-acceptance-rate", "0.7"], ["--spec-acceptance-rate", "speculative"]),
+    (["--concurrency", "4", "--speculative-method", "ngram", "--num-speculative-tokens", "3",
+      "--spec-acceptance-rate", "1.5"], ["--spec-acceptance-rate", "(0, 1]"]),
+])
+def test_bad_acceptance_rate_is_one_line(cli, args, needles):
+    _one_line_error(cli("estimate", "llama-3.1-8b", "--gpus", "1", *args), *needles)

@@ -321,7 +321,7 @@ def test_schema_lists_the_manifest_sections(cli):
 @pytest.fixture
 def manifest_data(cli, tmp_path):
     path = tmp_path / "plan.yaml"
-    _ok(cli("recommend", "llama-3.1-8b", "--gpus", "2", "-o", str(path), "--json"))
+    _ok(cli("recommend", "llama-3.1-8b", "--gpus", "2", "--objective", "throughput", "-o", str(path), "--json"))
     return yaml.safe_load(path.read_text())
 
 

@@ -1,0 +1,60 @@
+"""Disaggregated prefill/decode (cost/disaggregated.py) and recommend's comparison with aggregated."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardplan.cost import inputs
+from shardplan.cost.disaggregated import kv_transfer_seconds
+from shardplan.cost.kv import kv_cache_bytes_per_token
+from shardplan.knowledge.load import engine_rules
+from shardplan.specs import loading
+
+SPEC = loading.load_model("llama-3.1-8b").spec
+H100 = loading.load_hardware("h100-sxm-80gb")
+
+
+def _wl():
+    return inputs.inference_workload(engine=engine_rules("vllm", None), hw=H100,
+                                     model_max_len=SPEC.max_position_embeddings, max_model_len=8192, max_num_seqs=None,
+                                     max_num_batched_tokens=None, gpu_memory_utilization=None, block_size=None,
+                                     kv_cache_dtype=None, weight_dtype=None, quantization=None, enforce_eager=False,
+                                     input_len=4000, output_len=500, batch_size=None)
+
+
+@pytest.mark.parametrize("tp, across", [(1, False), (4, False), (2, True)])
+def test_kv_transfer_is_the_prompts_cache_over_the_link_split_by_the_senders(tp, across):
+    nbytes, seconds, link = kv_transfer_seconds(SPEC, H100, _wl(), 4000, tp, across)
+    # Llama 3.1 8B: 32 layers x 8 KV heads x 128 x (K, V) x 2 bytes = 131,072 bytes a token.
+    assert kv_cache_bytes_per_token(SPEC, 2) == 131_072
+    assert nbytes == 4000 * 131_072
+    lk = H100.inter_node if across else H100.intra_node
+    assert seconds == pytest.approx(lk.latency_seconds + nbytes / tp / (lk.bandwidth_bytes_per_second * lk.efficiency))
+    assert link == lk.kind.value
+
+
+def _rec(cli, *args):
+    res = cli("recommend", "llama-3.1-8b", "--gpus", "8", *args, "--json")
+    assert res.exit_code == 0, res.stderr
+    return res.json()
+
+
+def test_recommend_compares_the_pools_and_their_figures_add_up(cli):
+    d = _rec(cli, "--input-len", "4000", "--output-len", "1000")
+    x = d["disaggregated"]
+    assert x["prefill_replicas"] * x["prefill_tp"] + x["decode_replicas"] * x["decode_tp"] <= 8
+    assert x["output_tokens_per_second_per_gpu"] == pytest.approx(x["request_rate_per_second"] * 1000 / 8, rel=1e-9)
+    assert x["aggregated_output_tokens_per_second_per_gpu"] == pytest.approx(
+        d["top"][0]["load"]["output_tokens_per_second_per_gpu"], rel=0.02)
+    assert x["winner"] == ("disaggregated" if x["output_tokens_per_second_per_gpu"]
+                           > x["aggregated_output_tokens_per_second_per_gpu"] else "aggregated")
+    assert x["why"].startswith(x["winner"] + " wins by")
+
+
+def test_a_tight_tpot_with_long_prompts_favours_separate_pools(cli):
+    """vLLM's mixed steps put 8K-token prompt chunks beside the decodes: a 20 ms TPOT caps the
+    aggregated rate, while a decode pool's steps carry no prompts (DistServe's argument)."""
+    tight = _rec(cli, "--input-len", "8000", "--output-len", "300", "--max-tpot-ms", "20", "--max-ttft-ms", "2000")
+    loose = _rec(cli, "--input-len", "4000", "--output-len", "1000")
+    assert tight["disaggregated"]["winner"] == "disaggregated"
+    assert loose["disaggregated"]["winner"] == "aggregated"
