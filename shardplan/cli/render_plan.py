@@ -182,7 +182,8 @@ def _top_table(top: list[RecommendEntry]) -> Table:
     rows = []
     for e in top:
         mem, tm, usd = e.memory, e.time, e.cost.usd_per_million_tokens
-        cells = [str(e.rank), str(e.num_gpus), describe(e.plan),
+        layout = describe(e.plan) + (f" (+{e.variants - 1} variants)" if e.variants > 1 else "")
+        cells = [f"{e.rank}=" if e.tie else str(e.rank), str(e.num_gpus), layout,
                  f"{units.bytes_to_gib(mem.per_gpu_bytes['total']):.1f}", f"{units.bytes_to_gib(mem.headroom_bytes):.1f}"]
         if isinstance(tm, TrainingTimeReport):
             cells += [fmt_seconds(tm.step_seconds), f"{tm.tokens_per_second_per_gpu:,.0f}", f"{100 * tm.mfu:.1f}%"]

@@ -15,7 +15,7 @@ import gc
 import time
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterator
+from typing import Any, Iterator
 
 from shardplan.cost import memo
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
@@ -38,10 +38,61 @@ from shardplan.search.training import search_training
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
 
-__all__ = ["Evaluated", "Goal", "Objective", "SearchResult", "Space", "search"]
+__all__ = ["Evaluated", "Goal", "Objective", "SearchResult", "Space", "honest_top", "parallel_shape", "search"]
 
 
 PROGRESS_STEPS = 1000  # progress units per GPU count
+
+
+def parallel_shape(e: Evaluated) -> tuple[int, ...]:
+    """What a plan's GPUs do: (GPUs, tp, pp, dp, cp, ep). Formats, batch, ZeRO stage, recompute,
+    virtual stages and micro-batch are variants of a shape."""
+    lay = e.layout
+    return (e.num_gpus, lay.tp, lay.pp, lay.dp, lay.cp, lay.ep)
+
+
+def secondary_key(e: Evaluated) -> tuple[Any, ...]:
+    """How ties are ordered (issue 25): fewer GPUs; tensor parallelism inside a node before across
+    nodes; less communication (fewer pipeline stages, then a smaller tensor-parallel group); the
+    simpler schedule (fewer virtual stages, lower ZeRO stage, less recomputation); then the
+    search's own deterministic key."""
+    lay = e.layout
+    spans = lay.tp > e.hw.gpus_per_node
+    recompute = {"none": 0, "selective": 1, "full": 2}.get(lay.recompute.value, 3)
+    return (e.num_gpus, spans, lay.pp, lay.tp, lay.virtual_stages, lay.zero_stage, recompute, e.key)
+
+
+def honest_top(ranked: list[Evaluated], goal: Goal) -> list[Evaluated]:
+    """The top K by the objective, each parallel shape once (its best variant, with how many it
+    stands for) unless `goal.group_by_shape` is off; plans whose objective is within the error
+    band of the first (`goal.tie_band_fraction`) are ties, ordered by `secondary_key`."""
+    if goal.group_by_shape:
+        best: dict[tuple[int, ...], Evaluated] = {}
+        counts: dict[tuple[int, ...], int] = {}
+        order: list[tuple[int, ...]] = []
+        for e in ranked:
+            s = parallel_shape(e)
+            counts[s] = counts.get(s, 0) + 1
+            if s not in best:
+                best[s] = e
+                order.append(s)
+        shown = [replace(best[s], variants=counts[s]) for s in order]
+    else:
+        shown = list(ranked)
+    if not shown:
+        return []
+    head = shown[0]
+    band = goal.tie_band_fraction or 0.0
+    ref = abs(head.objective_value) or 1.0
+
+    def ties(e: Evaluated) -> bool:
+        return e.tight == head.tight and abs(e.objective_value - head.objective_value) <= band * ref + 1e-12 * ref
+
+    tied = [e for e in shown if ties(e)]
+    rest = [e for e in shown if not ties(e)]
+    if len(tied) > 1:
+        tied = [replace(e, tie=True) for e in sorted(tied, key=secondary_key)]
+    return (tied + rest)[: max(1, goal.top_k)]
 
 
 def _within(progress: Progress | None, offset: int, total: int) -> Progress | None:
@@ -150,7 +201,7 @@ def _search(
     # each GPU count's best K by the objective, and this orders those (with --strict-fit the
     # search rejects tight plans where it decides fit, so the K kept all fit at the edge).
     ranked = sorted(res.feasible, key=lambda e: (e.tight, e.objective_value, e.key))
-    res.top = ranked[: max(1, goal.top_k)]
+    res.top = honest_top(ranked, goal)
     if not training:
         res.pareto = pareto_front(res.feasible)
     res.smallest_num_gpus = min((e.num_gpus for e in res.feasible), default=None)

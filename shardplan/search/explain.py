@@ -72,6 +72,8 @@ def entry(spec: ModelSpec, e: Evaluated, goal: Goal, rank: int,
         bands=report.bands,
         fit_at_band_edge=report.fit_at_band_edge,
         load=report.load,
+        tie=e.tie,
+        variants=e.variants,
     )
 
 
@@ -210,6 +212,11 @@ def why(top: list[RecommendEntry], goal: Goal, binding: BindingConstraint | None
         return "no layout fits; see the suggestions"
     w = top[0]
     text = f"{describe(w.plan)} on {w.num_gpus} GPUs ranks first by {_objective_label(goal)} ({_headline(w)})"
+    tied = [e for e in top if e.tie]
+    if len(tied) > 1:
+        text += (f"; {len(tied)} plans tie within the measured ±{100 * (goal.tie_band_fraction or 0):.0f}% band of "
+                 "the ranked figure (marked =), ordered by fewer GPUs, tensor parallelism inside a node, fewer "
+                 "pipeline stages, a smaller tensor-parallel group, then the simpler schedule")
     if binding:
         text += f"; binding constraint: {binding.constraint} ({binding.detail})"
     if len(top) > 1:

@@ -325,6 +325,11 @@ def search_training(
         res.invalid.update(adm.refused)
 
 
+def _shape(e: Evaluated) -> tuple[int, ...]:
+    lay = e.layout
+    return (lay.world_size, lay.tp, lay.pp, lay.dp, lay.cp, lay.ep)
+
+
 def _count(payload: Any, kind: int) -> int:
     return payload[1] if kind == _DEGREES else payload[3]
 
@@ -403,5 +408,10 @@ def _cost_variants(
         value = objective_value(goal, hw, layout.world_size, tt.step_seconds, tokens)
         best.append(Evaluated(layout, wl, hw, value, shape_key + (v[0], v[1], v[2].value, v[3].value), figures, tight))
         best.sort(key=lambda e: (e.objective_value, e.key))
+        if goal.group_by_shape:
+            # The best K distinct parallel shapes (issue 25): a variant (ZeRO, recompute, virtual
+            # stages, micro-batch) of a shape already kept does not take a place of its own.
+            seen: set[tuple[int, ...]] = set()
+            best[:] = [e for e in best if not (_shape(e) in seen or seen.add(_shape(e)))]  # type: ignore[func-returns-value]
         del best[k:]
     return fitted

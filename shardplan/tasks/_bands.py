@@ -77,9 +77,13 @@ def goal_at_edge(goal: Goal, workload: InferenceWorkload | TrainingWorkload, hw:
                  strict_fit: bool) -> Goal:
     """`goal` with the band the search applies where it decides fit: tight plans rank after
     those that fit at the band's edge, or are left out with `strict_fit`."""
-    band = workload_bands(workload, hw)[0].band_abs_error
+    bands = workload_bands(workload, hw)
+    band = bands[0].band_abs_error
+    # Ties: plans whose ranked figure is within its own measured band of the pick's (training:
+    # tokens/s per stack; serving has no band on its time figures yet, so only equal values tie).
+    speed = next((b.band_abs_error for b in bands if b.quantity == "tokens_per_second"), None)
     if isinstance(workload, TrainingWorkload):
-        return replace(goal, peak_memory_band_fraction=band, strict_fit=strict_fit)
+        return replace(goal, peak_memory_band_fraction=band, strict_fit=strict_fit, tie_band_fraction=speed)
     return replace(goal, kv_capacity_band_fraction=band, strict_fit=strict_fit)
 
 

@@ -257,7 +257,9 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
     links = link_costs(hw)
     prefer = "move_time_seconds" if prefer_fast_recovery else "moved_bytes"
     workload = readback.plan_workload(old)
-    goal = Goal(objective=Objective(objective) if objective else _default_objective(old), top_k=top_k * 8)
+    # Every variant: the least-moving layout within the margin may be any of them (not each shape's best).
+    goal = Goal(objective=Objective(objective) if objective else _default_objective(old), top_k=top_k * 8,
+                group_by_shape=False)
     if target is not None:
         check_target(target, spec, hw, workload, plan=source)
     space = Space(rules=search_rules(target, spec, workload))

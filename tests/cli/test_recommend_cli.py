@@ -53,7 +53,7 @@ def _changes(d):
 
 
 def test_one_gpu_serving_ranks_by_throughput_and_reports_a_pareto_frontier(cli):
-    d = _ok(cli("recommend", "llama-3.1-8b", "--objective", "throughput", "--gpus", "1", "--json"))
+    d = _ok(cli("recommend", "llama-3.1-8b", "--objective", "throughput", "--gpus", "1", "--expand", "--json"))
     assert (d["model"], d["hardware"], d["workload"], d["objective"]) == (
         "llama-3.1-8b", "h100-sxm-80gb", "inference", "throughput")
     assert d["gpu_counts"] == [1] and d["smallest_num_gpus"] == 1

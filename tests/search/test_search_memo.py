@@ -39,7 +39,7 @@ def _serving(model: str, hw_name: str, *, max_model_len: int = 8192, formats: tu
     else:  # as the command line does: the engine's smaller formats when nothing fits otherwise
         space = replace(space, fallback_quantizations=tuple(
             Quantization(f) for f in wl.weight_formats if f not in ("awq", "gptq")))
-    return spec, hw, wl, space, Goal(Objective.THROUGHPUT, top_k=TOP)
+    return spec, hw, wl, space, Goal(Objective.THROUGHPUT, top_k=TOP, group_by_shape=False)
 
 
 def _training(model: str, hw_name: str, *, seq_len: int, gbs: int, stack: str = DEFAULT_STACK):
@@ -48,7 +48,7 @@ def _training(model: str, hw_name: str, *, seq_len: int, gbs: int, stack: str = 
     wl = inputs.training_workload(seq_len=seq_len, global_batch_size=gbs, optimizer="adamw", framework=None,
                                   flash_attention=None, dropout=spec.trains_with_dropout, stack=stack_rules(stack),
                                   spec=spec)
-    return spec, hw, wl, Space(), Goal(Objective.STEP_TIME, top_k=TOP)
+    return spec, hw, wl, Space(), Goal(Objective.STEP_TIME, top_k=TOP, group_by_shape=False)
 
 
 def _counts(res: SearchResult) -> tuple:

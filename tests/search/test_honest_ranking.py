@@ -1,0 +1,67 @@
+"""Issue 25 item 3: the top plans are distinct parallel shapes, ties within the measured band are
+ordered by the documented secondary key, and --expand shows every variant."""
+
+from __future__ import annotations
+
+from shardplan.cost.layout import Layout, Recompute
+from shardplan.cost.workload import TrainingWorkload
+from shardplan.search import honest_top, parallel_shape
+from shardplan.search.space import Evaluated, Goal, Objective
+from shardplan.specs import loading
+
+HW = loading.load_hardware("h100-sxm-80gb")
+WL = TrainingWorkload()
+
+
+def _e(value: float, *, tp=1, pp=1, dp=8, recompute=Recompute.NONE, tight=False, key=0) -> Evaluated:
+    layout = Layout(tp=tp, pp=pp, dp=dp, recompute=recompute)
+    return Evaluated(layout, WL, HW, value, (key,), {}, tight)
+
+
+def _goal(band=None, group=True, k=5) -> Goal:
+    return Goal(objective=Objective.STEP_TIME, tie_band_fraction=band, group_by_shape=group, top_k=k)
+
+
+def test_variants_of_one_shape_fold_into_its_best():
+    ranked = [_e(1.00, tp=2, pp=2, dp=2), _e(1.01, tp=2, pp=2, dp=2, recompute=Recompute.FULL, key=1),
+              _e(1.05, tp=4, pp=1, dp=2)]
+    top = honest_top(ranked, _goal())
+    assert [parallel_shape(e) for e in top] == [(8, 2, 2, 2, 1, 1), (8, 4, 1, 2, 1, 1)]
+    assert top[0].variants == 2 and top[1].variants == 1 and not any(e.tie for e in top)
+    assert len(honest_top(ranked, _goal(group=False))) == 3
+
+
+def test_ties_within_the_band_are_ordered_by_the_secondary_key():
+    ranked = [_e(1.00, tp=2, pp=4, dp=1), _e(1.02, tp=8, pp=1, dp=1), _e(1.04, tp=4, pp=2, dp=1), _e(1.30, tp=1, pp=8, dp=1)]
+    top = honest_top(ranked, _goal(band=0.05))
+    # Within 5% of 1.00: pp=1 before pp=2 before pp=4 (fewer stages first); 1.30 stays after them.
+    assert [(e.layout.tp, e.layout.pp) for e in top] == [(8, 1), (4, 2), (2, 4), (1, 8)]
+    assert [e.tie for e in top] == [True, True, True, False]
+    exact = honest_top(ranked, _goal(band=None))
+    assert [e.objective_value for e in exact] == [1.00, 1.02, 1.04, 1.30] and not any(e.tie for e in exact)
+
+
+def test_a_tight_plan_never_ties_with_one_that_fits_at_the_edge():
+    ranked = [_e(1.00, tp=2, pp=4, dp=1), _e(1.01, tp=8, pp=1, dp=1, tight=True)]
+    top = honest_top(ranked, _goal(band=0.5))
+    assert [e.layout.tp for e in top] == [2, 8] and not any(e.tie for e in top)
+
+
+def test_equal_goodput_at_different_counts_puts_fewer_gpus_first():
+    a = Evaluated(Layout(tp=2, pp=1, dp=4), WL, HW, -400.0, (1,), {})
+    b = Evaluated(Layout(tp=2, pp=1, dp=2), WL, HW, -400.0, (2,), {})
+    top = honest_top([a, b], _goal())
+    assert [e.num_gpus for e in top] == [4, 8] and all(e.tie for e in top)
+
+
+def test_training_recommend_shows_distinct_shapes_and_expand_shows_variants(cli):
+    args = ["recommend", "llama-3.1-8b", "--gpus", "16", "--workload", "training", "--seq-len", "4096",
+            "--global-batch-size", "256", "--top", "6", "--json"]
+    res = cli(*args)
+    assert res.exit_code == 0, res.stderr
+    shapes = [tuple(t["plan"][k] for k in ("tp", "pp", "dp", "cp", "ep")) for t in res.json()["top"]]
+    assert len(shapes) == len(set(shapes)) == 6
+    res = cli(*args, "--expand")
+    assert res.exit_code == 0, res.stderr
+    shapes = [tuple(t["plan"][k] for k in ("tp", "pp", "dp", "cp", "ep")) for t in res.json()["top"]]
+    assert len(set(shapes)) < len(shapes)
