@@ -298,6 +298,26 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             return used + chunk + admit_cost(r) <= capacity
         return used + r.target - r.computed + ratio * (remaining_out + out_left(r)) <= capacity
 
+    def admit_waiting(left: int, chunks: list[tuple[_Request, int]]) -> None:
+        """Admit waiting requests in order while the budget, the sequence limit and the cache (or
+        its admission reserve) allow, each with its first prompt chunk (prefix hits already held)."""
+        nonlocal used, remaining_out
+        while waiting and left > 0 and len(running) < sched.max_num_seqs:
+            r = waiting[0]
+            start = admit_cost(r)
+            need = r.target - r.computed - start
+            c = min(need, left) if sched.chunked_prefill else need
+            if c > left or not reserve_ok(r, c):
+                break
+            waiting.popleft()
+            running[r.i] = r
+            r.computed += start
+            used += start
+            remaining_out += out_left(r)
+            prefilling.append(r)
+            chunks.append((r, c))
+            left -= c
+
     send_ready()
     while finished < n:
         if not running and not waiting:
@@ -323,21 +343,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                     break
                 chunks.append((r, c))
                 left -= c
-            while waiting and left > 0 and len(running) < sched.max_num_seqs:
-                r = waiting[0]
-                start = admit_cost(r)
-                need = r.target - r.computed - start
-                c = min(need, left) if sched.chunked_prefill else need
-                if c > left or not reserve_ok(r, c):
-                    break
-                waiting.popleft()
-                running[r.i] = r
-                r.computed += start
-                used += start
-                remaining_out += out_left(r)
-                prefilling.append(r)
-                chunks.append((r, c))
-                left -= c
+            admit_waiting(left, chunks)
         elif sched.schedule == "prefill_first" or sched.schedule == "static":
             static_busy = sched.schedule == "static" and bool(running) and not prefilling
             if not static_busy:
@@ -348,21 +354,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                         break
                     chunks.append((r, c))
                     left -= c
-                while waiting and left > 0 and len(running) < sched.max_num_seqs:
-                    r = waiting[0]
-                    start = admit_cost(r)
-                    need = r.target - r.computed - start
-                    c = min(need, left) if sched.chunked_prefill else need
-                    if c > left or not reserve_ok(r, c):
-                        break
-                    waiting.popleft()
-                    running[r.i] = r
-                    r.computed += start
-                    used += start
-                    remaining_out += out_left(r)
-                    prefilling.append(r)
-                    chunks.append((r, c))
-                    left -= c
+                admit_waiting(left, chunks)
             if not chunks:
                 while decoding and used + decoding > capacity and preempt_last():
                     if sched.admission is not None:
