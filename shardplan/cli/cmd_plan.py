@@ -252,6 +252,7 @@ def recommend(
     allow_cross_node_tp: Annotated[bool, typer.Option(help="Let tensor parallelism span nodes.", rich_help_panel=SEARCH)] = False,
     allow_offload: Annotated[bool, typer.Option(help="Training: let the search offload optimizer states/parameters to CPU or NVMe. Serving with a fixed --gpus: when nothing fits on the GPUs alone, try the engine's smaller weight formats and layers held in host memory (--engine llamacpp runs them on the CPU).", rich_help_panel=SEARCH)] = True,
     top_k: Annotated[int, typer.Option("--top", min=1, help="Plans to show: the best variant of each parallel shape (tp, pp, dp, cp, ep); plans within the ranked figure's measured error band of the pick are ties, ordered by fewer GPUs, tp inside a node, fewer stages, smaller tp, simpler schedule.", rich_help_panel=SEARCH)] = 5,
+    disaggregated: Annotated[bool, typer.Option("--disaggregated", help="Serving on a fixed --gpus count: also write the best split into prefill and decode pools into the manifest (-o), which `shardplan export --to vllm --disaggregated` launches with vLLM's prefill/decode KV-transfer connector.", rich_help_panel=SEARCH)] = False,
     expand: Annotated[bool, typer.Option("--expand", help="Show every variant (formats, batch, ZeRO stage, recompute, virtual stages) as its own row instead of each shape's best.", rich_help_panel=SEARCH)] = False,
     strict_fit: Annotated[bool, typer.Option("--strict-fit", help="Leave out plans that fit only at the prediction, not at the pessimistic edge of the measured error band (`shardplan validate`); without it they rank after those that fit at the edge.", rich_help_panel=SEARCH)] = False,
     compare: Annotated[Optional[str], typer.Option(help="A layout to compare with the winner, e.g. tp=8,pp=16,dp=128 (a published one).", rich_help_panel=SEARCH)] = None,
@@ -326,6 +327,9 @@ def recommend(
     from shardplan.tasks.recommend import recommend as run_recommend
     from shardplan.tasks.recommend import with_allowed_dtypes
 
+    if disaggregated and output is None:
+        raise ShardplanError("--disaggregated writes the split into the manifest", field="--disaggregated",
+                             hint="add -o plan.yaml")
     if export_to is not None and output is None:
         raise ShardplanError("--export needs -o PLAN.yaml: the export is written beside the plan", field="--export",
                              hint="add -o plan.yaml")
@@ -389,7 +393,7 @@ def recommend(
     with render_common.progress("searching layouts") as progress:
         result = run_recommend(
             loaded, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, compare_layout=compare,
-            manifest_path=output, progress=progress, strict_fit=strict_fit, target=target,
+            manifest_path=output, progress=progress, strict_fit=strict_fit, write_disaggregation=disaggregated, target=target,
         )
     if result.top and export_to is not None:
         from shardplan.exporters import ExportOptions

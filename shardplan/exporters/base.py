@@ -46,6 +46,7 @@ class ExportOptions:
     hf_token_secret: str = "hf-token"  # kubernetes: Secret whose key `token` becomes HF_TOKEN (optional)
     max_restarts: int = 3  # torchrun/slurm/kubernetes training: times torchrun restarts the ranks after a failure
     elastic_min_nodes: int | None = None  # torchrun --nnodes MIN:MAX: fewest nodes to run on; None: all the plan's
+    disaggregated: bool = False  # serving: launch the manifest's prefill and decode pools (vllm)
 
 
 @dataclass(frozen=True)

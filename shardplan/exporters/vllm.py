@@ -212,6 +212,8 @@ def export_vllm(ctx: ExportContext) -> list[ExportFile]:
     table = flag_table(TARGET)
     header = [*plan_header(m, TARGET, table), *_notes(ctx)]
     port = ctx.options.port or DEFAULT_PORT
+    if ctx.options.disaggregated:
+        return _disaggregated(ctx, header, port)
     k = group_replicas(ctx)
     if k > 1:
         header.append(f"expert parallelism spans {k} replicas: they run as one vLLM server, --data-parallel-size {k} "
@@ -283,3 +285,47 @@ def pod_commands(ctx: ExportContext, *, port: int, multi_node: bool) -> tuple[st
 
 
 __all__ = ["export_vllm", "serve_command", "memory_utilization", "pod_commands"]
+
+
+# vLLM's disaggregated serving with NIXL (docs/features/disagg_prefill.md and
+# examples/online_serving/disaggregated_serving at v0.11+): every instance runs the NixlConnector
+# with kv_role kv_both; a proxy sends each request to a prefill instance with max_tokens 1 and then
+# to a decode instance, which pulls the prompt's KV blocks.
+NIXL_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+DECODE_PORT_OFFSET = 100  # decode instances listen from --port + 100
+
+
+def _disaggregated(ctx: ExportContext, header: list[str], port: int) -> list[ExportFile]:
+    """serve_disagg.sh: the manifest's prefill and decode pools on one node, each replica its own
+    GPUs and port, with the KV-transfer connector; the plan's engine settings otherwise."""
+    m = ctx.manifest
+    d = m.disaggregation
+    if d is None:
+        raise cannot(TARGET, "disaggregation", "the plan has no prefill/decode split",
+                     "write one with `shardplan recommend ... --gpus N --disaggregated -o plan.yaml`")
+    gpus = d.prefill.tp * d.prefill.replicas + d.decode.tp * d.decode.replicas
+    if gpus > m.hardware.gpus_per_node:
+        raise cannot(TARGET, "disaggregation", f"the pools take {gpus} GPUs, more than one node's "
+                     f"{m.hardware.gpus_per_node}", "split within one node, or launch each pool's nodes by hand")
+    lines: list[str] = []
+    first = 0
+    for role, pool, base in (("prefill", d.prefill, port), ("decode", d.decode, port + DECODE_PORT_OFFSET)):
+        layout = m.layout.model_copy(update={"tp": pool.tp, "pp": 1, "dp": 1, "ep": 1})
+        one = ExportContext(m.model_copy(update={"layout": layout}), ctx.spec, ctx.options)
+        for i in range(pool.replicas):
+            devices = ",".join(str(g) for g in range(first, first + pool.tp))
+            first += pool.tp
+            args = serve_args(one, data_parallel=1, port=base + i) + [("kv-transfer-config", json.dumps(NIXL_CONFIG))]
+            lines += [f"# {role} replica {i}: GPUs {devices}, port {base + i}",
+                      f"CUDA_VISIBLE_DEVICES={devices} " + command(flag_table(TARGET), ["vllm", "serve", model_ref(ctx)], args)
+                      + " &"]
+    header = [*header,
+              f"disaggregated: {d.prefill.replicas} prefill replica(s) of tp={d.prefill.tp} (ports {port}..), "
+              f"{d.decode.replicas} decode replica(s) of tp={d.decode.tp} (ports {port + DECODE_PORT_OFFSET}..); "
+              f"each prompt's KV ({d.kv_transfer_bytes_per_request / 2**20:,.0f} MiB) crosses {d.link} "
+              f"(~{d.kv_transfer_seconds * 1e3:,.1f} ms); shardplan predicted {d.output_tokens_per_second_per_gpu:,.0f} "
+              f"output tokens/s per GPU against {d.aggregated_output_tokens_per_second_per_gpu:,.0f} aggregated "
+              f"({d.winner} wins)",
+              "route requests through a prefill/decode proxy (vLLM's examples/online_serving/disaggregated_serving): "
+              "prefill with max_tokens 1, then decode on a decode instance"]
+    return [ExportFile("serve_disagg.sh", script([*lines, "wait"], header=header), executable=True)]

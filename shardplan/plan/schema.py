@@ -391,6 +391,26 @@ class PredictedSection(_Section):
         default=None, description="the verdict at the memory band's edge; null in plans written before it was recorded")
 
 
+class PoolSection(_Section):
+    tp: int = Field(ge=1, description="tensor-parallel degree of one replica of the pool")
+    replicas: int = Field(ge=1, description="replicas in the pool")
+
+
+class DisaggregationSection(_Section):
+    """Separate prefill and decode pools on the plan's GPUs (cost/disaggregated.py): what exporters
+    launch with the engines' prefill/decode roles and a KV-transfer connector when asked."""
+
+    prefill: PoolSection = Field(description="the replicas that compute prompts and send their KV")
+    decode: PoolSection = Field(description="the replicas that receive the KV and decode")
+    request_rate_per_second: float = Field(ge=0, description="requests/s the split carries within the SLA")
+    output_tokens_per_second_per_gpu: float = Field(ge=0, description="its goodput per GPU")
+    aggregated_output_tokens_per_second_per_gpu: float = Field(ge=0, description="the aggregated layout's, for comparison")
+    kv_transfer_bytes_per_request: float = Field(ge=0, description="a prompt's KV cache, bytes")
+    kv_transfer_seconds: float = Field(ge=0, description="its transfer between the pools, added to TTFT")
+    link: str = Field(description="the link between the pools")
+    winner: Literal["aggregated", "disaggregated"] = Field(description="which serving mode has more goodput per GPU")
+
+
 class DeploymentManifest(_Section):
     """A plan to deploy or train one model on one cluster, with what shardplan predicts for it."""
 
@@ -410,6 +430,9 @@ class DeploymentManifest(_Section):
     search: dict[str, int | float | str] | None = Field(description="the search's summary counts; null: no search")
     runs_on: list[str] | None = Field(None, exclude_if=lambda v: v is None, description="the targets that run this "
                                       "plan as it is (knowledge/targets.yaml); absent: not recorded (an estimate, an older plan)")
+    disaggregation: DisaggregationSection | None = Field(
+        None, exclude_if=lambda v: v is None, description="recommend --disaggregated: the plan's GPUs split into "
+                                                          "prefill and decode pools (exports launch it with --disaggregated); absent: none")
 
     @model_validator(mode="after")
     def _possible(self) -> "DeploymentManifest":

@@ -14,6 +14,7 @@ from shardplan.cost.layout import PipelineSchedule, Recompute
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
 from shardplan.errors import ShardplanError
 from shardplan.plan.manifest import build_manifest, write_manifest
+from shardplan.plan.schema import DisaggregationSection, PoolSection
 from shardplan.cost.inputs import offload_pair
 from shardplan.search import Goal, Objective, SearchResult, Space, search
 from shardplan.search import explain
@@ -78,6 +79,7 @@ def recommend(
     strict_fit: bool = False,
     target: str | None = None,
     compare_disaggregated: bool = True,
+    write_disaggregation: bool = False,
 ) -> RecommendResult:
     """The search with "fits" decided at the edge of the workload's measured error band
     (`knowledge/bands.yaml`): plans that fit only at the prediction (tight) rank after those
@@ -128,6 +130,10 @@ def recommend(
             and 1 < num_gpus < hw.gpus_per_node and workload.offload_targets and space.allow_offload
             and space.offload is None):
         suggestions += _fewer_gpus_by_offload(spec, hw, workload, space, goal)
+    disaggregated = None
+    if (res.top and isinstance(workload, InferenceWorkload) and goal.objective is Objective.GOODPUT and num_gpus
+            and num_gpus > 1 and compare_disaggregated):
+        disaggregated = _disaggregated(spec, res.top[0], workload, goal, num_gpus, hw)
     manifest = None
     if manifest_path is not None and res.top:
         best = res.top[0]
@@ -140,12 +146,22 @@ def recommend(
             loaded=loaded, hw=best.hw, layout=best.layout, workload=best.workload, report=report,
             objective=goal.objective.value, search=summary, runs_on=top[0].runs_on,
         )
+        if write_disaggregation:
+            if disaggregated is None:
+                raise ShardplanError("no split into prefill and decode pools meets the SLA on these GPUs (or the "
+                                     "comparison does not apply: a fixed --gpus count, goodput, no --request-rate)",
+                                     field="--disaggregated", hint="drop --disaggregated for the aggregated plan")
+            d = disaggregated
+            m = m.model_copy(update={"disaggregation": DisaggregationSection(
+                prefill=PoolSection(tp=d.prefill_tp, replicas=d.prefill_replicas),
+                decode=PoolSection(tp=d.decode_tp, replicas=d.decode_replicas),
+                request_rate_per_second=d.request_rate_per_second,
+                output_tokens_per_second_per_gpu=d.output_tokens_per_second_per_gpu,
+                aggregated_output_tokens_per_second_per_gpu=d.aggregated_output_tokens_per_second_per_gpu,
+                kv_transfer_bytes_per_request=d.kv_transfer_bytes_per_request,
+                kv_transfer_seconds=d.kv_transfer_seconds, link=d.link, winner=d.winner)})
         write_manifest(m, manifest_path)
         manifest = str(manifest_path)
-    disaggregated = None
-    if (res.top and isinstance(workload, InferenceWorkload) and goal.objective is Objective.GOODPUT and num_gpus
-            and num_gpus > 1 and compare_disaggregated):
-        disaggregated = _disaggregated(spec, res.top[0], workload, goal, num_gpus, hw)
     return RecommendResult(
         model=spec.name,
         hardware=hw.name,

@@ -58,3 +58,38 @@ def test_a_tight_tpot_with_long_prompts_favours_separate_pools(cli):
     loose = _rec(cli, "--input-len", "4000", "--output-len", "1000")
     assert tight["disaggregated"]["winner"] == "disaggregated"
     assert loose["disaggregated"]["winner"] == "aggregated"
+
+
+def test_the_split_goes_into_the_manifest_and_vllm_launches_its_pools(cli, tmp_path):
+    import json
+    import re
+
+    from shardplan.plan.manifest import load_manifest
+
+    plan = tmp_path / "plan.yaml"
+    res = cli("recommend", "llama-3.1-8b", "--gpus", "8", "--input-len", "8000", "--output-len", "300",
+              "--max-tpot-ms", "20", "--max-ttft-ms", "2000", "--disaggregated", "-o", str(plan), "--json")
+    assert res.exit_code == 0, res.stderr
+    d = load_manifest(plan).disaggregation
+    assert d is not None and d.winner == res.json()["disaggregated"]["winner"]
+    out = tmp_path / "out"
+    res = cli("export", str(plan), "--to", "vllm", "--disaggregated", "-o", str(out))
+    assert res.exit_code == 0, res.stderr
+    text = (out / "serve_disagg.sh").read_text()
+    devices = re.findall(r"CUDA_VISIBLE_DEVICES=([0-9,]+) vllm serve", text)
+    gpus = [int(g) for ds in devices for g in ds.split(",")]
+    assert len(devices) == d.prefill.replicas + d.decode.replicas
+    assert sorted(gpus) == list(range(d.prefill.tp * d.prefill.replicas + d.decode.tp * d.decode.replicas))
+    ports = re.findall(r"--port (\d+)", text)
+    assert len(set(ports)) == len(ports) == len(devices)
+    configs = [json.loads(c) for c in re.findall(r"--kv-transfer-config '([^']+)'", text)]
+    assert len(configs) == len(devices) and all(c == {"kv_connector": "NixlConnector", "kv_role": "kv_both"} for c in configs)
+
+
+def test_a_plan_without_a_split_or_without_a_manifest_is_one_line(cli, tmp_path):
+    plan = tmp_path / "plan.yaml"
+    assert cli("recommend", "llama-3.1-8b", "--gpus", "2", "-o", str(plan), "--json").exit_code == 0
+    res = cli("export", str(plan), "--to", "vllm", "--disaggregated")
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1 and "disaggregat" in res.stderr
+    res = cli("recommend", "llama-3.1-8b", "--gpus", "2", "--disaggregated")
+    assert res.exit_code == 2 and "-o" in res.stderr
