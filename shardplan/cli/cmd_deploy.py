@@ -35,7 +35,7 @@ def export_cmd(
     hf_token_secret: Annotated[str, typer.Option(help="kubernetes: Secret whose key `token` the pods read as HF_TOKEN (optional).")] = "hf-token",
     max_restarts: Annotated[int, typer.Option(min=0, help="torchrun, slurm, kubernetes training: times torchrun restarts the ranks after a fault (slurm: also the most requeues; kubernetes: the Job's backoffLimit).")] = 3,
     elastic_min_nodes: Annotated[Optional[int], typer.Option(min=1, help="torchrun, slurm, kubernetes training: the fewest nodes torchrun may re-form the group on (--nnodes MIN:MAX, MAX = the plan's nodes); default: all the plan's nodes, because the layout is sized for them.")] = None,
-    disaggregated: Annotated[bool, typer.Option("--disaggregated", help="vllm: launch the plan's prefill and decode pools (recommend --disaggregated) with vLLM's NixlConnector instead of its aggregated replicas.")] = False,
+    disaggregated: Annotated[bool, typer.Option("--disaggregated", help="vllm, sglang: launch the plan's prefill and decode pools (recommend --disaggregated) with the engine's KV-transfer connector (vLLM NixlConnector, SGLang --disaggregation-mode with NIXL) instead of its aggregated replicas.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Turn a plan into what a deployment tool takes: engine command lines (vllm, sglang, tgi,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 from shardplan.exporters.base import (
+    cannot,
     Arg,
     ExportContext,
     ExportFile,
@@ -145,6 +146,8 @@ def export_sglang(ctx: ExportContext) -> list[ExportFile]:
     port = ctx.options.port or DEFAULT_PORT
     header = [*plan_header(m, TARGET, table),
               f"--mem-fraction-static {mem_fraction_static(ctx):.2f}: the plan's weights + KV cache share of the GPU"]
+    if ctx.options.disaggregated:
+        return _disaggregated(ctx, header, port)
     g = group_replicas(ctx)
     if g > 1:
         header.append(f"expert parallelism spans {g} replicas: they run as one server with DP attention "
@@ -176,3 +179,56 @@ def pod_commands(ctx: ExportContext, *, port: int, multi_node: bool) -> tuple[st
     cmd = launch_command(ctx, data_parallel=1, port=port, nnodes=k, node_rank="$LWS_WORKER_INDEX",
                          head="$LWS_LEADER_ADDRESS")
     return cmd, cmd
+
+
+# SGLang's prefill/decode disaggregation (docs/advanced_features/pd_disaggregation.md): each server
+# runs with --disaggregation-mode prefill or decode and a transfer backend (NIXL here, as vLLM's
+# export uses; mooncake is SGLang's default), prefill servers each with a bootstrap port; the
+# sglang_router in --pd-disaggregation mode pairs them.
+TRANSFER_BACKEND = "nixl"
+BOOTSTRAP_PORT = 8998
+DECODE_PORT_OFFSET = 100
+
+
+def _disaggregated(ctx: ExportContext, header: list[str], port: int) -> list[ExportFile]:
+    """serve_disagg.sh: the manifest's prefill and decode pools on one node, each server its own
+    GPUs and port (prefill servers their own bootstrap port), with the plan's engine settings."""
+    m = ctx.manifest
+    d = m.disaggregation
+    if d is None:
+        raise cannot(TARGET, "disaggregation", "the plan has no prefill/decode split",
+                     "write one with `shardplan recommend ... --gpus N --disaggregated -o plan.yaml`")
+    gpus = d.prefill.tp * d.prefill.replicas + d.decode.tp * d.decode.replicas
+    if gpus > m.hardware.gpus_per_node:
+        raise cannot(TARGET, "disaggregation", f"the pools take {gpus} GPUs, more than one node's "
+                     f"{m.hardware.gpus_per_node}", "split within one node, or launch each pool's nodes by hand")
+    lines: list[str] = []
+    first = 0
+    prefill_urls, decode_urls = [], []
+    for role, pool, base in (("prefill", d.prefill, port), ("decode", d.decode, port + DECODE_PORT_OFFSET)):
+        layout = m.layout.model_copy(update={"tp": pool.tp, "pp": 1, "dp": 1, "ep": 1})
+        one = ExportContext(m.model_copy(update={"layout": layout}), ctx.spec, ctx.options)
+        for i in range(pool.replicas):
+            devices = ",".join(str(g) for g in range(first, first + pool.tp))
+            first += pool.tp
+            args = server_args(one, data_parallel=1, port=base + i) + [
+                ("disaggregation-mode", role), ("disaggregation-transfer-backend", TRANSFER_BACKEND)]
+            if role == "prefill":
+                args.append(("disaggregation-bootstrap-port", BOOTSTRAP_PORT + i))
+                prefill_urls.append(f"--prefill http://127.0.0.1:{base + i} {BOOTSTRAP_PORT + i}")
+            else:
+                decode_urls.append(f"--decode http://127.0.0.1:{base + i}")
+            lines += [f"# {role} server {i}: GPUs {devices}, port {base + i}",
+                      f"CUDA_VISIBLE_DEVICES={devices} "
+                      + command(flag_table(TARGET), ["python", "-m", "sglang.launch_server"], args) + " &"]
+    header = [*header,
+              f"disaggregated: {d.prefill.replicas} prefill server(s) of tp={d.prefill.tp}, {d.decode.replicas} decode "
+              f"server(s) of tp={d.decode.tp}; each prompt's KV ({d.kv_transfer_bytes_per_request / 2**20:,.0f} MiB) "
+              f"crosses {d.link} (~{d.kv_transfer_seconds * 1e3:,.1f} ms); shardplan predicted "
+              f"{d.output_tokens_per_second_per_gpu:,.0f} output tokens/s per GPU against "
+              f"{d.aggregated_output_tokens_per_second_per_gpu:,.0f} aggregated ({d.winner} wins)",
+              "pair them with the router: python -m sglang_router.launch_router --pd-disaggregation "
+              + " ".join(prefill_urls + decode_urls),
+              "--mem-fraction-static is the aggregated plan's share; a pool whose tp differs holds its weights over "
+              "fewer or more GPUs, so check each server's start-up log for its KV pool"]
+    return [ExportFile("serve_disagg.sh", script([*lines, "wait"], header=header), executable=True)]

@@ -76,6 +76,7 @@ def test_the_split_goes_into_the_manifest_and_vllm_launches_its_pools(cli, tmp_p
     res = cli("export", str(plan), "--to", "vllm", "--disaggregated", "-o", str(out))
     assert res.exit_code == 0, res.stderr
     text = (out / "serve_disagg.sh").read_text()
+    _sglang_pools(cli, plan, tmp_path / "sg", d)
     devices = re.findall(r"CUDA_VISIBLE_DEVICES=([0-9,]+) vllm serve", text)
     gpus = [int(g) for ds in devices for g in ds.split(",")]
     assert len(devices) == d.prefill.replicas + d.decode.replicas
@@ -93,3 +94,15 @@ def test_a_plan_without_a_split_or_without_a_manifest_is_one_line(cli, tmp_path)
     assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1 and "disaggregat" in res.stderr
     res = cli("recommend", "llama-3.1-8b", "--gpus", "2", "--disaggregated")
     assert res.exit_code == 2 and "-o" in res.stderr
+
+
+def _sglang_pools(cli, plan, out, d):
+    import re
+
+    res = cli("export", str(plan), "--to", "sglang", "--disaggregated", "-o", str(out))
+    assert res.exit_code == 0, res.stderr
+    text = (out / "serve_disagg.sh").read_text()
+    modes = re.findall(r"--disaggregation-mode (prefill|decode)", text)
+    assert modes.count("prefill") == d.prefill.replicas and modes.count("decode") == d.decode.replicas
+    assert len(re.findall(r"--disaggregation-bootstrap-port (\d+)", text)) == d.prefill.replicas
+    assert "--pd-disaggregation" in text
