@@ -16,7 +16,7 @@ from typing import Any
 
 from shardplan.errors import ShardplanError
 from shardplan.exporters import sglang, tgi, trtllm, vllm
-from shardplan.exporters.base import ExportContext, ExportFile, gpus_per_node_used, nodes_per_replica, plan_header, training
+from shardplan.exporters.base import ExportContext, ExportFile, cannot, gpus_per_node_used, nodes_per_replica, plan_header, training
 from shardplan.exporters.k8s_objects import pod_spec, service, deployment, dump, leader_worker_set, name_for
 from shardplan.exporters.torchrun import RDZV_PORT, fault_lines, max_restarts, nnodes_range, rdzv_id, torchrun_command
 from shardplan.plan.manifest import dump_manifest
@@ -82,8 +82,44 @@ def export_kubernetes(ctx: ExportContext) -> list[ExportFile]:
                           f"{'shardplan' if ctx.options.script is None else 'the script'} (or pass --image)")
         return [ExportFile("job.yaml", dump(objs, header))]
     eng = _engine(ctx.options.engine)
+    if ctx.options.disaggregated:
+        return [ExportFile("deployment.yaml", dump(_disaggregated(ctx, eng), [*header, *_pool_notes(ctx, eng)]))]
     kw = {"image": eng.IMAGE, "pod_commands": eng.pod_commands, "health_path": eng.HEALTH_PATH}
     if nodes_per_replica(m, eng.TARGET) > 1:
         header.append("needs the LeaderWorkerSet controller: https://github.com/kubernetes-sigs/lws")
         return [ExportFile("lws.yaml", dump(leader_worker_set(ctx, **kw), header))]
     return [ExportFile("deployment.yaml", dump(deployment(ctx, **kw), header))]
+
+
+def _disaggregated(ctx: ExportContext, eng: ModuleType) -> list[dict[str, Any]]:
+    """The manifest's prefill and decode pools as two Deployments (one pod per server, the pool's tp
+    GPUs each) with a Service each; the engine's role commands (vllm, sglang)."""
+    m = ctx.manifest
+    d = m.disaggregation
+    if d is None:
+        raise cannot(TARGET, "disaggregation", "the plan has no prefill/decode split",
+                     "write one with `shardplan recommend ... --gpus N --disaggregated -o plan.yaml`")
+    if not hasattr(eng, "role_command"):
+        raise cannot(TARGET, "disaggregation", f"shardplan exports prefill/decode roles for vllm and sglang, "
+                     f"not {ctx.options.engine}", "pass --engine vllm or --engine sglang")
+    port = ctx.options.port or eng.DEFAULT_PORT
+    objs: list[dict[str, Any]] = []
+    for role, pool in (("prefill", d.prefill), ("decode", d.decode)):
+        name = f"{name_for(ctx)}-{role}"
+        labels = {"app": name, "role": role}
+        tmpl = pod_spec(ctx, image=eng.IMAGE, shell=eng.role_command(ctx, role, port=port), gpus=pool.tp, port=port,
+                        labels=labels, health_path=eng.HEALTH_PATH)
+        objs += [{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+                  "spec": {"replicas": pool.replicas, "selector": {"matchLabels": labels}, "template": tmpl}},
+                 service(name, labels, port)]
+    return objs
+
+
+def _pool_notes(ctx: ExportContext, eng: ModuleType) -> list[str]:
+    d = ctx.manifest.disaggregation
+    if d is None:
+        return []
+    return [f"disaggregated: {d.prefill.replicas} prefill pod(s) of tp={d.prefill.tp}, {d.decode.replicas} decode "
+            f"pod(s) of tp={d.decode.tp} ({d.winner} wins by shardplan's prediction); route through a prefill/decode "
+            f"proxy ({'sglang_router --pd-disaggregation' if ctx.options.engine == 'sglang' else 'vLLM disaggregated_serving'})"
+            " pointed at the two Services"]

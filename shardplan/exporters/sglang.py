@@ -190,6 +190,21 @@ BOOTSTRAP_PORT = 8998
 DECODE_PORT_OFFSET = 100
 
 
+def role_command(ctx: ExportContext, role: str, *, port: int, index: int = 0) -> str:
+    """One server of the manifest's prefill or decode pool at the pool's tp; a prefill server's
+    bootstrap port is BOOTSTRAP_PORT + `index` (servers sharing a host need their own)."""
+    d = ctx.manifest.disaggregation
+    assert d is not None  # the callers check
+    pool = d.prefill if role == "prefill" else d.decode
+    layout = ctx.manifest.layout.model_copy(update={"tp": pool.tp, "pp": 1, "dp": 1, "ep": 1})
+    one = ExportContext(ctx.manifest.model_copy(update={"layout": layout}), ctx.spec, ctx.options)
+    args = server_args(one, data_parallel=1, port=port) + [
+        ("disaggregation-mode", role), ("disaggregation-transfer-backend", TRANSFER_BACKEND)]
+    if role == "prefill":
+        args.append(("disaggregation-bootstrap-port", BOOTSTRAP_PORT + index))
+    return command(flag_table(TARGET), ["python", "-m", "sglang.launch_server"], args)
+
+
 def _disaggregated(ctx: ExportContext, header: list[str], port: int) -> list[ExportFile]:
     """serve_disagg.sh: the manifest's prefill and decode pools on one node, each server its own
     GPUs and port (prefill servers their own bootstrap port), with the plan's engine settings."""
@@ -206,21 +221,15 @@ def _disaggregated(ctx: ExportContext, header: list[str], port: int) -> list[Exp
     first = 0
     prefill_urls, decode_urls = [], []
     for role, pool, base in (("prefill", d.prefill, port), ("decode", d.decode, port + DECODE_PORT_OFFSET)):
-        layout = m.layout.model_copy(update={"tp": pool.tp, "pp": 1, "dp": 1, "ep": 1})
-        one = ExportContext(m.model_copy(update={"layout": layout}), ctx.spec, ctx.options)
         for i in range(pool.replicas):
             devices = ",".join(str(g) for g in range(first, first + pool.tp))
             first += pool.tp
-            args = server_args(one, data_parallel=1, port=base + i) + [
-                ("disaggregation-mode", role), ("disaggregation-transfer-backend", TRANSFER_BACKEND)]
             if role == "prefill":
-                args.append(("disaggregation-bootstrap-port", BOOTSTRAP_PORT + i))
                 prefill_urls.append(f"--prefill http://127.0.0.1:{base + i} {BOOTSTRAP_PORT + i}")
             else:
                 decode_urls.append(f"--decode http://127.0.0.1:{base + i}")
             lines += [f"# {role} server {i}: GPUs {devices}, port {base + i}",
-                      f"CUDA_VISIBLE_DEVICES={devices} "
-                      + command(flag_table(TARGET), ["python", "-m", "sglang.launch_server"], args) + " &"]
+                      f"CUDA_VISIBLE_DEVICES={devices} {role_command(ctx, role, port=base + i, index=i)} &"]
     header = [*header,
               f"disaggregated: {d.prefill.replicas} prefill server(s) of tp={d.prefill.tp}, {d.decode.replicas} decode "
               f"server(s) of tp={d.decode.tp}; each prompt's KV ({d.kv_transfer_bytes_per_request / 2**20:,.0f} MiB) "

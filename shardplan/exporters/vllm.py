@@ -295,6 +295,18 @@ NIXL_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
 DECODE_PORT_OFFSET = 100  # decode instances listen from --port + 100
 
 
+def role_command(ctx: ExportContext, role: str, *, port: int, index: int = 0) -> str:
+    """One server of the manifest's prefill or decode pool: the plan's engine settings at the pool's
+    tp, with the KV-transfer connector (`index` is unused: every vLLM instance is configured alike)."""
+    d = ctx.manifest.disaggregation
+    assert d is not None  # the callers check
+    pool = d.prefill if role == "prefill" else d.decode
+    layout = ctx.manifest.layout.model_copy(update={"tp": pool.tp, "pp": 1, "dp": 1, "ep": 1})
+    one = ExportContext(ctx.manifest.model_copy(update={"layout": layout}), ctx.spec, ctx.options)
+    args = serve_args(one, data_parallel=1, port=port) + [("kv-transfer-config", json.dumps(NIXL_CONFIG))]
+    return command(flag_table(TARGET), ["vllm", "serve", model_ref(ctx)], args)
+
+
 def _disaggregated(ctx: ExportContext, header: list[str], port: int) -> list[ExportFile]:
     """serve_disagg.sh: the manifest's prefill and decode pools on one node, each replica its own
     GPUs and port, with the KV-transfer connector; the plan's engine settings otherwise."""
@@ -310,15 +322,11 @@ def _disaggregated(ctx: ExportContext, header: list[str], port: int) -> list[Exp
     lines: list[str] = []
     first = 0
     for role, pool, base in (("prefill", d.prefill, port), ("decode", d.decode, port + DECODE_PORT_OFFSET)):
-        layout = m.layout.model_copy(update={"tp": pool.tp, "pp": 1, "dp": 1, "ep": 1})
-        one = ExportContext(m.model_copy(update={"layout": layout}), ctx.spec, ctx.options)
         for i in range(pool.replicas):
             devices = ",".join(str(g) for g in range(first, first + pool.tp))
             first += pool.tp
-            args = serve_args(one, data_parallel=1, port=base + i) + [("kv-transfer-config", json.dumps(NIXL_CONFIG))]
             lines += [f"# {role} replica {i}: GPUs {devices}, port {base + i}",
-                      f"CUDA_VISIBLE_DEVICES={devices} " + command(flag_table(TARGET), ["vllm", "serve", model_ref(ctx)], args)
-                      + " &"]
+                      f"CUDA_VISIBLE_DEVICES={devices} {role_command(ctx, role, port=base + i)} &"]
     header = [*header,
               f"disaggregated: {d.prefill.replicas} prefill replica(s) of tp={d.prefill.tp} (ports {port}..), "
               f"{d.decode.replicas} decode replica(s) of tp={d.decode.tp} (ports {port + DECODE_PORT_OFFSET}..); "

@@ -106,3 +106,27 @@ def _sglang_pools(cli, plan, out, d):
     assert modes.count("prefill") == d.prefill.replicas and modes.count("decode") == d.decode.replicas
     assert len(re.findall(r"--disaggregation-bootstrap-port (\d+)", text)) == d.prefill.replicas
     assert "--pd-disaggregation" in text
+
+
+@pytest.mark.parametrize("engine, needle", [("vllm", "NixlConnector"), ("sglang", "--disaggregation-mode")])
+def test_kubernetes_runs_each_pool_as_its_own_deployment(cli, tmp_path, engine, needle):
+    import yaml
+
+    from shardplan.plan.manifest import load_manifest
+
+    plan = tmp_path / "plan.yaml"
+    assert cli("recommend", "llama-3.1-8b", "--gpus", "8", "--input-len", "8000", "--output-len", "300",
+               "--max-tpot-ms", "20", "--max-ttft-ms", "2000", "--disaggregated", "-o", str(plan)).exit_code == 0
+    d = load_manifest(plan).disaggregation
+    res = cli("export", str(plan), "--to", "kubernetes", "--engine", engine, "--disaggregated", "-o", str(tmp_path / "k"))
+    assert res.exit_code == 0, res.stderr
+    objs = list(yaml.safe_load_all((tmp_path / "k" / "deployment.yaml").read_text()))
+    deps = {o["metadata"]["name"].rsplit("-", 1)[1]: o for o in objs if o["kind"] == "Deployment"}
+    assert set(deps) == {"prefill", "decode"}
+    for role, pool in (("prefill", d.prefill), ("decode", d.decode)):
+        spec = deps[role]["spec"]
+        assert spec["replicas"] == pool.replicas
+        container = spec["template"]["spec"]["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == pool.tp
+        assert needle in container["args"][0]
+    assert sum(1 for o in objs if o["kind"] == "Service") == 2
