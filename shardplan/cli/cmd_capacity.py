@@ -118,6 +118,10 @@ def capacity(
     Training (--workload training): the fewest GPUs for each ZeRO stage and offload choice at
     --seq-len and --global-batch-size, with the fastest layout there.
 
+    With --request-rate R: the fewest GPUs, and the replica layout, that serve R requests/s
+    within --max-ttft-ms/--max-tpot-ms at --slo-percentile, e.g.
+    shardplan capacity llama-3.1-70b --request-rate 20 --max-ttft-ms 1000 --max-tpot-ms 50
+
     GPU counts are those recommend searches (powers of two in a node, then whole nodes) up to
     --max-gpus. Exit 0; 3 when nothing fits within --max-gpus."""
     from shardplan.cli import render_capacity, render_common

@@ -172,7 +172,10 @@ def estimate(
     """Per-GPU memory and time of one layout: weights, KV cache, activations, gradients,
     optimizer states, overhead, for every pipeline stage; whether it fits and what binds;
     serving: time to first token, time per output token, throughput and the best batch;
-    training: step time, tokens/s per GPU, MFU/HFU, and where the time goes.
+    training: step time, tokens/s per GPU, MFU/HFU, and where the time goes. With
+    --request-rate or --concurrency, serving under that traffic too: the engine's continuous
+    batching simulated, TTFT/TPOT/e2e percentiles and the rate the plan sustains, e.g.
+    shardplan estimate llama-3.1-8b --gpus 1 --request-rate 4 --dataset-lengths sharegpt
 
     Exit 0 when it fits, 3 when it does not (the report is still printed), 2 for a layout
     that cannot exist."""
@@ -319,7 +322,13 @@ def recommend(
     Shows the top plans with memory, headroom, time and cost; the serving Pareto frontier
     (latency vs throughput per GPU); rejected layouts by reason; the binding constraint and the
     runner-up's gap. When nothing fits it lists the smallest changes that would (each found by
-    searching again) and exits 3. `-o plan.yaml` writes the winner's deployment manifest."""
+    searching again) and exits 3. `-o plan.yaml` writes the winner's deployment manifest.
+
+    Serving ranks by goodput by default: output tokens/s per GPU from requests within the SLA
+    (p90 TTFT 1 s, TPOT 50 ms unless --max-ttft-ms/--max-tpot-ms), the engine's continuous
+    batching simulated at the highest rate each plan sustains (or at --request-rate), and says
+    whether separate prefill and decode pools would do better. Example:
+    shardplan recommend llama-3.1-70b --gpus 8 --request-rate 6 --max-ttft-ms 800 --max-tpot-ms 60"""
     from shardplan.cost.inputs import offload_pair
     from shardplan.search import Goal, Objective, Space
     from shardplan.specs import cluster, loading
