@@ -26,7 +26,8 @@ them (vLLM V1's piecewise graphs: `graphs_for_prompt_steps`).
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 
 from shardplan.cost.layout import Layout
 from shardplan.cost.speculative import SpeculativeMethod
@@ -55,19 +56,33 @@ def _grid(top: int) -> list[int]:
         k += 1
 
 
-@dataclass(frozen=True)
 class _Curve:
-    xs: tuple[int, ...]
-    ys: tuple[float, ...]
+    """A function read at grid points, linear between them; each grid point is computed (one
+    `pass_time`) the first time an interpolation needs it, so a step model costs only the points
+    its steps fall between."""
+
+    def __init__(self, xs: list[int], f: Callable[[int], float]) -> None:
+        self.xs = tuple(xs)
+        self._f = f
+        self._ys: dict[int, float] = {}
+
+    def _y(self, i: int) -> float:
+        y = self._ys.get(i)
+        if y is None:
+            y = self._ys[i] = self._f(self.xs[i])
+        return y
 
     def at(self, x: float) -> float:
-        xs, ys = self.xs, self.ys
+        xs = self.xs
         if x <= xs[0]:
-            return ys[0] * x / xs[0] if x > 0 else 0.0
+            return self._y(0) * x / xs[0] if x > 0 else 0.0
+        if len(xs) == 1:
+            return self._y(0) * x / xs[0]
         i = bisect.bisect_left(xs, x)
         if i >= len(xs):  # past the grid: the last segment's slope
             i = len(xs) - 1
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        x0, x1 = xs[i - 1], xs[i]
+        y0, y1 = self._y(i - 1), self._y(i)
         return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
@@ -92,11 +107,10 @@ class StepModel:
 
         top = max(2, max_tokens + max_seqs)
         xs = _grid(top)
-        self._eager = _Curve(tuple(xs), tuple(linear(t, False) for t in xs))
+        self._eager = _Curve(xs, lambda t: linear(t, False))
         gx = [t for t in xs if t <= self.graph_max] or [1]
-        self._graphs = _Curve(tuple(gx), tuple(linear(t, bool(self.graph_max)) for t in gx))
-        sx = _grid(max(2, max_seqs))
-        self._head = _Curve(tuple(sx), tuple(head(s) for s in sx))
+        self._graphs = _Curve(gx, lambda t: linear(t, bool(self.graph_max)))
+        self._head = _Curve(_grid(max(2, max_seqs)), head)
 
         d = max(1, min(KV_PROBE_SEQS, max_seqs))
 

@@ -229,13 +229,3 @@ def latency_floor(step: StepModel, wl: InferenceWorkload, mean_input_tokens: flo
         done += c
     tpot = step.seconds(tokens=1, sampled=1, decoding=1, kv_tokens=mean_input_tokens, prompt_units=0, prompt_step=False)
     return ttft, tpot
-
-
-def lightest_load(step: StepModel, wl: InferenceWorkload, kv_capacity_tokens: int,
-                  num_requests: int = SEARCH_REQUESTS_MAX) -> LoadResult:
-    """The replica at the lowest rate `best_rate` tries (its steady rate / 2^RATE_BISECTIONS): what an
-    SLA must allow for the search to keep the replica at all."""
-    load = wl.load or ServingLoad()
-    sched = scheduler_for(wl, kv_capacity_tokens)
-    cap = simulate(step, sched, _traffic(wl, load, num_requests, rate=math.inf, conc=None)).steady_request_throughput_per_second
-    return simulate(step, sched, _traffic(wl, load, num_requests, rate=max(cap, 1e-9) / 2 ** RATE_BISECTIONS, conc=None))

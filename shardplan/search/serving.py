@@ -19,7 +19,7 @@ from shardplan.cost.layout import Layout, Offload
 from shardplan.cost.memory_serving import ServingMemory, serving_memory
 from shardplan.cost.time_serving import ServingTime, pass_time, serving_time
 from shardplan.cost.step_model import StepModel
-from shardplan.cost.traffic import SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_rate, latency_floor, lightest_load, load_figures
+from shardplan.cost.traffic import SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_rate, latency_floor, load_figures
 from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
 from shardplan.search.targets import serving_refusal
 from shardplan.search.space import (
@@ -370,10 +370,8 @@ def _goodput(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inference
             n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
             point = best_rate(step, wl, sm.kv_capacity_tokens, sla, n)
             if point is None:
-                light = lightest_load(step, wl, sm.kv_capacity_tokens, n)
-                pct = {50: "p50", 90: "p90", 99: "p99"}[sla.percentile]
-                floors = (getattr(light.ttft_seconds, pct), getattr(light.tpot_seconds, pct))
-                found = ("none within the SLA", None, floors, n)
+                # What the replica reaches one request at a time (a relaxed limit must allow it).
+                found = ("none within the SLA", None, (floor_ttft, floor_tpot), n)
             else:
                 found = (None, point.request_rate_per_second, point.result, point.num_requests)
         else:
