@@ -50,10 +50,6 @@ def requests_for(wl: InferenceWorkload, load: ServingLoad, num: int) -> tuple[tu
     return tuple(load.lengths.sample(num, load.seed))
 
 
-def _share(value: float, replicas: int) -> float:
-    return value / replicas
-
-
 def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, kv_capacity_tokens: int,
                  *, model: StepModel | None = None) -> LoadFigures:
     """The plan of `layout` under `wl.load` (which must be set)."""
@@ -63,7 +59,7 @@ def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infer
     replicas = max(1, layout.dp)
     num = max(1, math.ceil(load.num_requests / replicas))
     reqs = requests_for(wl, load, num)
-    rate = _share(load.request_rate_per_second, replicas)
+    rate = load.request_rate_per_second / replicas  # spread evenly over the replicas (module docstring)
     conc = None if load.max_concurrency is None else max(1, math.ceil(load.max_concurrency / replicas))
     step = model or StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
     sched = scheduler_for(wl, kv_capacity_tokens)

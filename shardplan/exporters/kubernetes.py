@@ -18,6 +18,7 @@ from shardplan.errors import ShardplanError
 from shardplan.exporters import sglang, tgi, trtllm, vllm
 from shardplan.exporters.base import ExportContext, ExportFile, cannot, gpus_per_node_used, nodes_per_replica, plan_header, training
 from shardplan.exporters.k8s_objects import pod_spec, service, deployment, dump, leader_worker_set, name_for
+from shardplan.exporters.serving import plan_split
 from shardplan.exporters.torchrun import RDZV_PORT, fault_lines, max_restarts, nnodes_range, rdzv_id, torchrun_command
 from shardplan.plan.manifest import dump_manifest
 
@@ -94,11 +95,7 @@ def export_kubernetes(ctx: ExportContext) -> list[ExportFile]:
 def _disaggregated(ctx: ExportContext, eng: ModuleType) -> list[dict[str, Any]]:
     """The manifest's prefill and decode pools as two Deployments (one pod per server, the pool's tp
     GPUs each) with a Service each; the engine's role commands (vllm, sglang)."""
-    m = ctx.manifest
-    d = m.disaggregation
-    if d is None:
-        raise cannot(TARGET, "disaggregation", "the plan has no prefill/decode split",
-                     "write one with `shardplan recommend ... --gpus N --disaggregated -o plan.yaml`")
+    d = plan_split(ctx, TARGET)
     if not hasattr(eng, "role_command"):
         raise cannot(TARGET, "disaggregation", f"shardplan exports prefill/decode roles for vllm and sglang, "
                      f"not {ctx.options.engine}", "pass --engine vllm or --engine sglang")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from shardplan.exporters.base import ExportContext, engine_gpus, gpus_per_node_used, num_engines
+from shardplan.exporters.base import ExportContext, cannot, engine_gpus, gpus_per_node_used, num_engines
 
 DEFAULT_PORT = 8000
 
@@ -43,3 +43,57 @@ def each_node_note(ctx: ExportContext, script_name: str = "serve.sh") -> list[st
     n = ctx.manifest.hardware.num_nodes
     return [f"run the same script on each of the {n} nodes (each hosts {len(node_replicas(ctx))} replica(s)); "
             f"put a load balancer in front: bash {script_name}"] if n > 1 else []
+
+
+# Disaggregated plans (the manifest's `disaggregation`): what every engine's export shares.
+DECODE_PORT_OFFSET = 100  # decode servers listen from --port + 100, prefill servers from --port
+
+
+@dataclass(frozen=True)
+class PoolServer:
+    role: str  # "prefill" or "decode"
+    index: int  # within its pool
+    gpus: str  # local GPU indices, comma-separated (CUDA_VISIBLE_DEVICES)
+    port: int
+
+
+def plan_split(ctx: ExportContext, target: str):
+    """The manifest's prefill/decode split, or the one-line refusal when it has none."""
+    d = ctx.manifest.disaggregation
+    if d is None:
+        raise cannot(target, "disaggregation", "the plan has no prefill/decode split",
+                     "write one with `shardplan recommend ... --gpus N --disaggregated -o plan.yaml`")
+    return d
+
+
+def pool_context(ctx: ExportContext, role: str) -> ExportContext:
+    """The plan as one server of a pool sees it: the pool's tp, one stage, one replica."""
+    d = plan_split(ctx, "export")
+    pool = d.prefill if role == "prefill" else d.decode
+    layout = ctx.manifest.layout.model_copy(update={"tp": pool.tp, "pp": 1, "dp": 1, "ep": 1})
+    return ExportContext(ctx.manifest.model_copy(update={"layout": layout}), ctx.spec, ctx.options)
+
+
+def pool_servers(ctx: ExportContext, target: str, port: int) -> list[PoolServer]:
+    """Every server of both pools on one node: GPUs in order (prefill first), ports by pool."""
+    d = plan_split(ctx, target)
+    gpn = ctx.manifest.hardware.gpus_per_node
+    gpus = d.prefill.tp * d.prefill.replicas + d.decode.tp * d.decode.replicas
+    if gpus > gpn:
+        raise cannot(target, "disaggregation", f"the pools take {gpus} GPUs, more than one node's {gpn}",
+                     "split within one node, or launch each pool's nodes by hand")
+    out, first = [], 0
+    for role, pool, base in (("prefill", d.prefill, port), ("decode", d.decode, port + DECODE_PORT_OFFSET)):
+        for i in range(pool.replicas):
+            out.append(PoolServer(role, i, ",".join(str(g) for g in range(first, first + pool.tp)), base + i))
+            first += pool.tp
+    return out
+
+
+def split_summary(d) -> str:
+    """The header line every export of a split carries: the pools, the KV transfer, the prediction."""
+    return (f"disaggregated: {d.prefill.replicas} prefill server(s) of tp={d.prefill.tp}, {d.decode.replicas} decode "
+            f"server(s) of tp={d.decode.tp}; each prompt's KV ({d.kv_transfer_bytes_per_request / 2**20:,.0f} MiB) "
+            f"crosses {d.link} (~{d.kv_transfer_seconds * 1e3:,.1f} ms); shardplan predicted "
+            f"{d.output_tokens_per_second_per_gpu:,.0f} output tokens/s per GPU against "
+            f"{d.aggregated_output_tokens_per_second_per_gpu:,.0f} aggregated ({d.winner} wins)")

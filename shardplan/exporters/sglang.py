@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 
 from shardplan.exporters.base import (
-    cannot,
     Arg,
     ExportContext,
     ExportFile,
@@ -42,7 +41,16 @@ from shardplan.exporters.base import (
     share_holding_one_sequence,
     torch_dtype,
 )
-from shardplan.exporters.serving import DEFAULT_PORT, each_node_note, node_replicas, replicas_script
+from shardplan.exporters.serving import (
+    DEFAULT_PORT,
+    each_node_note,
+    node_replicas,
+    plan_split,
+    pool_context,
+    pool_servers,
+    replicas_script,
+    split_summary,
+)
 from shardplan.exporters.targets import check
 
 TARGET = "sglang"
@@ -187,18 +195,12 @@ def pod_commands(ctx: ExportContext, *, port: int, multi_node: bool) -> tuple[st
 # sglang_router in --pd-disaggregation mode pairs them.
 TRANSFER_BACKEND = "nixl"
 BOOTSTRAP_PORT = 8998
-DECODE_PORT_OFFSET = 100
 
 
 def role_command(ctx: ExportContext, role: str, *, port: int, index: int = 0) -> str:
     """One server of the manifest's prefill or decode pool at the pool's tp; a prefill server's
     bootstrap port is BOOTSTRAP_PORT + `index` (servers sharing a host need their own)."""
-    d = ctx.manifest.disaggregation
-    assert d is not None  # the callers check
-    pool = d.prefill if role == "prefill" else d.decode
-    layout = ctx.manifest.layout.model_copy(update={"tp": pool.tp, "pp": 1, "dp": 1, "ep": 1})
-    one = ExportContext(ctx.manifest.model_copy(update={"layout": layout}), ctx.spec, ctx.options)
-    args = server_args(one, data_parallel=1, port=port) + [
+    args = server_args(pool_context(ctx, role), data_parallel=1, port=port) + [
         ("disaggregation-mode", role), ("disaggregation-transfer-backend", TRANSFER_BACKEND)]
     if role == "prefill":
         args.append(("disaggregation-bootstrap-port", BOOTSTRAP_PORT + index))
@@ -208,36 +210,15 @@ def role_command(ctx: ExportContext, role: str, *, port: int, index: int = 0) ->
 def _disaggregated(ctx: ExportContext, header: list[str], port: int) -> list[ExportFile]:
     """serve_disagg.sh: the manifest's prefill and decode pools on one node, each server its own
     GPUs and port (prefill servers their own bootstrap port), with the plan's engine settings."""
-    m = ctx.manifest
-    d = m.disaggregation
-    if d is None:
-        raise cannot(TARGET, "disaggregation", "the plan has no prefill/decode split",
-                     "write one with `shardplan recommend ... --gpus N --disaggregated -o plan.yaml`")
-    gpus = d.prefill.tp * d.prefill.replicas + d.decode.tp * d.decode.replicas
-    if gpus > m.hardware.gpus_per_node:
-        raise cannot(TARGET, "disaggregation", f"the pools take {gpus} GPUs, more than one node's "
-                     f"{m.hardware.gpus_per_node}", "split within one node, or launch each pool's nodes by hand")
     lines: list[str] = []
-    first = 0
-    prefill_urls, decode_urls = [], []
-    for role, pool, base in (("prefill", d.prefill, port), ("decode", d.decode, port + DECODE_PORT_OFFSET)):
-        for i in range(pool.replicas):
-            devices = ",".join(str(g) for g in range(first, first + pool.tp))
-            first += pool.tp
-            if role == "prefill":
-                prefill_urls.append(f"--prefill http://127.0.0.1:{base + i} {BOOTSTRAP_PORT + i}")
-            else:
-                decode_urls.append(f"--decode http://127.0.0.1:{base + i}")
-            lines += [f"# {role} server {i}: GPUs {devices}, port {base + i}",
-                      f"CUDA_VISIBLE_DEVICES={devices} {role_command(ctx, role, port=base + i, index=i)} &"]
-    header = [*header,
-              f"disaggregated: {d.prefill.replicas} prefill server(s) of tp={d.prefill.tp}, {d.decode.replicas} decode "
-              f"server(s) of tp={d.decode.tp}; each prompt's KV ({d.kv_transfer_bytes_per_request / 2**20:,.0f} MiB) "
-              f"crosses {d.link} (~{d.kv_transfer_seconds * 1e3:,.1f} ms); shardplan predicted "
-              f"{d.output_tokens_per_second_per_gpu:,.0f} output tokens/s per GPU against "
-              f"{d.aggregated_output_tokens_per_second_per_gpu:,.0f} aggregated ({d.winner} wins)",
-              "pair them with the router: python -m sglang_router.launch_router --pd-disaggregation "
-              + " ".join(prefill_urls + decode_urls),
+    urls: list[str] = []
+    for srv in pool_servers(ctx, TARGET, port):
+        urls.append(f"--prefill http://127.0.0.1:{srv.port} {BOOTSTRAP_PORT + srv.index}" if srv.role == "prefill"
+                    else f"--decode http://127.0.0.1:{srv.port}")
+        lines += [f"# {srv.role} server {srv.index}: GPUs {srv.gpus}, port {srv.port}",
+                  f"CUDA_VISIBLE_DEVICES={srv.gpus} {role_command(ctx, srv.role, port=srv.port, index=srv.index)} &"]
+    header = [*header, split_summary(plan_split(ctx, TARGET)),
+              "pair them with the router: python -m sglang_router.launch_router --pd-disaggregation " + " ".join(urls),
               "--mem-fraction-static is the aggregated plan's share; a pool whose tp differs holds its weights over "
               "fewer or more GPUs, so check each server's start-up log for its KV pool"]
     return [ExportFile("serve_disagg.sh", script([*lines, "wait"], header=header), executable=True)]

@@ -59,7 +59,17 @@ from shardplan.exporters.base import (
     serving,
     torch_dtype,
 )
-from shardplan.exporters.serving import DEFAULT_PORT, each_node_note, node_replicas, replicas_script
+from shardplan.exporters.serving import (
+    DECODE_PORT_OFFSET,
+    DEFAULT_PORT,
+    each_node_note,
+    node_replicas,
+    plan_split,
+    pool_context,
+    pool_servers,
+    replicas_script,
+    split_summary,
+)
 from shardplan.exporters.targets import check
 
 TARGET = "vllm"
@@ -292,48 +302,24 @@ __all__ = ["export_vllm", "serve_command", "memory_utilization", "pod_commands"]
 # with kv_role kv_both; a proxy sends each request to a prefill instance with max_tokens 1 and then
 # to a decode instance, which pulls the prompt's KV blocks.
 NIXL_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
-DECODE_PORT_OFFSET = 100  # decode instances listen from --port + 100
 
 
 def role_command(ctx: ExportContext, role: str, *, port: int, index: int = 0) -> str:
     """One server of the manifest's prefill or decode pool: the plan's engine settings at the pool's
     tp, with the KV-transfer connector (`index` is unused: every vLLM instance is configured alike)."""
-    d = ctx.manifest.disaggregation
-    assert d is not None  # the callers check
-    pool = d.prefill if role == "prefill" else d.decode
-    layout = ctx.manifest.layout.model_copy(update={"tp": pool.tp, "pp": 1, "dp": 1, "ep": 1})
-    one = ExportContext(ctx.manifest.model_copy(update={"layout": layout}), ctx.spec, ctx.options)
-    args = serve_args(one, data_parallel=1, port=port) + [("kv-transfer-config", json.dumps(NIXL_CONFIG))]
+    args = serve_args(pool_context(ctx, role), data_parallel=1, port=port) + [("kv-transfer-config", json.dumps(NIXL_CONFIG))]
     return command(flag_table(TARGET), ["vllm", "serve", model_ref(ctx)], args)
 
 
 def _disaggregated(ctx: ExportContext, header: list[str], port: int) -> list[ExportFile]:
     """serve_disagg.sh: the manifest's prefill and decode pools on one node, each replica its own
     GPUs and port, with the KV-transfer connector; the plan's engine settings otherwise."""
-    m = ctx.manifest
-    d = m.disaggregation
-    if d is None:
-        raise cannot(TARGET, "disaggregation", "the plan has no prefill/decode split",
-                     "write one with `shardplan recommend ... --gpus N --disaggregated -o plan.yaml`")
-    gpus = d.prefill.tp * d.prefill.replicas + d.decode.tp * d.decode.replicas
-    if gpus > m.hardware.gpus_per_node:
-        raise cannot(TARGET, "disaggregation", f"the pools take {gpus} GPUs, more than one node's "
-                     f"{m.hardware.gpus_per_node}", "split within one node, or launch each pool's nodes by hand")
     lines: list[str] = []
-    first = 0
-    for role, pool, base in (("prefill", d.prefill, port), ("decode", d.decode, port + DECODE_PORT_OFFSET)):
-        for i in range(pool.replicas):
-            devices = ",".join(str(g) for g in range(first, first + pool.tp))
-            first += pool.tp
-            lines += [f"# {role} replica {i}: GPUs {devices}, port {base + i}",
-                      f"CUDA_VISIBLE_DEVICES={devices} {role_command(ctx, role, port=base + i)} &"]
-    header = [*header,
-              f"disaggregated: {d.prefill.replicas} prefill replica(s) of tp={d.prefill.tp} (ports {port}..), "
-              f"{d.decode.replicas} decode replica(s) of tp={d.decode.tp} (ports {port + DECODE_PORT_OFFSET}..); "
-              f"each prompt's KV ({d.kv_transfer_bytes_per_request / 2**20:,.0f} MiB) crosses {d.link} "
-              f"(~{d.kv_transfer_seconds * 1e3:,.1f} ms); shardplan predicted {d.output_tokens_per_second_per_gpu:,.0f} "
-              f"output tokens/s per GPU against {d.aggregated_output_tokens_per_second_per_gpu:,.0f} aggregated "
-              f"({d.winner} wins)",
-              "route requests through a prefill/decode proxy (vLLM's examples/online_serving/disaggregated_serving): "
+    for srv in pool_servers(ctx, TARGET, port):
+        lines += [f"# {srv.role} replica {srv.index}: GPUs {srv.gpus}, port {srv.port}",
+                  f"CUDA_VISIBLE_DEVICES={srv.gpus} {role_command(ctx, srv.role, port=srv.port)} &"]
+    header = [*header, split_summary(plan_split(ctx, TARGET)),
+              f"prefill servers listen from port {port}, decode servers from {port + DECODE_PORT_OFFSET}; route "
+              "requests through a prefill/decode proxy (vLLM's examples/online_serving/disaggregated_serving): "
               "prefill with max_tokens 1, then decode on a decode instance"]
     return [ExportFile("serve_disagg.sh", script([*lines, "wait"], header=header), executable=True)]
