@@ -403,6 +403,7 @@ def recommend(
         result = run_recommend(
             loaded, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, compare_layout=compare,
             manifest_path=output, progress=progress, strict_fit=strict_fit, write_disaggregation=disaggregated, target=target,
+            engine_given=any(given(ctx, o) for o in ("engine", "engine_version", "cpu_offload_gb", "gpu_memory_utilization")),
         )
     if result.top and export_to is not None:
         from shardplan.exporters import ExportOptions
@@ -469,11 +470,14 @@ def _render_plan() -> ModuleType:
 
 def _fastest_interleaving(spec, hw, wl, pp: int, layout_with) -> CostReport:
     """--pp-schedule interleaved without --virtual-stages: every v >= 2 that splits the layers
-    evenly over pp x v chunks (as Megatron-LM requires) is costed, and the fastest step is kept
+    (with the embedding and the loss where they count as layers) evenly over pp x v chunks (as
+    Megatron-LM requires) is costed, and the fastest step is kept
     and said, rather than v = 1 (a 1F1B bubble under another name)."""
     from shardplan.cost.estimate import estimate as run_estimate
 
-    allowed = [v for v in range(2, spec.num_layers // max(pp, 1) + 1) if spec.num_layers % (pp * v) == 0]
+    probe = layout_with(2)  # the embedding and the loss count as pipeline units where asked
+    units = spec.num_layers + int(probe.pp_embedding_as_layer) + int(probe.pp_loss_as_layer)
+    allowed = [v for v in range(2, units // max(pp, 1) + 1) if units % (pp * v) == 0]
     reports = []
     for v in allowed:
         try:
@@ -481,7 +485,8 @@ def _fastest_interleaving(spec, hw, wl, pp: int, layout_with) -> CostReport:
         except ShardplanError:
             continue  # a v the micro-batch count cannot schedule
     if not reports:
-        raise ShardplanError(f"no virtual-stage count splits the {spec.num_layers} layers evenly over pp = {pp}",
+        raise ShardplanError(f"no virtual-stage count splits the {units} pipeline units ({spec.num_layers} layers"
+                             f"{', the embedding and loss' if units > spec.num_layers else ''}) evenly over pp = {pp}",
                              field="--virtual-stages", hint="give --virtual-stages, or --pp-schedule 1f1b")
     seconds = {v: (r.time.step_seconds if r.training and r.time else 0.0) for v, r in reports}
     v, report = min(reports, key=lambda vr: (not vr[1].fits, seconds[vr[0]]))

@@ -160,10 +160,19 @@ class ExportSummary(Frozen):
     files: list[str] = Field(description="files written")
 
 
+class EngineFallback(Frozen):
+    """The default engine had no plan; the answer is another engine's."""
+
+    asked: str = Field(description="the default engine and version, which has no plan")
+    used: str = Field(description="the engine and version the plans are sized for")
+    option: str = Field(description="the option that selects it, e.g. --engine llamacpp")
+    why: str = Field(description="why the default has no plan and what the other engine does differently")
+
+
 class RecommendResult(OmitNone):
     """What `recommend --json` prints."""
 
-    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"export", "target", "disaggregated"})
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"export", "target", "disaggregated", "engine_fallback"})
 
     model: str = Field(description="model name")
     hardware: str = Field(description="hardware profile name")
@@ -200,3 +209,6 @@ class RecommendResult(OmitNone):
                                   "and which of the two wins")
     target: str | None = Field(default=None, description="--target (or the one --export implies): every plan is one "
                                                          "it runs and verify checks")
+    engine_fallback: EngineFallback | None = Field(
+        default=None, description="serving without --engine: the default engine had no plan, so these plans are "
+                                  "another engine's (the first that has one)")

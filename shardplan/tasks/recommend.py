@@ -5,7 +5,7 @@ parses options and renders it."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,8 @@ from shardplan.plan.schema import DisaggregationSection, PoolSection
 from shardplan.cost.inputs import offload_pair
 from shardplan.search import Goal, Objective, SearchResult, Space, search
 from shardplan.search import explain
-from shardplan.search.results import BestAtGpuCount, DisaggregatedComparison, RecommendResult, SearchBudget, Suggestion
+from shardplan.search.results import (BestAtGpuCount, DisaggregatedComparison, EngineFallback, RecommendResult,
+                                      SearchBudget, Suggestion)
 from shardplan.cost.disaggregated import best_disaggregated
 from shardplan.cost.traffic import Sla
 from shardplan.search.space import BUDGET_SPENT, Progress
@@ -80,12 +81,15 @@ def recommend(
     target: str | None = None,
     compare_disaggregated: bool = True,
     write_disaggregation: bool = False,
+    engine_given: bool = True,
 ) -> RecommendResult:
     """The search with "fits" decided at the edge of the workload's measured error band
     (`knowledge/bands.yaml`): plans that fit only at the prediction (tight) rank after those
     that fit at the edge, or, with `strict_fit`, are rejected where the search decides fit.
     `target`: only plans that target runs (and verify checks); without it each plan says which
-    targets run it (`runs_on`) (tasks/_targets.py)."""
+    targets run it (`runs_on`) (tasks/_targets.py). `engine_given` False (serving without
+    --engine): when the default engine has no plan at all, the answer is the first other engine's
+    that has one (`engine_fallback` says which and why), the default's own suggestions kept."""
     spec = loaded.spec
     if target is not None:
         check_target(target, spec, hw, workload)
@@ -122,9 +126,17 @@ def recommend(
         def run(wl: Any, sp: Space, g: Goal, *, num_gpus: int | None, max_gpus: int | None, first_fit: bool = False) -> SearchResult:
             return search(spec, hw, wl, sp, g, num_gpus=num_gpus, max_gpus=max_gpus, first_fit=first_fit)
 
-        suggestions = _sla_suggestions(res, goal) + explain.suggestions(spec, hw, workload, space, goal, n, run)
+        # A default SLA is a preference: the single changes that make something fit are judged without it
+        # (as the ranking is when nothing meets it), a limit the user gave stays.
+        sgoal = _without_default_sla(goal)
+        suggestions = _sla_suggestions(res, goal) + explain.suggestions(spec, hw, workload, space, sgoal, n, run)
         if isinstance(workload, InferenceWorkload) and not res.top and target is None:  # a target fixes the engine
-            suggestions += _engine_suggestions(spec, hw, workload, space, goal, n)
+            others = _other_engine_plans(spec, hw, workload, space, sgoal, n)
+            if others and not engine_given:
+                return _answered_by(others[0], suggestions, loaded, hw, workload, space, goal, num_gpus=num_gpus,
+                                    max_gpus=max_gpus, manifest_path=manifest_path, progress=progress,
+                                    strict_fit=strict_fit, compare_layout=compare_layout)
+            suggestions += [o.suggestion for o in others]
     # Sizing part of a node (a workstation's few GPUs): say what one GPU would do by offloading.
     if (suggest and res.top and isinstance(workload, InferenceWorkload) and num_gpus
             and 1 < num_gpus < hw.gpus_per_node and workload.offload_targets and space.allow_offload
@@ -341,13 +353,23 @@ def _fewer_gpus_by_offload(spec: Any, hw: HardwareProfile, workload: InferenceWo
     return [Suggestion(change="--gpus 1", detail=f"one GPU with {how}{explain.speed_note(e)}", num_gpus=1)]
 
 
-def _engine_suggestions(spec: Any, hw: HardwareProfile, workload: InferenceWorkload, space: Space, goal: Goal,
-                        num_gpus: int) -> list[Any]:
+@dataclass(frozen=True)
+class _OtherEngine:
+    """Another engine's best plan where the asked one has none."""
+
+    name: str
+    label: str
+    workload: InferenceWorkload
+    space: Space
+    suggestion: Suggestion
+
+
+def _other_engine_plans(spec: Any, hw: HardwareProfile, workload: InferenceWorkload, space: Space, goal: Goal,
+                        num_gpus: int) -> list[_OtherEngine]:
     """Engines that run offloaded layers on the CPU with their KV cache (llama.cpp) can serve a
-    context the asked engine cannot hold at all: the first such engine's best plan, with its speed."""
+    context the asked engine cannot hold at all: each such engine's best plan, with its speed."""
     from shardplan.cost.inputs import inference_workload
     from shardplan.knowledge.load import engine_rules, known_engines
-    from shardplan.search.results import Suggestion
 
     out = []
     for name in known_engines():
@@ -362,6 +384,7 @@ def _engine_suggestions(spec: Any, hw: HardwareProfile, workload: InferenceWorkl
                 input_len=workload.input_len, output_len=workload.output_len, batch_size=workload.batch_size)
         except ShardplanError:
             continue
+        wl = replace(wl, load=workload.load)
         sp = replace(space, quantizations=(Quantization.NONE,), kv_cache_dtypes=(None,),
                      fallback_quantizations=tuple(Quantization(f) for f in wl.weight_formats))
         try:
@@ -371,10 +394,33 @@ def _engine_suggestions(spec: Any, hw: HardwareProfile, workload: InferenceWorkl
         if r.top:
             e = r.top[0]
             off = f", {e.layout.offload_layers} of {spec.num_layers} layers on the CPU" if e.layout.offload_layers else ""
-            out.append(Suggestion(change=f"--engine {name}",
-                                  detail=f"{rules.label} fits with {e.workload.quantization.value} weights{off}"
-                                         f"{explain.speed_note(e)}"))
+            out.append(_OtherEngine(name=name, label=rules.label, workload=wl, space=sp, suggestion=Suggestion(
+                change=f"--engine {name}",
+                detail=f"{rules.label} fits with {e.workload.quantization.value} weights{off}{explain.speed_note(e)}")))
     return out
+
+
+def _answered_by(other: _OtherEngine, asked_suggestions: list[Suggestion], loaded: LoadedModel, hw: HardwareProfile,
+                 asked: InferenceWorkload, space: Space, goal: Goal, **kw: Any) -> RecommendResult:
+    """The answer when the default engine has no plan and `other` has: `other`'s search, with a
+    line naming the switch first, and what would make the default engine fit kept as suggestions."""
+    res = recommend(loaded, hw, other.workload, other.space, goal, engine_given=True, **kw)
+    kv_note = ("it keeps every layer's KV cache on the GPU" if asked.offload_targets
+               else "it cannot hold layers or their KV cache in host memory")
+    context = asked.max_model_len or loaded.spec.max_position_embeddings
+    why = (f"no {engine_label(asked)} layout fits {hw.name} at a {context:,}-token context, with smaller "
+           f"weight formats or layers in host memory ({kv_note}); {other.label} keeps offloaded layers' KV cache in "
+           "host memory")
+    fallback = EngineFallback(asked=engine_label(asked), used=other.label, option=f"--engine {other.name}", why=why)
+    line = f"engine: {other.label} ({fallback.option}), not the default {fallback.asked}: {why}"
+    kept = [s for s in asked_suggestions if not s.change.startswith("--engine")]
+    kept = [s.model_copy(update={"detail": f"with {fallback.asked}: {s.detail}"}) for s in kept]
+    return res.model_copy(update={"assumptions": f"{line}; {res.assumptions}", "engine_fallback": fallback,
+                                  "suggestions": [*res.suggestions, *kept]})
+
+
+def _without_default_sla(goal: Goal) -> Goal:
+    return replace(goal, max_ttft_seconds=None, max_tpot_seconds=None, sla_defaulted=False) if goal.sla_defaulted else goal
 
 
 def with_allowed_dtypes(space: Space, allowed: list[str]) -> Space:

@@ -126,7 +126,8 @@ def test_one_consumer_gpu_falls_back_to_smaller_formats_and_offload_and_states_t
 def test_llama_cpp_serves_the_full_context_where_vllm_cannot(cli):
     """At the model's 131,072-token context vLLM cannot hold one sequence's KV (40 GiB) on a 24 GB
     card even with every layer offloaded; llama.cpp keeps offloaded layers' KV in host memory."""
-    vllm = _does_not_fit(cli("recommend", "llama-3.1-70b", "--objective", "throughput", "-H", "rtx-4090-24gb", "--gpus", "1", "--json"))
+    vllm = _does_not_fit(cli("recommend", "llama-3.1-70b", "--objective", "throughput", "-H", "rtx-4090-24gb", "--gpus", "1",
+                             "--engine", "vllm", "--json"))
     engine = next(s for s in vllm["suggestions"] if s["change"] == "--engine llamacpp")
     assert "layers on the CPU" in engine["detail"]
     llama = _ok(cli("recommend", "llama-3.1-70b", "--objective", "throughput", "-H", "rtx-4090-24gb", "--gpus", "1", "--engine", "llamacpp",
@@ -135,6 +136,29 @@ def test_llama_cpp_serves_the_full_context_where_vllm_cannot(cli):
     assert best["plan"]["offload"]["layers"] > 40 and best["plan"]["quantization"] in (
         "q2_k", "q3_k_m", "q4_0", "q4_k_m", "q5_k_m", "q6_k", "q8_0", "iq4_xs")
     assert best["kv_cache"]["capacity_tokens"] >= 131072
+
+
+def test_the_consumer_case_without_engine_answers_with_the_engine_that_has_a_plan(cli):
+    """The issue's case as a new user types it: 70B on one 24 GB card, no --engine, the default
+    goodput objective. vLLM has no plan at the model's 131,072-token context (one sequence's KV is
+    40 GiB and vLLM cannot move it off the GPU), so the answer is llama.cpp's plan, fitting, with
+    its tokens/s; the first line says so, and what would make vLLM fit stays as suggestions."""
+    d = _ok(cli("recommend", "llama-3.1-70b", "-H", "rtx-4090-24gb", "--gpus", "1", "--json"))
+    fb = d["engine_fallback"]
+    assert fb["used"].startswith("llama.cpp") and fb["asked"].startswith("vLLM") and fb["option"] == "--engine llamacpp"
+    assert d["assumptions"].startswith("engine: llama.cpp")
+    best = d["top"][0]
+    assert best["memory"]["headroom_bytes"] >= 0 and best["kv_cache"]["capacity_tokens"] >= 131072
+    assert best["plan"]["offload"]["layers"] > 0
+    assert 0 < best["load"]["tpot_seconds"]["p90"] < 1.0 and best["load"]["output_tokens_per_second_per_gpu"] > 0
+    # vLLM's own ways to fit are kept and named as vLLM's: a shorter context or more GPUs.
+    kept = {s["change"].split()[0] for s in d["suggestions"] if s["detail"].startswith("with vLLM")}
+    assert {"--max-model-len", "--gpus"} <= kept, d["suggestions"]
+    # With the engine given, the answer stays vLLM's: no plan (exit 3), llama.cpp as a suggestion,
+    # and under the default SLA the suggestions are still made (judged without it).
+    vllm = _does_not_fit(cli("recommend", "llama-3.1-70b", "-H", "rtx-4090-24gb", "--gpus", "1", "--engine", "vllm", "--json"))
+    assert "engine_fallback" not in vllm
+    assert {"--engine", "--max-model-len"} <= {s["change"].split()[0] for s in vllm["suggestions"]}
 
 
 def test_latency_and_throughput_objectives_pick_different_winners(cli):
