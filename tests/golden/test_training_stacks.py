@@ -124,6 +124,21 @@ def test_interleaved_without_virtual_stages_picks_and_prints_v(cli):
         assert d["time"]["step_seconds"] <= other["time"]["step_seconds"] + 1e-9
 
 
+def test_interleaved_without_virtual_stages_counts_the_embedding_and_loss_as_units(cli):
+    """Llama 3 405B's layout (Dubey et al. 2024, §3.3.2): 126 layers over 16 stages, the embedding
+    and the loss each taking a layer's place, so 128 units split into 16 x 8 chunks. No v splits the
+    126 layers alone evenly; with the two extra units v = 2, 4 and 8 do."""
+    base = ("estimate", "llama-3.1-405b", "--workload", "training", "--gpus", "2048", "--tp", "8", "--pp", "16",
+            "--pp-schedule", "interleaved", "--seq-len", "8192", "--global-batch-size", "256", "--sequence-parallel",
+            "--zero-stage", "1", "--json")
+    without = cli(*base)
+    assert without.exit_code == 2 and "126 pipeline units" in without.stderr
+    d = cli(*base, "--pp-embedding-as-layer", "--pp-loss-as-layer").json()
+    note = d["assumptions"][-1]
+    assert "the fastest of v = 2, 4, 8" in note, note
+    assert len(d["plan"]["stage_layers"]) == 16
+
+
 def test_a_time_for_a_plan_that_does_not_fit_says_so(cli):
     args = ("estimate", "llama-3.2-1b", "--workload", "training", "--gpus", "1", "--hardware", "h100-sxm-80gb",
             "--micro-batch-size", "8", "--seq-len", "4096", "--global-batch-size", "64", "--stack", "hf")
