@@ -318,6 +318,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             chunks.append((r, c))
             left -= c
 
+    quiet_ok = model.width == 1  # speculative steps add the drafts' passes: stepped one by one
     send_ready()
     while finished < n:
         if not running and not waiting:
@@ -326,6 +327,34 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             now = max(now, arrivals[next_send])
             send_ready()
             continue
+        if decoding and not prefilling and quiet_ok and (
+                not waiting or len(running) >= sched.max_num_seqs or sched.schedule == "static"
+                or (sched.schedule == "mixed" and budget - decoding <= 0)):
+            # A quiet stretch: only decode steps until the next arrival, the next finish or a full
+            # cache, while no waiting request can be admitted (none waits, every sequence slot is
+            # taken, a static batch runs, or decodes fill the token budget; none of these changes
+            # before a finish). Each step is the one the loop below would take (same sums, same
+            # order), without its per-step scheduling.
+            stop = finish_heap[0][0] if finish_heap else decode_steps + 1
+            nxt = arrivals[next_send] if next_send < n and in_flight < cap else math.inf
+            fixed, a_kv, per_seq = model.decode_terms(decoding)
+            grow = decoding * per_step
+            taken = 0
+            while decode_steps + 1 < stop and now < nxt and used + decoding <= capacity:
+                now += fixed + a_kv * used + per_seq
+                decode_steps += 1
+                used += grow
+                remaining_out -= grow
+                taken += 1
+                if sched.admission is not None:
+                    ratio = max(ratio - decay, floor)
+            if taken:
+                steps += taken
+                decode_batch_sum += decoding * taken
+                peak = max(peak, len(running))
+                if next_send < n and arrivals[next_send] <= now:
+                    send_ready()
+                continue
         chunks: list[tuple[_Request, int]] = []
         prompt_units = 0.0
         tokens = 0
@@ -335,7 +364,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                 pass
             step_decoding = decoding
             left = budget - step_decoding
-            for r in list(prefilling):
+            for r in list(prefilling) if prefilling else ():
                 if left <= 0:
                     break
                 c = min(r.target - r.computed, left) if sched.chunked_prefill else r.target - r.computed
@@ -343,7 +372,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                     break
                 chunks.append((r, c))
                 left -= c
-            admit_waiting(left, chunks)
+            if waiting:
+                admit_waiting(left, chunks)
         elif sched.schedule == "prefill_first" or sched.schedule == "static":
             static_busy = sched.schedule == "static" and bool(running) and not prefilling
             if not static_busy:
@@ -382,8 +412,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             prompt_units += c * (p + (c + 1) / 2)
             tokens += c
         tokens += step_decoding
-        completing = [r for r, c in chunks if r.computed + c >= r.target]
-        kv_read = used - sum(r.computed for r in prefilling) if step_decoding else 0
+        completing = [r for r, c in chunks if r.computed + c >= r.target] if chunks else ()
+        kv_read = (used - sum(r.computed for r in prefilling) if prefilling else used) if step_decoding else 0
         dt = model.seconds(tokens=tokens, sampled=step_decoding + len(completing), decoding=step_decoding,
                            kv_tokens=kv_read, prompt_units=prompt_units, prompt_step=bool(chunks))
         now += dt
@@ -409,7 +439,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         for r in completing:
             prefilling.remove(r)
             sampled_done(r, now)
-        send_ready()
+        if next_send < n and arrivals[next_send] <= now:
+            send_ready()
     done = [r for r in reqs if not math.isnan(r.done)]
     duration = max((r.done for r in done), default=0.0)
     out_tokens = sum(r.output for r in done)

@@ -111,6 +111,7 @@ class StepModel:
         gx = [t for t in xs if t <= self.graph_max] or [1]
         self._graphs = _Curve(gx, lambda t: linear(t, bool(self.graph_max)))
         self._head = _Curve(_grid(max(2, max_seqs)), head)
+        self._fixed: dict[tuple[int, int, bool], float] = {}
 
         d = max(1, min(KV_PROBE_SEQS, max_seqs))
 
@@ -160,6 +161,18 @@ class StepModel:
             return self._proposals * (layer + self._head.at(decoding))
         return 0.0
 
+    def decode_terms(self, decoding: int) -> tuple[float, float, float]:
+        """For a step of `decoding` requests only (no prompt chunk, one token each, no drafts): the
+        terms of `seconds` that do not depend on the cached tokens C, and C's coefficient, so that
+        `seconds(...) == (fixed + a_kv * C) + per_seq` exactly (the same sums in the same order)."""
+        assert self.width == 1, "speculative steps have proposal terms"
+        graphs = decoding <= self.graph_max
+        key = (decoding, decoding, graphs)
+        fixed = self._fixed.get(key)
+        if fixed is None:
+            fixed = self._fixed[key] = (self._graphs if graphs else self._eager).at(decoding) + self._head.at(decoding)
+        return fixed, self.kv_seconds_per_token, self.seconds_per_decoding_seq * decoding
+
     def seconds(self, *, tokens: int, sampled: int, decoding: int, kv_tokens: float, prompt_units: float,
                 prompt_step: bool) -> float:
         """One step of `tokens` tokens: `decoding` requests reading `kv_tokens` cached tokens in all,
@@ -169,7 +182,12 @@ class StepModel:
         extra = decoding * (self.width - 1)  # the K drafted positions each decoding request verifies
         tokens, sampled = tokens + extra, sampled + extra
         graphs = tokens <= self.graph_max and (not prompt_step or self.graphs_for_prompt_steps)
-        linear = (self._graphs if graphs else self._eager).at(tokens)
-        return (linear + self._head.at(sampled) + self.kv_seconds_per_token * kv_tokens
+        # linear(T) + head(S) is kept by (T, S, graphs): a simulation asks for the same few thousand
+        # compositions hundreds of thousands of times; the sum below is evaluated in the same order.
+        key = (tokens, sampled, graphs)
+        fixed = self._fixed.get(key)
+        if fixed is None:
+            fixed = self._fixed[key] = (self._graphs if graphs else self._eager).at(tokens) + self._head.at(sampled)
+        return (fixed + self.kv_seconds_per_token * kv_tokens
                 + self.seconds_per_decoding_seq * decoding + self.prompt_seconds_per_unit * prompt_units
                 + self._proposal_seconds(decoding, kv_tokens))

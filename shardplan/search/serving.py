@@ -317,6 +317,7 @@ def _goodput_bound(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     if top >= 1:
         sizes = {top} | ({wl.cuda_graph_max_batch} if 1 <= wl.cuda_graph_max_batch < top else set())
         bound = max(b / t(b) for b in sizes)
+        bound = min(bound, _with_decode_attention(bound, _step_model(spec, hw, layout, wl, memo), wl))
         # Every token, prompt or output, passes through the layers in some step, and a step of T
         # tokens takes at least T times the least time a token takes (at the largest step the
         # budget allows): outputs are at most their share of the tokens that rate carries.
@@ -330,6 +331,35 @@ def _goodput_bound(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     if store:
         memo[key] = bound  # type: ignore[index]
     return bound
+
+
+def _with_decode_attention(linear_bound: float, step: StepModel, wl: InferenceWorkload) -> float:
+    """The bound with the decode steps' attention: a request of p prompt and o output tokens
+    decodes o - 1 tokens after its prefill, in steps that read its p, p + 1, ..., p + o - 2 cached
+    tokens (a_kv each) and cost a_seq for it (`StepModel.seconds`), so its outputs take at least
+    (o - 1) / linear_bound + a_kv ((o - 1) p + (o - 1)(o - 2) / 2) + a_seq (o - 1) of step time.
+    Only for fixed lengths (every request the same; a drawn sample's moments are the sample's) and
+    one token a decode step (no speculative width)."""
+    load = wl.load or ServingLoad()
+    out, prompt = max(1, wl.output_len), wl.input_len
+    if load.lengths is not None or step.width > 1 or out < 2 or linear_bound <= 0:
+        return math.inf
+    decoded = out - 1
+    seconds = (decoded / linear_bound + step.kv_seconds_per_token * (decoded * prompt + decoded * (decoded - 1) / 2)
+               + step.seconds_per_decoding_seq * decoded)
+    return out / seconds
+
+
+def _step_model(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, memo: Memo | None) -> StepModel:
+    """One replica's step model (cost/step_model.py), shared by its bound and its simulation; it
+    depends on what its figures under traffic do (`_goodput_key`)."""
+    key = ("step", _goodput_key(hw, layout, wl))
+    found, store = _looked_up(memo, key)
+    if found is None:
+        found = StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
+        if store:
+            memo[key] = found  # type: ignore[index]
+    return found
 
 
 def _goodput_key(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload) -> tuple[Any, ...]:
@@ -357,7 +387,7 @@ def _goodput(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inference
     key = (_goodput_key(hw, layout, wl), sla, None if open_loop else replicas) if memo is not None else None
     found, store = _looked_up(memo, key)
     if found is None:
-        step = StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
+        step = _step_model(spec, hw, layout, wl, memo)
         mean_in = wl.input_len if load.lengths is None else load.lengths.mean_input_tokens
         floor_ttft, floor_tpot = latency_floor(step, wl, mean_in)
         if ((sla.max_ttft_seconds is not None and floor_ttft > sla.max_ttft_seconds)
