@@ -34,6 +34,9 @@ EXPECTED = {
         "kv_cache_bytes": gib(14.65), "num_gpu_blocks": 6001, "num_cpu_blocks": 1638}, False),
     "vllm_v1_h100x4_qwen3_235b_fp8_tp4": ("vllm", "vllm-v1", {
         "kv_cache_bytes": gib(8.11), "kv_cache_tokens": 178880}, False),
+    "vllm_v1_l4x1_qwen25_vl_7b_2k_v0901": ("vllm", "vllm-v1", {
+        "weights_bytes": gib(15.6271), "kv_cache_bytes": gib(1.81), "kv_cache_tokens": 33824, "max_concurrency": 16.52,
+        "max_concurrency_tokens_per_request": 2048, "cuda_graph_bytes": gib(0.51)}, False),
     "vllm_v1_kvfp8_100k_started": ("vllm", "vllm-v1", {
         "kv_cache_bytes": gib(10.55), "kv_cache_tokens": 230528, "max_concurrency": 2.31,
         "max_concurrency_tokens_per_request": 100000}, False),
