@@ -36,6 +36,7 @@ def export_cmd(
     max_restarts: Annotated[int, typer.Option(min=0, help="torchrun, slurm, kubernetes training: times torchrun restarts the ranks after a fault (slurm: also the most requeues; kubernetes: the Job's backoffLimit).")] = 3,
     elastic_min_nodes: Annotated[Optional[int], typer.Option(min=1, help="torchrun, slurm, kubernetes training: the fewest nodes torchrun may re-form the group on (--nnodes MIN:MAX, MAX = the plan's nodes); default: all the plan's nodes, because the layout is sized for them.")] = None,
     disaggregated: Annotated[bool, typer.Option("--disaggregated", help="vllm, sglang: launch the plan's prefill and decode pools (recommend --disaggregated) with the engine's KV-transfer connector (vLLM NixlConnector, SGLang --disaggregation-mode with NIXL) instead of its aggregated replicas.")] = False,
+    engine_version: Annotated[Optional[str], typer.Option(help="vllm, sglang, tgi (and kubernetes with --engine): check the flags against, and tag the image with, the bundled flag list of this engine version instead of the plan's --engine-version (the newest list not newer than it; the header says which and why).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Turn a plan into what a deployment tool takes: engine command lines (vllm, sglang, tgi,
@@ -49,7 +50,8 @@ def export_cmd(
 
     opts = ExportOptions(model_path=model_path, script=script, plan_file=str(plan), image=image, port=port,
                          nvme_path=nvme_path, engine=engine, cache_pvc=cache_pvc, hf_token_secret=hf_token_secret,
-                         max_restarts=max_restarts, elastic_min_nodes=elastic_min_nodes, disaggregated=disaggregated)
+                         max_restarts=max_restarts, elastic_min_nodes=elastic_min_nodes, disaggregated=disaggregated,
+                         engine_version=engine_version)
     result = export_plan(plan, to, opts, output)
     if json_out:
         render_common.print_json(result.model_dump(mode="json"))

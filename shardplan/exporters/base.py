@@ -17,6 +17,7 @@ from typing import Any, Iterable, Sequence
 import yaml
 
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
+from shardplan.knowledge.schema import parse_version
 from shardplan.plan.schema import DeploymentManifest, InferenceWorkloadSection, TrainingWorkloadSection
 from shardplan.specs.model import ModelSpec
 
@@ -47,6 +48,7 @@ class ExportOptions:
     max_restarts: int = 3  # torchrun/slurm/kubernetes training: times torchrun restarts the ranks after a failure
     elastic_min_nodes: int | None = None  # torchrun --nnodes MIN:MAX: fewest nodes to run on; None: all the plan's
     disaggregated: bool = False  # serving: launch the manifest's prefill and decode pools (vllm)
+    engine_version: str | None = None  # serving: the engine version whose flag list to use; None: the plan's (see engine_flags)
 
 
 @dataclass(frozen=True)
@@ -297,10 +299,13 @@ class DeprecatedFlag(UserWarning):
     """An export emits a flag that its pinned flag list marks deprecated."""
 
 
-# The engine version each exporter's flags are checked against (and its image is tagged with): the
-# newest release whose generated flag list (tools/dump_engine_flags.py) the exports validate against.
-# Older lists stay bundled as `<engine>-<version>.yaml`, e.g. flag_table("vllm-0.11.0").
-PINNED_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+# The engine version each exporter's flags are checked against by default (and its image is tagged
+# with): the newest release whose flag list the exports validate against. Older lists stay bundled as
+# `<list>-<version>.yaml` (flag_table("vllm-0.11.0")); `engine_flags` picks one by the plan's version.
+PINNED_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23", "tgi": "3.3.7"}
+# engine (as plans and `export --to` name it) -> the stem of its serving command's flag lists
+FLAG_LISTS = {"vllm": "vllm", "sglang": "sglang", "tgi": "tgi"}
+DISPLAY_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "trtllm": "TensorRT-LLM"}
 
 
 @lru_cache(maxsize=None)
@@ -314,6 +319,98 @@ def flag_table(name: str) -> FlagTable:
     return FlagTable(tool=data["tool"], command=data["command"], version=str(data["version"]),
                      sources=tuple(data["sources"]), flags=data["flags"], prefix=data.get("prefix", "--"),
                      extra={k: v for k, v in data.items() if k not in known} or None)
+
+
+def bundled_versions(stem: str) -> list[str]:
+    """The versions of the bundled `flags/<stem>-<version>.yaml` lists, oldest first."""
+    found = []
+    for path in FLAGS_DIR.glob(f"{stem}-*.yaml"):
+        text = path.stem[len(stem) + 1:]
+        try:
+            found.append((parse_version(text), text))
+        except ValueError:  # another list sharing the stem (trtllm-serve-* under trtllm)
+            continue
+    return [v for _, v in sorted(found)]
+
+
+@dataclass(frozen=True)
+class ChosenFlags:
+    """The flag list an export is checked against, and why that one."""
+
+    table: FlagTable
+    why: str  # e.g. "the plan's --engine-version 0.11.0"
+    notes: tuple[str, ...] = ()  # header lines about the choice (memory rules of another version)
+
+
+def choose_version(versions: Sequence[str], pinned: str, wanted: str | None, *, asked_by: str) -> tuple[str, str]:
+    """(bundled version, why) for an engine version `wanted` (None: none named).
+
+    Rule: the newest bundled list not newer than `wanted`, comparing (major, minor, patch) as numbers
+    (0.5.3 < 0.5.23), never a list newer than the pin. vLLM and SGLang are 0.x releases in which any
+    minor (and SGLang any patch) release adds and removes flags, so no "same major line" can be
+    trusted to share flags; a list not newer than the engine holds no flag the engine has not yet
+    got, and what the release removed since that list is the remaining risk, which the why states.
+    A version newer than the pin gets the pin, one older than every bundled list the oldest; both
+    say so."""
+    if wanted is None:
+        return pinned, f"the pinned version: {asked_by}"
+    try:
+        key = parse_version(wanted)
+    except ValueError:
+        raise ShardplanError(f"{wanted!r} is not a version", field="--engine-version",
+                             hint="give X.Y or X.Y.Z, e.g. 0.11.0") from None
+    usable = [v for v in versions if parse_version(v) <= parse_version(pinned)] or [pinned]
+    if key > parse_version(pinned):
+        return pinned, f"the pinned and newest bundled list: {asked_by} {wanted} is newer"
+    older = [v for v in usable if parse_version(v) <= key]
+    if not older:
+        return usable[0], f"the oldest bundled list: {asked_by} {wanted} is older than every bundled list"
+    best = older[-1]
+    if parse_version(best) == key:
+        return best, f"{asked_by} {wanted}"
+    return best, (f"the newest bundled list not newer than {asked_by} {wanted}; flags removed after "
+                  f"{best} would make the engine refuse the command")
+
+
+def _newest_rules(engine: str) -> str | None:
+    """The newest version of `engine` whose memory rules shardplan knows (what plans default to)."""
+    from shardplan.knowledge.load import engine_file
+
+    try:
+        return engine_file(engine).newest
+    except ShardplanError:
+        return None
+
+
+def engine_flags(ctx: ExportContext, engine: str) -> ChosenFlags:
+    """The flag list of `engine`'s serving command for this export: `export --engine-version` when
+    given, else the plan's `workload.engine_version` when the plan was made for this engine with an
+    older version than the newest rules shardplan knows (the default), else the pin (choose_version
+    has the rule). A plan sized with another version's memory rules than the
+    flags says so."""
+    stem = FLAG_LISTS[engine]
+    wl = ctx.manifest.workload
+    planned = wl.engine_version if isinstance(wl, InferenceWorkloadSection) and wl.engine == engine else None
+    newest_rules = _newest_rules(engine)
+    if ctx.options.engine_version is not None:
+        wanted, asked_by = ctx.options.engine_version, "export --engine-version"
+    elif planned is not None and planned == newest_rules:
+        # The newest memory rules shardplan knows hold, as far as it knows, for the releases after
+        # them: such a plan (every plan without --engine-version) runs on the pinned current release.
+        wanted, asked_by = None, f"the plan uses the newest {engine} rules shardplan knows ({planned})"
+    elif planned is not None:
+        wanted, asked_by = planned, "the plan's --engine-version"
+    else:
+        wanted = None
+        asked_by = (f"the plan names {wl.engine} {wl.engine_version}, not a {engine} version"
+                    if isinstance(wl, InferenceWorkloadSection) and wl.engine_version is not None
+                    else "the plan names no engine version")
+    version, why = choose_version(bundled_versions(stem), PINNED_VERSIONS[engine], wanted, asked_by=asked_by)
+    notes = ()
+    if planned is not None and ctx.options.engine_version is not None and version != planned:
+        notes = (f"note: memory sized for {engine} {planned}'s rules, flags are {version}'s: re-plan with "
+                 f"--engine-version {ctx.options.engine_version} for that version's memory rules",)
+    return ChosenFlags(table=flag_table(f"{stem}-{version}"), why=why, notes=notes)
 
 
 Arg = tuple[str, "str | int | float | None"]
@@ -359,8 +456,11 @@ def script(lines: Iterable[str], *, header: Sequence[str]) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def plan_header(m: DeploymentManifest, target: str, table: FlagTable | None = None) -> list[str]:
-    """Comment lines that say which plan this is and what shardplan predicted for it."""
+def plan_header(m: DeploymentManifest, target: str, table: FlagTable | ChosenFlags | None = None) -> list[str]:
+    """Comment lines that say which plan this is and what shardplan predicted for it, and which flag
+    list the commands were checked against (with why, for a list `engine_flags` chose)."""
+    chosen = table if isinstance(table, ChosenFlags) else None
+    table = chosen.table if chosen is not None else table
     L, hw = m.layout, m.hardware
     deg = f"tp={L.tp} pp={L.pp} dp={L.dp}" + (f" cp={L.cp}" if L.cp > 1 else "") + (f" ep={L.ep}" if L.ep > 1 else "")
     mem = m.predicted.memory
@@ -370,9 +470,15 @@ def plan_header(m: DeploymentManifest, target: str, table: FlagTable | None = No
         f"predicted peak per GPU: {mem.per_gpu_bytes['total'] / GIB:.2f} GiB of {hw.memory_capacity_bytes / GIB:.2f} GiB "
         f"(binding: stage {mem.binding_stage}, {mem.binding_component})",
     ]
-    if table is not None:
+    if chosen is not None:
+        lines.append(f"flags checked against {DISPLAY_NAMES.get(table.tool, table.tool)} {table.version} "
+                     f"({chosen.why}; {table.sources[0]})")
+        lines += engine_lines(m, target, None) + list(chosen.notes)
+    elif table is not None:
         lines.append(f"flags checked against {table.pinned} ({table.sources[0]})")
-    lines += engine_lines(m, target, table)
+        lines += engine_lines(m, target, table)
+    else:
+        lines += engine_lines(m, target, table)
     return [comment(line) for line in lines]  # names come from the plan file, which may be anyone's
 
 

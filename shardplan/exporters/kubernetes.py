@@ -85,7 +85,7 @@ def export_kubernetes(ctx: ExportContext) -> list[ExportFile]:
     eng = _engine(ctx.options.engine)
     if ctx.options.disaggregated:
         return [ExportFile("deployment.yaml", dump(_disaggregated(ctx, eng), [*header, *_pool_notes(ctx, eng)]))]
-    kw = {"image": eng.IMAGE, "pod_commands": eng.pod_commands, "health_path": eng.HEALTH_PATH}
+    kw = {"image": eng.image(ctx), "pod_commands": eng.pod_commands, "health_path": eng.HEALTH_PATH}
     if nodes_per_replica(m, eng.TARGET) > 1:
         header.append("needs the LeaderWorkerSet controller: https://github.com/kubernetes-sigs/lws")
         return [ExportFile("lws.yaml", dump(leader_worker_set(ctx, **kw), header))]
@@ -104,7 +104,7 @@ def _disaggregated(ctx: ExportContext, eng: ModuleType) -> list[dict[str, Any]]:
     for role, pool in (("prefill", d.prefill), ("decode", d.decode)):
         name = f"{name_for(ctx)}-{role}"
         labels = {"app": name, "role": role}
-        tmpl = pod_spec(ctx, image=eng.IMAGE, shell=eng.role_command(ctx, role, port=port), gpus=pool.tp, port=port,
+        tmpl = pod_spec(ctx, image=eng.image(ctx), shell=eng.role_command(ctx, role, port=port), gpus=pool.tp, port=port,
                         labels=labels, health_path=eng.HEALTH_PATH)
         objs += [{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
                   "spec": {"replicas": pool.replicas, "selector": {"matchLabels": labels}, "template": tmpl}},

@@ -1,5 +1,7 @@
-"""SGLang: `python -m sglang.launch_server` arguments, checked against the pinned version's flag list
-(`flags/sglang-<version>.yaml`, dumped from that release's ServerArgs by tools/dump_engine_flags.py). Mapping:
+"""SGLang: `python -m sglang.launch_server` arguments, checked against the flag list of the plan's
+SGLang version (`flags/sglang-<version>.yaml`, dumped from that release's ServerArgs by
+tools/dump_engine_flags.py; base.engine_flags picks the list, by default the pinned one). Where the
+lists differ (--attn-dp-size, the cuda-graph backends) the flags follow the chosen list. Mapping:
 - tp, pp -> --tp-size, --pp-size (a replica's tp x pp GPUs); replicas on a node -> --dp-size
   (without --enable-dp-attention each DP rank is a whole replica); ep -> --ep-size (SGLang carves
   the expert group out of the tp group: moe_tp_size = tp_size // ep_size, parallel_state.py).
@@ -25,13 +27,15 @@ import math
 
 from shardplan.exporters.base import (
     Arg,
+    ChosenFlags,
     ExportContext,
     ExportFile,
+    FlagTable,
     Raw,
     checked_word,
     command,
+    engine_flags,
     engine_replicas,
-    flag_table,
     model_ref,
     nodes_per_replica,
     plan_header,
@@ -54,11 +58,21 @@ from shardplan.exporters.serving import (
 from shardplan.exporters.targets import check
 
 TARGET = "sglang"
-IMAGE = f"lmsysorg/sglang:v{flag_table(TARGET).version}"
 DIST_PORT = 20000
 HEALTH_PATH = "/health"  # GET, 200 once the server runs (python/sglang/srt/entrypoints/http_server.py)
 _QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq"}
 _KV = {"fp8": "fp8_e4m3"}
+
+
+def flags(ctx: ExportContext) -> ChosenFlags:
+    """The launch_server flag list this export is checked against: the plan's --engine-version's
+    (base.engine_flags), by default the pinned one."""
+    return engine_flags(ctx, TARGET)
+
+
+def image(ctx: ExportContext) -> str:
+    """The release image of the flag list's version."""
+    return f"lmsysorg/sglang:v{flags(ctx).table.version}"
 
 
 def mem_fraction_static(ctx: ExportContext) -> float:
@@ -85,9 +99,10 @@ def server_args(ctx: ExportContext, *, data_parallel: int, port: int, nnodes: in
     L, kv = m.layout, m.predicted.kv_cache
     assert kv is not None
     k = group_replicas(ctx)
+    table = flags(ctx).table
     args: list[Arg] = [("model-path", model_ref(ctx)), ("tp-size", L.tp * k), ("pp-size", L.pp)]
     if k > 1:
-        args += dp_attention_args(k)
+        args += dp_attention_args(table, k)
     elif data_parallel > 1:
         args.append(("dp-size", data_parallel))
     if L.ep > 1:
@@ -105,26 +120,25 @@ def server_args(ctx: ExportContext, *, data_parallel: int, port: int, nnodes: in
     # the model runner: max_running_requests // dp_size), so a group of k replicas is given k times the plan's.
     args += [("max-running-requests", wl.max_num_seqs * k), ("chunked-prefill-size", wl.max_num_batched_tokens * k)]
     if wl.enforce_eager:
-        args += eager_args()
+        args += eager_args(table)
     if wl.speculative is not None:
         args += speculative_args(wl.speculative)
     args += [("host", "0.0.0.0"), ("port", port)]
     return args
 
 
-def dp_attention_args(k: int) -> list[Arg]:
-    """k data-parallel attention groups: --attn-dp-size where the pinned SGLang has it (0.5.23: the
+def dp_attention_args(table: FlagTable, k: int) -> list[Arg]:
+    """k data-parallel attention groups: --attn-dp-size where the chosen list has it (0.5.23: the
     old --dp-size --enable-dp-attention spelling resolves to it and is deprecated), else the old one."""
-    if "attn-dp-size" in flag_table(TARGET).flags:
+    if "attn-dp-size" in table.flags:
         return [("attn-dp-size", k)]
     return [("dp-size", k), ("enable-dp-attention", None)]
 
 
-def eager_args() -> list[Arg]:
-    """No CUDA graphs: per phase where the pinned SGLang has the backends (0.5.23 marks
+def eager_args(table: FlagTable) -> list[Arg]:
+    """No CUDA graphs: per phase where the chosen list has the backends (0.5.23 marks
     --disable-cuda-graph deprecated: "Use --cuda-graph-backend-{decode,prefill}=disabled"), else the old switch."""
-    flags = flag_table(TARGET).flags
-    if "cuda-graph-backend-decode" in flags and "cuda-graph-backend-prefill" in flags:
+    if "cuda-graph-backend-decode" in table.flags and "cuda-graph-backend-prefill" in table.flags:
         return [("cuda-graph-backend-decode", "disabled"), ("cuda-graph-backend-prefill", "disabled")]
     return [("disable-cuda-graph", None)]
 
@@ -143,23 +157,22 @@ def speculative_args(sp) -> list[Arg]:
 
 
 def launch_command(ctx: ExportContext, **kw) -> str:
-    return command(flag_table(TARGET), ["python", "-m", "sglang.launch_server"], server_args(ctx, **kw))
+    return command(flags(ctx).table, ["python", "-m", "sglang.launch_server"], server_args(ctx, **kw))
 
 
 def export_sglang(ctx: ExportContext) -> list[ExportFile]:
     m = ctx.manifest
     serving(ctx, TARGET)
     check(ctx, TARGET)
-    table = flag_table(TARGET)
     port = ctx.options.port or DEFAULT_PORT
-    header = [*plan_header(m, TARGET, table),
+    header = [*plan_header(m, TARGET, flags(ctx)),
               f"--mem-fraction-static {mem_fraction_static(ctx):.2f}: the plan's weights + KV cache share of the GPU"]
     if ctx.options.disaggregated:
         return _disaggregated(ctx, header, port)
     g = group_replicas(ctx)
     if g > 1:
         header.append(f"expert parallelism spans {g} replicas: they run as one server with DP attention "
-                      f"({' '.join(f'--{n} {v}' if v is not None else f'--{n}' for n, v in dp_attention_args(g))}, "
+                      f"({' '.join(f'--{n} {v}' if v is not None else f'--{n}' for n, v in dp_attention_args(flags(ctx).table, g))}, "
                       f"--ep-size {m.layout.ep}); SGLang supports DP attention "
                       "for DeepSeek- and Qwen-MoE-style models")
     k = nodes_per_replica(m, TARGET)
@@ -204,7 +217,7 @@ def role_command(ctx: ExportContext, role: str, *, port: int, index: int = 0) ->
         ("disaggregation-mode", role), ("disaggregation-transfer-backend", TRANSFER_BACKEND)]
     if role == "prefill":
         args.append(("disaggregation-bootstrap-port", BOOTSTRAP_PORT + index))
-    return command(flag_table(TARGET), ["python", "-m", "sglang.launch_server"], args)
+    return command(flags(ctx).table, ["python", "-m", "sglang.launch_server"], args)
 
 
 def _disaggregated(ctx: ExportContext, header: list[str], port: int) -> list[ExportFile]:

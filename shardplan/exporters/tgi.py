@@ -1,5 +1,7 @@
-"""Hugging Face TGI: `text-generation-launcher` per replica, checked against `flags/tgi.yaml`
-(TGI 3.2.0's launcher). TGI shards a model with tensor parallelism on one node only: it has
+"""Hugging Face TGI: `text-generation-launcher` per replica, checked against the flag list of the
+plan's TGI version (`flags/tgi-<version>.yaml`, read from the launcher's clap struct at the release
+tag and cross-checked against its --help page by tools/dump_tgi_flags.py; base.engine_flags picks
+the list, by default the pinned 3.3.7, TGI's last release). TGI shards a model with tensor parallelism on one node only: it has
 no pipeline parallelism, no multi-node shards and no expert parallelism (experts are tensor
 sharded), so plans with those are refused. Replicas run as separate launchers, each on its
 own GPUs, port, shard socket and NCCL port.
@@ -12,7 +14,7 @@ own GPUs, port, shard socket and NCCL port.
 - metrics: the router builds its Prometheus exporter on 0.0.0.0:9000 (metrics-exporter-prometheus's
   default listener; router/src/server.rs) and exits with "failed to build prometheus recorder" when
   that port is taken (huggingface/text-generation-inference#3062). --prometheus-port arrived in
-  v3.3.0 (PR #3187): with a pinned launcher that has it, each replica on a node gets its own
+  v3.3.0 (PR #3187): with a chosen list that has it (3.3.7), each replica on a node gets its own
   (9000 + slot); with 3.2.0's, the script says that replicas of one node contend for 9000.
   Kubernetes pods each have their own network namespace, so they never contend.
 """
@@ -22,10 +24,12 @@ from __future__ import annotations
 from shardplan.exporters.base import (
     memory_utilization as base_memory_utilization,
     Arg,
+    ChosenFlags,
     ExportContext,
     ExportFile,
+    FlagTable,
     command,
-    flag_table,
+    engine_flags,
     model_ref,
     plan_header,
     script,
@@ -36,15 +40,27 @@ from shardplan.exporters.serving import each_node_note, node_replicas, replicas_
 from shardplan.exporters.targets import check
 
 TARGET = "tgi"
-IMAGE = f"ghcr.io/huggingface/text-generation-inference:{flag_table(TARGET).version}"
 _QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq", "int8": "eetq"}
 _KV = {"fp8": "fp8_e4m3fn"}
 NCCL_PORT = 29500
 PROMETHEUS_PORT = 9000  # the router's default metrics listener (see above)
 HEALTH_PATH = "/health"  # GET, 200 when the shards answer (router/src/server.rs at v3.2.0)
-# Printed in every TGI serve.sh: the project's own README says it is in maintenance mode.
+# Printed in every TGI serve.sh: the project's README has said it is in maintenance mode since PR #3344
+# (2025-12-11): "text-generation-inference is now in maintenance mode" (minor bug fixes, docs and
+# lightweight maintenance only). v3.3.7 (2025-12-18) is the newest tag of its repository.
 MAINTENANCE_NOTICE = ("notice: TGI has been in maintenance mode since December 2025 (source: its README, "
-                      "https://github.com/huggingface/text-generation-inference); consider --to vllm or sglang")
+                      "https://github.com/huggingface/text-generation-inference, PR #3344; 3.3.7 is its newest "
+                      "release); consider --to vllm or sglang")
+
+
+def flags(ctx: ExportContext) -> ChosenFlags:
+    """The launcher's flag list for this export: the plan's --engine-version's (base.engine_flags)."""
+    return engine_flags(ctx, TARGET)
+
+
+def image(ctx: ExportContext) -> str:
+    """The release image of the flag list's version (ghcr.io tags carry no leading v)."""
+    return f"ghcr.io/huggingface/text-generation-inference:{flags(ctx).table.version}"
 
 
 def _expressible(ctx: ExportContext) -> None:
@@ -80,29 +96,30 @@ def launcher_args(ctx: ExportContext, *, slot: int, port: int) -> list[Arg]:
     if wl.enforce_eager:
         args.append(("cuda-graphs", "0"))
     args += [("port", port), ("shard-uds-path", f"/tmp/tgi-replica-{slot}"), ("master-port", NCCL_PORT + slot)]
-    if has_prometheus_port():
+    if has_prometheus_port(flags(ctx).table):
         args.append(("prometheus-port", PROMETHEUS_PORT + slot))
     return args
 
 
-def has_prometheus_port() -> bool:
-    """Whether the pinned launcher can move the router's metrics listener (TGI >= 3.3.0)."""
-    return "prometheus-port" in flag_table(TARGET).flags
+def has_prometheus_port(table: FlagTable) -> bool:
+    """Whether the launcher of that list can move the router's metrics listener (TGI >= 3.3.0)."""
+    return "prometheus-port" in table.flags
 
 
 def launch_command(ctx: ExportContext, *, slot: int, port: int) -> str:
-    return command(flag_table(TARGET), ["text-generation-launcher"], launcher_args(ctx, slot=slot, port=port))
+    return command(flags(ctx).table, ["text-generation-launcher"], launcher_args(ctx, slot=slot, port=port))
 
 
 def export_tgi(ctx: ExportContext) -> list[ExportFile]:
     m = ctx.manifest
     serving(ctx, TARGET)
     _expressible(ctx)
-    header = [*plan_header(m, TARGET, flag_table(TARGET)), MAINTENANCE_NOTICE, *each_node_note(ctx)]
+    chosen = flags(ctx)
+    header = [*plan_header(m, TARGET, chosen), MAINTENANCE_NOTICE, *each_node_note(ctx)]
     if m.layout.weight_quantization == "int4":
         header.append("int4 weights: point --model-id at a GPTQ/AWQ int4 checkpoint (TGI reads its quantization config)")
-    if len(node_replicas(ctx)) > 1 and not has_prometheus_port():
-        header.append(f"TGI {flag_table(TARGET).version}'s routers all bind the metrics port {PROMETHEUS_PORT} at start "
+    if len(node_replicas(ctx)) > 1 and not has_prometheus_port(chosen.table):
+        header.append(f"TGI {chosen.table.version}'s routers all bind the metrics port {PROMETHEUS_PORT} at start "
                       "(no --prometheus-port before 3.3.0): if a replica exits with 'failed to build prometheus "
                       "recorder', start the replicas one after another")
     body = replicas_script(ctx, lambda r: launch_command(ctx, slot=r.slot, port=r.port))

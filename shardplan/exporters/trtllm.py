@@ -40,6 +40,11 @@ _LLAMA_FAMILY = ("llama", "mistral", "mixtral")
 HEALTH_PATH = "/health"  # GET (tensorrt_llm/serve/openai_server.py, register_routes)
 
 
+def image(ctx: ExportContext) -> str:
+    """The release image of the pinned trtllm-serve list."""
+    return IMAGE
+
+
 def kv_free_fraction(ctx: ExportContext) -> float:
     """The plan's KV cache over the memory left after everything else, rounded down."""
     m = ctx.manifest

@@ -1,8 +1,9 @@
 """vLLM: the `vllm serve` command line; for plans whose replica spans nodes, the Ray head and
 worker commands and a Kubernetes LeaderWorkerSet.
 
-Every flag is checked against the pinned vLLM version's flag list (`flags/vllm-<version>.yaml`,
-dumped from that release's own parser by tools/dump_engine_flags.py; the file says which wheel). Mapping:
+Every flag is checked against the flag list of the plan's vLLM version (`flags/vllm-<version>.yaml`,
+dumped from that release's own parser by tools/dump_engine_flags.py; the file says which wheel;
+base.engine_flags picks the list, by default the pinned one), and the image is that version's. Mapping:
 - tp, pp -> --tensor-parallel-size, --pipeline-parallel-size; replicas (dp) -> --data-parallel-size
   on a node. vLLM's expert parallelism spans all tp x dp ranks of one server (FusedMoEParallelConfig:
   ep = tp x dp, experts unsplit), so a plan with ep = tp per replica and several replicas runs one
@@ -41,11 +42,13 @@ from shardplan.exporters.base import (
     checked_word,
     safe_name,
     Arg,
+    ChosenFlags,
     ExportContext,
     ExportFile,
     Raw,
     cannot,
     command,
+    engine_flags,
     engine_replicas,
     flag_table,
     gpus_per_node_used,
@@ -73,12 +76,22 @@ from shardplan.exporters.serving import (
 from shardplan.exporters.targets import check
 
 TARGET = "vllm"
-IMAGE = f"vllm/vllm-openai:v{flag_table(TARGET).version}"  # the release image of the pinned version
 RAY_PORT = 6379
 DP_RPC_PORT = 13345  # --data-parallel-rpc-port: the engines' coordination port on the first node (vLLM docs' example)
 HEALTH_PATH = "/health"  # GET, 200 once the engine serves (vllm/entrypoints/openai/api_server.py)
 _QUANT = {"fp8": "fp8", "awq": "awq", "gptq": "gptq"}
 DRAFT_MODEL_SINCE = (0, 22, 0)  # first release known to run method draft_model (see the module docstring)
+
+
+def flags(ctx: ExportContext) -> ChosenFlags:
+    """The `vllm serve` flag list this export is checked against: the plan's --engine-version's
+    (base.engine_flags), by default the pinned one."""
+    return engine_flags(ctx, TARGET)
+
+
+def image(ctx: ExportContext) -> str:
+    """The release image of the flag list's version."""
+    return f"vllm/vllm-openai:v{flags(ctx).table.version}"
 
 
 def memory_utilization(ctx: ExportContext) -> float:
@@ -143,14 +156,14 @@ def serve_args(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool =
     if wl.enforce_eager:
         args.append(("enforce-eager", None))
     if wl.speculative is not None:
-        args.append(("speculative-config", speculative_config(wl.speculative)))
+        args.append(("speculative-config", speculative_config(wl.speculative, flags(ctx).table.version)))
     args.append(("port", port))
     return args
 
 
-def speculative_config(sp) -> str:
-    """The --speculative-config JSON of a plan's speculative setup (mtp, ngram)."""
-    version = flag_table(TARGET).version
+def speculative_config(sp, version: str) -> str:
+    """The --speculative-config JSON of a plan's speculative setup (mtp, ngram; a draft model from
+    DRAFT_MODEL_SINCE) for vLLM `version`."""
     if sp.method == "draft_model":
         if tuple(int(p) for p in version.split(".")[:3]) < DRAFT_MODEL_SINCE:
             raise cannot(TARGET, "workload.speculative.method",
@@ -165,7 +178,7 @@ def speculative_config(sp) -> str:
 
 def serve_command(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool = False,
                   dp_nodes: list[Arg] | None = None) -> str:
-    return command(flag_table(TARGET), ["vllm", "serve", model_ref(ctx)],
+    return command(flags(ctx).table, ["vllm", "serve", model_ref(ctx)],
                    serve_args(ctx, data_parallel=data_parallel, port=port, ray=ray, dp_nodes=dp_nodes))
 
 
@@ -219,8 +232,7 @@ def export_vllm(ctx: ExportContext) -> list[ExportFile]:
     m = ctx.manifest
     serving(ctx, TARGET)
     check(ctx, TARGET)
-    table = flag_table(TARGET)
-    header = [*plan_header(m, TARGET, table), *_notes(ctx)]
+    header = [*plan_header(m, TARGET, flags(ctx)), *_notes(ctx)]
     port = ctx.options.port or DEFAULT_PORT
     if ctx.options.disaggregated:
         return _disaggregated(ctx, header, port)
@@ -253,7 +265,7 @@ def _multi_node_dp(ctx: ExportContext, header: list[str], port: int) -> list[Exp
             dp_serve_command(ctx, port=port, head="$HEAD_ADDR", node_rank="$NODE_RANK"),
             "fi"]
     return [ExportFile("serve.sh", script(body, header=header), executable=True),
-            ExportFile("lws.yaml", k8s.dump(k8s.leader_worker_set(ctx, image=IMAGE, pod_commands=pod_commands,
+            ExportFile("lws.yaml", k8s.dump(k8s.leader_worker_set(ctx, image=image(ctx), pod_commands=pod_commands,
                                                                   health_path=HEALTH_PATH)))]
 
 
@@ -277,7 +289,7 @@ def _multi_node(ctx: ExportContext, header: list[str], port: int) -> list[Export
     serve = script([serve_command(ctx, data_parallel=1, port=port, ray=True)], header=header)
     return [ExportFile("ray-head.sh", head, executable=True), ExportFile("ray-worker.sh", worker, executable=True),
             ExportFile("serve.sh", serve, executable=True),
-            ExportFile("lws.yaml", k8s.dump(k8s.leader_worker_set(ctx, image=IMAGE, pod_commands=pod_commands,
+            ExportFile("lws.yaml", k8s.dump(k8s.leader_worker_set(ctx, image=image(ctx), pod_commands=pod_commands,
                                                                   health_path=HEALTH_PATH)))]
 
 
@@ -294,7 +306,7 @@ def pod_commands(ctx: ExportContext, *, port: int, multi_node: bool) -> tuple[st
     return leader, worker
 
 
-__all__ = ["export_vllm", "serve_command", "memory_utilization", "pod_commands"]
+__all__ = ["export_vllm", "serve_command", "memory_utilization", "pod_commands", "image", "flags"]
 
 
 # vLLM's disaggregated serving with NIXL (docs/features/disagg_prefill.md and
@@ -308,7 +320,7 @@ def role_command(ctx: ExportContext, role: str, *, port: int, index: int = 0) ->
     """One server of the manifest's prefill or decode pool: the plan's engine settings at the pool's
     tp, with the KV-transfer connector (`index` is unused: every vLLM instance is configured alike)."""
     args = serve_args(pool_context(ctx, role), data_parallel=1, port=port) + [("kv-transfer-config", json.dumps(NIXL_CONFIG))]
-    return command(flag_table(TARGET), ["vllm", "serve", model_ref(ctx)], args)
+    return command(flags(ctx).table, ["vllm", "serve", model_ref(ctx)], args)
 
 
 def _disaggregated(ctx: ExportContext, header: list[str], port: int) -> list[ExportFile]:

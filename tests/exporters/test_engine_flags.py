@@ -29,10 +29,12 @@ def _tool():
 dump = _tool()
 
 GENERATED = sorted(p for p in FLAGS.glob("*.yaml") if "dump_engine_flags" in p.read_text().split("\nflags:")[0])
+# TGI's launcher is Rust: its lists come from tools/dump_tgi_flags.py (tests/exporters/test_tgi_flags.py)
+GENERATED_ELSEWHERE = {p.stem for p in FLAGS.glob("tgi-*.yaml") if "dump_tgi_flags" in p.read_text().split("\nflags:")[0]}
 
 
 def test_the_pinned_and_older_engine_lists_are_generated_and_bundled():
-    names = {p.stem for p in GENERATED}
+    names = {p.stem for p in GENERATED} | GENERATED_ELSEWHERE
     assert {f"{e}-{v}" for e, v in PINNED_VERSIONS.items()} <= names
     assert {"vllm-0.11.0", "sglang-0.5.3"} <= names  # the pins before issue 26 stay for --engine-version
 
@@ -160,16 +162,16 @@ def test_which_help_texts_mark_a_flag_deprecated(help_text, marked):
     assert dump.is_deprecated(help_text=help_text) is marked
 
 
-def test_eager_plans_use_sglangs_non_deprecated_flags_where_the_pinned_list_has_them(monkeypatch):
+def test_eager_plans_use_sglangs_non_deprecated_flags_where_the_chosen_list_has_them():
     import warnings
 
     from shardplan.exporters import sglang
 
-    assert sglang.eager_args() == [("cuda-graph-backend-decode", "disabled"), ("cuda-graph-backend-prefill", "disabled")]
+    new, old = flag_table("sglang"), flag_table("sglang-0.5.3")
+    assert sglang.eager_args(new) == [("cuda-graph-backend-decode", "disabled"), ("cuda-graph-backend-prefill", "disabled")]
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecatedFlag)  # none of them is deprecated in 0.5.23
-        command(flag_table("sglang"), ["python", "-m", "sglang.launch_server"], sglang.eager_args() + sglang.dp_attention_args(4))
-    old = flag_table("sglang-0.5.3")
-    monkeypatch.setattr(sglang, "flag_table", lambda name: old)
-    assert sglang.eager_args() == [("disable-cuda-graph", None)]
-    assert sglang.dp_attention_args(4) == [("dp-size", 4), ("enable-dp-attention", None)]
+        command(new, ["python", "-m", "sglang.launch_server"], sglang.eager_args(new) + sglang.dp_attention_args(new, 4))
+    assert sglang.eager_args(old) == [("disable-cuda-graph", None)]
+    assert sglang.dp_attention_args(old, 4) == [("dp-size", 4), ("enable-dp-attention", None)]
+    command(old, ["python", "-m", "sglang.launch_server"], sglang.eager_args(old) + sglang.dp_attention_args(old, 4))

@@ -755,20 +755,16 @@ def test_expert_groups_an_engine_cannot_run_are_refused(target, update, field, w
     assert info.value.field == field and words in info.value.message, info.value.message
 
 
-def test_tgi_replicas_on_one_node_get_their_own_metrics_port_when_the_pinned_launcher_has_the_flag(monkeypatch):
-    from dataclasses import replace as dc_replace
-
-    from shardplan.exporters import tgi
-
-    text = files("tgi", "serve-1node")["serve.sh"]
+def test_tgi_replicas_on_one_node_get_their_own_metrics_port_when_the_chosen_launcher_has_the_flag():
+    text = files("tgi", "serve-1node", engine_version="3.2.0")["serve.sh"]
     assert "bind the metrics port 9000" in text  # 3.2.0 has no flag: the script says so
     assert not any("--prometheus-port" in args for t, args in engine_commands(text) if t == "tgi")
-    real = tgi.flag_table("tgi")
-    newer = dc_replace(real, version="3.3.7", flags={**real.flags, "prometheus-port": {"takes_value": True}})
-    monkeypatch.setattr(tgi, "flag_table", lambda name: newer if name == "tgi" else real)
-    text = files("tgi", "serve-1node")["serve.sh"]
+    assert "flags checked against TGI 3.2.0 (export --engine-version 3.2.0;" in text
+    text = files("tgi", "serve-1node")["serve.sh"]  # the pin, 3.3.7 (PR #3187 came in 3.3.0)
     ports = [args[args.index("--prometheus-port") + 1] for t, args in engine_commands(text) if t == "tgi"]
     assert ports == ["9000", "9001"] and "bind the metrics port" not in text
+    assert "flags checked against TGI 3.3.7 (the pinned version: the plan names no engine version;" in text
+    assert "maintenance mode" in text
 
 
 def test_cli_passes_the_cache_pvc_and_token_secret_and_refuses_bad_names_in_one_line(cli, tmp_path):

@@ -16,11 +16,20 @@ def _header(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("# ")]
 
 
-def test_a_plan_for_an_older_vllm_says_so_beside_the_pinned_flags(cli, tmp_path):
+def test_a_plan_for_an_older_vllm_gets_the_oldest_bundled_flags_and_says_so(cli, tmp_path):
     plan = _plan(cli, tmp_path, "--engine-version", "0.6.4")
     head = _header(cli("export", str(plan), "--to", "vllm").stdout)
     assert "# memory sized for vllm 0.6.4's rules" in head
-    assert any(line.startswith("# note: planned for vllm 0.6.4, flags are 0.33.0's") for line in head)
+    assert any(line.startswith("# flags checked against vLLM 0.11.0 (the oldest bundled list: the plan's "
+                               "--engine-version 0.6.4 is older than every bundled list;") for line in head)
+
+
+def test_a_plan_for_a_bundled_vllm_gets_its_flags_and_image(cli, tmp_path):
+    plan = _plan(cli, tmp_path, "--engine-version", "0.11.0")
+    head = _header(cli("export", str(plan), "--to", "vllm").stdout)
+    assert any(line.startswith("# flags checked against vLLM 0.11.0 (the plan's --engine-version 0.11.0;") for line in head)
+    assert not any(line.startswith("# note:") for line in head)
+    assert "image: vllm/vllm-openai:v0.11.0" in cli("export", str(plan), "--to", "kubernetes").stdout
 
 
 def test_the_pinned_version_itself_needs_no_note(cli, tmp_path):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shardplan 0.1.0 export --to vllm: llama-3.1-70b on 8 x NVIDIA H100 80GB HBM3 (1 node(s) of 8), tp=4 pp=1 dp=2
 # predicted peak per GPU: 71.20 GiB of 79.11 GiB (binding: stage 0, kv_cache)
-# flags checked against vllm 0.33.0 (https://pypi.org/project/vllm/0.33.0/)
+# flags checked against vLLM 0.33.0 (the pinned version: the plan names no engine version; https://pypi.org/project/vllm/0.33.0/)
 # predicted KV cache: 480,176 tokens per replica at --gpu-memory-utilization 0.90 (32768-token max_model_len)
 set -euo pipefail
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shardplan 0.1.0 export --to vllm: llama-3.1-70b on 16 x NVIDIA H100 80GB HBM3 (2 node(s) of 8), tp=4 pp=1 dp=4
 # predicted peak per GPU: 71.20 GiB of 79.11 GiB (binding: stage 0, kv_cache)
-# flags checked against vllm 0.33.0 (https://pypi.org/project/vllm/0.33.0/)
+# flags checked against vLLM 0.33.0 (the pinned version: the plan names no engine version; https://pypi.org/project/vllm/0.33.0/)
 # predicted KV cache: 480,176 tokens per replica at --gpu-memory-utilization 0.90 (32768-token max_model_len)
 # run the same script on each of the 2 nodes (each hosts 2 replica(s)); put a load balancer in front: bash serve.sh
 set -euo pipefail

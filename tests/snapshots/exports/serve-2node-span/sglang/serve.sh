@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shardplan 0.1.0 export --to sglang: llama-3.1-405b on 16 x NVIDIA H100 80GB HBM3 (2 node(s) of 8), tp=8 pp=2 dp=1
 # predicted peak per GPU: 71.20 GiB of 79.11 GiB (binding: stage 1, weights)
-# flags checked against sglang 0.5.23 (https://pypi.org/project/sglang/0.5.23/)
+# flags checked against SGLang 0.5.23 (the pinned version: the plan names no engine version; https://pypi.org/project/sglang/0.5.23/)
 # --mem-fraction-static 0.87: the plan's weights + KV cache share of the GPU
 # each of the 1 server(s) spans 2 nodes: run on each of them with HEAD_ADDR (the server's first node) and NODE_RANK (0..1) set
 set -euo pipefail

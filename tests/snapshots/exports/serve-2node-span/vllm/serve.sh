@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shardplan 0.1.0 export --to vllm: llama-3.1-405b on 16 x NVIDIA H100 80GB HBM3 (2 node(s) of 8), tp=8 pp=2 dp=1
 # predicted peak per GPU: 71.20 GiB of 79.11 GiB (binding: stage 1, weights)
-# flags checked against vllm 0.33.0 (https://pypi.org/project/vllm/0.33.0/)
+# flags checked against vLLM 0.33.0 (the pinned version: the plan names no engine version; https://pypi.org/project/vllm/0.33.0/)
 # predicted KV cache: 727,840 tokens per replica at --gpu-memory-utilization 0.90 (8192-token max_model_len)
 # each of the 1 replica(s) spans 2 nodes and runs as its own Ray cluster:
 #   1. on the replica's first node: bash ray-head.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shardplan 0.1.0 export --to vllm: deepseek-v3 on 16 x NVIDIA H200 (2 node(s) of 8), tp=1 pp=1 dp=16 ep=16
 # predicted peak per GPU: 125.83 GiB of 139.81 GiB (binding: stage 0, weights)
-# flags checked against vllm 0.33.0 (https://pypi.org/project/vllm/0.33.0/)
+# flags checked against vLLM 0.33.0 (the pinned version: the plan names no engine version; https://pypi.org/project/vllm/0.33.0/)
 # predicted KV cache: 237,680 tokens per replica at --gpu-memory-utilization 0.90 (8192-token max_model_len)
 # expert parallelism spans 16 replicas: they run as one vLLM server, --data-parallel-size 16 --enable-expert-parallel (ep = tp x dp = 16)
 # each of the 1 server(s) spans 2 nodes: run serve.sh on each of them with HEAD_ADDR (the first node) and NODE_RANK (0..1) set; node 0 serves the API
