@@ -28,7 +28,30 @@ class DType(str, Enum):
     INT8 = "int8"
     INT4 = "int4"
     FP4 = "fp4"
+    # ggml's block formats (llama.cpp's --cache-type-k/v): 32 values share one fp16 scale.
+    Q8_0 = "q8_0"
+    Q4_0 = "q4_0"
 
+
+# ggml block formats: (values per block, bytes per block), the block structs of
+# ggml/src/ggml-common.h (what ggml_blck_size / ggml_type_size return). cost/gguf.py types GGUF
+# tensors with them; the KV formats q8_0 and q4_0 take their bytes per value from here.
+GGML_BLOCKS: dict[str, tuple[int, int]] = {
+    "f32": (1, 4),
+    "f16": (1, 2),
+    "q4_0": (32, 18),  # fp16 d + 16 bytes of 4-bit quants
+    "q4_1": (32, 20),  # fp16 d, m + 16
+    "q5_0": (32, 22),  # fp16 d + 4 bytes of high bits + 16
+    "q5_1": (32, 24),
+    "q8_0": (32, 34),  # fp16 d + 32 int8
+    "q2_k": (256, 84),  # 16 scales + 64 quants + fp16 d, dmin
+    "q3_k": (256, 110),  # 32 hmask + 64 quants + 12 scales + fp16 d
+    "q4_k": (256, 144),  # fp16 d, dmin + 12 scales + 128 quants
+    "q5_k": (256, 176),  # + 32 bytes of high bits
+    "q6_k": (256, 210),  # 128 ql + 64 qh + 16 scales + fp16 d
+    "iq4_nl": (32, 18),
+    "iq4_xs": (256, 136),  # fp16 d + 2 scales_h + 4 scales_l + 128 quants
+}
 
 BYTES_PER_ELEMENT: dict[DType, float] = {
     DType.FP32: 4.0,
@@ -39,6 +62,8 @@ BYTES_PER_ELEMENT: dict[DType, float] = {
     DType.INT8: 1.0,
     DType.INT4: 0.5,
     DType.FP4: 0.5,
+    DType.Q8_0: GGML_BLOCKS["q8_0"][1] / GGML_BLOCKS["q8_0"][0],  # 8.5 bits
+    DType.Q4_0: GGML_BLOCKS["q4_0"][1] / GGML_BLOCKS["q4_0"][0],  # 4.5 bits
 }
 
 # Names that Hugging Face configs and users write for the same formats.
@@ -61,6 +86,8 @@ DTYPE_ALIASES: dict[str, DType] = {
     "fp4": DType.FP4,
     "nvfp4": DType.FP4,
     "mxfp4": DType.FP4,
+    "q8_0": DType.Q8_0,
+    "q4_0": DType.Q4_0,
 }
 
 

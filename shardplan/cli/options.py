@@ -45,7 +45,8 @@ MaxNumSeqsOpt = Annotated[Optional[int], typer.Option(min=1, help="Sequences in 
 MaxNumBatchedTokensOpt = Annotated[Optional[int], typer.Option(min=1, help="Tokens per forward pass (default: the engine's, for its version and this GPU).", show_default=False, rich_help_panel=SERVE)]
 GpuMemoryUtilizationOpt = Annotated[Optional[float], typer.Option(help="Share of device memory the engine may use (default: the engine's, for its version and this GPU).", show_default=False, rich_help_panel=SERVE)]
 BlockSizeOpt = Annotated[Optional[int], typer.Option(min=1, help="Tokens per KV block (default: the engine's, for its version and this GPU).", show_default=False, rich_help_panel=SERVE)]
-KvCacheDtypeOpt = Annotated[Optional[str], typer.Option(help="auto, bf16, fp16, fp8.", rich_help_panel=SERVE)]
+KvCacheDtypeOpt = Annotated[Optional[str], typer.Option(
+    help="auto, bf16, fp16, fp8; llama.cpp: q8_0, q4_0 (ggml blocks, 8.5/4.5 bits).", rich_help_panel=SERVE)]
 WeightDtypeOpt = Annotated[Optional[str], typer.Option(help="bf16, fp16, fp8, int8, int4.", rich_help_panel=SERVE)]
 QuantizationOpt = Annotated[Optional[Quantization], typer.Option(help="Weight quantization of the linear layers.", rich_help_panel=SERVE)]
 EnforceEagerOpt = Annotated[bool, typer.Option(help="No CUDA graphs: decode steps pay the host's time to issue every op of every layer (slower at small batches); graphs no longer take memory.", rich_help_panel=SERVE)]

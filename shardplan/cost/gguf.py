@@ -30,6 +30,7 @@ from functools import lru_cache
 
 from shardplan.cost.params import Component, WeightKind
 from shardplan.cost.workload import Quantization
+from shardplan.units import GGML_BLOCKS as UNIT_GGML_BLOCKS
 
 
 class GgmlType(str, Enum):
@@ -49,23 +50,9 @@ class GgmlType(str, Enum):
     IQ4_XS = "iq4_xs"
 
 
-# (weights per block, bytes per block): ggml-common.h block structs.
-GGML_BLOCKS: dict[GgmlType, tuple[int, int]] = {
-    GgmlType.F32: (1, 4),
-    GgmlType.F16: (1, 2),
-    GgmlType.Q4_0: (32, 18),  # fp16 d + 16 bytes of 4-bit quants
-    GgmlType.Q4_1: (32, 20),  # fp16 d, m + 16
-    GgmlType.Q5_0: (32, 22),  # fp16 d + 4 bytes of high bits + 16
-    GgmlType.Q5_1: (32, 24),
-    GgmlType.Q8_0: (32, 34),  # fp16 d + 32 int8
-    GgmlType.Q2_K: (256, 84),  # 16 scales + 64 quants + fp16 d, dmin
-    GgmlType.Q3_K: (256, 110),  # 32 hmask + 64 quants + 12 scales + fp16 d
-    GgmlType.Q4_K: (256, 144),  # fp16 d, dmin + 12 scales + 128 quants
-    GgmlType.Q5_K: (256, 176),  # + 32 bytes of high bits
-    GgmlType.Q6_K: (256, 210),  # 128 ql + 64 qh + 16 scales + fp16 d
-    GgmlType.IQ4_NL: (32, 18),
-    GgmlType.IQ4_XS: (256, 136),  # fp16 d + 2 scales_h + 4 scales_l + 128 quants
-}
+# (weights per block, bytes per block): ggml-common.h block structs, kept in units.GGML_BLOCKS
+# (the KV cache's q8_0/q4_0 formats read the same table).
+GGML_BLOCKS: dict[GgmlType, tuple[int, int]] = {t: UNIT_GGML_BLOCKS[t.value] for t in GgmlType}
 
 _FALLBACK = {
     GgmlType.Q4_K: GgmlType.Q5_0, GgmlType.Q5_K: GgmlType.Q5_1, GgmlType.Q6_K: GgmlType.Q8_0,

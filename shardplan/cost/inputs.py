@@ -22,6 +22,9 @@ from shardplan.units import DType, parse_dtype
 MAX_SEQUENCES = 2**24  # sequences in a batch or in flight
 
 
+GGML_KV_FORMATS = frozenset({"q8_0", "q4_0"})  # DType members that are ggml block formats (llama.cpp only)
+
+
 def dtype_option(value: str | None, option: str) -> DType | None:
     if value is None or value == "auto":
         return None
@@ -29,7 +32,7 @@ def dtype_option(value: str | None, option: str) -> DType | None:
         return parse_dtype(value)
     except KeyError:
         raise ShardplanError(
-            f"unknown dtype {value!r}", field=option, hint="use one of bf16, fp16, fp32, fp8, int8, int4"
+            f"unknown dtype {value!r}", field=option, hint="use one of bf16, fp16, fp32, fp8, int8, int4 (KV cache on llama.cpp: q8_0, q4_0)"
         ) from None
 
 
@@ -196,6 +199,14 @@ def inference_workload(
                             offload_batch_on_gpu_min_tokens=o.batch_on_gpu_min_tokens, offload_targets=tuple(o.targets),
                             offload_keeps_quantization=o.keeps_quantization, offload_stream_unit=o.stream_unit,
                             offload_pinned=o.pinned)
+    kv_format = dtype_option(kv_cache_dtype, "--kv-cache-dtype")
+    if kv_format is not None and kv_format.value in GGML_KV_FORMATS:
+        if engine is None or kv_format.value not in engine.kv_block_formats:
+            name = engine.display_name if engine is not None else "this engine"
+            raise ShardplanError(f"{kv_format.value} is a ggml block format; {name} has no such KV cache",
+                                 field="--kv-cache-dtype", hint="use --engine llamacpp, or fp8/bf16 for this engine")
+        switches["assumptions"] = (*switches.get("assumptions", ()),
+                                   f"KV cache {kv_format.value}: {engine.kv_block_formats_source}")
     if speculative is not None:
         switches["assumptions"] = (*switches.get("assumptions", ()), spec_decode.assumption(speculative))
     return InferenceWorkload(
@@ -205,7 +216,7 @@ def inference_workload(
         gpu_memory_utilization=base.gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization,
         block_size=base.block_size if block_size is None else block_size,
         **switches,
-        kv_cache_dtype=dtype_option(kv_cache_dtype, "--kv-cache-dtype"),
+        kv_cache_dtype=kv_format,
         activation_dtype=dense,
         quantization=quant,
         enforce_eager=enforce_eager,

@@ -123,6 +123,56 @@ def activation_peak_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload
     return max(layer_peak, stream + sampler + prompt_logits)
 
 
+F16_BYTES = 2.0
+
+
+def llamacpp_compute_buffer_phases(spec: ModelSpec, *, ubatch_tokens: int, kv_cells: int, flash_attention: bool,
+                                   output_on_gpu: bool) -> dict[str, float]:
+    """Bytes live on the GPU at each phase of llama.cpp's worst-case graph; the CUDA compute
+    buffer is the largest of them (`llamacpp_compute_buffer_bytes`).
+
+    llama.cpp reserves its compute buffer once, at start, for the graph of one full ubatch
+    (n_outputs = n_ubatch) over a full KV cache (n_kv = the slot's cells): src/llama-context.cpp
+    graph_reserve. ggml's graph allocator (ggml/src/ggml-alloc.c ggml_gallocr_alloc_graph_impl)
+    allocates the graph inputs first, frees each tensor once its last consumer has run, and lets
+    in-place ops (ggml_op_can_inplace: soft_max, rope, add, mul, unary, rms_norm) reuse their
+    input; every activation is f32. So the buffer is the peak of what is live at once:
+
+      attention, no flash attention: the f32 KQ mask (n_kv x n_ubatch, an input every layer reads),
+                the layer input kept for the residual, the query (or the KQV output), and the
+                scores n_head x n_kv x n_ubatch (soft_max in place);
+      attention, flash attention: the f16 mask copy, the residual, the query and the output;
+      feed-forward: the mask, the residual and normed input, gate and up (n_ff x n_ubatch each;
+                an MoE layer: top-k experts' gate and up, and the router's n_expert logits);
+      output: the logits n_vocab x n_ubatch and the final normed hidden state, when the output
+                layer is on the GPU.
+    Fragmentation of the allocator's free list is not modelled (it can only add)."""
+    f32 = FP32_BYTES
+    ub = ubatch_tokens
+    h = spec.hidden_size
+    stream = h * ub * f32
+    mask = kv_cells * ub * (F16_BYTES if flash_attention else f32)
+    heads = spec.num_attention_heads
+    scores = 0.0 if flash_attention else heads * kv_cells * ub * f32
+    attention = mask + 2 * stream + (stream if flash_attention else scores)
+    dense = any(not spec.is_moe_layer(i) for i in range(spec.num_layers))
+    ffn_width = 2 * spec.intermediate_size if dense else 0
+    if spec.moe is not None:
+        m = spec.moe
+        ffn_width = max(ffn_width, 2 * m.num_experts_per_token * m.expert_intermediate_size
+                        + 2 * m.shared_intermediate_size * m.num_shared_experts + m.num_experts)
+    ffn = mask + 2 * stream + ffn_width * ub * f32
+    output = (spec.vocab_size + h) * ub * f32 if output_on_gpu else 0.0
+    return {"attention": attention, "ffn": ffn, "output": output}
+
+
+def llamacpp_compute_buffer_bytes(spec: ModelSpec, *, ubatch_tokens: int, kv_cells: int, flash_attention: bool,
+                                  output_on_gpu: bool) -> float:
+    """llama.cpp's CUDA compute buffer: the peak of `llamacpp_compute_buffer_phases`."""
+    return max(llamacpp_compute_buffer_phases(spec, ubatch_tokens=ubatch_tokens, kv_cells=kv_cells,
+                                              flash_attention=flash_attention, output_on_gpu=output_on_gpu).values())
+
+
 def kv_pool_bytes(wl: InferenceWorkload, budget: float, weights: float, overhead: float, act: float,
                   kv_bytes_per_token: float, utilization: float) -> float:
     """The KV cache one rank sizes, by the engine's accounting (`budget` as serving_memory sets it).
@@ -209,6 +259,11 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         weights = w.bytes + rotary_cache_bytes(spec, dense_dtype) + draft_weights
         weights += off.streamed_buffer_bytes - off.weights_off_gpu_bytes
         act = activation_peak_bytes(spec, layout, wl, last_stage=stage == layout.pp - 1, dummy_sampler=not static)
+        if wl.accounting == "fixed_context":  # llama.cpp: ggml's compute buffer, sized for one ubatch
+            slot_cells = math.ceil(max_len / wl.block_size) * wl.block_size
+            act = llamacpp_compute_buffer_bytes(
+                spec, ubatch_tokens=wl.max_num_batched_tokens, kv_cells=slot_cells, flash_attention=True,
+                output_on_gpu=stage == layout.pp - 1 and len(off.layers) < spec.num_layers)
         if stage == 0 and not static:  # the vision tower lives with the embedding on the first stage
             act = vision_profile_peak_bytes(spec, layout.tp, wl.vision_encoder_tokens, wl.vision_kept_tokens, act,
                                             bytes_per_element(wl.activation_dtype))

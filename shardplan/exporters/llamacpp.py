@@ -56,7 +56,9 @@ DEFAULT_N_BATCH = 2048  # common/common.h n_batch: the logical batch; the physic
 GGUF_TYPES = {"q2_k": "Q2_K", "q3_k_m": "Q3_K_M", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M",
               "q6_k": "Q6_K", "q8_0": "Q8_0", "iq4_xs": "IQ4_XS"}  # llama-quantize's type names
 _UNQUANTIZED = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}  # convert_hf_to_gguf.py --outtype, upper case
-_CACHE_TYPES = {"fp16": "f16", "bf16": "bf16", "fp32": "f32"}  # ggml type names --cache-type-k/v take
+# ggml type names --cache-type-k/v take (flags/llamacpp-b11312.yaml choices); q8_0/q4_0 are ggml's
+# block formats (34 and 18 bytes per 32 values), which need --flash-attn on for the V cache.
+_CACHE_TYPES = {"fp16": "f16", "bf16": "bf16", "fp32": "f32", "q8_0": "q8_0", "q4_0": "q4_0"}
 
 
 def table():
@@ -80,7 +82,8 @@ def weight_type(ctx: ExportContext) -> str:
 
 
 def cache_type(ctx: ExportContext) -> str:
-    """--cache-type-k/v: the plan's KV format where llama.cpp has exactly it (q8_0 is 8.5 bits, not int8)."""
+    """--cache-type-k/v: the plan's KV format where llama.cpp has exactly it (q8_0 is ggml's 8.5-bit block
+    format, not int8; a quantized V cache needs the --flash-attn on that server_args always gives)."""
     expressible(ctx)
     return _CACHE_TYPES[ctx.manifest.layout.kv_cache_dtype or ctx.manifest.workload.activation_dtype]
 

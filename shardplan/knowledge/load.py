@@ -62,7 +62,8 @@ def engine_rules(engine: str = DEFAULT_ENGINE, version: str | None = None) -> En
     offload = next((o for o in f.offload_eras if o.holds_for(v)), None)
     return EngineRules(engine=f.engine, display_name=f.display_name, version=chosen, era=era,
                        fraction_name=f.fraction_name, multimodal=multimodal, offload=offload,
-                       weight_formats=tuple(f.weight_formats))
+                       weight_formats=tuple(f.weight_formats), kv_block_formats=tuple(f.kv_block_formats),
+                       kv_block_formats_source=f.kv_block_formats_source)
 
 
 def known_stacks() -> list[str]:

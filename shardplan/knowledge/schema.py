@@ -344,9 +344,15 @@ class EngineFile(Frozen):
         description="quantized weight formats the engine loads (shardplan's --quantization names), searched when "
                     "nothing fits otherwise")
     weight_formats_source: str = Field("", description="where the list comes from")
+    kv_block_formats: list[Literal["q8_0", "q4_0"]] = Field(
+        default_factory=list, description="ggml block formats its KV cache takes (--kv-cache-dtype q8_0|q4_0); "
+                                          "none: only the float formats")
+    kv_block_formats_source: str = Field("", description="where the list, and any condition on it, comes from")
 
     @model_validator(mode="after")
     def _cover(self) -> "EngineFile":
+        if self.kv_block_formats and not self.kv_block_formats_source:
+            raise ValueError("kv_block_formats needs kv_block_formats_source")
         for v in self.versions:
             n = sum(era.holds_for(parse_version(v)) for era in self.eras)
             if n != 1:
@@ -370,6 +376,8 @@ class EngineRules(Frozen):
     multimodal: MultimodalEra | None = None  # how it profiles a vision encoder; None: not modelled for it
     offload: OffloadEra | None = None  # how it runs offloaded weights; None: it cannot offload
     weight_formats: tuple[str, ...] = ("fp8", "int8", "int4", "awq", "gptq")  # quantized formats it loads
+    kv_block_formats: tuple[str, ...] = ()  # ggml block formats its KV cache takes (llama.cpp: q8_0, q4_0)
+    kv_block_formats_source: str = ""  # the rule, with its source, printed as an assumption when one is used
 
     @property
     def label(self) -> str:
