@@ -42,8 +42,10 @@ def capacity_report(r: ServingCapacity | TrainingCapacity) -> None:
                 cells += [describe(row.plan), f"{units.bytes_to_gib(row.per_gpu_bytes['total']):.1f}",
                           f"{units.bytes_to_gib(row.headroom_bytes):.1f}", fmt_seconds(row.step_seconds), _edge(row)]
             rows.append(cells)
+        offered = (f" the {r.stack} stack runs (--stack deepspeed for every ZeRO stage and offload)"
+                   if r.stack and r.stack != "deepspeed" and r.target is None else "")
         t = fitted_table(f"{r.model} on {r.hardware}, training {r.seq_len:,} tokens x {r.global_batch_size} sequences: "
-                         "fewest GPUs per ZeRO stage and offload", cols, rows)
+                         f"fewest GPUs per ZeRO stage and offload{offered}", cols, rows)
         console.print(t)
         for row in r.rows:
             if row.not_found:

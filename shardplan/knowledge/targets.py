@@ -208,6 +208,14 @@ class Target(Frozen):
     rules: tuple[Rule, ...] = Field((), description="its own rules, in the order its exporter checks them")
 
 
+class StackTarget(Frozen):
+    """The target that runs a training stack, whose rules are the stack's capabilities."""
+
+    target: str = Field(description="the target's name (under targets)")
+    exporter_only: tuple[str, ...] = Field((), description="ids of that target's rules that say what its exporter "
+                                           "writes, not what the stack offers (left out of the capabilities)")
+
+
 class TargetsFile(Frozen):
     """`knowledge/targets.yaml`."""
 
@@ -217,6 +225,10 @@ class TargetsFile(Frozen):
     stacks: dict[str, tuple[str, ...]] = Field(description="training stack -> rule sets of how it runs, held "
                                                "without --target too")
     targets: dict[str, Target] = Field(description="target name -> what it runs")
+    stack_targets: dict[str, StackTarget] = Field(default_factory=dict, description=(
+        "training stack -> the target that runs it as its users do: that target's training rules are the stack's "
+        "capabilities (what it offers of ZeRO, sequence, pipeline, context and expert parallelism, recompute, "
+        "schedules, offload), held by every search sized with the stack, without --target too"))
 
     @model_validator(mode="after")
     def _names_resolve(self) -> "TargetsFile":
@@ -225,7 +237,24 @@ class TargetsFile(Frozen):
             for n in names:
                 if n not in self.rule_sets:
                     raise ValueError(f"{where}: no rule set named '{n}' (known: {', '.join(self.rule_sets)})")
+        for stack, st in self.stack_targets.items():
+            t = self.targets.get(st.target)
+            if t is None or t.stack != stack or "training" not in t.workloads:
+                raise ValueError(f"stack_targets.{stack}: '{st.target}' is not a training target whose stack is {stack}")
+            ids = {r.id for r in self.rules_of(st.target)}
+            for rid in st.exporter_only:
+                if rid not in ids:
+                    raise ValueError(f"stack_targets.{stack}.exporter_only: {st.target} has no rule '{rid}'")
         return self
+
+    def stack_capabilities(self, stack: str) -> tuple[Rule, ...]:
+        """The rules a search sized with `stack` holds: its runtime rule sets (`stacks`), then the
+        rules of the target that runs it (`stack_targets`), rule sets it uses first."""
+        own = tuple(r for name in self.stacks.get(stack, ()) for r in self.rule_sets[name])
+        st = self.stack_targets.get(stack)
+        if st is None:
+            return own
+        return own + tuple(r for r in self.rules_of(st.target) if r.id not in st.exporter_only)
 
     def rules_of(self, target: str) -> tuple[Rule, ...]:
         """The rules of the rule sets a target uses, then its own: the order its exporter checks them."""
@@ -237,4 +266,4 @@ class TargetsFile(Frozen):
         return next((n for n, t in self.targets.items() if export in t.exports and workload in t.workloads), None)
 
 
-__all__ = ["FACTS", "STAGES", "WORKLOADS", "Condition", "Rule", "Target", "TargetsFile"]
+__all__ = ["FACTS", "STAGES", "WORKLOADS", "Condition", "Rule", "StackTarget", "Target", "TargetsFile"]

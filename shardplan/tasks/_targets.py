@@ -94,7 +94,12 @@ def search_rules(target: str | None, spec: ModelSpec, wl: Workload) -> TargetRul
         known(target)
         return target_rules(target, _labelled(target, spec))
     stack = wl.stack if isinstance(wl, TrainingWorkload) else None
-    labelled = [(f"{stack} stack: {r.id}", r) for name in f.stacks.get(stack or "", ()) for r in f.rule_sets[name]]
+    seen: set[int] = set()
+    labelled = []
+    for r in f.stack_capabilities(stack) if stack else ():
+        if id(r) not in seen:  # a rule set both listed and used by the stack's target counts once
+            seen.add(id(r))
+            labelled.append((f"{stack} stack: {r.id}", r))
     return target_rules(f"{stack} stack", labelled) if labelled else None
 
 

@@ -146,6 +146,8 @@ class TrainingCapacity(Result):
     seq_len: int = Field(description="tokens per sequence (tokens)")
     global_batch_size: int = Field(description="sequences per optimizer step (count)")
     framework: str = Field(description="training stack the memory model follows")
+    stack: str | None = Field(None, description="the training stack whose capabilities bound the rows (its ZeRO "
+                                                "stages, offload and parallelism; knowledge/targets.yaml stack_targets)")
     rows: list[TrainingRow]
     target: str | None = absent("--target: only the ZeRO stages and offload it runs, only layouts it runs "
                                 "(and verify checks)")
@@ -392,7 +394,8 @@ def training_capacity(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload
     """What `capacity --json` prints for training: per ZeRO stage and offload choice the fewest
     GPUs at which the training search finds a layout that fits, and the fastest one there.
     `progress(done, total)` is called after each of the searches (one per row). `target`: only
-    layouts it runs (and verify checks); a ZeRO stage and offload it never runs has no row."""
+    layouts it runs (and verify checks); without it, only layouts the workload's stack runs
+    (knowledge/targets.yaml stack_targets). A ZeRO stage and offload they never run has no row."""
     if target is not None:
         check_target(target, spec, hw, wl)
     base = replace(space or Space(), rules=search_rules(target, spec, wl))
@@ -402,8 +405,8 @@ def training_capacity(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload
     for done, (z, off) in enumerate(choices, start=1):
         res = search(spec, hw, wl, replace(base, zero_stage=z, offload=offload_pair(off)),
                      Goal(Objective.STEP_TIME, top_k=1), max_gpus=max_gpus, first_fit=True)
-        if target is not None and res.num_candidates == 0:
-            pass  # the target runs no layout with this ZeRO stage and offload: no row
+        if base.rules is not None and res.num_candidates == 0:
+            pass  # the target (or the stack) runs no layout with this ZeRO stage and offload: no row
         elif not res.top:
             rows.append(TrainingRow(
                 zero_stage=z, offload=off, min_num_gpus=None, num_nodes=None,
@@ -433,6 +436,7 @@ def training_capacity(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload
         seq_len=wl.seq_len,
         global_batch_size=wl.global_batch_size,
         framework=wl.framework.value,
+        stack=wl.stack,
         rows=rows,
         target=target,
     )

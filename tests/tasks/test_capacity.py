@@ -151,25 +151,42 @@ def _training_flags(row):
 
 
 def test_training_minimum_per_zero_stage_and_offload_checked_by_estimate_and_recommend(cli):
-    d = _json(cli("capacity", MODEL, "--hardware", HW, "--workload", "training", "--json"))
-    assert (d["workload"], d["seq_len"], d["global_batch_size"]) == ("training", 4096, 512)
+    stack = ("--stack", "deepspeed")  # DeepSpeed offers every ZeRO stage and ZeRO-Offload/Infinity
+    d = _json(cli("capacity", MODEL, "--hardware", HW, "--workload", "training", *stack, "--json"))
+    assert (d["workload"], d["seq_len"], d["global_batch_size"], d["stack"]) == ("training", 4096, 512, "deepspeed")
     rows = {(r["zero_stage"], r["offload"]): r for r in d["rows"]}
-    assert len(rows) == 4 * 3 + 2  # all-cpu / all-nvme only with ZeRO-3
-    assert (3, "all-cpu") in rows and (2, "all-cpu") not in rows
-    # 16 bytes per parameter of model states: 1.1 TB with no offload needs two nodes
-    assert rows[(0, "none")]["min_num_gpus"] == 16 and rows[(0, "none")]["num_nodes"] == 2
+    # all-cpu / all-nvme only with ZeRO-3; optimizer offload needs ZeRO 1-3 (deepspeed.ai config-json)
+    assert len(rows) == 4 * 3 + 2 - 2
+    assert (3, "all-cpu") in rows and (2, "all-cpu") not in rows and (0, "optimizer-cpu") not in rows
+    # 16 bytes per parameter of model states: 1.1 TB with no offload needs more than one node
+    assert rows[(0, "none")]["min_num_gpus"] > 8 and rows[(0, "none")]["num_nodes"] >= 2
     # ZeRO-Infinity: parameters and optimizer states on the host, one GPU trains it
     assert rows[(3, "all-cpu")]["min_num_gpus"] == 1
     for key in ((0, "none"), (3, "all-cpu"), (1, "optimizer-cpu")):
         row = rows[key]
-        est = _json(cli("estimate", MODEL, "--hardware", HW, "--workload", "training", "--json", *_training_flags(row)))
+        est = _json(cli("estimate", MODEL, "--hardware", HW, "--workload", "training", *stack, "--json",
+                        *_training_flags(row)))
         assert est["fits"] and est["memory"]["per_gpu_bytes"] == row["per_gpu_bytes"]
         assert est["time"]["step_seconds"] == row["step_seconds"]
     # recommend's own search at the next smaller count finds nothing with no offload
-    below = max(c for c in d["gpu_counts_considered"] if c < 16)
-    rec = _json(cli("recommend", MODEL, "--hardware", HW, "--workload", "training", "--gpus", str(below),
+    below = max(c for c in d["gpu_counts_considered"] if c < rows[(0, "none")]["min_num_gpus"])
+    rec = _json(cli("recommend", MODEL, "--hardware", HW, "--workload", "training", *stack, "--gpus", str(below),
                     "--zero-stage", "0", "--offload", "none", "--json"), code=3)
     assert rec["top"] == []
+
+
+def test_training_capacity_lists_only_what_the_stack_runs(cli):
+    """The default stack is torchtitan: FSDP2 (ZeRO-3) or DDP, CPU offload only of FSDP2 shards across
+    ranks (knowledge/targets.yaml, torchtitan's rules): no optimizer-only offload rows, and its
+    offloaded row shards over more than one rank."""
+    d = _json(cli("capacity", MODEL, "--hardware", HW, "--workload", "training", "--json"))
+    assert d["stack"] == "torchtitan"
+    rows = {(r["zero_stage"], r["offload"]): r for r in d["rows"]}
+    assert not {off for _, off in rows} & {"optimizer-cpu", "optimizer-nvme", "all-nvme"}
+    assert rows[(3, "all-cpu")]["plan"]["dp"] > 1
+    for (z, _), r in rows.items():
+        if z in (1, 2) and r.get("plan"):
+            assert r["plan"]["dp"] == 1  # torchtitan has no ZeRO-1/2 across data-parallel ranks
 
 
 def test_nothing_within_max_gpus_exits_3_and_says_what_was_not_found(cli):
