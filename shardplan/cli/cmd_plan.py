@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from shardplan.cost.report import CostReport
 from shardplan.cli.options import (
     CpuOffloadGbOpt,
+    NCpuMoeOpt,
     NGpuLayersOpt,
     OffloadLayersOpt,
     resolve_stack,
@@ -120,6 +121,7 @@ def estimate(
     offload_layers: OffloadLayersOpt = None,
     cpu_offload_gb: CpuOffloadGbOpt = None,
     n_gpu_layers: NGpuLayersOpt = None,
+    n_cpu_moe: NCpuMoeOpt = None,
     max_model_len: MaxModelLenOpt = None,
     max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
@@ -207,8 +209,9 @@ def estimate(
             rules = engine_rules(engine, engine_version)
             layout = with_serving_offload(loaded.spec, layout, wl, offload_layers=offload_layers,
                                           cpu_offload_gib=cpu_offload_gb, n_gpu_layers=n_gpu_layers,
-                                          targets=tuple(rules.offload.targets) if rules.offload else None)
-        elif any(v is not None for v in (offload_layers, cpu_offload_gb, n_gpu_layers)):
+                                          targets=tuple(rules.offload.targets) if rules.offload else None,
+                                          n_cpu_moe=n_cpu_moe)
+        elif any(v is not None for v in (offload_layers, cpu_offload_gb, n_gpu_layers, n_cpu_moe)):
             raise ShardplanError("offloading a number of layers applies to serving", field="--offload-layers",
                                  hint="training offloads all parameters: --offload all-cpu --zero-stage 3")
         report = run_estimate(loaded.spec, hw, layout, wl)

@@ -181,6 +181,11 @@ CpuOffloadGbOpt = Annotated[Optional[float], typer.Option(
 NGpuLayersOpt = Annotated[Optional[int], typer.Option(
     "--n-gpu-layers", "-ngl", help="Serving: llama.cpp's -ngl, decoder layers on the GPU (the rest run on the CPU).",
     show_default=False, rich_help_panel=SERVE)]
+NCpuMoeOpt = Annotated[Optional[int], typer.Option(
+    "--n-cpu-moe", "-ncmoe", help="Serving, mixture of experts: llama.cpp's --n-cpu-moe N, the routed experts of the "
+                                  "first N layers kept in host memory and run on the CPU (attention, shared experts "
+                                  "and the KV cache stay on the GPU). --engine llamacpp only.",
+    show_default=False, rich_help_panel=SERVE)]
 EngineOpt = Annotated[str, typer.Option(
     help="Serving engine whose rules (by version) shape memory, defaults and decode time: vllm, sglang, tgi, "
          "trtllm, llamacpp (llama-server, GGUF) or transformers (generate with accelerate's device_map).", callback=lambda v: choice("--engine", _engines(), "engine")(v),

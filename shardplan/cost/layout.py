@@ -62,6 +62,10 @@ class Layout:
     # "disk") instead of the GPU; 0: none. Which layers, and whether they are streamed to the GPU
     # each forward or run on the CPU, is the engine's rule (knowledge/engines/*.yaml offload_eras).
     offload_layers: int = 0
+    # Serving, mixture of experts: the first N decoder layers (by index, dense ones included, as
+    # llama.cpp counts them) whose routed experts' weights live in host memory and run on the CPU,
+    # while their attention, shared experts and KV stay on the GPU (llama.cpp --n-cpu-moe N); 0: none.
+    offload_expert_layers: int = 0
     # Uneven pipeline splits (Megatron-LM): the embedding, and the output layer with the loss,
     # each count as one layer when the layers are split over the chunks
     # (--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split); or
@@ -207,6 +211,24 @@ def validate_layout(spec: ModelSpec, layout: Layout, num_gpus: int, *, training:
     if L.offload_layers > spec.num_layers:
         raise LayoutError(f"offload_layers={L.offload_layers} exceeds the {spec.num_layers} layers",
                           field="offload_layers", hint=f"use at most {spec.num_layers}")
+    if L.offload_expert_layers < 0:
+        raise LayoutError("offload_expert_layers must be at least 0", field="offload_expert_layers")
+    if L.offload_expert_layers:
+        if training:
+            raise LayoutError("holding experts in host memory applies to serving", field="offload_expert_layers",
+                              hint="drop --n-cpu-moe")
+        if spec.moe is None:
+            raise LayoutError(f"{spec.name} is a dense model: it has no routed experts to hold in host memory",
+                              field="offload_expert_layers", hint="drop --n-cpu-moe, or offload whole layers with "
+                                                                  "--n-gpu-layers")
+        last = max(i for i in range(spec.num_layers) if spec.is_moe_layer(i)) + 1
+        if L.offload_expert_layers > last:
+            raise LayoutError(f"offload_expert_layers={L.offload_expert_layers} exceeds the {last} layers that end "
+                              f"with the model's last MoE layer", field="offload_expert_layers",
+                              hint=f"use at most {last}")
+        if L.pp > 1:
+            raise LayoutError("holding experts in host memory is modelled for one pipeline stage",
+                              field="offload_expert_layers", hint="use --pp 1")
     if L.offload_layers and L.pp > 1:
         raise LayoutError("offloading layers is modelled for one pipeline stage (engines offload within one "
                           "process)", field="offload_layers", hint="use --pp 1 (tensor parallelism works)")

@@ -127,7 +127,7 @@ F16_BYTES = 2.0
 
 
 def llamacpp_compute_buffer_phases(spec: ModelSpec, *, ubatch_tokens: int, kv_cells: int, flash_attention: bool,
-                                   output_on_gpu: bool) -> dict[str, float]:
+                                   output_on_gpu: bool, expert_copy_bytes: float = 0.0) -> dict[str, float]:
     """Bytes live on the GPU at each phase of llama.cpp's worst-case graph; the CUDA compute
     buffer is the largest of them (`llamacpp_compute_buffer_bytes`).
 
@@ -145,7 +145,15 @@ def llamacpp_compute_buffer_phases(spec: ModelSpec, *, ubatch_tokens: int, kv_ce
       feed-forward: the mask, the residual and normed input, gate and up (n_ff x n_ubatch each;
                 an MoE layer: top-k experts' gate and up, and the router's n_expert logits);
       output: the logits n_vocab x n_ubatch and the final normed hidden state, when the output
-                layer is on the GPU.
+                layer is on the GPU;
+      expert copy (--n-cpu-moe): the feed-forward phase plus one host-held expert tensor copied in
+                (`expert_copy_bytes`, the largest): a ubatch of >= 32 tokens multiplies host experts
+                on the GPU (ggml_backend_cuda_device_offload_op), and the scheduler starts a new split
+                at each such weight so that one copy's memory is reused by the next
+                (ggml/src/ggml-backend.cpp at b11312: 'check if a weight is on a different and
+                incompatible backend / by starting a new split, the memory of the previously
+                offloaded weights can be reused'); with one copy of the graph (n_copies = 1) the
+                copy is an ordinary node of the compute buffer, freed after its last use.
     Fragmentation of the allocator's free list is not modelled (it can only add)."""
     f32 = FP32_BYTES
     ub = ubatch_tokens
@@ -163,14 +171,18 @@ def llamacpp_compute_buffer_phases(spec: ModelSpec, *, ubatch_tokens: int, kv_ce
                         + 2 * m.shared_intermediate_size * m.num_shared_experts + m.num_experts)
     ffn = mask + 2 * stream + ffn_width * ub * f32
     output = (spec.vocab_size + h) * ub * f32 if output_on_gpu else 0.0
-    return {"attention": attention, "ffn": ffn, "output": output}
+    phases = {"attention": attention, "ffn": ffn, "output": output}
+    if expert_copy_bytes:
+        phases["expert_copy"] = ffn + expert_copy_bytes
+    return phases
 
 
 def llamacpp_compute_buffer_bytes(spec: ModelSpec, *, ubatch_tokens: int, kv_cells: int, flash_attention: bool,
-                                  output_on_gpu: bool) -> float:
+                                  output_on_gpu: bool, expert_copy_bytes: float = 0.0) -> float:
     """llama.cpp's CUDA compute buffer: the peak of `llamacpp_compute_buffer_phases`."""
     return max(llamacpp_compute_buffer_phases(spec, ubatch_tokens=ubatch_tokens, kv_cells=kv_cells,
-                                              flash_attention=flash_attention, output_on_gpu=output_on_gpu).values())
+                                              flash_attention=flash_attention, output_on_gpu=output_on_gpu,
+                                              expert_copy_bytes=expert_copy_bytes).values())
 
 
 def kv_pool_bytes(wl: InferenceWorkload, budget: float, weights: float, overhead: float, act: float,
@@ -237,6 +249,11 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         budget = capacity * utilization
     multi_rank = layout.tp * layout.pp * layout.dp > 1
     graphs = 0.0 if wl.enforce_eager or wl.cuda_graph_max_batch == 0 else float(hw.cuda_graph_bytes)  # none captured
+    if wl.accounting == "fixed_context":
+        # llama.cpp: ggml-cuda captures its graphs over the compute buffer's tensors (the buffer,
+        # counted as activations, is the memory they use; knowledge/engines/llamacpp.yaml
+        # cuda_graphs_in_budget): a profile's CUDA-graph pool would count them twice.
+        graphs = 0.0
     overhead_detail = {
         "non_torch": float(hw.non_torch_bytes if wl.non_torch_bytes is None else wl.non_torch_bytes),
         "nccl_buffers": float(hw.nccl_buffer_bytes) if multi_rank else 0.0,
@@ -257,13 +274,16 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         sp = wl.speculative if stage == layout.pp - 1 else None  # the drafter lives on the last stage
         draft_weights = spec_decode.draft_weight_bytes_per_rank(spec, sp, layout, wl.quantization, dense_dtype) if sp else 0.0
         weights = w.bytes + rotary_cache_bytes(spec, dense_dtype) + draft_weights
-        weights += off.streamed_buffer_bytes - off.weights_off_gpu_bytes
+        weights += off.streamed_buffer_bytes - off.weights_off_gpu_bytes - off.experts_off_gpu_bytes
         act = activation_peak_bytes(spec, layout, wl, last_stage=stage == layout.pp - 1, dummy_sampler=not static)
         if wl.accounting == "fixed_context":  # llama.cpp: ggml's compute buffer, sized for one ubatch
             slot_cells = math.ceil(max_len / wl.block_size) * wl.block_size
+            # The output layer is on the GPU whenever -ngl >= 1 (the export's -ngl = layers + 1 -
+            # offloaded, at least 1; cost/offload.py with_serving_offload).
+            copy = off.largest_expert_tensor_bytes if wl.max_num_batched_tokens >= wl.offload_batch_on_gpu_min_tokens > 0 else 0.0
             act = llamacpp_compute_buffer_bytes(
                 spec, ubatch_tokens=wl.max_num_batched_tokens, kv_cells=slot_cells, flash_attention=True,
-                output_on_gpu=stage == layout.pp - 1 and len(off.layers) < spec.num_layers)
+                output_on_gpu=stage == layout.pp - 1, expert_copy_bytes=copy)
         if stage == 0 and not static:  # the vision tower lives with the embedding on the first stage
             act = vision_profile_peak_bytes(spec, layout.tp, wl.vision_encoder_tokens, wl.vision_kept_tokens, act,
                                             bytes_per_element(wl.activation_dtype))
@@ -320,6 +340,8 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
             detail["weights.offloaded"] = -off.weights_off_gpu_bytes
             if off.streamed_buffer_bytes:
                 detail["weights.streamed_layer"] = off.streamed_buffer_bytes
+        if off.expert_layers:
+            detail["weights.experts_on_host"] = -off.experts_off_gpu_bytes
         detail["weights.rotary_cache"] = rotary_cache_bytes(spec, dense_dtype)
         if sp is not None and sp.method is not spec_decode.SpeculativeMethod.NGRAM:
             detail[f"weights.{'mtp' if sp.method is spec_decode.SpeculativeMethod.MTP else 'draft'}"] = draft_weights
@@ -346,7 +368,7 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
                 f" + overhead {overhead / BYTES_PER_GIB:.2f} GiB exceed the budget {budget / BYTES_PER_GIB:.2f} GiB"
                 f" ({utilization:g} x {capacity / BYTES_PER_GIB:.2f} GiB); no room for a KV cache"
             )
-    if off.layers:
+    if off.layers or off.expert_layers:
         on_node = min(layout.tp * layout.dp, hw.gpus_per_node)
         host = max(r.host_bytes for r in ranks) * on_node
         if host > hw.host_memory_bytes_per_node:

@@ -19,6 +19,17 @@ decode token reads them once from host memory; a prompt batch of at least
 
 Either way the transfer, not the GPU, sets the pace once more than a few layers are offloaded:
 `OffloadTime.bound` says which.
+
+host_compute, mixture of experts (llama.cpp --n-cpu-moe N, `Layout.offload_expert_layers`): only
+the routed experts' tensors of the first N layers stay in host memory (common/arg.cpp at b11312:
+`llm_add_n_cpu_ffn_overrides(value, LLM_FFN_EXPS_REGEX, ...)`, which pushes one buffer override
+`blk\\.<i>\\.ffn_(up|down|gate|gate_up)_(ch|)exps` -> CPU for i < N; common/common.h). Attention,
+the router, the shared experts and the KV cache stay on the GPU. A token needs only its top-k
+experts (`touched_experts`), so `expert_pass_seconds`:
+
+    decode   t_host = touched experts' bytes of the N layers / (host memory bandwidth x efficiency)
+                      - what the GPU part counted for those experts (they do not run there)
+    prefill  t_copy = ceil(prompt tokens / ubatch) x touched experts' bytes / (host link x efficiency)
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from shardplan.cost.layout import Layout, Offload
-from shardplan.cost.params import block_weights, embedding_weights, layer_kind
+from shardplan.cost.params import WeightKind, block_weights, embedding_weights, layer_kind
 from shardplan.cost.weights import bytes_per_weight_element, numel_per_rank
 from shardplan.cost.workload import InferenceWorkload, Quantization
 from shardplan.specs.hardware import HardwareProfile
@@ -68,6 +79,39 @@ def embedding_bytes_per_rank(spec: ModelSpec, layout: Layout, wl: InferenceWorkl
                for w in embedding_weights(spec) if w.component.value == "embedding")
 
 
+def expert_offloaded_layers(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> tuple[int, ...]:
+    """The MoE layers whose routed experts alone are in host memory: those among the first
+    `offload_expert_layers` (counted by index, dense layers included, as llama.cpp's --n-cpu-moe
+    regex per layer index does) that are not already offloaded whole."""
+    n = layout.offload_expert_layers
+    if n <= 0 or spec.moe is None:
+        return ()
+    whole = set(offloaded_layers(spec, layout, wl))
+    return tuple(i for i in range(min(n, spec.num_layers)) if spec.is_moe_layer(i) and i not in whole)
+
+
+def routed_expert_kinds(spec: ModelSpec, layer: int) -> tuple[WeightKind, ...]:
+    """Layer `layer`'s routed-expert tensors (ffn_gate_exps, ffn_up_exps, ffn_down_exps in GGUF
+    names: one 3-D tensor each holding every expert); not the router, not the shared experts."""
+    return tuple(w for w in block_weights(spec, *layer_kind(spec, layer)) if w.routed_expert)
+
+
+def expert_tensor_bytes_per_rank(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, layer: int) -> tuple[float, ...]:
+    """Bytes of each routed-expert tensor of layer `layer` (all its experts) on one rank, at the
+    layer's own GGUF type (gguf.py: ffn_down takes Q6_K in the use_more_bits layers of Q4_K_M)."""
+    return tuple(numel_per_rank(w, spec, layout) * bytes_per_weight_element(w, wl.quantization, wl.activation_dtype,
+                                                                               spec, (layer,))
+                 for w in routed_expert_kinds(spec, layer))
+
+
+def touched_experts(num_experts: float, experts_per_token: int, tokens: float) -> float:
+    """Experts of a layer that `tokens` tokens route to, each picking top-k of E uniformly:
+    E (1 - (1 - k/E)^tokens); k for one token (the same balanced-routing form as cost/compute.py)."""
+    if tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** tokens)
+
+
 @dataclass(frozen=True)
 class OffloadMemory:
     """What one rank keeps off the GPU and what that frees on it."""
@@ -80,13 +124,26 @@ class OffloadMemory:
     kv_layers_off_gpu: tuple[int, ...]  # host_compute: layers whose KV lives in host memory
     host_bytes: float
     nvme_bytes: float
+    # --n-cpu-moe: layers whose routed experts alone are in host memory, those tensors' bytes (off
+    # the GPU and held on the host, in the plan's format), and the largest of them: a prompt ubatch
+    # copies one such tensor at a time into the GPU's compute buffer (`expert_copy_bytes`).
+    expert_layers: tuple[int, ...] = ()
+    experts_off_gpu_bytes: float = 0.0
+    largest_expert_tensor_bytes: float = 0.0
+
+
+def _expert_memory(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> tuple[tuple[int, ...], float, float]:
+    layers = expert_offloaded_layers(spec, layout, wl)
+    sizes = [b for i in layers for b in expert_tensor_bytes_per_rank(spec, layout, wl, i)]
+    return layers, sum(sizes), max(sizes, default=0.0)
 
 
 @lru_cache(maxsize=4096)
 def offload_memory(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> OffloadMemory:
     layers = offloaded_layers(spec, layout, wl)
+    experts, expert_bytes, largest_expert = _expert_memory(spec, layout, wl)
     if not layers:
-        return OffloadMemory((), 0.0, 0.0, 0.0, 0.0, (), 0.0, 0.0)
+        return OffloadMemory((), 0.0, 0.0, 0.0, 0.0, (), expert_bytes, 0.0, experts, expert_bytes, largest_expert)
     # Offloaded layers the engine holds unquantized (transformers + bitsandbytes) leave the GPU in
     # the plan's format and sit on the host in the model dtype.
     held = None if wl.offload_keeps_quantization else Quantization.NONE
@@ -104,8 +161,10 @@ def offload_memory(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> Of
             largest_tensor_bytes_per_rank(spec, layout, wl, i) for i in layers)
     kv_off = layers if wl.offload_mode == "host_compute" and wl.offload_kv_with_layer else ()
     disk = layout.offload_params is Offload.NVME
-    return OffloadMemory(layers, gpu_freed + embedding, embedding, off + embedding, streamed, kv_off,
-                         0.0 if disk else off + embedding, off + embedding if disk else 0.0)
+    # `off` holds the embedding already (added above where the engine keeps it on the host).
+    return OffloadMemory(layers, gpu_freed + embedding, embedding, off, streamed, kv_off,
+                         (0.0 if disk else off) + expert_bytes, off if disk else 0.0,
+                         experts, expert_bytes, largest_expert)
 
 
 def link_bytes_per_second(hw: HardwareProfile, layout: Layout, pinned: bool = True) -> float:
@@ -129,12 +188,94 @@ class OffloadTime:
     seconds: float  # added to the pass (stream without overlap, host compute) or the excess over the GPU (overlap)
     transfer_seconds: float  # the copy or host read by itself
     bound: str  # "gpu", "host link", "host memory", "disk"
+    # --n-cpu-moe's share of `seconds`: the experts' host read (or copy) less the GPU time the
+    # pass's GPU part counted for experts that do not run on the GPU (`expert_pass_seconds`).
+    expert_seconds: float = 0.0
+
+
+def expert_bytes_touched(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, tokens: float) -> float:
+    """Bytes of the host-held experts that `tokens` tokens route to, over every --n-cpu-moe layer
+    (top-k of the layer's experts for one token, at each layer's GGUF types)."""
+    moe = spec.moe
+    if moe is None:
+        return 0.0
+    touched = touched_experts(moe.num_experts / layout.ep, moe.num_experts_per_token, tokens)
+    share = touched / (moe.num_experts / layout.ep)
+    return share * sum(sum(expert_tensor_bytes_per_rank(spec, layout, wl, i))
+                       for i in expert_offloaded_layers(spec, layout, wl))
+
+
+def _gpu_expert_seconds(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload,
+                        tokens: float, num_layers: int) -> float:
+    """What the pass's GPU part (cost/compute.py, which costs every MoE layer's routed experts on the
+    GPU at its representative layer) counts for the routed experts of `num_layers` layers: the same
+    function on the same inputs, so the deduction is exact."""
+    from shardplan.cost.compute import Work, _block_linear_time
+
+    work = Work(tokens=tokens, num_seqs=tokens, q_len=1, kv_len=0, decode=True, act_dtype=wl.activation_dtype,
+                kv_dtype=wl.kv_cache_dtype or wl.activation_dtype, quantization=wl.quantization, cuda_graphs=True)
+    first_moe = next(i for i in range(spec.num_layers) if spec.is_moe_layer(i))
+    per_layer = sum(_block_linear_time(spec, hw, layout, w, work)[0] for w in routed_expert_kinds(spec, first_moe))
+    return num_layers * per_layer
+
+
+def expert_pass_seconds(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, *,
+                        tokens: float) -> tuple[float, float, str]:
+    """(seconds added, transfer seconds, what bounds it) of the --n-cpu-moe experts in one pass of
+    `tokens` tokens.
+
+    Where the experts' matrix multiplication (GGML_OP_MUL_MAT_ID) runs is ggml's scheduler's rule:
+    an op runs on the backend of its weights, unless a higher-priority backend asks to take it
+    (ggml/src/ggml-backend.cpp at b11312, ggml_backend_sched_backend_id_from_cur: `if
+    (sched->op_offload && src_backend_id == sched->n_backends - 1 && ggml_backend_buffer_is_host(
+    src->buffer))` ... `ggml_backend_offload_op`), and the CUDA device takes it when its batch is
+    large enough (ggml/src/ggml-cuda/ggml-cuda.cu ggml_backend_cuda_device_offload_op:
+    `get_op_batch_size(op) >= dev_ctx->op_offload_min_batch_size`, 32 unless GGML_OP_OFFLOAD_MIN_BATCH;
+    get_op_batch_size of GGML_OP_MUL_MAT_ID is `op->ne[2]`, the tokens). The expert tensors placed
+    by --n-cpu-moe are host weights like any other, so the same threshold applies to them, by
+    tokens, decode or not. Above it the scheduler copies only the experts the ubatch uses
+    (ggml-backend.cpp ggml_backend_sched_compute_splits: 'when offloading MoE weights, we can reduce
+    the amount of data copied by copying only the experts that are used'), once per ubatch, and
+    the GPU multiplies (its part of the pass already counts that). Below it the CPU reads the
+    touched experts from host memory, and the GPU part's count for them is taken back.
+    Not modelled: the two backend switches per such layer (a GPU->CPU->GPU hand-over of one
+    hidden state each), which add a synchronisation each."""
+    layers = expert_offloaded_layers(spec, layout, wl)
+    if not layers:
+        return 0.0, 0.0, "gpu"
+    min_tokens = wl.offload_batch_on_gpu_min_tokens
+    if min_tokens > 0 and tokens >= min_tokens:
+        ubatch = max(1, wl.max_num_batched_tokens)
+        full, rest = divmod(tokens, ubatch)
+        nbytes = full * expert_bytes_touched(spec, layout, wl, ubatch) + (
+            expert_bytes_touched(spec, layout, wl, rest) if rest else 0.0)
+        t = nbytes / link_bytes_per_second(hw, layout)
+        return t, t, "host link"
+    t = expert_bytes_touched(spec, layout, wl, tokens) / (
+        hw.host_memory_bandwidth_bytes_per_second * hw.host_memory_efficiency)
+    return t - _gpu_expert_seconds(spec, hw, layout, wl, tokens, len(layers)), t, "host memory"
 
 
 def offload_pass_seconds(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, *,
                          gpu_seconds: float, tokens: float, kv_bytes_read: float, decode: bool) -> OffloadTime:
-    """The offloaded layers' share of one pass of `tokens` tokens whose GPU part takes `gpu_seconds`.
+    """The offloaded weights' share of one pass of `tokens` tokens whose GPU part takes `gpu_seconds`:
+    whole offloaded layers (`layer_pass_seconds`) and --n-cpu-moe experts (`expert_pass_seconds`).
     `kv_bytes_read`: K/V bytes the offloaded layers read in this pass (host_compute decode)."""
+    whole = layer_pass_seconds(spec, hw, layout, wl, gpu_seconds=gpu_seconds, tokens=tokens,
+                               kv_bytes_read=kv_bytes_read, decode=decode)
+    e, e_transfer, e_bound = expert_pass_seconds(spec, hw, layout, wl, tokens=tokens)
+    if not e_transfer:
+        return whole
+    bound = whole.bound if whole.transfer_seconds >= e_transfer else e_bound
+    if whole.transfer_seconds + e_transfer <= gpu_seconds:
+        bound = "gpu"
+    return OffloadTime(whole.seconds + e, whole.transfer_seconds + e_transfer, bound, expert_seconds=e)
+
+
+def layer_pass_seconds(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, *,
+                       gpu_seconds: float, tokens: float, kv_bytes_read: float, decode: bool) -> OffloadTime:
+    """The whole offloaded layers' share of one pass (the module docstring's stream and
+    host_compute forms)."""
     mem = offload_memory(spec, layout, wl)
     if not mem.layers:
         return OffloadTime(0.0, 0.0, "gpu")
@@ -173,11 +314,54 @@ def pageable_note(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload) ->
 
 def with_serving_offload(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, *, offload_layers: int | None,
                          cpu_offload_gib: float | None, n_gpu_layers: int | None,
-                         targets: tuple[str, ...] | None) -> Layout:
+                         targets: tuple[str, ...] | None, n_cpu_moe: int | None = None) -> Layout:
     """`layout` with the offload a serving command asked for, in the engine's terms: a layer count,
     vLLM's GiB per GPU (the fewest whole layers that hold at least that much, counted in the order
-    the engine offloads them), or llama.cpp's layers on the GPU. `targets`: where the engine can
-    offload (None: it cannot)."""
+    the engine offloads them), or llama.cpp's layers on the GPU; and llama.cpp's --n-cpu-moe (the
+    routed experts of the first N layers in host memory, `with_expert_offload`). `targets`: where
+    the engine can offload (None: it cannot).
+
+    --n-gpu-layers N: llama.cpp counts the output layer as one of n_layer + 1 "layers" and puts the
+    last N of them on the GPU (src/llama-model.cpp at b11312, load_tensors: `i_gpu_start =
+    std::max(n_layer_all + 1 - n_gpu_layers, 0)`; a layer il < i_gpu_start gets the CPU, and the
+    output layer is il = n_layer_all: `dev_output = get_layer_buft_list(n_layer_all)`). So N leaves
+    n_layer + 1 - N decoder layers on the CPU (none from N = n_layer + 1 up), the inverse of the
+    export's `-ngl = layers + 1 - offloaded`; N = 0 would put the output layer on the CPU too,
+    which is not modelled."""
+    layout = _with_layer_offload(spec, layout, wl, offload_layers=offload_layers, cpu_offload_gib=cpu_offload_gib,
+                                 n_gpu_layers=n_gpu_layers, targets=targets)
+    return with_expert_offload(spec, layout, wl, n_cpu_moe)
+
+
+def with_expert_offload(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, n_cpu_moe: int | None) -> Layout:
+    """`layout` with llama.cpp's --n-cpu-moe N: the routed experts of decoder layers 0..N-1 in host
+    memory, run by the CPU (common/arg.cpp at b11312). Only an engine that runs host-held weights
+    on the CPU can do that (offload mode host_compute: llama.cpp); refused for a dense model and
+    for N past the model's last MoE layer."""
+    from dataclasses import replace
+
+    from shardplan.errors import ShardplanError
+
+    if n_cpu_moe is None:
+        return layout
+    if n_cpu_moe < 0:
+        raise ShardplanError(f"must be at least 0, not {n_cpu_moe}", field="--n-cpu-moe", hint="e.g. --n-cpu-moe 16")
+    if wl.offload_mode != "host_compute" or "cpu" not in wl.offload_targets:
+        raise ShardplanError(f"the {wl.engine} engine does not run experts held in host memory on the CPU",
+                             field="--n-cpu-moe", hint="use --engine llamacpp, or drop --n-cpu-moe")
+    if spec.moe is None:
+        raise ShardplanError(f"{spec.name} is a dense model: it has no routed experts to keep in host memory",
+                             field="--n-cpu-moe", hint="drop --n-cpu-moe; --n-gpu-layers offloads whole layers")
+    last = max(i for i in range(spec.num_layers) if spec.is_moe_layer(i)) + 1
+    if n_cpu_moe > last:
+        raise ShardplanError(f"{n_cpu_moe} layers, but the model's MoE layers end at layer {last}",
+                             field="--n-cpu-moe", hint=f"use at most {last} (all of its experts)")
+    return replace(layout, offload_expert_layers=n_cpu_moe)
+
+
+def _with_layer_offload(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, *, offload_layers: int | None,
+                        cpu_offload_gib: float | None, n_gpu_layers: int | None,
+                        targets: tuple[str, ...] | None) -> Layout:
     from dataclasses import replace
 
     from shardplan.errors import ShardplanError
@@ -203,7 +387,11 @@ def with_serving_offload(spec: ModelSpec, layout: Layout, wl: InferenceWorkload,
     if option == "--offload-layers":
         count = int(value)
     elif option == "--n-gpu-layers":
-        count = max(0, n - int(value))
+        if int(value) == 0:
+            raise ShardplanError("-ngl 0 keeps the output layer on the CPU too, which shardplan does not model",
+                                 field=option, hint="use --n-gpu-layers 1 (every decoder layer on the CPU, the "
+                                                    "output layer on the GPU)")
+        count = min(n, max(0, n + 1 - int(value)))  # the output layer is the last of the n + 1
     else:
         want = float(value) * 2**30
         trial = replace(layout, offload_layers=n, offload_params=where)

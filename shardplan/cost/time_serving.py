@@ -193,7 +193,7 @@ def pass_time(
         )
     # One micro-batch crosses the stages one after the other.
     off = 0.0
-    if layout.offload_layers:
+    if layout.offload_layers or layout.offload_expert_layers:  # whole layers (-ngl) or experts (--n-cpu-moe)
         gpu = sum(c.seconds + tp + ep + h for c, tp, ep, h in per_stage)
         mem = offload_memory(spec, layout, wl)
         kv_elt = bytes_per_element(wl.kv_cache_dtype or wl.activation_dtype)

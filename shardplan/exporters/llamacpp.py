@@ -9,6 +9,10 @@ file names the tag, commit and method). Mapping, with the rules of that release'
   the LAST n_gpu_layers on the GPU (src/llama-model.cpp load_tensors: i_gpu_start =
   max(n_layer + 1 - n_gpu_layers, 0)); the plan's offload_layers are the first decoder layers,
   so n_gpu_layers = num_layers + 1 - offload_layers, and `all` when nothing is offloaded.
+- --n-cpu-moe N: the plan's offload_expert_layers, the routed experts (ffn_(up|down|gate|gate_up)_exps)
+  of decoder layers 0..N-1 in host memory, run by the CPU (common/arg.cpp: one
+  `blk\\.<i>\\.ffn_..._exps` -> CPU buffer override per layer, common/common.h
+  llm_add_n_cpu_ffn_overrides); given beside --n-gpu-layers, which places everything else.
 - --parallel N slots, --ctx-size = max_model_len x N with --no-kv-unified: the KV cache is one
   stream per slot of ctx_size / N cells (src/llama-context.cpp: n_ctx_seq = n_ctx / n_seq_max,
   both padded to 256), so each slot holds one max_model_len sequence, vLLM's meaning. The server
@@ -108,6 +112,12 @@ def gpu_layers(ctx: ExportContext) -> str | int:
     return "all" if k == 0 else m.model.num_layers + 1 - k
 
 
+def cpu_moe_args(ctx: ExportContext) -> list[Arg]:
+    """--n-cpu-moe N when the plan keeps the first N layers' routed experts in host memory."""
+    n = ctx.manifest.layout.offload_expert_layers
+    return [("n-cpu-moe", n)] if n else []
+
+
 def slots(ctx: ExportContext) -> int:
     """--parallel: max_num_seqs, or the whole max_model_len sequences the plan's KV cache holds if
     fewer, and at most MAX_SLOTS."""
@@ -144,7 +154,8 @@ def server_args(ctx: ExportContext, *, port: int) -> list[Arg]:
     assert kv is not None
     n = slots(ctx)
     ubatch = wl.max_num_batched_tokens
-    args: list[Arg] = [("model", gguf_path(ctx)), ("n-gpu-layers", gpu_layers(ctx)), *split_args(ctx),
+    args: list[Arg] = [("model", gguf_path(ctx)), ("n-gpu-layers", gpu_layers(ctx)), *cpu_moe_args(ctx),
+                       *split_args(ctx),
                        ("ctx-size", kv.max_model_len_tokens * n), ("parallel", n), ("no-kv-unified", None),
                        ("cache-type-k", cache_type(ctx)), ("cache-type-v", cache_type(ctx)), ("flash-attn", "on"),
                        ("ubatch-size", ubatch)]
@@ -195,6 +206,11 @@ def notes(ctx: ExportContext) -> list[str]:
         out.append(f"offload: the first {L.offload_layers} of {m.model.num_layers} decoder layers (and the token "
                    "embedding) stay in host memory and run on the CPU; set --threads to the node's physical cores if "
                    "llama.cpp's default (common_cpu_get_num_math) counts them wrong")
+    if L.offload_expert_layers:
+        out.append(f"--n-cpu-moe {L.offload_expert_layers}: the routed experts of the first "
+                   f"{L.offload_expert_layers} decoder layers stay in host memory and run on the CPU (a prompt "
+                   "ubatch of 32 tokens or more copies the experts it uses to the GPU instead); attention, shared "
+                   "experts and the KV cache stay on the GPU")
     if wl.engine != TARGET:
         out.append(f"warning: planned with {wl.engine}'s memory rules; llama.cpp allocates its KV cache and compute "
                    "buffers differently: re-plan with --engine llamacpp")
@@ -225,6 +241,9 @@ def readme(ctx: ExportContext) -> str:
              "the compute buffer",
              f"  --batch-size N        the logical batch, given when the ubatch exceeds its default {DEFAULT_N_BATCH}",
              "  --host, --port        where the OpenAI-compatible HTTP API listens (GET /health is 200 once loaded)"]
+    if L.offload_expert_layers:
+        lines.append(f"  --n-cpu-moe {L.offload_expert_layers:<6}    the routed experts (ffn_*_exps tensors) of the first "
+                     "N layers stay in host memory, multiplied by the CPU")
     if L.pp > 1 or L.tp > 1:
         lines.append("  --split-mode, --tensor-split  how the replica's GPUs share the model (see above)")
     lines += ["",

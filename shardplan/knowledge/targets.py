@@ -75,6 +75,7 @@ FACTS: dict[str, tuple[str, str]] = {
     "offload": ("state", "the --offload choice: none, optimizer-cpu, optimizer-nvme, all-cpu, all-nvme, "
                          "params-cpu or params-nvme (serving weight offload)"),
     "offload_layers": ("state", "serving: decoder layers whose weights live off the GPU"),
+    "offload_expert_layers": ("state", "serving: MoE layers whose routed experts live in host memory (llama.cpp --n-cpu-moe)"),
 }
 STAGES = ("fixed", "degrees", "pipeline", "sequence_parallel", "recompute", "state")
 WORKLOADS = ("inference", "training")

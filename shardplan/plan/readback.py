@@ -174,6 +174,7 @@ def plan_layout(m: DeploymentManifest) -> Layout:
         pp_schedule=PipelineSchedule(L.pp_schedule), virtual_stages=L.virtual_stages,
         micro_batch_size=L.micro_batch_size, offload_optimizer=Offload(L.offload_optimizer),
         offload_params=Offload(L.offload_params), offload_layers=L.offload_layers,
+        offload_expert_layers=L.offload_expert_layers,
         pp_embedding_as_layer=L.pp_embedding_as_layer,
         pp_loss_as_layer=L.pp_loss_as_layer, pp_first_stage_layers=L.pp_first_stage_layers,
         pp_last_stage_layers=L.pp_last_stage_layers,

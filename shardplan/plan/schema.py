@@ -252,6 +252,9 @@ class LayoutSection(_Section):
     offload_params: OffloadName = Field(description="where parameters live off the GPU")
     offload_layers: int = Field(0, ge=0, description="serving: decoder layers whose weights live at offload_params "
                                                      "(cpu: host RAM; nvme: disk) instead of the GPU")
+    offload_expert_layers: int = Field(0, ge=0, description="serving, MoE: the first N decoder layers whose routed "
+                                                            "experts live in host memory and run on the CPU "
+                                                            "(llama.cpp --n-cpu-moe); 0: none")
     pp_embedding_as_layer: bool = Field(False, description="the embedding counts as one layer in the pipeline split")
     pp_loss_as_layer: bool = Field(False, description="the output layer and loss count as one layer in the split")
     pp_first_stage_layers: int | None = Field(None, ge=1, description="decoder layers on the first stage; null: even")

@@ -112,6 +112,43 @@ def fewest_offloaded_layers(spec: ModelSpec, hw: HardwareProfile, layout: Layout
     return best
 
 
+def fewest_expert_layers(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload,
+                         res: SearchResult) -> tuple[Layout, ServingMemory] | None:
+    """The replica with the fewest layers whose routed experts are held in host memory (llama.cpp
+    --n-cpu-moe N) that fits; None for a dense model, an engine that does not run host-held weights
+    on the CPU, or when even every layer's experts off the GPU do not fit. Experts are most of an
+    MoE model's bytes but a token reads only its top-k of them, and attention and the KV cache stay
+    on the GPU, so this comes before offloading whole layers. GPU memory falls as N grows (each
+    step moves one more MoE layer's experts, or none past a dense layer), so a bisection over N in
+    1..(last MoE layer + 1) finds the fewest in log2(layers) costings."""
+    if (spec.moe is None or wl.offload_mode != "host_compute" or "cpu" not in wl.offload_targets
+            or layout.pp > 1):
+        return None
+    lo = 1
+    hi = max(i for i in range(spec.num_layers) if spec.is_moe_layer(i)) + 1
+    best = None
+    while lo <= hi:
+        n = (lo + hi) // 2
+        trial = replace(layout, offload_expert_layers=n)
+        sm = serving_memory(spec, hw, trial, wl)
+        res.num_costed += 1
+        res.num_steps += 1
+        if sm.fits:
+            best, hi = (trial, sm), n - 1
+        else:
+            lo = n + 1
+    return best
+
+
+def offload_that_fits(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload,
+                      res: SearchResult) -> tuple[Layout, ServingMemory] | None:
+    """The offload fallback for a replica that does not fit on its GPUs: an MoE model's experts in
+    host memory first (`fewest_expert_layers`), whole layers only when no number of them fits
+    (`fewest_offloaded_layers`). Exact and bounded: each is a bisection over a count whose memory
+    falls monotonically, at most log2(layers) + 1 costings each."""
+    return fewest_expert_layers(spec, hw, layout, wl, res) or fewest_offloaded_layers(spec, hw, layout, wl, res)
+
+
 class _ReplicaMemory(NamedTuple):
     """What the search reads of a replica's `serving_memory`."""
 
@@ -195,7 +232,7 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
             tight0 = not kv_holds_at_edge(sm.kv_capacity_tokens, sm.max_model_len, goal.kv_capacity_band_fraction)
             if sm.fits and not (tight0 and goal.strict_fit):
                 continue  # counted by the first pass
-            found = fewest_offloaded_layers(spec, hw, layout, wlq, res)
+            found = offload_that_fits(spec, hw, layout, wlq, res)
             if found is None or serving_refusal(space.rules, spec, hw, found[0], wlq) is not None:
                 continue  # stays rejected (the target may not offload)
             n = len(_batch_sizes(wlq, wl.max_num_seqs))
@@ -245,7 +282,8 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
                 res.rejected[bad] += 1
                 continue
             res.num_feasible += 1
-            key = (layout.world_size, layout.tp, layout.pp, layout.ep, layout.offload_layers, _quant_rank(wlq), b)
+            key = (layout.world_size, layout.tp, layout.pp, layout.ep, layout.offload_layers,
+                   layout.offload_expert_layers, _quant_rank(wlq), b)
             wlb = with_batch.get((id(wlq), b))
             if wlb is None:
                 wlb = with_batch[(id(wlq), b)] = replace(wlq, batch_size=b)
@@ -368,7 +406,7 @@ def _goodput_key(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload) -> 
     lies inside a node at every count; how its pipeline stages spread over nodes is k[5]), the host
     link's sharers, NCCL's buffers (which only its memory, memoised apart, reads)."""
     k = _replica_key(hw, layout, wl)
-    offloads = bool(layout.offload_layers)
+    offloads = bool(layout.offload_layers or layout.offload_expert_layers)
     return ("goodput", k[0] if offloads else None, k[1], k[2], k[4] if offloads else None, k[5])
 
 
@@ -444,7 +482,8 @@ def _goodput(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inference
     # estimate reproduces the figures it was ranked by.
     judged = load if not open_loop else replace(load, request_rate_per_second=rate * replicas,
                                                  num_requests=simulated * replicas)
-    qkey = (layout.world_size, layout.tp, layout.pp, layout.ep, layout.offload_layers, _quant_rank(wl))
+    qkey = (layout.world_size, layout.tp, layout.pp, layout.ep, layout.offload_layers, layout.offload_expert_layers,
+            _quant_rank(wl))
     if math.isfinite(load.request_rate_per_second) or load.max_concurrency is not None:
         # The offered load is the same for every plan of a GPU count: the least latency wins.
         value = figures["e2e_latency_seconds"]

@@ -184,6 +184,7 @@ FACT_TABLE: dict[str, tuple[tuple[str, ...], Fact]] = {
     "offload_params": (("offload_params",), lambda L, s: L.offload_params.value),
     "offload": (("offload_optimizer", "offload_params"), _offload),
     "offload_layers": (("offload_layers",), lambda L, s: L.offload_layers),
+    "offload_expert_layers": (("offload_expert_layers",), lambda L, s: L.offload_expert_layers),
 }
 FACT_FUNCTIONS: dict[str, Fact] = {name: fn for name, (_, fn) in FACT_TABLE.items()}
 

@@ -48,5 +48,5 @@ def test_cpu_offload_gb_becomes_whole_layers_holding_at_least_that_much(cli):
 def test_n_gpu_layers_is_llama_cpps_count_of_layers_on_the_gpu(cli):
     d = cli("estimate", "llama-3.1-8b", "-H", "rtx-4090-24gb", "--gpus", "1", "--engine", "llamacpp",
             "--quantization", "q4_k_m", "--n-gpu-layers", "20", "--max-model-len", "8192", "--json").json()
-    assert d["plan"]["offload"]["layers"] == 32 - 20
+    assert d["plan"]["offload"]["layers"] == 32 + 1 - 20  # llama.cpp counts the output layer as one of the 20
     assert d["workload"]["quantization"] == "q4_k_m"

@@ -451,3 +451,38 @@ def test_help_and_source_disagreements_are_reported():
     problems = dump.compare(help_opts, src)
     assert "--extra: only in --help" in problems and "--kv-unified: only in the source" in problems
     assert not any(p.startswith("--ctx-size") for p in problems)
+
+
+def test_n_cpu_moe_is_exported_beside_n_gpu_layers(cli, tmp_path):
+    """The plan's offload_expert_layers -> --n-cpu-moe N (common/arg.cpp: the routed experts of layers
+    0..N-1 to the CPU buffer type), a flag of the pinned list; a plan without it has no such flag."""
+    base = _plan(cli, tmp_path, "moe", "qwen3-30b-a3b", "--hardware", "h100-sxm-80gb", "--gpus", "1",
+                 "--max-model-len", "4096", "--engine", "llamacpp")
+    [plain] = commands(_serve(cli, base))
+    assert getattr(parse(plain), "n-cpu-moe") is None
+    plan = _edited(base, tmp_path / "experts.yaml", layout={"offload_expert_layers": 12})
+    assert load_manifest(plan).layout.offload_expert_layers == 12  # read back as written
+    [words] = commands(_serve(cli, plan))
+    ns = parse(words)
+    assert getattr(ns, "n-cpu-moe") == "12"
+    assert getattr(ns, "n-gpu-layers") == "all"  # every layer's attention stays on the GPU
+    readme = (plan.parent / "out" / "README.txt").read_text()
+    assert "--n-cpu-moe 12" in readme
+
+
+def test_routed_experts_in_host_memory_run_only_on_llama_cpp(cli, tmp_path):
+    """No other serving target places experts in host memory: their exporters refuse such a plan
+    with the shared rule (knowledge/targets.yaml host_experts), and runs_on names llama.cpp alone."""
+    from shardplan.exporters.targets import first_refusal
+    from shardplan.knowledge.load import targets_file
+    from shardplan.specs.loading import load_model
+
+    base = _plan(cli, tmp_path, "moe2", "qwen3-30b-a3b", "--hardware", "h100-sxm-80gb", "--gpus", "1",
+                 "--max-model-len", "4096", "--engine", "llamacpp")
+    m = load_manifest(_edited(base, tmp_path / "experts2.yaml", layout={"offload_expert_layers": 12}))
+    spec = load_model("qwen3-30b-a3b").spec
+    f = targets_file()
+    for target in ("vllm", "sglang", "tgi", "trtllm", "accelerate", "jax"):
+        found = first_refusal(m, spec, f.rules_of(target))
+        assert found is not None and found[0].id == "routed experts in host memory", target
+    assert first_refusal(m, spec, f.rules_of("llamacpp")) is None

@@ -43,7 +43,7 @@ def test_each_fact_reads_only_the_layout_fields_it_lists():
                "etp": [None, 1, 2], "zero_stage": [0, 1, 2, 3], "hybrid_shard": [False, True],
                "sequence_parallel": [False, True], "recompute": list(Recompute), "pp_schedule": list(PipelineSchedule),
                "virtual_stages": [1, 2, 3], "micro_batch_size": [1, 2, 4], "offload_optimizer": list(Offload),
-               "offload_params": list(Offload), "offload_layers": [0, 3], "pp_embedding_as_layer": [False, True],
+               "offload_params": list(Offload), "offload_layers": [0, 3], "offload_expert_layers": [0, 2], "pp_embedding_as_layer": [False, True],
                "pp_loss_as_layer": [False, True], "pp_first_stage_layers": [None], "pp_last_stage_layers": [None]}
     assert set(choices) == {f.name for f in fields(Layout)}
 
@@ -111,11 +111,13 @@ def test_a_rule_that_cannot_be_checked_is_refused_when_the_file_is_read(raw, wor
 
 def test_the_search_and_the_exporter_read_the_same_rule(cli, tmp_path, monkeypatch):
     """A rule added to the declaration narrows the search and is the exporter's refusal, at once."""
-    text = load.TARGETS_PATH.read_text().replace(
-        "    engine: vllm\n    uses: [engine_groups]\n    rules:\n",
-        "    engine: vllm\n    uses: [engine_groups]\n    rules:\n"
+    original = load.TARGETS_PATH.read_text()
+    text = original.replace(
+        "    engine: vllm\n    uses: [engine_groups, host_experts]\n    rules:\n",
+        "    engine: vllm\n    uses: [engine_groups, host_experts]\n    rules:\n"
         "      - id: one GPU a replica\n        require: {tp: [1]}\n        field: layout.tp\n"
         "        says: \"test rule (tp={tp})\"\n        hint: \"re-plan with --tp 1\"\n        source: \"a test\"\n")
+    assert text != original  # the anchor still matches the declaration
     path = tmp_path / "targets.yaml"
     path.write_text(text)
     monkeypatch.setattr(load, "TARGETS_PATH", path)

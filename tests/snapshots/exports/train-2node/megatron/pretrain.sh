@@ -13,7 +13,7 @@ TRAIN_ITERS="${TRAIN_ITERS:-1000}"
 CHECKPOINT_DIR="${CHECKPOINT_DIR:-checkpoints}"
 export CUDA_DEVICE_MAX_CONNECTIONS=1  # tensor/context parallel kernels issue in order
 HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of node 0}"
-RDZV_ID="${RDZV_ID:-llama-3.1-70b-3036f2c6}"
+RDZV_ID="${RDZV_ID:-llama-3.1-70b-7f3f6c46}"
 if [ -n "$DATA_PATH" ]; then DATA=(--data-path "$DATA_PATH" --split 99,1,0); else DATA=(--mock-data); fi
 
 torchrun \

@@ -8,7 +8,7 @@
 set -euo pipefail
 
 HEAD_ADDR="${HEAD_ADDR:?set HEAD_ADDR to the address of node 0}"
-RDZV_ID="${RDZV_ID:-llama-3.1-70b-3036f2c6}"
+RDZV_ID="${RDZV_ID:-llama-3.1-70b-7f3f6c46}"
 
 torchrun \
     --nnodes 2:2 \
