@@ -1,6 +1,12 @@
 """Issue 25: published expert layouts are among the top 10 distinct parallel shapes of the search
 for their own setting, with their stack's capabilities pinned.
 
+Llama 3 405B (arXiv:2407.21783 Table 4; tests/data/validation/llama3_layouts.yaml): 8,192 and
+16,384 H100s at 8K context, and 16,384 at 131K, searched with Megatron's capabilities (the
+distributed optimizer, sequence parallelism, interleaving; what knowledge/targets.yaml says the
+megatron stack runs). The 8K stage ran without context parallelism (the paper introduces it for
+the long-context stage), so cp = 1 is part of that setting.
+
 Megatron-LM 2021 (Narayanan et al., SC'21, arXiv:2104.04473, Table 1, weak scaling; rows in
 tests/data/validation/training_throughput.yaml with the paper's model, GPU count, batch and
 (tp, pp, dp)): GPT models of 1.7B to 1T parameters on 32 to 3,072 A100 80GB. The 2021 stack:
@@ -12,7 +18,9 @@ and the micro-batch are left to the search (the paper does not state them per ro
 from __future__ import annotations
 
 import pytest
+import yaml
 
+from conftest import REPO
 from shardplan.cost.layout import Recompute
 from shardplan.cost.workload import TrainingWorkload
 from shardplan.search import Goal, Objective, Space, search
@@ -60,3 +68,55 @@ def test_known_misses_still_miss(row):
 
 def test_enough_published_layouts_are_held():
     assert len([r for r in ROWS if r["id"] not in NOT_YET]) >= 3
+
+
+LLAMA3 = yaml.safe_load((REPO / "tests" / "data" / "validation" / "llama3_layouts.yaml").read_text())["rows"]
+# A published layout the search ranks outside its top 10, with why.
+LLAMA3_NOT_YET = {
+    "llama3_405b_16384gpu_131k": "tp=8 cp=16 pp=16 dp=8 at 131K fits only with full recomputation in shardplan's "
+                                 "activation model (8K tokens a GPU a micro-batch), 34% slower than cp=32 without it; "
+                                 "Meta's stack ran it without, so its activations are smaller than modelled",
+}
+
+
+def _llama3_shapes(row: dict) -> list[tuple[int, int, int, int]]:
+    from shardplan.cost.inputs import training_workload
+    from shardplan.knowledge.load import stack_rules
+    from shardplan.specs.loading import load_model
+    from shardplan.tasks._targets import search_rules
+
+    spec = load_model("llama-3.1-405b").spec
+    wl = training_workload(seq_len=row["seq_len"], global_batch_size=row["batch_per_dp"] * row["parallel"]["dp"],
+                           optimizer="adamw", framework=None, flash_attention=None, dropout=False,
+                           stack=stack_rules("megatron"), spec=spec)
+    pins = {"cp": 1} if row["parallel"]["cp"] == 1 else {}
+    space = Space(rules=search_rules(None, spec, wl), **pins)
+    res = search(spec, load_hardware("h100-sxm-80gb"), wl, space, Goal(Objective.STEP_TIME, top_k=TOP, group_by_shape=True),
+                 num_gpus=row["num_gpus"])
+    shapes = [(e.layout.tp, e.layout.cp, e.layout.pp, e.layout.dp) for e in res.top]
+    assert len(shapes) == len(set(shapes))
+    return shapes
+
+
+def _llama3_published(row: dict) -> tuple[int, int, int, int]:
+    p = row["parallel"]
+    return p["tp"], p["cp"], p["pp"], p["dp"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", [r for r in LLAMA3 if r["id"] not in LLAMA3_NOT_YET], ids=lambda r: r["id"])
+def test_llama3_published_layout_is_among_the_top_ten_distinct_shapes(row):
+    assert _llama3_published(row) in _llama3_shapes(row)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", [r for r in LLAMA3 if r["id"] in LLAMA3_NOT_YET], ids=lambda r: r["id"])
+def test_llama3_known_misses_still_miss(row):
+    assert _llama3_published(row) not in _llama3_shapes(row), f"{row['id']} is now in the top {TOP}"
+
+
+def test_llama3_layouts_are_consistent_with_their_gpu_counts():
+    for r in LLAMA3:
+        p = r["parallel"]
+        assert p["tp"] * p["cp"] * p["pp"] * p["dp"] == r["num_gpus"], r["id"]
+        assert r["batch_per_dp"] * p["dp"] * r["seq_len"] == pytest.approx(16.8e6, rel=0.01)  # 16M tokens a batch
