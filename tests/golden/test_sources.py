@@ -69,6 +69,7 @@ def _one_source(doc: dict) -> Iterator[Entry]:
 ENTRIES: dict[str, Callable[[dict], Iterator[Entry]]] = {
     "validation/activations.yaml": _sections,
     "validation/inference_throughput.yaml": _table,
+    "validation/llama3_layouts.yaml": _table,
     "validation/params.yaml": _params,
     "validation/serving_memory.yaml": _cases,
     "validation/training_throughput.yaml": _table,
