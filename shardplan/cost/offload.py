@@ -369,6 +369,9 @@ def _with_layer_offload(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, 
     given = [(n, v) for n, v in (("--offload-layers", offload_layers), ("--cpu-offload-gb", cpu_offload_gib),
                                  ("--n-gpu-layers", n_gpu_layers)) if v is not None]
     if not given:
+        if layout.offload_params is not Offload.NONE or layout.offload_optimizer is not Offload.NONE:
+            raise ShardplanError("serving offloads whole layers: --offload says where, not how many",
+                                 field="--offload", hint="add --offload-layers N (or --cpu-offload-gb / --n-gpu-layers)")
         return layout
     if len(given) > 1:
         raise ShardplanError(f"{given[0][0]} and {given[1][0]} both say how much to offload", field=given[1][0],
@@ -404,6 +407,7 @@ def _with_layer_offload(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, 
             count += 1
     if count > n:
         raise ShardplanError(f"{count} layers, but the model has {n}", field=option, hint=f"use at most {n}")
+    # --offload all-cpu/all-nvme names where the layers go; a serving layout has no optimizer to offload.
     if count == 0:
-        return replace(layout, offload_layers=0, offload_params=Offload.NONE)
-    return replace(layout, offload_layers=count, offload_params=where)
+        return replace(layout, offload_layers=0, offload_params=Offload.NONE, offload_optimizer=Offload.NONE)
+    return replace(layout, offload_layers=count, offload_params=where, offload_optimizer=Offload.NONE)

@@ -23,6 +23,7 @@ def _one_line_exit_2(res, *needles):
     (("--offload-layers", "4", "--n-gpu-layers", "20"), ("--n-gpu-layers", "one of them")),
     (("--offload-layers", "40"), ("--offload-layers", "has 32")),
     (("--workload", "training", "--offload-layers", "4"), ("--offload-layers", "serving")),
+    (("--engine", "transformers", "--offload", "all-nvme"), ("--offload", "--offload-layers N")),
 ])
 def test_bad_offload_options_are_one_line(cli, args, needles):
     _one_line_exit_2(cli("estimate", "llama-3.1-8b", "-H", "rtx-4090-24gb", "--gpus", "1", *args), *needles)
@@ -50,3 +51,12 @@ def test_n_gpu_layers_is_llama_cpps_count_of_layers_on_the_gpu(cli):
             "--quantization", "q4_k_m", "--n-gpu-layers", "20", "--max-model-len", "8192", "--json").json()
     assert d["plan"]["offload"]["layers"] == 32 + 1 - 20  # llama.cpp counts the output layer as one of the 20
     assert d["workload"]["quantization"] == "q4_k_m"
+
+
+def test_disk_offload_of_layers_for_serving_names_where_not_an_optimizer(cli):
+    """`--offload all-nvme --offload-layers N` on transformers (accelerate's disk offload): the layers
+    go to NVMe; the optimizer half of the training choice does not apply to serving."""
+    d = cli("estimate", "llama-3.1-8b", "-H", "rtx-4090-24gb", "--gpus", "1", "--engine", "transformers",
+            "--offload", "all-nvme", "--offload-layers", "10", "--json").json()
+    assert d["plan"]["offload"] == {"optimizer": "none", "params": "nvme", "layers": 10}
+    assert d["time"]["breakdown"]["decode_step"]["offload"] > 0
