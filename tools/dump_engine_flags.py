@@ -20,11 +20,17 @@ What it does (needs the network: PyPI only):
    and click `@click.option` calls only: flags that a release builds from dataclass fields are not
    seen that way, so the import mode is the one to trust; the ast mode is the fallback and is what
    the tests exercise, on a tiny fixture source).
-4. Writes `shardplan/exporters/flags/<engine>-<version>.yaml`: version, date, source (wheel name and
-   sha256), and per long option: takes_value, choices (as argparse enforces them), and
-   `deprecated: true` with the help text's note when the engine marks it so (a Deprecated* action
-   class, argparse's `deprecated=True`, or help that starts with "[DEPRECATED]"/"Deprecated" or
-   says the flag "is deprecated").
+4. Reads, for the flags an engine validates after parsing (AFTER_PARSING: vLLM's parser has no
+   choices for --quantization in 0.11.0 and 0.33.0, nor for --kv-cache-dtype in 0.33.0, whose field is
+   `CacheDType | str`; it checks the value when it builds the config), the allowed values from that
+   release's own source in the same wheel with `ast`: a `Literal[...]` alias, or a list or tuple of
+   strings, assigned to a named module constant. A flag whose parser has choices keeps them.
+5. Writes `shardplan/exporters/flags/<engine>-<version>.yaml`: version, date, source (wheel name and
+   sha256), and per long option: takes_value, choices (as argparse enforces them, or, with
+   `choices_source: <file in the wheel> <symbol>`, as read in step 4), and `deprecated: true` with
+   the help text's note when the engine marks it so (a Deprecated* action class, argparse's
+   `deprecated=True`, or help that starts with "[DEPRECATED]"/"Deprecated" or says the flag "is
+   deprecated").
 
 TensorRT-LLM is not dumped: PyPI carries only a stub sdist for it (its wheels are on NVIDIA's index,
 which this project's machines do not reach). TGI's launcher is Rust (clap): its list stays by hand.
@@ -72,6 +78,23 @@ ENGINES = {
                      ("tensorrt_llm/commands/serve.py",), (("", "serve"),)),
 }
 
+# Flags whose values the engine checks after parsing, not through argparse choices: flag -> the places
+# (file inside the wheel, module-level symbol) that list the values, tried in order, the first found
+# wins. vLLM: `literal_to_kwargs` (vllm/engine/arg_utils.py) makes a `Literal | str` field a metavar;
+# get_quantization_config refuses a method not in QUANTIZATION_METHODS = list(get_args(QuantizationMethods)),
+# CacheConfig._validate_cache_dtype one not in KV_CACHE_DTYPES = list(get_args(CacheDType)) (v0.33.0).
+# Plugins may register more of either at run time; the lists hold what the release itself ships.
+# SGLang: --quantization, --kv-cache-dtype, --attention-backend (and its other enumerated flags) are
+# argparse choices in 0.5.3 and 0.5.23 (QUANTIZATION_CHOICES, ATTENTION_BACKEND_CHOICES: 0.5.3 in
+# sglang/srt/server_args.py, 0.5.23 in sglang/srt/arg_groups/choices.py through the fields' Arg(choices=)):
+# nothing to add.
+AFTER_PARSING: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
+    "vllm": {
+        "quantization": (("vllm/model_executor/layers/quantization/__init__.py", "QuantizationMethods"),),
+        "kv-cache-dtype": (("vllm/config/cache.py", "CacheDType"),),
+    },
+}
+
 # Requirements that only run on a GPU (kernels, CUDA builds of torch): never installed for a parser dump.
 GPU_ONLY = re.compile(r"^(torch|torchaudio|torchvision|torchcodec|nvidia-|nvshmem|cuda-|flashinfer|flash-attn|tilelang|"
                       r"apache-tvm|humming|quack|tokenspeed|pynvvideocodec|nvtx|fastsafetensors|instanttensor|"
@@ -88,6 +111,7 @@ class Flag:
     deprecated: bool = False
     note: str | None = None  # the deprecation's help text
     optional_value: bool = False  # nargs='?': the flag alone or with a value
+    choices_source: str | None = None  # "<file in the wheel> <symbol>" when the choices are not argparse's
 
     def as_yaml(self) -> dict[str, Any]:
         out: dict[str, Any] = {"takes_value": self.takes_value}
@@ -95,6 +119,8 @@ class Flag:
             out["optional_value"] = True
         if self.choices:
             out["choices"] = self.choices
+            if self.choices_source:
+                out["choices_source"] = self.choices_source
         if self.deprecated:
             out["deprecated"] = True
             if self.note:
@@ -236,6 +262,79 @@ def flags_from_click_source(text: str, function: str) -> list[Flag]:
     return out
 
 
+def _is_literal(node: ast.AST) -> bool:
+    """`Literal`, `typing.Literal` or `typing_extensions.Literal`."""
+    return ((isinstance(node, ast.Name) and node.id == "Literal")
+            or (isinstance(node, ast.Attribute) and node.attr == "Literal"))
+
+
+def _strings(node: ast.AST) -> list[str] | None:
+    """The strings of `Literal["a", "b"]` or of a list/tuple literal `["a", "b"]`; None for anything else
+    (a Literal that names another alias, a computed list)."""
+    if isinstance(node, ast.Subscript) and _is_literal(node.value):
+        node = node.slice
+        items = node.elts if isinstance(node, ast.Tuple) else [node]  # Literal["only"]
+    elif isinstance(node, (ast.List, ast.Tuple)):
+        items = node.elts
+    else:
+        return None
+    if not items or not all(isinstance(i, ast.Constant) and isinstance(i.value, str) for i in items):
+        return None
+    return [i.value for i in items]  # type: ignore[attr-defined]
+
+
+def choices_from_source(text: str, symbol: str) -> list[str]:
+    """The values a module-level `symbol` lists, read with `ast` (nothing is imported), in source order:
+    `X = Literal["a", ...]`, `X: TypeAlias = Literal[...]`, `type X = Literal[...]`, or `X = ["a", ...]`
+    / a tuple of strings (annotated or not). LookupError when the module has no such assignment or its
+    value is not one of those literals; the last assignment at module level wins, as at import."""
+    found: list[str] | None = None
+    seen = False
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == symbol for t in node.targets):
+            value: ast.AST | None = node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == symbol:
+            value = node.value
+        elif type(node).__name__ == "TypeAlias" and getattr(node.name, "id", None) == symbol:  # 3.12: `type X = ...`
+            value = node.value  # type: ignore[attr-defined]
+        else:
+            continue
+        seen = True
+        found = _strings(value) if value is not None else None
+    if found is None:
+        raise LookupError(f"{symbol} is {'not a literal list of strings' if seen else 'not assigned at module level'}")
+    return found
+
+
+def add_source_choices(flags: dict[str, Flag], engine: str, unpacked: Path) -> list[str]:
+    """Give the flags that AFTER_PARSING names for `engine`, and whose parser has no choices, the values
+    their release's source lists, with where they came from; returns one line per flag for stderr."""
+    report = []
+    for name, places in AFTER_PARSING.get(engine, {}).items():
+        flag = flags.get(name)
+        if flag is None or not flag.takes_value:
+            report.append(f"note: --{name} is not a flag taking a value in this release")
+            continue
+        if flag.choices:
+            report.append(f"--{name}: argparse choices kept ({len(flag.choices)})")
+            continue
+        for path, symbol in places:
+            file = unpacked / path
+            if not file.exists():
+                continue
+            try:
+                flag.choices = choices_from_source(file.read_text(), symbol)
+            except LookupError as e:
+                report.append(f"note: {path}: {e}")
+                continue
+            flag.choices_source = f"{path} {symbol}"
+            report.append(f"--{name}: {len(flag.choices)} choices from {flag.choices_source}")
+            break
+        else:
+            report.append(f"warning: --{name}: none of {[f'{p} {s}' for p, s in places]} lists its values; no choices")
+    return report
+
+
 def merge(flags: Iterable[Flag]) -> dict[str, Flag]:
     """By name, first definition wins (argparse refuses a second one anyway), sorted."""
     out: dict[str, Flag] = {}
@@ -260,6 +359,9 @@ def render(engine: str, version: str, flags: dict[str, Flag], *, wheel: str, sha
         "choices as argparse enforces them; short aliases are not keys. argparse also accepts unambiguous prefixes",
         "of a flag, which are not flags the source defines and are not listed.",
     ]
+    if any(f.choices_source for f in flags.values()):
+        header += ["choices_source: the engine checks that flag's value after parsing, not argparse; its choices are "
+                   "the", "values that symbol of that file in the same wheel lists (read with ast)."]
     data = {
         "tool": engine, "command": e.command, "version": version, "date": date,
         "sources": [f"https://pypi.org/project/{e.package}/{version}/",
@@ -427,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         flags = dump_by_ast(args.engine, unpacked)
         how = "add_argument calls read with ast: computed option names are missed"
     table = merge(flags)
+    for line in add_source_choices(table, args.engine, unpacked):
+        print(line, file=sys.stderr)
     out = args.out or FLAGS_DIR / f"{args.engine}-{args.version}.yaml"
     out.write_text(render(args.engine, args.version, table, wheel=wheel.name, sha256=sha256_of(wheel), mode=args.mode,
                           date=_dt.date.today().isoformat(), how=how,

@@ -286,9 +286,18 @@ class FlagTable:
         takes = spec.get("takes_value", True)
         if takes != (value is not None) and not spec.get("optional_value"):
             raise AssertionError(f"{self.prefix}{name} {'takes' if takes else 'takes no'} value in {self.command}")
-        choices = spec.get("choices")
-        if choices is not None and value is not None and not isinstance(value, Raw) and value not in [str(c) for c in choices]:
-            raise AssertionError(f"{self.prefix}{name} {value!r} is not one of {choices} in {self.command} {self.version}")
+        if value is not None and not isinstance(value, Raw) and not self.allows(name, value):
+            source = spec.get("choices_source")
+            raise AssertionError(f"{self.prefix}{name} {value!r} is not one of {spec['choices']} in {self.command} "
+                                 f"{self.version}" + (f" ({source})" if source else ""))
+
+    def allows(self, name: str, value: str) -> bool:
+        """Whether the list's `choices` for flag `name` take `value` (true when it lists none). Choices with a
+        `choices_source` are those the engine checks after parsing, read from that file and symbol of the
+        release's source (tools/dump_engine_flags.py AFTER_PARSING): the engine refuses other values
+        all the same, only later than argparse would."""
+        choices = self.flags.get(name, {}).get("choices")
+        return choices is None or value in [str(c) for c in choices]
 
     @property
     def pinned(self) -> str:

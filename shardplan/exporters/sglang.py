@@ -32,6 +32,7 @@ from shardplan.exporters.base import (
     ExportFile,
     FlagTable,
     Raw,
+    cannot,
     checked_word,
     command,
     engine_flags,
@@ -85,6 +86,19 @@ def mem_fraction_static(ctx: ExportContext) -> float:
                                       target=TARGET, flag="--mem-fraction-static")
 
 
+def kv_cache_dtype(ctx: ExportContext, table: FlagTable) -> str:
+    """--kv-cache-dtype for a KV cache not in the activation dtype: fp8 as fp8_e4m3, bf16 as is. Refused
+    when the chosen list's argparse choices lack it: SGLang has no fp16 or fp32 KV cache, 0.5.3 no bf16."""
+    L, wl = ctx.manifest.layout, serving(ctx, TARGET)
+    value = _KV.get(L.kv_cache_dtype, L.kv_cache_dtype)
+    if not table.allows("kv-cache-dtype", value):
+        raise cannot(TARGET, "layout.kv_cache_dtype",
+                     f"SGLang {table.version} has no {L.kv_cache_dtype} KV cache beside {wl.activation_dtype} activations "
+                     f"(--kv-cache-dtype takes {', '.join(map(str, table.flags['kv-cache-dtype']['choices']))})",
+                     "re-plan with --kv-cache-dtype auto (the activation dtype) or fp8")
+    return value
+
+
 def group_replicas(ctx: ExportContext) -> int:
     """Replicas one server runs with DP attention because experts are split among them (1: none);
     what SGLang's export cannot run is refused first (knowledge/targets.yaml)."""
@@ -113,7 +127,7 @@ def server_args(ctx: ExportContext, *, data_parallel: int, port: int, nnodes: in
     args += [("dtype", torch_dtype(wl.activation_dtype)), ("context-length", kv.max_model_len_tokens),
              ("mem-fraction-static", mem_fraction_static(ctx)), ("page-size", wl.block_size)]
     if L.kv_cache_dtype != wl.activation_dtype:
-        args.append(("kv-cache-dtype", _KV.get(L.kv_cache_dtype, L.kv_cache_dtype)))
+        args.append(("kv-cache-dtype", kv_cache_dtype(ctx, table)))
     if L.weight_quantization in _QUANT:
         args.append(("quantization", _QUANT[L.weight_quantization]))
     # With DP attention SGLang divides both over the DP ranks (server_args.py: chunked_prefill_size //= dp_size;

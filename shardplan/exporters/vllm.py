@@ -16,6 +16,8 @@ base.engine_flags picks the list, by default the pinned one), and the image is t
   sequence (vLLM refuses to start otherwise); else the least share that does.
 - weights: fp8 -> --quantization fp8 (vLLM quantizes a 16-bit checkpoint at load); awq/gptq name
   their method; int8/int4 need a pre-quantized checkpoint, whose config names the method.
+- KV cache: --kv-cache-dtype auto in the activation dtype, else fp8 / bfloat16 / float16 where the
+  version's CacheDType lists it (the flag list's choices_source); a plan with another is refused.
 - weight offload (`layout.offload_layers`): --cpu-offload-gb, the plan's host_offload_bytes per GPU in
   GiB of 2^30 bytes, rounded up to 0.01 GiB so that the GPU holds no more than planned. vLLM reads it
   as "The space in GiB to offload to CPU, per GPU" (vllm/config/offload.py:21-22, OffloadConfig.
@@ -125,6 +127,23 @@ def cpu_offload_gib(ctx: ExportContext) -> float | None:
     return math.ceil(host / GIB * 100 - 1e-9) / 100
 
 
+def kv_cache_dtype(ctx: ExportContext) -> str:
+    """--kv-cache-dtype: auto (the model's dtype) for a KV cache in the activation dtype, else the plan's
+    format as vLLM spells it (fp8; bfloat16, float16 as torch names them). Refused when the chosen flag
+    list's choices, which vLLM checks after parsing (vllm/config/cache.py CacheDType, read from that
+    release's wheel), lack it: vLLM 0.11.0 has no float16 KV cache, none of them a float32 one."""
+    L, wl = ctx.manifest.layout, serving(ctx, TARGET)
+    if L.kv_cache_dtype == wl.activation_dtype:
+        return "auto"
+    value, table = torch_dtype(L.kv_cache_dtype), flags(ctx).table
+    if not table.allows("kv-cache-dtype", value):
+        raise cannot(TARGET, "layout.kv_cache_dtype",
+                     f"vLLM {table.version} has no {L.kv_cache_dtype} KV cache beside {wl.activation_dtype} activations "
+                     f"(--kv-cache-dtype takes {', '.join(map(str, table.flags['kv-cache-dtype']['choices']))})",
+                     "re-plan with --kv-cache-dtype auto (the activation dtype) or fp8")
+    return value
+
+
 def serve_args(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool = False,
                dp_nodes: list[Arg] | None = None) -> list[Arg]:
     m = ctx.manifest
@@ -145,7 +164,7 @@ def serve_args(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool =
         ("max-model-len", kv.max_model_len_tokens),
         ("gpu-memory-utilization", memory_utilization(ctx)),
         ("block-size", wl.block_size),
-        ("kv-cache-dtype", "auto" if L.kv_cache_dtype == wl.activation_dtype else L.kv_cache_dtype),
+        ("kv-cache-dtype", kv_cache_dtype(ctx)),
     ]
     if L.weight_quantization in _QUANT:
         args.append(("quantization", _QUANT[L.weight_quantization]))

@@ -53,13 +53,13 @@ def test_a_million_gpus_for_serving_is_searched_within_the_budget():
 def test_recommend_reports_the_budget_in_json_and_the_table(cli, tmp_path, monkeypatch):
     import shardplan.search.space as space_mod
 
-    monkeypatch.setattr(space_mod.Space, "__init__", _with_budget(space_mod.Space.__init__, 3000))
-    res = cli("recommend", "deepseek-v3", "--max-gpus", "1024", "--workload", "training", "--json")
+    monkeypatch.setattr(space_mod.Space, "__init__", _with_budget(space_mod.Space.__init__, 10000))
+    res = cli("recommend", "deepseek-v3", "--max-gpus", "1024", "--workload", "training", "--stack", "megatron", "--json")
     assert res.exit_code == 0, res.stderr
     b = res.json()["search_budget"]
-    assert b["spent"] and b["max_steps"] == 3000 and (b["num_layouts_not_searched"] > 0 or b["gpu_counts_not_searched"])
-    table = cli("recommend", "deepseek-v3", "--max-gpus", "1024", "--workload", "training")
-    assert "search budget of 3,000 steps spent" in " ".join(table.stdout.split())
+    assert b["spent"] and b["max_steps"] == 10000 and (b["num_layouts_not_searched"] > 0 or b["gpu_counts_not_searched"])
+    table = cli("recommend", "deepseek-v3", "--max-gpus", "1024", "--workload", "training", "--stack", "megatron")
+    assert "search budget of 10,000 steps spent" in " ".join(table.stdout.split())
 
 
 def _with_budget(init, steps):
