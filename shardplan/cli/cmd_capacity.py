@@ -162,7 +162,7 @@ def capacity(
             enable_chunked_prefill=enable_chunked_prefill, max_model_len=context, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
             weight_dtype=None, quantization=None, enforce_eager=enforce_eager, input_len=1024, output_len=128, batch_size=None,
-            vision=loaded.spec.vision,
+            vision=loaded.spec.vision, encoder_decoder=loaded.spec.num_cross_attention_layers > 0,
         )
         if concurrency > wl_s.max_num_seqs:
             given = "--max-num-seqs" if max_num_seqs is not None else f"{rules.label}'s default max_num_seqs on this GPU"
@@ -196,7 +196,8 @@ def _size_for_rate(spec, hw, engine: str, engine_version: Optional[str], limit: 
         max_model_len=o["context"], max_num_seqs=o["max_num_seqs"], max_num_batched_tokens=o["max_num_batched_tokens"],
         gpu_memory_utilization=o["gpu_memory_utilization"], block_size=o["block_size"], kv_cache_dtype=o["kv_cache_dtype"],
         weight_dtype=None, quantization=None, enforce_eager=o["enforce_eager"], input_len=o["input_len"],
-        output_len=o["output_len"], batch_size=None, vision=spec.vision)
+        output_len=o["output_len"], batch_size=None, vision=spec.vision,
+        encoder_decoder=spec.num_cross_attention_layers > 0)
     lengths, name = None, "fixed"
     if o["dataset_lengths"]:
         lengths = load_lengths(o["dataset_lengths"])

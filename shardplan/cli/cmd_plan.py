@@ -535,6 +535,7 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
         weight_dtype=o["weight_dtype"], quantization=q.value if q else None, enforce_eager=o["enforce_eager"],
         input_len=o["input_len"], output_len=o["output_len"], batch_size=o["batch_size"],
         vision=o["loaded"].spec.vision, images_per_prompt=o.get("limit_mm_per_prompt"),
+        encoder_decoder=o["loaded"].spec.num_cross_attention_layers > 0,
     )
     return _with_load(o, wl)
 

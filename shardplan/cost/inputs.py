@@ -13,7 +13,7 @@ from shardplan.errors import LayoutError, ShardplanError
 from shardplan.cost.engine import resolve_serving
 from shardplan.cost import speculative as spec_decode
 from shardplan.cost.speculative import Speculative, SpeculativeMethod
-from shardplan.knowledge.schema import EngineRules, StackFile
+from shardplan.knowledge.schema import EngineRules, StackFile, parse_version
 from shardplan.specs.cluster import at_most
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import MAX_TOKENS, ModelSpec, VisionSpec
@@ -107,6 +107,22 @@ def offload_pair(value: str) -> tuple[Offload, Offload]:
     }[value]
 
 
+# The last vLLM version whose rules shardplan applies to an encoder-decoder (cross-attention) model:
+# vLLM 0.8 made V1 the default engine, which never ran encoder-decoder models (they fell back to V0:
+# "one of the last use cases which V1 still doesn't support", vllm-project/vllm PR #23300,
+# 2025-08-21), and PR #24907 (merged 2025-09-15) removed the V0 encoder-decoder runner and Mllama
+# with it; shardplan's 0.8+ eras are V1's.
+ENCODER_DECODER_LAST_VLLM = "0.7.3"
+
+
+def _check_encoder_decoder(engine: EngineRules) -> None:
+    if engine.engine == "vllm" and parse_version(engine.version) > parse_version(ENCODER_DECODER_LAST_VLLM):
+        raise ShardplanError(
+            f"vLLM {engine.version} has no V1 rules for a model that cross-attends to its vision encoder (Mllama): "
+            "vLLM ran it on its V0 engine until PR #24907 removed it (2025-09)", field="--engine-version",
+            hint=f"give --engine-version {ENCODER_DECODER_LAST_VLLM} (or older), whose V0 rules shardplan models")
+
+
 def inference_workload(
     *,
     max_model_len: int | None,
@@ -128,12 +144,15 @@ def inference_workload(
     speculative: Speculative | None = None,
     vision: VisionSpec | None = None,
     images_per_prompt: int | None = None,
+    encoder_decoder: bool = False,
 ) -> InferenceWorkload:
     """The serving workload from command-line values. With `engine` (and the `hw` and model
     context it runs), what is left out (None) takes that engine version's default for this
     device and context, and the budget switches follow its rules; without it, the fields take
     the dataclass defaults. `vision`: a multimodal model's tower, whose profiling pass the engine
-    version's rules size (`images_per_prompt`: its limit_mm_per_prompt for images)."""
+    version's rules size (`images_per_prompt`: its limit_mm_per_prompt for images). `encoder_decoder`:
+    the language model cross-attends to the encoder (Mllama), which vLLM ran only on its V0 engine
+    (`_check_encoder_decoder`)."""
     if images_per_prompt is not None and not 1 <= images_per_prompt <= MAX_SEQUENCES:
         raise ShardplanError(f"must be from 1 to {MAX_SEQUENCES}", field="--limit-mm-per-prompt", hint="e.g. 1")
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
@@ -158,6 +177,8 @@ def inference_workload(
     base = InferenceWorkload()
     switches: dict = {}
     batched_given = max_num_batched_tokens is not None
+    if engine is not None and encoder_decoder:
+        _check_encoder_decoder(engine)
     if engine is not None:
         if hw is None or (max_model_len or model_max_len) is None:
             raise ValueError("engine rules need the hardware and the model's context")  # a caller's bug

@@ -213,8 +213,32 @@ def block_weights(spec: ModelSpec, moe_layer: bool, linear_attention: bool = Fal
     return tuple(w)
 
 
+@lru_cache(maxsize=256)
+def cross_attention_extra_weights(spec: ModelSpec) -> tuple[WeightKind, ...]:
+    """What a cross-attention decoder layer (Mllama, transformers MllamaCrossAttentionDecoderLayer and
+    MllamaTextCrossAttention) stores beyond a self-attention block of the same shapes: an RMSNorm of
+    head_dim on the queries and one on the keys (q_norm, k_norm, shared by all heads) and the scalar
+    tanh gates of its attention and MLP branches (cross_attn_attn_gate, cross_attn_mlp_gate). Its
+    q/k/v/o, MLP and two norms are those of `block_weights`; k and v read the projected vision
+    states, whose width is the text hidden size."""
+    d, a = spec.attention_head_dim, Component.ATTENTION
+    return (WeightKind("cross_attn.q_norm.weight", a, (d,), Split.REPLICATED),
+            WeightKind("cross_attn.k_norm.weight", a, (d,), Split.REPLICATED),
+            WeightKind("cross_attn_attn_gate", a, (1,), Split.REPLICATED),
+            WeightKind("cross_attn_mlp_gate", Component.MLP, (1,), Split.REPLICATED))
+
+
+def cross_attention_tensors(spec: ModelSpec, layers: Iterable[int]) -> list[tuple[WeightKind, int]]:
+    """(tensor kind, how many of `layers` carry it) for the cross-attention layers' extra weights."""
+    num = sum(spec.is_cross_attention_layer(i) for i in layers)
+    return [(w, num) for w in cross_attention_extra_weights(spec)] if num else []
+
+
 def layer_weights(spec: ModelSpec, layer_index: int) -> tuple[WeightKind, ...]:
-    return block_weights(spec, *layer_kind(spec, layer_index))
+    w = block_weights(spec, *layer_kind(spec, layer_index))
+    if spec.is_cross_attention_layer(layer_index):
+        w += cross_attention_extra_weights(spec)
+    return w
 
 
 def layer_kind(spec: ModelSpec, layer_index: int) -> tuple[bool, bool]:
@@ -278,7 +302,8 @@ def vision_weights(spec: ModelSpec) -> tuple[WeightKind, ...]:
 def embedding_weights(spec: ModelSpec) -> tuple[WeightKind, ...]:
     """Weights on the first pipeline stage: token (and learned position) embeddings, and a
     multimodal model's vision tower and projector (vLLM runs the encoder on the first stage)."""
-    w = [WeightKind("embed_tokens.weight", Component.EMBEDDING, (spec.vocab_size, spec.hidden_size), Split.VOCAB)]
+    rows = spec.vocab_size + (spec.vision.text_embedding_extra_rows if spec.vision is not None else 0)
+    w = [WeightKind("embed_tokens.weight", Component.EMBEDDING, (rows, spec.hidden_size), Split.VOCAB)]
     if spec.position_embedding is PositionEmbedding.LEARNED:
         w.append(
             WeightKind(
@@ -357,6 +382,8 @@ def count_params(spec: ModelSpec) -> ParamCounts:
     kinds = layer_kinds(spec)
     for (moe_layer, linear), num in kinds.items():
         _sum_by_component(block_weights(spec, moe_layer, linear), by_component, num)
+    for w, num in cross_attention_tensors(spec, range(spec.num_layers)):
+        by_component[w.component.value] += w.numel * num
     _sum_by_component(head_weights(spec), by_component)
     if spec.measured_num_params is not None:
         by_component[Component.OTHER.value] = spec.measured_num_params - sum(by_component.values())

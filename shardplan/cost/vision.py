@@ -26,18 +26,56 @@ def vision_block_peak_bytes(v: VisionSpec, tokens: int, tp: int, bytes_per_eleme
     return (stream + max(attn, mlp)) * bytes_per_element
 
 
+FP32_BYTES = 4.0
+TILE_PAD_TOKENS = 8  # vLLM's MllamaVisionModel pads each tile's tokens to a multiple of 8
+
+
+def tiled_tower_extra_bytes(v: VisionSpec, encoder_tokens: int, bytes_per_element: float) -> float:
+    """What a tiled tower (Mllama: `num_tiles_max` > 1) holds beyond its blocks while it runs, as vLLM
+    V0 runs it (model_executor/models/mllama.py at v0.6.3.post1 and v0.6.6.post1):
+
+      the attention mask over all tiles of each image, built by _prepare_aspect_ratio_attention_mask
+      as a dense (images, 1, T, T) tensor in the model dtype, T = tiles x (tokens per tile padded to
+      a multiple of 8), alive through both transformers;
+      the pixel values in fp32 twice: the batch the runner hands over and the zero-padded
+      (images, 1, tiles, 3, size, size) copy _parse_and_validate_image_input builds (patch inputs
+      = channels x patch^2 per patch, the class token has none).
+    The intermediate hidden states the tower keeps for its output (`num_kept_hidden_states`) are
+    not added: the one published split of such a pass (PR #12126, 128 images on an H100: activation
+    peak 36.63 GiB) is met without them."""
+    if v.num_tiles_max <= 1 or v.image_encoder_tokens_max is None:
+        return 0.0
+    images = encoder_tokens // v.image_encoder_tokens_max
+    per_tile = v.image_encoder_tokens_max // v.num_tiles_max
+    side = v.num_tiles_max * -(-per_tile // TILE_PAD_TOKENS) * TILE_PAD_TOKENS
+    mask = images * side * side * bytes_per_element
+    pixels = 2 * images * v.num_tiles_max * (per_tile - 1) * v.patch_embedding_inputs * FP32_BYTES
+    return mask + pixels
+
+
+def tower_tokens(v: VisionSpec, encoder_tokens: int) -> int:
+    """Tokens the tower's blocks run over: a tiled tower pads each tile to a multiple of 8 tokens."""
+    if v.num_tiles_max <= 1 or v.image_encoder_tokens_max is None:
+        return encoder_tokens
+    per_tile = v.image_encoder_tokens_max // v.num_tiles_max
+    padded = -(-per_tile // TILE_PAD_TOKENS) * TILE_PAD_TOKENS
+    return encoder_tokens // per_tile * padded
+
+
 def vision_profile_peak_bytes(spec: ModelSpec, tp: int, encoder_tokens: int, kept_tokens: int, text_peak_bytes: float,
                               bytes_per_element: float) -> float:
     """The first stage's peak in a pass that profiles the tower: the tower's block peak with the
-    pixel values it embeds (tokens x channels x patch area), or the text pass's peak with the
-    encoder outputs still kept (kept rows x the language model's hidden size), the larger."""
+    pixel values it embeds (tokens x channels x patch area; a tiled tower's mask and fp32 pixel
+    buffers instead, `tiled_tower_extra_bytes`), or the text pass's peak with the encoder outputs
+    still kept (kept rows x the language model's hidden size), the larger."""
     if spec.vision is None or encoder_tokens <= 0:
         return text_peak_bytes
     v = spec.vision
-    tower = vision_block_peak_bytes(v, encoder_tokens, tp, bytes_per_element)
-    tower += encoder_tokens * v.patch_embedding_inputs * bytes_per_element
+    tower = vision_block_peak_bytes(v, tower_tokens(v, encoder_tokens), tp, bytes_per_element)
+    extra = tiled_tower_extra_bytes(v, encoder_tokens, bytes_per_element)
+    tower += extra if extra else encoder_tokens * v.patch_embedding_inputs * bytes_per_element
     kept = kept_tokens * spec.hidden_size * bytes_per_element
     return max(tower, text_peak_bytes + kept)
 
 
-__all__ = ["vision_block_peak_bytes", "vision_profile_peak_bytes"]
+__all__ = ["tiled_tower_extra_bytes", "tower_tokens", "vision_block_peak_bytes", "vision_profile_peak_bytes"]

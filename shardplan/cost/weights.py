@@ -14,6 +14,7 @@ from shardplan.cost.params import (
     WeightKind,
     block_weights,
     chunk_layer_kinds,
+    cross_attention_tensors,
     embedding_weights,
     head_weights,
     tied_lm_head_copy,
@@ -133,6 +134,7 @@ def stage_tensors(spec: ModelSpec, layout: Layout, stage: int) -> list[tuple[Wei
         out += [(w, 1) for w in embedding_weights(spec)]
     for (moe, linear), num in sorted(chunk_layer_kinds(spec, chunks).items()):
         out += [(w, num) for w in block_weights(spec, moe, linear)]
+    out += cross_attention_tensors(spec, (i for r in chunks for i in r))
     if stage == layout.pp - 1:
         out += [(w, 1) for w in head_weights(spec)]
         if layout.pp > 1:

@@ -1025,6 +1025,84 @@ def _qwen_vl(cfg: _Tracked, name: str) -> dict[str, Any]:
     return d
 
 
+# MllamaVisionConfig.__post_init__'s default supported_aspect_ratios (for max_num_tiles 4).
+MLLAMA_ASPECT_RATIOS = [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]]
+MLLAMA_INTERMEDIATE_LAYERS = [3, 7, 15, 23, 30]  # MllamaVisionConfig's default intermediate_layers_indices
+MLLAMA_CROSS_LAYERS = [3, 8, 13, 18, 23, 28, 33, 38]  # MllamaTextConfig's default cross_attention_layers
+# MllamaTextModel.embed_tokens = nn.Embedding(vocab_size + 8, ...): the image token, padded to 8 rows
+# (vLLM's MllamaTextModel.embed_tokens is VocabParallelEmbedding(vocab_size + 8) too).
+MLLAMA_EMBEDDING_EXTRA_ROWS = 8
+
+
+def _mllama(cfg: _Tracked, name: str) -> dict[str, Any]:
+    """MllamaForConditionalGeneration (Llama 3.2 Vision; transformers models/mllama/modeling_mllama.py).
+
+    Text: a Llama decoder whose `cross_attention_layers` are cross-attention decoder layers (q/k/v/o
+    of the same shapes, q/k RMSNorms, tanh gates; params.cross_attention_extra_weights), head_dim =
+    hidden / heads, an embedding of vocab_size + 8 rows and an lm_head of vocab_size.
+    Vision (MllamaVisionModel): a bias-free patch conv, a class vector, a gated position table of
+    (patches + 1) rows with its gate and a tile table of (aspect ratios + 1) x (tiles x (patches + 1) x
+    hidden), pre- and post-tile aspect-ratio embeddings of (aspect ratios + 1) x (tiles x hidden) with
+    gates, layernorm_pre/post, a local transformer of num_hidden_layers and a global one of
+    num_global_layers CLIP-style blocks (q/k/v/o without bias, fc1/fc2 with bias, two LayerNorms; the
+    global ones with two scalar gates each). Projector: a biased Linear vision_output_dim -> text hidden."""
+    d = hf_defaults()
+    # MllamaConfig.sub_configs_defaults (hf_defaults.yaml `subconfigs`): the nested configs' model types
+    text_type, vision_type = d.subconfig_type("mllama", "text_config"), d.subconfig_type("mllama", "vision_config")
+    tcfg = cfg.child("text_config", d.defaults(text_type))
+    v = cfg.child("vision_config", d.defaults(vision_type))
+    for sub in (tcfg, v):
+        sub._read.add("model_type")
+    text = _common(tcfg, name, "mllama")
+    layers = text["num_layers"]
+    cross = tcfg.get("cross_attention_layers") or MLLAMA_CROSS_LAYERS
+    if not isinstance(cross, list) or not all(isinstance(i, int) and 0 <= i < layers for i in cross):
+        raise InputFileError(f"must list layer indices below {layers}, got {str(cross)[:60]}",
+                             field="text_config.cross_attention_layers", hint="use the value from the model's config.json")
+    text.update(head_dim=None, tie_word_embeddings=_flag(tcfg, "tie_word_embeddings"),
+                layer_types=tuple(LayerType.CROSS if i in set(cross) else LayerType.FULL for i in range(layers)),
+                attention_dropout=float(tcfg.get("dropout") or 0.0), hidden_dropout=0.0)
+    h, inter = _int(v, "hidden_size"), _int(v, "intermediate_size")
+    tiles, patch = _int(v, "max_num_tiles"), _int(v, "patch_size")
+    per_tile = _patches(v) + 1  # patches and the class token
+    ratios = v.get("supported_aspect_ratios") or MLLAMA_ASPECT_RATIOS
+    if not isinstance(ratios, list) or not ratios:
+        raise InputFileError("must be a non-empty list of [width, height] tile counts",
+                             field="vision_config.supported_aspect_ratios")
+    ar_rows = len(ratios) + 1  # MllamaVisionConfig.max_aspect_ratio_id + 1
+    local, num_global = _int(v, "num_hidden_layers"), _int(v, "num_global_layers")
+    kept = v.get("intermediate_layers_indices") or MLLAMA_INTERMEDIATE_LAYERS
+    extra = [("gated_positional_embedding.gate", (1,)),
+             ("gated_positional_embedding.tile_embedding.weight", (ar_rows, tiles * per_tile * h)),
+             ("pre_tile_positional_embedding.embedding.weight", (ar_rows, tiles * h)),
+             ("pre_tile_positional_embedding.gate", (1,)),
+             ("post_tile_positional_embedding.embedding.weight", (ar_rows, tiles * h)),
+             ("post_tile_positional_embedding.gate", (1,)),
+             ("global_transformer.layers.gate_attn", (num_global,)),
+             ("global_transformer.layers.gate_ffn", (num_global,))]
+    th = text["hidden_size"]
+    proj = [("weight", (th, _int(v, "vision_output_dim"))), ("bias", (th,))]
+    # The largest image runs max_num_tiles x ((image_size // 14)^2 + 1) tokens through the tower and the
+    # cross-attention layers attend to all of them (vLLM model_executor/models/mllama.py
+    # get_max_mllama_image_tokens at v0.6.3.post1 and v0.6.6.post1), while the decoder holds one <|image|>
+    # token for it (dummy_decoder_seq_data): image_tokens_max is that one token. So the V0 profile's
+    # clamp of its dummy sequences by the images' decoder tokens leaves max_num_seqs of them, one image
+    # each, as vLLM's enc_dec_model_runner.profile_run builds them (no clamp; v0.6.3.post1-v0.7.3).
+    vision = VisionSpec(
+        model_type=vision_type, hidden_size=h, num_layers=local + num_global,
+        num_attention_heads=_int(v, "attention_heads"), intermediate_size=inter, mlp_gated=False, mlp_bias=True,
+        qkv_bias=False, o_bias=False, norm_type=NormType.LAYERNORM,
+        patch_embedding_inputs=_int(v, "num_channels") * patch * patch, class_embedding=True,
+        num_position_embeddings=per_tile, num_outer_norms=2,
+        extra_tensors=tuple(NamedShape(name=n, shape=sh) for n, sh in extra),
+        projector=tuple(NamedShape(name=n, shape=sh) for n, sh in proj),
+        image_tokens_max=1, image_encoder_tokens_max=tiles * per_tile,
+        text_embedding_extra_rows=MLLAMA_EMBEDDING_EXTRA_ROWS,
+        num_kept_hidden_states=len(kept) if isinstance(kept, list) else 0, num_tiles_max=tiles)
+    text.update(model_type="mllama", vision=vision)
+    return text
+
+
 # Families whose translation reads transformers' defaults (hf_defaults.yaml) and warns on unread keys.
 DEFAULTED: dict[str, Callable[[Any, str], dict[str, Any]]] = {
     "gpt_oss": _gpt_oss,
@@ -1039,6 +1117,7 @@ DEFAULTED: dict[str, Callable[[Any, str], dict[str, Any]]] = {
     "mistral3": _mistral3,
     "qwen2_vl": _qwen_vl,
     "qwen2_5_vl": _qwen_vl,
+    "mllama": _mllama,
 }
 ARCHITECTURES.update({
     "GptOssForCausalLM": "gpt_oss", "PhimoeForCausalLM": "phimoe", "Gemma3ForCausalLM": "gemma3_text",
@@ -1046,5 +1125,5 @@ ARCHITECTURES.update({
     "Llama4ForConditionalGeneration": "llama4", "Qwen3NextForCausalLM": "qwen3_next",
     "LlavaForConditionalGeneration": "llava", "LlavaNextForConditionalGeneration": "llava_next",
     "Mistral3ForConditionalGeneration": "mistral3", "Qwen2VLForConditionalGeneration": "qwen2_vl",
-    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl", "MllamaForConditionalGeneration": "mllama",
 })

@@ -67,6 +67,9 @@ class LayerType(str, Enum):
     SLIDING = "sliding_attention"  # attends to the last `sliding_window` tokens
     CHUNKED = "chunked_attention"  # attends within its `attention_chunk_size` block (Llama 4)
     LINEAR = "linear_attention"  # a fixed-size recurrent state, no KV cache (Qwen3-Next Gated DeltaNet)
+    # Attends to the vision encoder's tokens, not the sequence's own (Mllama's cross-attention decoder
+    # layers: q/k/v/o with per-head q/k RMSNorms and tanh gates on the attention and MLP branches).
+    CROSS = "cross_attention"
 
 
 class LinearAttentionSpec(StrictModel):
@@ -150,6 +153,16 @@ class VisionSpec(StrictModel):
     image_encoder_tokens_max: int | None = Field(
         None, gt=0, le=MAX_TOKENS, description="tokens the tower runs over for that image: patches (and class "
                                               "tokens) of every tile, before any merger or pooling (tokens)")
+    # Mllama (transformers MllamaTextModel, vLLM MllamaTextModel): the language model's token embedding has
+    # vocab_size + 8 rows (the image token, padded), the output layer vocab_size; the tower keeps the hidden
+    # states of `intermediate_layers_indices` to the end and concatenates them to its output.
+    text_embedding_extra_rows: int = Field(
+        0, ge=0, le=MAX_VOCAB, description="rows of the language model's token embedding beyond vocab_size (rows)")
+    num_kept_hidden_states: int = Field(
+        0, ge=0, le=MAX_LAYERS, description="intermediate hidden states the tower holds until its output (tensors "
+                                            "of tokens x hidden)")
+    num_tiles_max: int = Field(1, gt=0, le=1024, description="tiles of the largest image that the tower attends "
+                                                             "across at once (Mllama: max_num_tiles)")
 
     @property
     def attention_head_dim(self) -> int:
@@ -298,6 +311,8 @@ class ModelSpec(StrictModel):
         if self.global_layer_every and self.sliding_window is None:
             raise ValueError("global_layer_every is set but sliding_window is not")
         if self.layer_types:
+            if LayerType.CROSS in self.layer_types and self.vision is None:
+                raise ValueError("layer_types has cross_attention layers but the model has no vision tower")
             if len(self.layer_types) != self.num_layers:
                 raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
             kinds = set(self.layer_types)
@@ -363,6 +378,13 @@ class ModelSpec(StrictModel):
 
     def is_linear_attention_layer(self, layer_index: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer_index] is LayerType.LINEAR
+
+    def is_cross_attention_layer(self, layer_index: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer_index] is LayerType.CROSS
+
+    @property
+    def num_cross_attention_layers(self) -> int:
+        return sum(t is LayerType.CROSS for t in self.layer_types)
 
     def is_sliding_layer(self, layer_index: int) -> bool:
         if self.layer_types:

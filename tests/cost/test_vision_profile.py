@@ -43,6 +43,24 @@ def test_largest_image_per_family_as_vllm_counts_it():
     assert (llama4.image_tokens_max, llama4.image_encoder_tokens_max) == (17 * 144, 17 * 577)
 
 
+def test_mllama_profiles_one_image_per_dummy_sequence_with_its_tile_mask():
+    # Llama 3.2 Vision: 4 tiles of (560 / 14)^2 + 1 = 1601 tokens; one <|image|> token in the decoder, so
+    # the V0 clamp leaves all max_num_seqs sequences (enc_dec_model_runner profiles one image per sequence).
+    spec = _spec("llama-3.2-11b-vision-instruct")
+    v = spec.vision
+    assert (v.image_tokens_max, v.image_encoder_tokens_max, v.num_tiles_max) == (1, 4 * 1601, 4)
+    tokens, kept, _ = profile_vision(engine_rules("vllm", "0.6.6").multimodal, image_tokens=1,
+                                     image_encoder_tokens=6404, max_num_seqs=128, max_num_batched_tokens=65536,
+                                     max_model_len=65536, images_per_prompt=None)
+    assert (tokens, kept) == (128 * 6404, 0)
+    # Each tile padded to 1608 tokens; the dense mask is 128 x (4 x 1608)^2 bf16 elements, and the pixels
+    # are held twice in fp32 (1600 patches of 3 x 14 x 14 values per tile).
+    from shardplan.cost.vision import tiled_tower_extra_bytes, tower_tokens
+
+    assert tower_tokens(v, tokens) == 128 * 4 * 1608
+    assert tiled_tower_extra_bytes(v, tokens, BF16) == 128 * 6432**2 * BF16 + 2 * 128 * 4 * 1600 * 588 * 4
+
+
 def test_v0_clamps_the_dummy_sequences_by_the_images_tokens():
     mm = engine_rules("vllm", "0.6.4").multimodal
     # 5120 tokens over images of 576: min(256, 5120 // 576 = 8) sequences, one image each.
@@ -144,3 +162,17 @@ def test_limit_mm_per_prompt_is_checked(cli):
     # 0.10: min(budget // 576, 256 x max(1, min(2, max_model_len // 576))) images of 577 tower tokens.
     budget = max(w["max_num_batched_tokens"], 576)
     assert w["vision_encoder_tokens"] == min(budget // 576, 256 * 2) * 577
+
+
+def test_mllama_on_vllm_v1_rules_is_refused_with_the_version_that_ran_it(cli):
+    """Llama 3.2 Vision cross-attends to its encoder: vLLM ran it on V0 only (V1 never ran
+    encoder-decoder models; PR #24907 removed them in 2025-09), so shardplan's V1 eras do not size
+    it: one line naming --engine-version, exit 2; V0's rules (0.7.3 and older) do."""
+    model = str(REPO / "shardplan" / "validation" / "corpus" / "models" / "llama-3.2-11b-vision-instruct.yaml")
+    res = cli("estimate", model, "--gpus", "1", "--json")
+    assert res.exit_code == 2 and "--engine-version" in res.stderr and "0.7.3" in res.stderr
+    assert len([line for line in res.stderr.splitlines() if line.strip()]) == 1
+    ok = cli("estimate", model, "--gpus", "1", "--engine-version", "0.6.6", "--max-model-len", "8192",
+             "--max-num-seqs", "16", "--json")
+    assert ok.exit_code == 0, ok.stderr
+    assert ok.json()["kv_cache"]["capacity_tokens"] > 8192

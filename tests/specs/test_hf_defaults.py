@@ -25,6 +25,7 @@ MODEL_TYPES = (
     "llama", "mistral", "llama4", "llama4_text", "llama4_vision_model", "gpt_oss", "gemma3", "gemma3_text",
     "siglip_vision_model", "qwen2_vl", "qwen2_vl_text", "qwen2_vl_vision", "qwen2_5_vl", "qwen2_5_vl_text",
     "qwen2_5_vl_vision", "llava", "llava_next", "clip_vision_model", "mistral3", "pixtral", "phimoe", "qwen3_next",
+    "mllama", "mllama_text_model", "mllama_vision_model",
 )
 # PreTrainedConfig's own fields and the sub-configs themselves: no family's shape.
 BASE_FIELDS = {"transformers_version", "architectures", "output_hidden_states", "return_dict", "dtype",

@@ -153,7 +153,7 @@ DATA_MODELS = REPO / "shardplan" / "validation" / "corpus" / "models"
 ISSUE27_FILES = [
     "gemma-3-1b-it", "gemma-3-4b-it", "gpt-oss-120b", "llama-4-maverick-17b-128e-instruct", "llama-4-scout-17b-16e",
     "llava-1.5-7b", "mistral-small-3-24b-flux2-text-encoder", "qwen2.5-vl-7b-qwen-image-text-encoder",
-    "qwen3-next-80b-a3b-thinking",
+    "qwen3-next-80b-a3b-thinking", "llama-3.2-11b-vision-instruct",
 ]
 
 
@@ -253,6 +253,15 @@ ISSUE27_SMALL = {
                                vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                                   intermediate_size=64, image_size=56, patch_size=14,
                                                   projector_input_dim=40, projector_output_dim=48, vision_output_dim=24)),
+    "mllama_two_tiles": dict(model_type="mllama", architectures=["MllamaForConditionalGeneration"],
+                             text_config=dict(vocab_size=100, hidden_size=64, intermediate_size=48, num_hidden_layers=4,
+                                              num_attention_heads=4, num_key_value_heads=2,
+                                              cross_attention_layers=[1, 3], pad_token_id=0),
+                             vision_config=dict(hidden_size=32, num_hidden_layers=3, num_global_layers=2,
+                                                attention_heads=4, intermediate_size=64, image_size=28, patch_size=14,
+                                                max_num_tiles=2, vision_output_dim=96,
+                                                intermediate_layers_indices=[0, 1],
+                                                supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]])),
     "gemma3_siglip_head": dict(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"],
                                text_config=dict(vocab_size=100, hidden_size=64, intermediate_size=48,
                                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
