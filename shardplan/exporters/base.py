@@ -422,6 +422,18 @@ def engine_flags(ctx: ExportContext, engine: str) -> ChosenFlags:
     return ChosenFlags(table=flag_table(f"{stem}-{version}"), why=why, notes=notes)
 
 
+def checked_kv_value(ctx: ExportContext, target: str, table: FlagTable, value: str, label: str) -> str:
+    """`value` for --kv-cache-dtype if the chosen flag list allows it; else refused (exit 2) naming the
+    plan's KV and activation formats and the values that version takes."""
+    L, wl = ctx.manifest.layout, ctx.manifest.workload
+    if not table.allows("kv-cache-dtype", value):
+        raise cannot(target, "layout.kv_cache_dtype",
+                     f"{label} {table.version} has no {L.kv_cache_dtype} KV cache beside {wl.activation_dtype} activations "
+                     f"(--kv-cache-dtype takes {', '.join(map(str, table.flags['kv-cache-dtype']['choices']))})",
+                     "re-plan with --kv-cache-dtype auto (the activation dtype) or fp8")
+    return value
+
+
 Arg = tuple[str, "str | int | float | None"]
 
 

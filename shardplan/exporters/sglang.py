@@ -32,7 +32,7 @@ from shardplan.exporters.base import (
     ExportFile,
     FlagTable,
     Raw,
-    cannot,
+    checked_kv_value,
     checked_word,
     command,
     engine_flags,
@@ -89,14 +89,9 @@ def mem_fraction_static(ctx: ExportContext) -> float:
 def kv_cache_dtype(ctx: ExportContext, table: FlagTable) -> str:
     """--kv-cache-dtype for a KV cache not in the activation dtype: fp8 as fp8_e4m3, bf16 as is. Refused
     when the chosen list's argparse choices lack it: SGLang has no fp16 or fp32 KV cache, 0.5.3 no bf16."""
-    L, wl = ctx.manifest.layout, serving(ctx, TARGET)
-    value = _KV.get(L.kv_cache_dtype, L.kv_cache_dtype)
-    if not table.allows("kv-cache-dtype", value):
-        raise cannot(TARGET, "layout.kv_cache_dtype",
-                     f"SGLang {table.version} has no {L.kv_cache_dtype} KV cache beside {wl.activation_dtype} activations "
-                     f"(--kv-cache-dtype takes {', '.join(map(str, table.flags['kv-cache-dtype']['choices']))})",
-                     "re-plan with --kv-cache-dtype auto (the activation dtype) or fp8")
-    return value
+    serving(ctx, TARGET)
+    kv = ctx.manifest.layout.kv_cache_dtype
+    return checked_kv_value(ctx, TARGET, table, _KV.get(kv, kv), "SGLang")
 
 
 def group_replicas(ctx: ExportContext) -> int:

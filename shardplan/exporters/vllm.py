@@ -49,6 +49,7 @@ from shardplan.exporters.base import (
     ExportFile,
     Raw,
     cannot,
+    checked_kv_value,
     command,
     engine_flags,
     engine_replicas,
@@ -135,13 +136,7 @@ def kv_cache_dtype(ctx: ExportContext) -> str:
     L, wl = ctx.manifest.layout, serving(ctx, TARGET)
     if L.kv_cache_dtype == wl.activation_dtype:
         return "auto"
-    value, table = torch_dtype(L.kv_cache_dtype), flags(ctx).table
-    if not table.allows("kv-cache-dtype", value):
-        raise cannot(TARGET, "layout.kv_cache_dtype",
-                     f"vLLM {table.version} has no {L.kv_cache_dtype} KV cache beside {wl.activation_dtype} activations "
-                     f"(--kv-cache-dtype takes {', '.join(map(str, table.flags['kv-cache-dtype']['choices']))})",
-                     "re-plan with --kv-cache-dtype auto (the activation dtype) or fp8")
-    return value
+    return checked_kv_value(ctx, TARGET, flags(ctx).table, torch_dtype(L.kv_cache_dtype), "vLLM")
 
 
 def serve_args(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool = False,

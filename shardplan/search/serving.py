@@ -98,10 +98,18 @@ def fewest_offloaded_layers(spec: ModelSpec, hw: HardwareProfile, layout: Layout
     leave, so a bisection over the count finds it in log2(layers) costings."""
     if not wl.offload_targets or layout.pp > 1 or "cpu" not in wl.offload_targets:
         return None
-    lo, hi, best = 1, spec.num_layers, None
+    return _fewest_that_fits(spec, hw, wl, res, range(1, spec.num_layers + 1),
+                             lambda k: replace(layout, offload_layers=k, offload_params=Offload.CPU))
+
+
+def _fewest_that_fits(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, res: SearchResult,
+                      counts: range, trial_of: Any) -> tuple[Layout, ServingMemory] | None:
+    """The least count in `counts` whose layout (`trial_of(count)`) fits, by bisection: its GPU
+    memory falls as the count grows, so log2(len(counts)) + 1 costings find it; None if none fits."""
+    lo, hi, best = counts.start, counts.stop - 1, None
     while lo <= hi:
         k = (lo + hi) // 2
-        trial = replace(layout, offload_layers=k, offload_params=Offload.CPU)
+        trial = trial_of(k)
         sm = serving_memory(spec, hw, trial, wl)
         res.num_costed += 1
         res.num_steps += 1
@@ -124,20 +132,8 @@ def fewest_expert_layers(spec: ModelSpec, hw: HardwareProfile, layout: Layout, w
     if (spec.moe is None or wl.offload_mode != "host_compute" or "cpu" not in wl.offload_targets
             or layout.pp > 1):
         return None
-    lo = 1
-    hi = max(i for i in range(spec.num_layers) if spec.is_moe_layer(i)) + 1
-    best = None
-    while lo <= hi:
-        n = (lo + hi) // 2
-        trial = replace(layout, offload_expert_layers=n)
-        sm = serving_memory(spec, hw, trial, wl)
-        res.num_costed += 1
-        res.num_steps += 1
-        if sm.fits:
-            best, hi = (trial, sm), n - 1
-        else:
-            lo = n + 1
-    return best
+    last = max(i for i in range(spec.num_layers) if spec.is_moe_layer(i)) + 1
+    return _fewest_that_fits(spec, hw, wl, res, range(1, last + 1), lambda n: replace(layout, offload_expert_layers=n))
 
 
 def offload_that_fits(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload,
