@@ -188,7 +188,9 @@ NCpuMoeOpt = Annotated[Optional[int], typer.Option(
     show_default=False, rich_help_panel=SERVE)]
 EngineOpt = Annotated[str, typer.Option(
     help="Serving engine whose rules (by version) shape memory, defaults and decode time: vllm, sglang, tgi, "
-         "trtllm, llamacpp (llama-server, GGUF) or transformers (generate with accelerate's device_map).", callback=lambda v: choice("--engine", _engines(), "engine")(v),
+         "trtllm, llamacpp (llama-server, GGUF) or transformers (generate with accelerate's device_map). recommend "
+         "without it: when vLLM has no plan at all (e.g. a 131K context on one 24 GB card), the first engine that "
+         "has one answers, named on the first line.", callback=lambda v: choice("--engine", _engines(), "engine")(v),
     autocompletion=_engines, rich_help_panel=SERVE)]
 EngineVersionOpt = Annotated[Optional[str], typer.Option(
     help="Engine version, X.Y[.Z] (default: the newest shardplan knows, printed with the answer).",
