@@ -17,7 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+# X.Y[.Z[.W]] with an optional release suffix (0.6.4.post1, 0.9.0.1, 1.2.0rc8, 2.1.0-dev3, 0.5.3+cu124); nothing else
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)?(?:[.\-]?(?:post|rc|dev|a|b)\d*)?(?:\+[A-Za-z0-9.]+)?$")
 
 
 _BUILD = re.compile(r"^b(\d+)$")

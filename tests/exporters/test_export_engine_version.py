@@ -63,10 +63,23 @@ def test_versions_compare_as_numbers_not_text():
     assert bundled_versions("vllm") == ["0.11.0", "0.33.0"]
 
 
-def test_a_version_that_is_not_one_is_refused_naming_the_option():
+@pytest.mark.parametrize("text", ["latest", "0.11.0; rm -rf /", "0.11.0\n# injected", "1.2.3.4.5", "0.11.0 && id"])
+def test_a_version_that_is_not_one_is_refused_naming_the_option(text):
+    """A version is X.Y[.Z[.W]] with at most a release suffix (post1, rc8, +cu124): a prefix that
+    parses is not enough, so nothing after it reaches a header or a manifest."""
     with pytest.raises(ShardplanError) as e:
-        choose_version(["0.11.0"], "0.11.0", "latest", asked_by="x")
+        choose_version(["0.11.0"], "0.11.0", text, asked_by="x")
     assert e.value.field == "--engine-version"
+
+
+def test_hostile_engine_versions_are_one_line_exit_2_on_estimate_and_export(cli, tmp_path):
+    bad = "0.10.2; rm -rf /"
+    res = cli("estimate", "llama-3.1-8b", "--gpus", "1", "--engine-version", bad)
+    assert res.exit_code == 2 and "--engine-version" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    p = tmp_path / "p.yaml"
+    assert cli("recommend", "llama-3.1-8b", "--gpus", "1", "--objective", "throughput", "-o", str(p)).exit_code == 0
+    res = cli("export", str(p), "--to", "vllm", "--engine-version", "0.11.0; rm -rf /")
+    assert res.exit_code == 2 and "--engine-version" in res.stderr and "rm -rf" not in res.stdout
 
 
 # ----- exports of the same plan at two versions ----------------------------------------------
