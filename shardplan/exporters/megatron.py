@@ -127,9 +127,12 @@ def parallel_args(ctx: ExportContext) -> list[Arg]:
         args.append(("context-parallel-size", L.cp))
     if L.ep > 1:
         args += [("expert-model-parallel-size", L.ep), ("expert-tensor-parallel-size", L.etp)]
-    if L.zero_stage >= 1 and L.dp > 1:
+    # The distributed optimizer and the gradient reduction span the data-parallel ranks with the
+    # context-parallel ones (megatron/core/optimizer/__init__.py: get_data_parallel_group(
+    # with_context_parallel=True)), as the plan's ZeRO-1 shards over dp x cp.
+    if L.zero_stage >= 1 and L.dp * L.cp > 1:
         args.append(("use-distributed-optimizer", None))
-    if wl.overlap_grad_reduce and L.dp > 1:
+    if wl.overlap_grad_reduce and L.dp * L.cp > 1:
         args.append(("overlap-grad-reduce", None))
     if L.recompute == "selective":
         args.append(("recompute-granularity", "selective"))

@@ -280,3 +280,26 @@ def test_torchtitan_pipeline_schedule_names_a_torch_schedule(name):
     if p["pipeline_parallel_degree"] > 1:
         cls = get_schedule_class(p["pipeline_parallel_schedule"])
         assert cls.__name__.startswith("Schedule")
+
+
+def test_the_distributed_optimizer_spans_context_parallel_ranks_too():
+    """ZeRO-1 with dp = 1 and cp = 2 still shards the optimizer over 2 ranks (Megatron-Core's
+    distributed optimizer uses the data-parallel group with the context-parallel ranks, as the plan
+    counts it), so the export turns it on; with dp = cp = 1 there is nothing to shard."""
+    from conftest import build_plan
+    from shardplan.cost.inputs import training_workload
+    from shardplan.cost.layout import Layout, Recompute
+    from shardplan.exporters import ExportOptions, export
+    from shardplan.exporters.base import argv
+    from shardplan.knowledge.load import stack_rules
+    from shardplan.specs.loading import load_model
+
+    spec = load_model("llama-3.1-8b").spec
+    wl = training_workload(seq_len=2048, global_batch_size=8, optimizer="adamw", framework=None, flash_attention=None,
+                           dropout=False, stack=stack_rules("megatron"), spec=spec)
+    for cp, expected in ((2, True), (1, False)):
+        layout = Layout(tp=4, cp=cp, dp=1, zero_stage=1, sequence_parallel=True, recompute=Recompute.FULL)
+        m, _ = build_plan("llama-3.1-8b", 4 * cp, layout, wl)
+        text = next(f.text for f in export(m, "megatron", spec=spec, options=ExportOptions()) if f.name == "pretrain.sh")
+        words = argv(text[text.index("torchrun \\"):])
+        assert ("--use-distributed-optimizer" in words) is expected, cp
