@@ -478,15 +478,21 @@ def _fastest_interleaving(spec, hw, wl, pp: int, layout_with) -> CostReport:
     and said, rather than v = 1 (a 1F1B bubble under another name)."""
     from shardplan.cost.estimate import estimate as run_estimate
 
+    if pp <= 1:
+        raise ShardplanError("the interleaved schedule runs virtual stages over pipeline stages, and pp = 1",
+                             field="--pp-schedule", hint="give --pp 2 or more, or --pp-schedule 1f1b")
     probe = layout_with(2)  # the embedding and the loss count as pipeline units where asked
     units = spec.num_layers + int(probe.pp_embedding_as_layer) + int(probe.pp_loss_as_layer)
     allowed = [v for v in range(2, units // max(pp, 1) + 1) if units % (pp * v) == 0]
     reports = []
+    refusals: list[ShardplanError] = []
     for v in allowed:
         try:
             reports.append((v, run_estimate(spec, hw, layout_with(v), wl)))
-        except ShardplanError:
-            continue  # a v the micro-batch count cannot schedule
+        except ShardplanError as e:
+            refusals.append(e)  # a v the micro-batch count (or the split asked for) cannot schedule
+    if not reports and refusals:
+        raise refusals[0]  # every even split is refused for the same reason: say it
     if not reports:
         raise ShardplanError(f"no virtual-stage count splits the {units} pipeline units ({spec.num_layers} layers"
                              f"{', the embedding and loss' if units > spec.num_layers else ''}) evenly over pp = {pp}",

@@ -139,6 +139,14 @@ def test_interleaved_without_virtual_stages_counts_the_embedding_and_loss_as_uni
     assert len(d["plan"]["stage_layers"]) == 16
 
 
+def test_interleaved_without_virtual_stages_says_why_no_v_runs(cli):
+    base = ("estimate", "llama-3.1-8b", "--workload", "training", "--gpus", "8", "--pp-schedule", "interleaved")
+    one = cli(*base, "--pp", "1")
+    assert one.exit_code == 2 and "--pp-schedule" in one.stderr and "pp = 1" in one.stderr
+    split = cli(*base, "--pp", "8", "--pp-first-stage-layers", "3")
+    assert split.exit_code == 2 and "one chunk per stage" in split.stderr  # the split's own reason, not "no v"
+
+
 def test_a_time_for_a_plan_that_does_not_fit_says_so(cli):
     args = ("estimate", "llama-3.2-1b", "--workload", "training", "--gpus", "1", "--hardware", "h100-sxm-80gb",
             "--micro-batch-size", "8", "--seq-len", "4096", "--global-batch-size", "64", "--stack", "hf")
