@@ -82,9 +82,14 @@ def state_variants(layout: Layout, hw: HardwareProfile, space: Space,
     offloaded: list[Variant] = []
     zeros = [space.zero_stage] if space.zero_stage is not None else [0, 1, 2, 3]
     replicas = layout.dp * layout.cp
+    # One data-parallel replica has nothing to shard over: ZeRO stages only differ from stage 0 by
+    # the offload they carry (DeepSpeed's ZeRO-Offload takes optimizer offload from stage 1, and
+    # ZeRO-Infinity parameter offload at stage 3: deepspeed.ai docs config-json), so each offload
+    # is tried once, at the least stage that runs it.
+    lone = replicas == 1 and space.zero_stage is None
     for z in zeros:
-        if z and replicas == 1 and space.zero_stage is None:
-            continue  # nothing to shard over: the same as stage 0
+        if lone and z == 2:
+            continue
         for hyb in [space.hybrid_shard] if space.hybrid_shard is not None else [False, True]:
             if hyb and space.hybrid_shard is None and (z == 0 or hw.gpus_per_node // layout.tp >= replicas):
                 continue  # hybrid sharding only differs when the replicas span nodes
@@ -96,6 +101,8 @@ def state_variants(layout: Layout, hw: HardwareProfile, space: Space,
                 offloads = [_NO_OFFLOAD]
             for opt, par in offloads:
                 if par is not Offload.NONE and z != 3:
+                    continue
+                if lone and (z != 0 if (opt, par) == _NO_OFFLOAD else (par is Offload.NONE and z != 1)):
                     continue
                 (plain if (opt, par) == _NO_OFFLOAD else offloaded).append((z, hyb, opt, par))
     if adm is not None and adm.rules.state:

@@ -137,6 +137,8 @@ def recommend(
                                     max_gpus=max_gpus, manifest_path=manifest_path, progress=progress,
                                     strict_fit=strict_fit, compare_layout=compare_layout)
             suggestions += [o.suggestion for o in others]
+        if isinstance(workload, TrainingWorkload) and not res.top and target is None:  # a target fixes the stack
+            suggestions += _other_stack_suggestions(spec, hw, workload, space, sgoal, n)
     # Sizing part of a node (a workstation's few GPUs): say what one GPU would do by offloading.
     if (suggest and res.top and isinstance(workload, InferenceWorkload) and num_gpus
             and 1 < num_gpus < hw.gpus_per_node and workload.offload_targets and space.allow_offload
@@ -417,6 +419,42 @@ def _answered_by(other: _OtherEngine, asked_suggestions: list[Suggestion], loade
     kept = [s.model_copy(update={"detail": f"with {fallback.asked}: {s.detail}"}) for s in kept]
     return res.model_copy(update={"assumptions": f"{line}; {res.assumptions}", "engine_fallback": fallback,
                                   "suggestions": [*res.suggestions, *kept]})
+
+
+def _other_stack_suggestions(spec: Any, hw: HardwareProfile, workload: TrainingWorkload, space: Space, goal: Goal,
+                             num_gpus: int) -> list[Suggestion]:
+    """Nothing the stack runs fits: each other stack's best plan on the same GPUs, searched with that
+    stack's own rules and capabilities (e.g. DeepSpeed's ZeRO-Offload where torchtitan offloads only
+    FSDP2 shards across ranks), with its step time."""
+    from shardplan.cost.inputs import training_workload
+    from shardplan.knowledge.load import known_stacks, stack_rules
+
+    out = []
+    for name in known_stacks():
+        if name == workload.stack:
+            continue
+        stack = stack_rules(name)
+        try:
+            wl = training_workload(
+                seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
+                optimizer=workload.optimizer.value, framework=None, flash_attention=None, dropout=workload.dropout,
+                stack=stack, finetune=workload.finetune.value, lora_rank=workload.lora_rank,
+                lora_alpha=workload.lora_alpha, lora_targets=",".join(workload.lora_targets),
+                lora_dropout=workload.lora_dropout, qlora_double_quant=workload.base_format.value == "nf4-dq",
+                paged_optimizer=workload.paged_optimizer, spec=spec)
+            r = search(spec, hw, wl, replace(space, rules=search_rules(None, spec, wl)), replace(goal, top_k=1),
+                       num_gpus=num_gpus, max_gpus=None)
+        except ShardplanError:  # the stack cannot run this fine-tuning method, or another refusal
+            continue
+        if r.top:
+            e, L = r.top[0], r.top[0].layout
+            shape = f"tp={L.tp} pp={L.pp} dp={L.dp}" + (f" cp={L.cp}" if L.cp > 1 else "") + f" ZeRO-{L.zero_stage}"
+            if L.offload_optimizer.value != "none" or L.offload_params.value != "none":
+                shape += f", offload {L.offload_optimizer.value}/{L.offload_params.value}"
+            out.append(Suggestion(change=f"--stack {name}", detail=(
+                f"{stack.display_name} runs {shape} on {num_gpus} GPU(s): step {e.figures['step_seconds']:,.2f} s, "
+                f"{e.figures['tokens_per_second_per_gpu']:,.0f} tokens/s per GPU")))
+    return out
 
 
 def _without_default_sla(goal: Goal) -> Goal:

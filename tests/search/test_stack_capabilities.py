@@ -55,3 +55,26 @@ def test_without_the_stack_capabilities_the_same_search_returns_layouts_deepspee
     sequence parallelism, which DeepSpeed's search never does."""
     plans = [e["plan"] for e in cli(*ARGS, "--json").json()["top"]]
     assert any(p["cp"] > 1 or p["sequence_parallel"] for p in plans)
+
+
+def test_one_gpu_training_offloads_at_the_least_zero_stage_that_runs_it(cli, tmp_path):
+    """One replica has nothing to shard over, but ZeRO-Offload needs stage 1 for optimizer offload
+    and stage 3 for parameter offload (deepspeed.ai config-json): the search tries each offload at
+    that stage, so DeepSpeed trains Llama 3.1 8B on one H100 with its optimizer in host memory, and
+    the plan exports with DeepSpeed's own config."""
+    plan = tmp_path / "ds.yaml"
+    d = cli("recommend", "llama-3.1-8b", "--workload", "training", "--gpus", "1", "--stack", "deepspeed",
+            "--json", "-o", str(plan)).json()
+    p = d["top"][0]["plan"]
+    assert (p["dp"], p["zero_stage"], p["offload"]["optimizer"]) == (1, 1, "cpu")
+    assert cli("export", str(plan), "--to", "deepspeed", "-o", str(tmp_path / "out")).exit_code == 0
+
+
+def test_when_the_stack_runs_nothing_the_stacks_that_do_are_suggested(cli):
+    """torchtitan (the default) offloads only FSDP2 shards across ranks, so one GPU cannot train the
+    8B model; the answer names the stacks that can, each with its layout and step."""
+    res = cli("recommend", "llama-3.1-8b", "--workload", "training", "--gpus", "1", "--json")
+    assert res.exit_code == 3
+    changes = {s["change"]: s["detail"] for s in res.json()["suggestions"]}
+    assert "--stack deepspeed" in changes and "offload cpu" in changes["--stack deepspeed"]
+    assert "step" in changes["--stack deepspeed"] and "--stack torchtitan" not in changes
