@@ -182,22 +182,12 @@ def parse_agg(row: dict[str, str]) -> dict[str, Any]:
     split the experts (gpus/worker = tp*pp*dp = moe_tp*moe_ep*pp); bs is per attention-DP rank."""
     gpus_per_replica = _int(row, "num_total_gpus") or 0
     replicas = NUM_GPUS // gpus_per_replica if gpus_per_replica else 0
-    conc = _num(row, "concurrency")
-    rate = _num(row, "request_rate")
     return {
         "tp": _int(row, "tp"), "pp": _int(row, "pp"), "dp": _int(row, "dp"),
         "moe_tp": _int(row, "moe_tp"), "moe_ep": _int(row, "moe_ep"),
         "parallel": row.get("parallel"),
-        "gpus_per_replica": gpus_per_replica, "replicas": replicas,
         "batch_size_per_rank": _int(row, "bs"), "global_batch_size_per_replica": _int(row, "global_bs"),
-        "concurrency_per_replica": None if conc is None else int(conc),
-        "concurrency_total": None if conc is None else int(conc) * replicas,
-        "request_rate_per_second_total": None if rate is None else round(rate * replicas, 3),
-        "output_tokens_per_second_per_gpu": _num(row, "tokens/s/gpu"),
-        "output_tokens_per_second_per_gpu_cluster": _num(row, "tokens/s/gpu_cluster"),
-        "tokens_per_second_per_user": _num(row, "tokens/s/user"),
-        "ttft_ms": _num(row, "ttft"), "tpot_ms": _num(row, "tpot"),
-        "request_latency_ms": _num(row, "request_latency"),
+        **_replica_totals(row, gpus_per_replica, replicas),
         "memory_gib_per_gpu": _num(row, "memory"),
         "gemm": row.get("gemm"), "kvcache": row.get("kvcache"), "moe": row.get("moe"),
         "perf_db_version": row.get("version"),
@@ -215,10 +205,14 @@ def parse_disagg(row: dict[str, str]) -> dict[str, Any]:
         }
     gpus_per_replica = _int(row, "num_total_gpus") or 0
     replicas = NUM_GPUS // gpus_per_replica if gpus_per_replica else 0
+    return {"prefill": pool("p"), "decode": pool("d"), **_replica_totals(row, gpus_per_replica, replicas)}
+
+
+def _replica_totals(row: dict[str, str], gpus_per_replica: int, replicas: int) -> dict[str, Any]:
+    """The figures agg and disagg rows share: per replica as printed, totals over the replicas."""
     conc = _num(row, "concurrency")
     rate = _num(row, "request_rate")
     return {
-        "prefill": pool("p"), "decode": pool("d"),
         "gpus_per_replica": gpus_per_replica, "replicas": replicas,
         "concurrency_per_replica": None if conc is None else int(conc),
         "concurrency_total": None if conc is None else int(conc) * replicas,

@@ -78,7 +78,7 @@ def _binding_component(r: RankMemory) -> str:
     return max(parts, key=lambda k: parts[k])
 
 
-def _plan_report(layout: Layout, num_layers: int) -> PlanReport:
+def plan_report(layout: Layout, num_layers: int) -> PlanReport:
     return PlanReport(
         stage_layers=[sum(len(r) for r in chunks) for chunks in layout_stage_ranges(num_layers, layout)],
         tp=layout.tp,
@@ -115,7 +115,7 @@ def estimate(
                                 num_nodes=hw.num_nodes, memory_capacity_bytes=hw.memory_capacity_bytes),
         workload=(TrainingWorkloadReport(kind="training", **_workload_dict(workload)) if training
                   else InferenceWorkloadReport(kind="inference", **_workload_dict(workload))),
-        plan=_plan_report(layout, spec.num_layers),
+        plan=plan_report(layout, spec.num_layers),
     )
     if training:
         _check_batch(layout, workload)  # type: ignore[arg-type]

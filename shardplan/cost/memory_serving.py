@@ -123,9 +123,6 @@ def activation_peak_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload
     return max(layer_peak, stream + sampler + prompt_logits)
 
 
-F16_BYTES = 2.0
-
-
 def llamacpp_compute_buffer_phases(spec: ModelSpec, *, ubatch_tokens: int, kv_cells: int, flash_attention: bool,
                                    output_on_gpu: bool, expert_copy_bytes: float = 0.0) -> dict[str, float]:
     """Bytes live on the GPU at each phase of llama.cpp's worst-case graph; the CUDA compute
@@ -159,7 +156,7 @@ def llamacpp_compute_buffer_phases(spec: ModelSpec, *, ubatch_tokens: int, kv_ce
     ub = ubatch_tokens
     h = spec.hidden_size
     stream = h * ub * f32
-    mask = kv_cells * ub * (F16_BYTES if flash_attention else f32)
+    mask = kv_cells * ub * (bytes_per_element(DType.FP16) if flash_attention else f32)  # FA takes an f16 mask
     heads = spec.num_attention_heads
     scores = 0.0 if flash_attention else heads * kv_cells * ub * f32
     attention = mask + 2 * stream + (stream if flash_attention else scores)
@@ -306,7 +303,8 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
                     f"stage {stage}: {wl.engine} allocates a KV cache of {n_ctx:,} tokens "
                     f"({n_ctx * tok_bytes / BYTES_PER_GIB:.2f} GiB) but {max(kv_bytes, 0.0) / BYTES_PER_GIB:.2f} GiB "
                     f"remain beside the weights, compute buffer and overhead; lower the context or offload more layers")
-            kv_bytes = n_ctx * tok_bytes        # One max_model_len sequence: a sliding-window layer keeps window + one block of tokens.
+            kv_bytes = n_ctx * tok_bytes
+        # One max_model_len sequence: a sliding-window layer keeps window + one block of tokens.
         seq_tokens = sum(
             min(max_len, spec.sliding_window + wl.block_size) if spec.is_sliding_layer(i) else max_len for i in kv_layers
         )

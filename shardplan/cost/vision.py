@@ -13,6 +13,7 @@ is held. The tower is sharded like the text model over tp (column/row-parallel l
 from __future__ import annotations
 
 from shardplan.specs.model import ModelSpec, VisionSpec
+from shardplan.units import BYTES_PER_ELEMENT, DType
 
 
 def vision_block_peak_bytes(v: VisionSpec, tokens: int, tp: int, bytes_per_element: float) -> float:
@@ -26,7 +27,6 @@ def vision_block_peak_bytes(v: VisionSpec, tokens: int, tp: int, bytes_per_eleme
     return (stream + max(attn, mlp)) * bytes_per_element
 
 
-FP32_BYTES = 4.0
 TILE_PAD_TOKENS = 8  # vLLM's MllamaVisionModel pads each tile's tokens to a multiple of 8
 
 
@@ -49,7 +49,7 @@ def tiled_tower_extra_bytes(v: VisionSpec, encoder_tokens: int, bytes_per_elemen
     per_tile = v.image_encoder_tokens_max // v.num_tiles_max
     side = v.num_tiles_max * -(-per_tile // TILE_PAD_TOKENS) * TILE_PAD_TOKENS
     mask = images * side * side * bytes_per_element
-    pixels = 2 * images * v.num_tiles_max * (per_tile - 1) * v.patch_embedding_inputs * FP32_BYTES
+    pixels = 2 * images * v.num_tiles_max * (per_tile - 1) * v.patch_embedding_inputs * BYTES_PER_ELEMENT[DType.FP32]
     return mask + pixels
 
 

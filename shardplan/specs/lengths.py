@@ -60,7 +60,7 @@ from pydantic import Field, ValidationError, model_validator
 from shardplan import fileio
 from shardplan.errors import InputFileError, ShardplanError, UnknownNameError
 from shardplan.specs._base import StrictModel
-from shardplan.specs.loading import read_structured, validation_error
+from shardplan.specs.loading import _unique_keys, read_structured, validation_error
 
 MAX_TOKENS = 10_000_000  # one request's input or output; far above any model's context
 MAX_REQUESTS_IN_FILE = 1_000_000
@@ -566,15 +566,6 @@ def _read_lengths_file(path: Path, label: str) -> Any:
     fileio.read_regular_file_bytes(path, max_bytes=MAX_YAML_BYTES, label=label, what="a YAML lengths file",
                                    hint="write larger lengths files as JSON (YAML is slow to read)")
     return read_structured(path, label)
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
 
 
 def lengths_from_data(data: Any, source: str) -> LengthDistribution:

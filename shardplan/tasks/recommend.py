@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shardplan.cost.estimate import estimate
+from shardplan.cost.estimate import estimate, plan_report
 from shardplan.cost.layout import PipelineSchedule, Recompute
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
 from shardplan.errors import ShardplanError
@@ -447,10 +447,8 @@ def _other_stack_suggestions(spec: Any, hw: HardwareProfile, workload: TrainingW
         except ShardplanError:  # the stack cannot run this fine-tuning method, or another refusal
             continue
         if r.top:
-            e, L = r.top[0], r.top[0].layout
-            shape = f"tp={L.tp} pp={L.pp} dp={L.dp}" + (f" cp={L.cp}" if L.cp > 1 else "") + f" ZeRO-{L.zero_stage}"
-            if L.offload_optimizer.value != "none" or L.offload_params.value != "none":
-                shape += f", offload {L.offload_optimizer.value}/{L.offload_params.value}"
+            e = r.top[0]
+            shape = explain.describe(plan_report(e.layout, spec.num_layers))
             out.append(Suggestion(change=f"--stack {name}", detail=(
                 f"{stack.display_name} runs {shape} on {num_gpus} GPU(s): step {e.figures['step_seconds']:,.2f} s, "
                 f"{e.figures['tokens_per_second_per_gpu']:,.0f} tokens/s per GPU")))

@@ -42,10 +42,14 @@ def _shapes(row: dict) -> list[tuple[int, int, int]]:
     wl = TrainingWorkload(seq_len=row["model"]["seq_len"], global_batch_size=b["global_batch_seqs"],
                           flash_attention=False, dropout=True, param_dtype=DType.FP16, activation_dtype=DType.FP16)
     space = Space(recompute=Recompute.FULL, zero_stage=0, sequence_parallel=False, cp=1, ep=1)
-    res = search(_gpt(row), load_hardware("a100-sxm-80gb"), wl, space, Goal(Objective.STEP_TIME, top_k=TOP),
-                 num_gpus=row["hardware"]["num_gpus"])
-    shapes = [(e.layout.tp, e.layout.pp, e.layout.dp) for e in res.top]
-    assert len(shapes) == len(set(shapes))  # distinct shapes, not variants of one
+    return _top_shapes(_gpt(row), "a100-sxm-80gb", wl, space, row["hardware"]["num_gpus"], ("tp", "pp", "dp"))
+
+
+def _top_shapes(spec, hardware: str, wl, space: Space, num_gpus: int, degrees: tuple[str, ...]) -> list[tuple[int, ...]]:
+    """The search's top TOP plans as their `degrees`, each a distinct shape (not variants of one)."""
+    res = search(spec, load_hardware(hardware), wl, space, Goal(Objective.STEP_TIME, top_k=TOP), num_gpus=num_gpus)
+    shapes = [tuple(getattr(e.layout, d) for d in degrees) for e in res.top]
+    assert len(shapes) == len(set(shapes))
     return shapes
 
 
@@ -91,11 +95,7 @@ def _llama3_shapes(row: dict) -> list[tuple[int, int, int, int]]:
                            stack=stack_rules("megatron"), spec=spec)
     pins = {"cp": 1} if row["parallel"]["cp"] == 1 else {}
     space = Space(rules=search_rules(None, spec, wl), **pins)
-    res = search(spec, load_hardware("h100-sxm-80gb"), wl, space, Goal(Objective.STEP_TIME, top_k=TOP, group_by_shape=True),
-                 num_gpus=row["num_gpus"])
-    shapes = [(e.layout.tp, e.layout.cp, e.layout.pp, e.layout.dp) for e in res.top]
-    assert len(shapes) == len(set(shapes))
-    return shapes
+    return _top_shapes(spec, "h100-sxm-80gb", wl, space, row["num_gpus"], ("tp", "cp", "pp", "dp"))
 
 
 def _llama3_published(row: dict) -> tuple[int, int, int, int]:

@@ -76,5 +76,5 @@ def test_when_the_stack_runs_nothing_the_stacks_that_do_are_suggested(cli):
     res = cli("recommend", "llama-3.1-8b", "--workload", "training", "--gpus", "1", "--json")
     assert res.exit_code == 3
     changes = {s["change"]: s["detail"] for s in res.json()["suggestions"]}
-    assert "--stack deepspeed" in changes and "offload cpu" in changes["--stack deepspeed"]
+    assert "--stack deepspeed" in changes and "offload=cpu" in changes["--stack deepspeed"]
     assert "step" in changes["--stack deepspeed"] and "--stack torchtitan" not in changes
