@@ -17,7 +17,7 @@ Pair = Annotated[tuple[int, int], Field(description="[first, last], both inclusi
 class Frozen(BaseModel):
     """Strict, immutable result section."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class OmitNone(Frozen):
@@ -117,6 +117,7 @@ class InferenceWorkloadReport(Frozen):
     graphs_for_prompt_steps: bool = Field(False, description="steps with prompt tokens replay CUDA graphs")
     admission: list[float] | None = Field(None, description="admission reserve: initial ratio, floor factor, decay "
                                                             "steps, output clip in tokens (SGLang new_token_ratio)")
+    admit_after_preemption: bool = Field(True, description="a step that preempted still admits waiting requests (false: vLLM V1)")
 
 
 class TrainingWorkloadReport(Frozen):

@@ -80,6 +80,7 @@ class Scheduler:
     chunked_prefill: bool
     kv_capacity_tokens: int
     admission: tuple[float, float, int, int] | None = None  # (initial ratio, floor factor, decay steps, output clip)
+    admit_after_preemption: bool = True  # False: a step that preempted admits no waiting request (vLLM V1)
 
 
 @dataclass(frozen=True)
@@ -360,8 +361,9 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         tokens = 0
         step_decoding = 0
         if sched.schedule == "mixed":
+            preempted = False
             while decoding and used + decoding > capacity and preempt_last():
-                pass
+                preempted = True
             step_decoding = decoding
             left = budget - step_decoding
             for r in list(prefilling) if prefilling else ():
@@ -372,7 +374,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                     break
                 chunks.append((r, c))
                 left -= c
-            if waiting:
+            if waiting and (sched.admit_after_preemption or not preempted):
                 admit_waiting(left, chunks)
         elif sched.schedule == "prefill_first" or sched.schedule == "static":
             static_busy = sched.schedule == "static" and bool(running) and not prefilling
@@ -475,7 +477,8 @@ def scheduler_for(wl: InferenceWorkload, kv_capacity_tokens: int) -> Scheduler:
     # Without chunked prefill prompts go whole and first (vLLM V0 _schedule_default, SGLang with -1).
     schedule = wl.schedule if wl.chunked_prefill or wl.schedule == "static" else "prefill_first"
     return Scheduler(schedule=schedule, max_num_seqs=wl.max_num_seqs, max_num_batched_tokens=wl.max_num_batched_tokens,
-                     chunked_prefill=wl.chunked_prefill, kv_capacity_tokens=kv_capacity_tokens, admission=wl.admission)
+                     chunked_prefill=wl.chunked_prefill, kv_capacity_tokens=kv_capacity_tokens, admission=wl.admission,
+                     admit_after_preemption=wl.admit_after_preemption)
 
 
 def serve_traffic(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, traffic: Traffic,

@@ -168,6 +168,7 @@ class InferenceWorkload:
     schedule: str = "mixed"
     graphs_for_prompt_steps: bool = False
     admission: tuple[float, float, int, int] | None = None
+    admit_after_preemption: bool = True  # False: a step that preempted admits no waiting request (vLLM V1)
     load: ServingLoad | None = None  # traffic to judge the plan under (continuous batching); None: static batch only
 
 

@@ -37,7 +37,7 @@ def parse_version(text: str) -> tuple[int, int, int]:
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class DeviceDefault(Frozen):
@@ -191,6 +191,10 @@ class EngineEra(Frozen):
         None, description="a waiting request is admitted only if the KV pool holds its prompt plus a reserve for "
                           "the outputs of it and of the running requests (SGLang's new_token_ratio); null: admitted "
                           "while the pool holds its prompt chunk (vLLM), preempting when decodes run out")
+    admit_after_preemption: bool = Field(
+        True, description="a step that preempted a running request still admits waiting ones (vLLM V0 "
+                          "_schedule_chunked_prefill schedules new prefills after preemptions); false: it admits "
+                          "none until a step runs without preempting (vLLM V1 Scheduler.schedule)")
     sources: dict[str, str] = Field(description="field -> where the rule comes from (file at a tag, PR, release note)")
 
     @model_validator(mode="after")
@@ -211,6 +215,8 @@ class EngineEra(Frozen):
             documented.add("graphs_for_prompt_steps")
         if self.admission is not None:
             documented.add("admission")
+        if not self.admit_after_preemption:
+            documented.add("admit_after_preemption")
         if self.accounting == "static_fraction":
             if self.static_fraction_reserved is not None:
                 documented |= {"accounting", "static_fraction_reserved"}

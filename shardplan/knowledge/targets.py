@@ -86,7 +86,7 @@ _COMPARISON = re.compile(r"^\s*(==|!=|<=|>=|<|>)\s*(-?\d+)\s*$")
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class Condition(Frozen):

@@ -41,7 +41,7 @@ Pair = Annotated[list[int], Field(min_length=2, max_length=2, description="[firs
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False, defer_build=True)
 
 
 class ModelSection(_Section):
@@ -180,6 +180,7 @@ class InferenceWorkloadSection(_Section):
     graphs_for_prompt_steps: bool = Field(False, description="steps with prompt tokens replay CUDA graphs")
     admission: list[float] | None = Field(None, description="admission reserve: initial ratio, floor factor, decay steps, "
                                                             "output clip in tokens; null: none")
+    admit_after_preemption: bool = Field(True, description="a step that preempted still admits waiting requests (false: vLLM V1)")
     load: LoadSection | None = Field(None, description="the traffic the plan was judged under; null: none")
 
 

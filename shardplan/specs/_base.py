@@ -15,6 +15,7 @@ class StrictModel(BaseModel):
         validate_default=True,
         allow_inf_nan=False,
         use_enum_values=False,
+        defer_build=True,
     )
 
     @field_validator("*", mode="before")

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class Result(BaseModel):
     """Frozen, strict, keyword-only; fields named with their units."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", serialize_by_alias=True, validate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", serialize_by_alias=True, validate_by_name=True, defer_build=True)
 
 
 def _is_none(value: Any) -> bool:

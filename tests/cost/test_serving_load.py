@@ -81,6 +81,22 @@ def test_a_small_cache_preempts_and_recomputes_yet_every_request_finishes():
     assert tight.output_tokens_per_second < roomy.output_tokens_per_second
 
 
+def test_vllm_v1_admits_nothing_in_a_step_that_preempted():
+    """vLLM V1's Scheduler.schedule runs its waiting queue only `if not preempted_reqs`: under a
+    cache too small for the load, refusing admissions right after a preemption preempts less (the
+    requests just let in would be the next victims) than admitting as V0 does."""
+    wl = _wl()
+    assert wl.admit_after_preemption is False  # the knowledge file's V1 rule
+    reqs = tuple((300 + 41 * i % 700, 150 + 29 * i % 400) for i in range(200))
+    v1 = scheduler_for(wl, 40_000)
+    admits = replace(v1, admit_after_preemption=True)
+    a, b = simulate(_model(wl), v1, Traffic(requests=reqs)), simulate(_model(wl), admits, Traffic(requests=reqs))
+    assert a.num_requests == b.num_requests == 200
+    assert 0 < a.num_preemptions < b.num_preemptions
+    assert a.output_tokens_per_second > b.output_tokens_per_second
+    assert _wl(version="0.7.3").admit_after_preemption is True  # V0 schedules prefills after preemptions
+
+
 def test_a_request_longer_than_the_whole_cache_is_refused_not_looped_on():
     wl = _wl()
     r = simulate(_model(wl), scheduler_for(wl, 1_000), Traffic(requests=((5000, 10), (100, 10))))
