@@ -9,8 +9,10 @@ Three kinds (`LengthKind`):
   state each client's formula, with its source);
 - histogram: weighted bins of token ranges, either separate (input and output drawn
   independently) or joint (each bin a cell pairing an input range with an output range). Lists
-  of per-request lengths are a joint histogram of one-token cells. `sharegpt` is bundled
-  (`knowledge/datasets/sharegpt.yaml`, which records its source, tokenizer and filter).
+  of per-request lengths are a joint histogram of one-token cells. Bundled: `sharegpt`
+  (`knowledge/datasets/sharegpt.yaml`: ShareGPT as vLLM's benchmark client samples it, first
+  turns, right-skewed outputs) and `sharegpt-sarathi` (the Sarathi-Serve/Vidur multi-turn trace);
+  each file records its source, tokenizer and filter.
 
 Within a bin every integer in [min_tokens, max_tokens] is equally likely, so the means are exact
 sums over bins and the sampler draws a bin by weight, then an integer uniformly inside it.

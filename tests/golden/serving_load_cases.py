@@ -8,8 +8,9 @@ Traffic per row, from what the row states (docs/research/serving-load-sources.md
   outputs end at EOS unless ignore_eos, so their mean is the run's own (total generated / requests).
 - SGLang's bench_serving random dataset: lengths drawn from U[1, len] for prompts and outputs
   (sample_random_requests with range ratio 0), ignore_eos on.
-- ShareGPT: the bundled histogram (knowledge/datasets/sharegpt.yaml) scaled to the run's mean
-  prompt and output lengths (the tokenizer and chat template differ by model).
+- ShareGPT: the bundled histogram of vLLM's first-turn sampling (knowledge/datasets/sharegpt.yaml,
+  right-skewed outputs) scaled to the run's mean prompt and output lengths (the tokenizer and chat
+  template differ by model).
 A run's token totals are properties of the workload the clients sent (not of the engine's
 speed), so every sample is rescaled to the run's totals.
 """

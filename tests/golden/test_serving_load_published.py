@@ -89,7 +89,10 @@ def test_known_misses_still_miss(case):
 
 def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
     """Every modelled run, saturation included: the median absolute error of each figure, bounded
-    where it stands today (TTFT ~0.6, throughput at saturation ~0.65) so that it can only shrink."""
+    where it stands today so that it can only shrink: over all 65 runs TTFT 0.53, TPOT 0.18,
+    output throughput 0.16 (0.19 before ShareGPT's lengths were vLLM's first-turn sampling, whose
+    right-skewed outputs set how long a 1000-request burst drains; the 41 saturated runs alone went
+    from 0.51 to 0.26)."""
     errors: dict[str, list[float]] = {"median_ttft": [], "median_tpot": [], "output_throughput": []}
     for c in S.cases():
         if c.why_not_modelled is not None:
@@ -102,6 +105,6 @@ def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
             if v == v:  # NaN: the run has no such figure
                 errors[k].append(abs(v))
     assert len(errors["output_throughput"]) >= 60
-    assert statistics.median(errors["median_tpot"]) <= 0.30
-    assert statistics.median(errors["median_ttft"]) <= 0.60
-    assert statistics.median(errors["output_throughput"]) <= 0.45
+    assert statistics.median(errors["median_tpot"]) <= 0.21
+    assert statistics.median(errors["median_ttft"]) <= 0.57
+    assert statistics.median(errors["output_throughput"]) <= 0.19

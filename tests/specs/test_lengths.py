@@ -24,7 +24,7 @@ from shardplan.specs import lengths as L
 from shardplan.specs.lengths import LengthDistribution, LengthKind, TokenBins, load_lengths
 from shardplan.specs.loading import read_structured
 
-SHAREGPT_YAML = REPO / "shardplan" / "knowledge" / "datasets" / "sharegpt.yaml"
+DATASETS = REPO / "shardplan" / "knowledge" / "datasets"
 
 
 # ----- the sampler ----------------------------------------------------------------------------
@@ -77,19 +77,27 @@ def test_per_request_lengths_round_trip_through_the_sampler():
 # ----- the bundled ShareGPT histogram -------------------------------------------------------
 
 
-def test_sharegpt_bins_reproduce_the_figures_computed_from_the_source_file():
-    """The YAML's `summary` is computed from the source trace (its header says how); the bins
-    must give the same means within 2%, and their sampled medians within 5% (a median falls
-    inside a bin whose within-bin shape the histogram does not keep)."""
-    raw = read_structured(SHAREGPT_YAML)
+# The figures each file's `summary` states, as computed from its source file (sha256 in the file):
+# a changed summary must be a deliberate edit of this table too.
+# name -> (requests, mean input, median input, mean output, median output)
+SUMMARIES = {
+    "sharegpt": (15460, 219.60, 105, 202.87, 135),  # vLLM's first-turn sampling, Qwen tokenizer
+    "sharegpt-sarathi": (11035, 378.04, 297, 418.90, 402),  # the Sarathi-Serve trace, Llama-2 tokenizer
+}
+
+
+@pytest.mark.parametrize("name", sorted(SUMMARIES))
+def test_sharegpt_bins_reproduce_the_figures_computed_from_the_source_file(name):
+    """The YAML's `summary` is computed from the source (its header says how); the bins must give
+    the same means within 2%, and their sampled medians within 5% (a median falls inside a bin
+    whose within-bin shape the histogram does not keep)."""
+    raw = read_structured(DATASETS / f"{name}.yaml")
     summary = raw["summary"]
-    # The figures themselves, as computed from the source CSV (sha256 in the file): a changed
-    # summary must be a deliberate edit of this test too.
     assert (summary["num_requests"], summary["mean_input_tokens"], summary["median_input_tokens"],
-            summary["mean_output_tokens"], summary["median_output_tokens"]) == (11035, 378.04, 297, 418.90, 402)
+            summary["mean_output_tokens"], summary["median_output_tokens"]) == SUMMARIES[name]
     assert sum(b["weight"] for b in raw["input_bins"]) == summary["num_requests"]
     assert sum(b["weight"] for b in raw["output_bins"]) == summary["num_requests"]
-    dist = load_lengths("sharegpt")
+    dist = load_lengths(name)
     assert dist.mean_input_tokens == pytest.approx(summary["mean_input_tokens"], rel=0.02)
     assert dist.mean_output_tokens == pytest.approx(summary["mean_output_tokens"], rel=0.02)
     pairs = dist.sample(20_001, seed=1)
@@ -97,14 +105,28 @@ def test_sharegpt_bins_reproduce_the_figures_computed_from_the_source_file():
     assert statistics.median(o for _, o in pairs) == pytest.approx(summary["median_output_tokens"], rel=0.05)
 
 
-def test_sharegpt_respects_the_filter_it_records():
-    """vLLM's filter keeps 4 <= prompt <= 1024, output >= 4, prompt + output <= 2048."""
-    dist = load_lengths("sharegpt")
+@pytest.mark.parametrize("name", sorted(SUMMARIES))
+def test_sharegpt_respects_the_filter_it_records(name):
+    """vLLM's filter keeps 4 <= prompt <= 1024, output >= 4, prompt + output <= 2048. Input and
+    output are drawn independently, so a drawn pair can pass 2048 where no kept pair did: at most
+    0.1% of draws (clipped(2048) refuses them, as the engine would)."""
+    dist = load_lengths(name)
     assert min(dist.input_bins.min_tokens) >= 4 and max(dist.input_bins.max_tokens) <= 1024
-    assert min(dist.output_bins.min_tokens) >= 4
-    assert max(dist.input_bins.max_tokens) + max(dist.output_bins.max_tokens) <= 2048
+    assert min(dist.output_bins.min_tokens) >= 4 and max(dist.output_bins.max_tokens) <= 2048 - 4
     assert 40 <= len(dist.input_bins.weights) + len(dist.output_bins.weights) <= 80
-    assert dist.clipped(2048).refused_fraction == 0
+    assert dist.clipped(2048).refused_fraction <= 0.001
+
+
+def test_vllms_sharegpt_outputs_are_right_skewed_and_the_trace_is_not():
+    """What separates the two: vLLM's client sends the first answer of each conversation, whose
+    length is right-skewed (median 135, mean 203 in the source), while the multi-turn trace's
+    outputs are near-symmetric (median 402, mean 419). The tail is what drains last in a burst."""
+    vllm, trace = load_lengths("sharegpt"), load_lengths("sharegpt-sarathi")
+    for dist, skewed in ((vllm, True), (trace, False)):
+        outs = sorted(o for _, o in dist.sample(20_001, seed=3))
+        median, mean, p99 = outs[10_000], statistics.fmean(outs), outs[19_801]
+        assert (median < 0.75 * mean) is skewed
+        assert (p99 > 3.5 * mean) is skewed
 
 
 def test_bundled_names_are_found_in_any_case_and_misspellings_get_a_suggestion():
