@@ -35,6 +35,7 @@ class ServingDefaults:
     accounting: str
     static_fraction_by_tp: tuple[tuple[int, float], ...]
     python_ops_per_layer: float
+    python_ops_per_layer_parts: tuple[tuple[str, float], ...]
     python_ops_per_step: float
     cuda_graph_max_batch: int
     step_overhead_seconds: float
@@ -221,9 +222,15 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
                      f"unless --enforce-eager ({era.sources['cuda_graph_max_batch']})")
     else:
         notes.append(f"{rules.label}: no CUDA graphs ({era.sources['cuda_graph_max_batch']})")
-    notes.append(f"{rules.label}: {era.python_ops_per_layer:g} Python framework ops per decoder layer in eager mode "
-                 f"({era.sources['python_ops_per_layer']}) and {era.python_ops_per_step:g} per step for the logits "
-                 f"and the sampler ({era.sources['python_ops_per_step']})")
+    if era.python_ops_per_layer_parts:
+        parts = ", ".join(f"{k} {v:g}" for k, v in era.python_ops_per_layer_parts.items())
+        notes.append(f"{rules.label}: Python framework ops of an eager decoder layer by part ({parts}; "
+                     f"{era.sources['python_ops_per_layer_parts']}) and {era.python_ops_per_step:g} per step for the "
+                     f"logits and the sampler ({era.sources['python_ops_per_step']})")
+    else:
+        notes.append(f"{rules.label}: {era.python_ops_per_layer:g} Python framework ops per decoder layer in eager mode "
+                     f"({era.sources['python_ops_per_layer']}) and {era.python_ops_per_step:g} per step for the logits "
+                     f"and the sampler ({era.sources['python_ops_per_step']})")
     if era.accounting == "profiled":
         notes.append(f"{rules.label}: the profiling pass's dummy sampler holds {era.sampler_bytes_per_logit:g} bytes per "
                      f"logit ({era.sources['sampler_bytes_per_logit']})")
@@ -235,6 +242,7 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
         cuda_context_in_budget=era.cuda_context_in_budget, cuda_graphs_in_budget=era.cuda_graphs_in_budget,
         refusal=era.refusal, accounting=era.accounting, static_fraction_by_tp=by_tp,
         python_ops_per_layer=era.python_ops_per_layer, python_ops_per_step=era.python_ops_per_step,
+        python_ops_per_layer_parts=tuple(sorted((era.python_ops_per_layer_parts or {}).items())),
         cuda_graph_max_batch=graph_max, step_overhead_seconds=us_to_seconds(era.step_overhead_us),
         sampler_bytes_per_logit=era.sampler_bytes_per_logit,
         non_torch_bytes=None if era.non_torch_gib is None else era.non_torch_gib * BYTES_PER_GIB,

@@ -253,5 +253,5 @@ def _workload_dict(w: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
                                                  draft_model=v.draft_name, draft_source=v.draft_source,
                                                  draft_hf_id=v.draft_hf_id)
             continue
-        out[k] = v.value if hasattr(v, "value") else v
+        out[k] = dict(v) if k == "python_ops_per_layer_parts" else v.value if hasattr(v, "value") else v
     return out

@@ -199,6 +199,7 @@ def inference_workload(
         switches = dict(engine=engine.engine, engine_version=engine.version, cuda_context_in_budget=d.cuda_context_in_budget,
                         cuda_graphs_in_budget=d.cuda_graphs_in_budget, refusal=d.refusal, accounting=d.accounting,
                         static_fraction_by_tp=d.static_fraction_by_tp, python_ops_per_layer=d.python_ops_per_layer,
+                        python_ops_per_layer_parts=d.python_ops_per_layer_parts,
                         python_ops_per_step=d.python_ops_per_step, cuda_graph_max_batch=d.cuda_graph_max_batch,
                         step_overhead_seconds=d.step_overhead_seconds,
                         sampler_bytes_per_logit=d.sampler_bytes_per_logit, non_torch_bytes=d.non_torch_bytes,

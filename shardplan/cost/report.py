@@ -85,6 +85,9 @@ class InferenceWorkloadReport(Frozen):
                                                            "tensor-parallel size, (min_tp, fraction); empty: as given")
     python_ops_per_layer: float = Field(description="framework ops per decoder layer the engine issues from Python "
                                                     "in eager mode (host time)")
+    python_ops_per_layer_parts: dict[str, float] = Field(
+        default_factory=dict, description="eager framework ops of a decoder layer by part; empty: python_ops_per_layer "
+                                          "for every layer")
     python_ops_per_step: float = Field(description="eager framework ops per step for the logits and the sampler")
     cuda_graph_max_batch: int = Field(description="decode batches up to this size replay CUDA graphs; 0: none")
     step_overhead_seconds: float = Field(description="host work per step the GPU waits for (scheduler, outputs), s")

@@ -42,9 +42,9 @@ from shardplan.cost.compute import PassTime, Work, embedding_forward, head_forwa
 from shardplan.cost.layout import Layout, layout_stage_ranges, stage_layer_ranges
 from shardplan.cost.memory_serving import kv_bytes_per_token_per_layer_per_rank
 from shardplan.cost.offload import offload_memory, offload_pass_seconds
-from shardplan.cost.workload import InferenceWorkload
+from shardplan.cost.workload import InferenceWorkload, Quantization
 from shardplan.specs.hardware import HardwareProfile
-from shardplan.specs.model import ModelSpec
+from shardplan.specs.model import ModelSpec, QKNorm
 from shardplan.units import bytes_per_element
 
 SERVING_OVERLAP = {
@@ -70,16 +70,60 @@ class StepBreakdown(SecondsBreakdown):
     offload: float = 0.0  # weights held off the GPU: their copies, or their layers run on the CPU (cost/offload.py)
 
 
+# Linear layers of a decoder layer that run as ordinary (non-expert) GEMMs, by part: fused QKV and
+# the output projection; MLA's q_a, q_b, kv_a, kv_b and output projections; a gated MLP's fused
+# gate/up and down projections (each shared expert too). Routed experts run inside the MoE kernel.
+LINEARS_GQA_ATTENTION = 2
+LINEARS_MLA_ATTENTION = 5
+LINEARS_DENSE_MLP = 2
+
+
+def layer_ops(spec: ModelSpec, wl: InferenceWorkload, layer_index: int, tp: int) -> float:
+    """Framework ops an eager decoder layer issues, from the engine's count by part where it has
+    one (`python_ops_per_layer_parts`, knowledge/engines/*.yaml, counted in the engine's source),
+    else its one count for every layer (`python_ops_per_layer`)."""
+    parts = dict(wl.python_ops_per_layer_parts)
+    if not parts:
+        return wl.python_ops_per_layer
+    mla = spec.mla is not None
+    ops = parts.get("norms", 0.0) + parts.get("mla_attention" if mla else "attention", 0.0)
+    linears = LINEARS_MLA_ATTENTION if mla else LINEARS_GQA_ATTENTION
+    if spec.qk_norm is not QKNorm.NONE and not mla:
+        ops += parts.get("qk_norm", 0.0)
+    if spec.moe is not None and spec.is_moe_layer(layer_index):
+        shared = spec.moe.num_shared_experts
+        ops += parts.get("moe", 0.0) + shared * parts.get("dense_mlp", 0.0)
+        linears += shared * LINEARS_DENSE_MLP
+    else:
+        ops += parts.get("dense_mlp", 0.0)
+        linears += LINEARS_DENSE_MLP
+    if wl.quantization is Quantization.FP8 and fp8_block_quantized(spec):
+        ops += linears * parts.get("per_fp8_block_linear", 0.0)
+    if tp > 1:
+        ops += (1 if spec.parallel_residual else 2) * parts.get("per_all_reduce", 0.0)
+    return ops
+
+
+def fp8_block_quantized(spec: ModelSpec) -> bool:
+    """The checkpoint's own FP8 format quantizes in blocks (DeepSeek-V3's and Qwen3's FP8 releases:
+    `quantization_config.weight_block_size`), which engines run as activation quantization plus a
+    block GEMM per linear."""
+    return bool(spec.fp8_weight_block_size)
+
+
 def host_seconds(hw: HardwareProfile, wl: InferenceWorkload, compute: PassTime, layers: int, last_stage: bool,
-                 graphs: bool) -> float:
+                 graphs: bool, layer_ops_total: float | None = None) -> float:
     """Seconds the host takes to issue one pass of one stage. A CUDA graph replays the layers
-    in one launch; the logits and the sampler (python_ops_per_step) run eagerly either way."""
+    in one launch; the logits and the sampler (python_ops_per_step) run eagerly either way.
+    `layer_ops_total`: the stage's layers' framework ops (`layer_ops` summed), else
+    python_ops_per_layer each."""
     step_ops = wl.python_ops_per_step if last_stage else 0.0
     if graphs:
         return step_ops * hw.python_op_seconds
-    if wl.python_ops_per_layer == 0:  # a C++ runtime: the kernels' launches alone
+    if wl.python_ops_per_layer == 0 and not wl.python_ops_per_layer_parts:  # a C++ runtime: the kernels' launches
         return compute.kernels * hw.kernel_launch_seconds + step_ops * hw.python_op_seconds
-    return (wl.python_ops_per_layer * layers + step_ops) * hw.python_op_seconds
+    ops = wl.python_ops_per_layer * layers if layer_ops_total is None else layer_ops_total
+    return (ops + step_ops) * hw.python_op_seconds
 
 
 def _stage_pass(
@@ -99,7 +143,9 @@ def _stage_pass(
         spec, hw, layers, tokens=work.tokens, act_bytes=bytes_per_element(work.act_dtype),
         tp=group(layout.tp, 1, hw.gpus_per_node), ep=group(layout.ep, layout.expert_tp, hw.gpus_per_node),
     )
-    host = host_seconds(hw, wl, total, len(layers), stage == layout.pp - 1, graphs)
+    layer_ops_total = (sum(layer_ops(spec, wl, i, layout.tp) for i in layers)
+                       if wl.python_ops_per_layer_parts and not graphs else None)
+    host = host_seconds(hw, wl, total, len(layers), stage == layout.pp - 1, graphs, layer_ops_total)
     # The kernels' GPU time hides the host's issuing; their fixed per-kernel cost does not (it
     # follows each launch), nor does the collectives' time (launched like any kernel). This is
     # the form kernel_launch_us was calibrated in (TensorRT-LLM batch-1 TTFT rows).

@@ -123,6 +123,9 @@ class InferenceWorkload:
     # python_op_us each. Decode steps of up to cuda_graph_max_batch sequences replay a CUDA
     # graph instead (0: the engine captures none).
     python_ops_per_layer: float = 0.0
+    # By part where the engine's count differs by architecture (time_serving.layer_ops); empty:
+    # python_ops_per_layer for every layer.
+    python_ops_per_layer_parts: tuple[tuple[str, float], ...] = ()
     python_ops_per_step: float = 0.0
     cuda_graph_max_batch: int = 512
     step_overhead_seconds: float = 0.0  # host work per step the GPU waits for (scheduler, outputs)

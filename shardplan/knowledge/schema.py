@@ -168,6 +168,15 @@ class EngineEra(Frozen):
     python_ops_per_layer: float = Field(
         ge=0, description="framework ops one decoder layer issues from Python in eager mode (counted in the "
                           "engine's model, layer and attention-backend code); 0: a C++ runtime")
+    python_ops_per_layer_parts: dict[Literal[
+            "norms", "attention", "qk_norm", "mla_attention", "dense_mlp", "moe", "per_fp8_block_linear",
+            "per_all_reduce"], float] | None = Field(
+        None, description="framework ops of an eager decoder layer by part, where they differ by architecture: "
+                          "norms; attention (GQA/MHA with rotary) or mla_attention (MLA); qk_norm (per-head q/k "
+                          "norms); dense_mlp (also each shared expert) or moe (router, top-k, fused experts); "
+                          "per_fp8_block_linear (extra ops of a block-quantized FP8 linear: activation "
+                          "quantization and the block GEMM); per_all_reduce (each tensor-parallel all-reduce). "
+                          "null: python_ops_per_layer for every layer")
     python_ops_per_step: float = Field(
         ge=0, description="framework ops per step outside the decoder layers that run eagerly even with CUDA "
                           "graphs (logits, sampler)")
@@ -217,6 +226,10 @@ class EngineEra(Frozen):
             documented.add("admission")
         if not self.admit_after_preemption:
             documented.add("admit_after_preemption")
+        if self.python_ops_per_layer_parts is not None:
+            documented.add("python_ops_per_layer_parts")
+            if any(v < 0 for v in self.python_ops_per_layer_parts.values()):
+                raise ValueError("python_ops_per_layer_parts: op counts must be >= 0")
         if self.accounting == "static_fraction":
             if self.static_fraction_reserved is not None:
                 documented |= {"accounting", "static_fraction_reserved"}

@@ -94,7 +94,8 @@ def spec_sha256(spec: ModelSpec) -> str:
 # ModelSpec fields added after plans began recording a hash of the full dump (defaults included);
 # a plan written before them carries that hash, which `legacy_spec_sha256` reproduces.
 _FIELDS_ADDED_SINCE_FULL_DUMP = ("layer_types", "attention_chunk_size", "attention_sinks", "attention_output_gate",
-                                 "linear_attention", "vision", "measured_num_params", "expert_dtype")
+                                 "linear_attention", "vision", "measured_num_params", "expert_dtype",
+                                 "fp8_weight_block_size")
 _MOE_FIELDS_ADDED_SINCE_FULL_DUMP = ("router_linear_bias",)
 
 
@@ -139,6 +140,8 @@ def _plain(workload: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
                                   draft_hf_id=sp.draft_hf_id)
     if out.get("load") is not None:
         out["load"] = _load_section(out["load"])
+    if "python_ops_per_layer_parts" in out:
+        out["python_ops_per_layer_parts"] = dict(out["python_ops_per_layer_parts"])
     if "static_fraction_by_tp" in out:
         out["static_fraction_by_tp"] = [{"min_tp": t, "fraction": f} for t, f in out["static_fraction_by_tp"]]
     return out

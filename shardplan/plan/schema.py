@@ -149,6 +149,10 @@ class InferenceWorkloadSection(_Section):
     static_fraction_by_tp: list[StaticFractionRow] = Field(default_factory=list, description="SGLang's default pool fraction by tensor-parallel size")
     assumptions: list[str] = Field(default_factory=list, description="each engine rule that shaped the plan, with its source")
     python_ops_per_layer: float = Field(0.0, ge=0, description="framework ops per decoder layer the engine issues from Python in eager mode")
+    python_ops_per_layer_parts: dict[str, float] = Field(
+        default_factory=dict, description="eager framework ops of a decoder layer by part (norms, attention, mla_attention, "
+                                          "qk_norm, dense_mlp, moe, per_fp8_block_linear, per_all_reduce); empty: "
+                                          "python_ops_per_layer for every layer")
     python_ops_per_step: float = Field(0.0, ge=0, description="eager framework ops per step for the logits and the sampler")
     cuda_graph_max_batch: int = Field(512, ge=0, description="decode batches up to this size replay CUDA graphs; 0: none")
     step_overhead_seconds: float = Field(0.0, ge=0, description="host work per step the GPU waits for (scheduler, outputs), s")

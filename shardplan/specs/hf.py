@@ -465,6 +465,18 @@ class Translation:
     notes: tuple[str, ...] = ()
 
 
+def _fp8_weight_block(quant: Any) -> tuple[int, int] | None:
+    """quantization_config of a block-quantized FP8 checkpoint (quant_method fp8 with a
+    weight_block_size of two positive integers, as DeepSeek-V3's); anything else: None."""
+    if not isinstance(quant, Mapping) or quant.get("quant_method") != "fp8":
+        return None
+    block = quant.get("weight_block_size")
+    if (isinstance(block, (list, tuple)) and len(block) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= 1 << 20 for b in block)):
+        return int(block[0]), int(block[1])
+    return None
+
+
 def translate(cfg: Config, name: str) -> Translation:
     """An HF config dict as ModelSpec fields, with a warning naming each key not understood."""
     model_type = cfg.get("model_type")
@@ -476,6 +488,9 @@ def translate(cfg: Config, name: str) -> Translation:
     if isinstance(model_type, str) and model_type in DEFAULTED:
         tracked = _Tracked(cfg, hf_defaults().defaults(model_type))
         fields = DEFAULTED[model_type](tracked, name)
+        block = _fp8_weight_block(cfg.get("quantization_config"))
+        if block is not None:
+            fields["fp8_weight_block_size"] = block
         if fields.get("vision") is None:
             fields.update(_dropouts(tracked, model_type))
         dtype = cfg.get("torch_dtype") or cfg.get("dtype")
@@ -494,7 +509,9 @@ def translate(cfg: Config, name: str) -> Translation:
 
             return hf_meta.translate_with_transformers(cfg, name)
         raise
-    return Translation({**TRANSLATORS[model_type](cfg, name), **_dropouts(cfg, model_type)})
+    block = _fp8_weight_block(cfg.get("quantization_config"))
+    return Translation({**TRANSLATORS[model_type](cfg, name), **_dropouts(cfg, model_type),
+                        **({"fp8_weight_block_size": block} if block is not None else {})})
 
 
 def spec_from_hf_config(cfg: Config, name: str, source: str | None = None) -> ModelSpec:

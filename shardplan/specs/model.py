@@ -279,6 +279,11 @@ class ModelSpec(StrictModel):
     expert_dtype: str | None = Field(
         None, description="storage format of the routed experts when it differs from dtype (gpt-oss: mxfp4); informational"
     )
+    fp8_weight_block_size: tuple[int, int] | None = Field(
+        None, description="the checkpoint's FP8 weights are quantized in blocks of this many (rows, columns) "
+        "(HF quantization_config.weight_block_size: DeepSeek-V3, Qwen3 FP8 releases); engines run each such linear as "
+        "activation quantization plus a block GEMM; null: not a block-quantized FP8 checkpoint"
+    )
 
     mla: MLASpec | None = None
     moe: MoESpec | None = None

@@ -53,7 +53,8 @@ def predict_ms(case: dict, eager: bool) -> float:
         block_size=None, kv_cache_dtype=None, weight_dtype=None, quantization=None, enforce_eager=eager,
         input_len=case["input_len"], output_len=case["output_len"], batch_size=1,
         engine=engine_rules(case["engine"]), hw=hw, model_max_len=loaded.spec.max_position_embeddings)
-    stack = {"python_ops_per_layer": case["ops_per_layer"]}  # counted for this model in this stack
+    # counted for this model in this stack: it replaces the engine's counts by part
+    stack = {"python_ops_per_layer": case["ops_per_layer"], "python_ops_per_layer_parts": ()}
     if "ops_per_step" in case:  # not one of shardplan's engines: the stack's own figures
         stack |= {"python_ops_per_step": case["ops_per_step"], "step_overhead_seconds": case["step_overhead_us"] * 1e-6}
     t = serving_time(loaded.spec, hw, Layout(), dataclasses.replace(wl, **stack), 1)

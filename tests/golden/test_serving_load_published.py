@@ -34,10 +34,6 @@ NOT_YET = {
         "gpt-oss-120b: MXFP4 experts are costed at 16 bits, so decode reads twice the bytes (TPOT 84% slow)",
     "sgl-cookbook-llama3.1-01":
         "Llama-3.1-70B TP8 on A100 at 16 in flight: output 18% high (decode at batch 16 slower than the roofline)",
-    "sgl-cookbook-deepseek-r1-01":
-        "DeepSeek-R1 TP8 on B200 at 16 in flight: output 25% high (MoE decode at batch 16 below the roofline)",
-    "sgl-cookbook-deepseek-r1-07":
-        "DeepSeek-R1 TP8 on B200 at 16 in flight, 8K prompts: output 19% high",
 }
 
 
@@ -89,10 +85,12 @@ def test_known_misses_still_miss(case):
 
 def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
     """Every modelled run, saturation included: the median absolute error of each figure, bounded
-    where it stands today so that it can only shrink: over all 65 runs TTFT 0.53, TPOT 0.18,
-    output throughput 0.16 (0.19 before ShareGPT's lengths were vLLM's first-turn sampling, whose
-    right-skewed outputs set how long a 1000-request burst drains; the 41 saturated runs alone went
-    from 0.51 to 0.26)."""
+    where it stands today so that it can only shrink: over all 65 runs TTFT 0.42, TPOT 0.16,
+    output throughput 0.125. Before ShareGPT's lengths were vLLM's first-turn sampling (right-skewed
+    outputs set how long a 1000-request burst drains) throughput was 0.19, the 41 saturated runs alone
+    0.51 -> 0.26; before SGLang's eager prefill was costed by the ops of each layer's kind (MLA, MoE,
+    block FP8: knowledge/engines/sglang.yaml python_ops_per_layer_parts) TTFT was 0.53.
+    """
     errors: dict[str, list[float]] = {"median_ttft": [], "median_tpot": [], "output_throughput": []}
     for c in S.cases():
         if c.why_not_modelled is not None:
@@ -105,6 +103,6 @@ def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
             if v == v:  # NaN: the run has no such figure
                 errors[k].append(abs(v))
     assert len(errors["output_throughput"]) >= 60
-    assert statistics.median(errors["median_tpot"]) <= 0.21
-    assert statistics.median(errors["median_ttft"]) <= 0.57
-    assert statistics.median(errors["output_throughput"]) <= 0.19
+    assert statistics.median(errors["median_tpot"]) <= 0.18
+    assert statistics.median(errors["median_ttft"]) <= 0.45
+    assert statistics.median(errors["output_throughput"]) <= 0.14
