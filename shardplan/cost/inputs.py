@@ -145,6 +145,7 @@ def inference_workload(
     vision: VisionSpec | None = None,
     images_per_prompt: int | None = None,
     encoder_decoder: bool = False,
+    checkpoint_expert_format: str | None = None,
 ) -> InferenceWorkload:
     """The serving workload from command-line values. With `engine` (and the `hw` and model
     context it runs), what is left out (None) takes that engine version's default for this
@@ -152,7 +153,9 @@ def inference_workload(
     the dataclass defaults. `vision`: a multimodal model's tower, whose profiling pass the engine
     version's rules size (`images_per_prompt`: its limit_mm_per_prompt for images). `encoder_decoder`:
     the language model cross-attends to the encoder (Mllama), which vLLM ran only on its V0 engine
-    (`_check_encoder_decoder`)."""
+    (`_check_encoder_decoder`). `checkpoint_expert_format`: the format the model's routed experts
+    ship in (ModelSpec.expert_dtype, gpt-oss: mxfp4); an engine that runs it as shipped plans it so
+    unless another format is asked for."""
     if images_per_prompt is not None and not 1 <= images_per_prompt <= MAX_SEQUENCES:
         raise ShardplanError(f"must be from 1 to {MAX_SEQUENCES}", field="--limit-mm-per-prompt", hint="e.g. 1")
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
@@ -174,6 +177,20 @@ def inference_workload(
             quant = Quantization(wd.value)
         except ValueError:
             raise ShardplanError(f"no weight format for {wd.value}", field="--weight-dtype", hint="use fp8, int8 or int4") from None
+    shipped = dict(engine.checkpoint_formats) if engine is not None else {}
+    if quant is Quantization.MXFP4:
+        if checkpoint_expert_format != "mxfp4":
+            raise ShardplanError("mxfp4 is the format gpt-oss's routed experts ship in; this model's experts do not",
+                                 field="--quantization", hint="use fp8, int8 or int4, or leave it out")
+        if engine is not None and "mxfp4" not in shipped:
+            raise ShardplanError(f"{engine.label} does not run MXFP4 experts", field="--quantization",
+                                 hint="use --engine vllm or sglang, or another --quantization")
+    mxfp4_note = None
+    if (quantization is None and wd is None and checkpoint_expert_format == "mxfp4" and "mxfp4" in shipped
+            and engine is not None):
+        quant = Quantization.MXFP4
+        mxfp4_note = (f"{engine.label}: the routed experts stay in MXFP4 as the checkpoint ships them, 4.25 bits a "
+                      f"weight (OCP MX: 32 FP4 values share an 8-bit scale; {shipped['mxfp4']})")
     base = InferenceWorkload()
     switches: dict = {}
     batched_given = max_num_batched_tokens is not None
@@ -232,6 +249,8 @@ def inference_workload(
                                    f"KV cache {kv_format.value}: {engine.kv_block_formats_source}")
     if speculative is not None:
         switches["assumptions"] = (*switches.get("assumptions", ()), spec_decode.assumption(speculative))
+    if mxfp4_note is not None:
+        switches["assumptions"] = (*switches.get("assumptions", ()), mxfp4_note)
     return InferenceWorkload(
         max_model_len=max_model_len,
         max_num_seqs=base.max_num_seqs if max_num_seqs is None else max_num_seqs,

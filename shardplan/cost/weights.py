@@ -33,11 +33,16 @@ INT8_SCALE_BYTES_PER_ROW = 4.0
 FP8_SCALE_BYTES_PER_TENSOR = 4.0
 
 _QUANTIZABLE = {Component.ATTENTION, Component.MLP, Component.EXPERTS, Component.SHARED_EXPERTS}
+# MXFP4 (OCP Microscaling Formats v1.0, Sec. 5: a block of 32 FP4 E2M1 elements shares one E8M0
+# scale): 4 + 8/32 = 4.25 bits a weight, as gpt-oss's model card states for its MoE weights.
+MXFP4_BYTES_PER_ELEMENT = (4 + 8 / 32) / 8
 
 
 def weight_storage_dtype(quantization: Quantization) -> DType | None:
     if quantization.is_gguf or quantization is Quantization.NF4:
         return DType.INT4 if quantization is Quantization.NF4 else None  # mixed: see gguf.py
+    if quantization is Quantization.MXFP4:
+        return DType.FP4
     return {
         Quantization.NONE: None,
         Quantization.FP8: DType.FP8,
@@ -48,9 +53,13 @@ def weight_storage_dtype(quantization: Quantization) -> DType | None:
     }[quantization]
 
 
-def is_quantized_tensor(w: WeightKind) -> bool:
-    """Block linear weights are quantized; biases, norms, routers, embeddings and lm_head are not."""
-    return w.component in _QUANTIZABLE and len(w.shape) == 2 and w.name.endswith(".weight")
+def is_quantized_tensor(w: WeightKind, quantization: Quantization | None = None) -> bool:
+    """Block linear weights are quantized; biases, norms, routers, embeddings and lm_head are not.
+    MXFP4 (gpt-oss as shipped) holds only the routed experts' weights in 4 bits."""
+    linear = w.component in _QUANTIZABLE and len(w.shape) == 2 and w.name.endswith(".weight")
+    if quantization is Quantization.MXFP4:
+        return linear and w.routed_expert
+    return linear
 
 
 def gguf_bytes_per_element(w: WeightKind, quantization: Quantization, spec: ModelSpec | None,
@@ -80,8 +89,10 @@ def bytes_per_weight_element(w: WeightKind, quantization: Quantization, dense_dt
     `layers` select the per-layer types)."""
     if quantization.is_gguf:
         return gguf_bytes_per_element(w, quantization, spec, layers)
-    if quantization is Quantization.NONE or not is_quantized_tensor(w):
+    if quantization is Quantization.NONE or not is_quantized_tensor(w, quantization):
         return bytes_per_element(dense_dtype)
+    if quantization is Quantization.MXFP4:
+        return MXFP4_BYTES_PER_ELEMENT
     if quantization is Quantization.NF4:
         return nf4_bytes_per_weight(False)
     out_features, in_features = w.shape

@@ -41,6 +41,9 @@ class Quantization(str, Enum):
     AWQ = "awq"
     GPTQ = "gptq"
     NF4 = "nf4"  # bitsandbytes 4-bit NormalFloat (transformers load_in_4bit): fp32 absmax per 64 weights
+    # gpt-oss's checkpoint as shipped: the routed experts' weights in MXFP4 (OCP MX: 4-bit E2M1
+    # values, one 8-bit E8M0 scale per 32), everything else in the dense dtype
+    MXFP4 = "mxfp4"
     # GGUF mixtures (llama.cpp): a ggml type per tensor by role and layer (cost/gguf.py)
     Q2_K = "q2_k"
     Q3_K_M = "q3_k_m"

@@ -346,6 +346,21 @@ class OffloadEra(Frozen):
         return version_in_range(version, self.min_version, self.max_version)
 
 
+class CheckpointFormat(BaseModel):
+    """A weight format a checkpoint ships in that the engine runs as it is (no --quantization)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    format: Literal["mxfp4"] = Field(description="shardplan's name for it (--quantization)")
+    min_version: str = Field(description="first release that runs it")
+    source: str = Field(description="where the support and its first release come from")
+
+    @model_validator(mode="after")
+    def _check(self) -> "CheckpointFormat":
+        parse_version(self.min_version)
+        return self
+
+
 class EngineFile(Frozen):
     """`knowledge/engines/<engine>.yaml`."""
 
@@ -364,6 +379,9 @@ class EngineFile(Frozen):
         description="quantized weight formats the engine loads (shardplan's --quantization names), searched when "
                     "nothing fits otherwise")
     weight_formats_source: str = Field("", description="where the list comes from")
+    checkpoint_formats: list[CheckpointFormat] = Field(
+        default_factory=list, description="formats a checkpoint ships in that the engine runs as they are, from a "
+                                          "version on (gpt-oss's MXFP4 experts); a model in one is planned in it")
     kv_block_formats: list[Literal["q8_0", "q4_0"]] = Field(
         default_factory=list, description="ggml block formats its KV cache takes (--kv-cache-dtype q8_0|q4_0); "
                                           "none: only the float formats")
@@ -396,6 +414,7 @@ class EngineRules(Frozen):
     multimodal: MultimodalEra | None = None  # how it profiles a vision encoder; None: not modelled for it
     offload: OffloadEra | None = None  # how it runs offloaded weights; None: it cannot offload
     weight_formats: tuple[str, ...] = ("fp8", "int8", "int4", "awq", "gptq")  # quantized formats it loads
+    checkpoint_formats: tuple[tuple[str, str], ...] = ()  # (format, source) it runs as a checkpoint ships it, here
     kv_block_formats: tuple[str, ...] = ()  # ggml block formats its KV cache takes (llama.cpp: q8_0, q4_0)
     kv_block_formats_source: str = ""  # the rule, with its source, printed as an assumption when one is used
 

