@@ -42,7 +42,12 @@ def test_gpt_oss_120b_fits_one_80gb_gpu_with_its_experts_in_mxfp4(cli):
     expected = (experts - bias) * MXFP4_BYTES_PER_ELEMENT + (counts.total - experts + bias) * 2
     weights = d["memory"]["per_gpu_bytes"]["weights"]
     assert abs(weights - expected) / expected < 0.01, (weights / BYTES_PER_GIB, expected / BYTES_PER_GIB)
-    assert 55 * BYTES_PER_GIB < weights < 65 * BYTES_PER_GIB
+    # vLLM 0.10.1 on an H100 logged "Model loading took 65.9651 GiB" for gpt-oss-120b, through its Marlin
+    # FP4 path ("Your GPU does not have native support for FP4 computation ... Weight-only FP4 compression
+    # will be used leveraging the Marlin kernel"; https://github.com/vllm-project/vllm/issues/23278). The
+    # 5 GiB more than the checkpoint's bytes (Marlin's repacking and scales) are not modelled: -7.8%.
+    logged = 65.9651 * BYTES_PER_GIB
+    assert -0.10 < weights / logged - 1 < -0.05
 
 
 def test_an_engine_before_mxfp4_plans_the_experts_at_16_bits(cli):
