@@ -192,10 +192,13 @@ def inference_workload(
         mxfp4_note = (f"{engine.label}: the routed experts stay in MXFP4 as the checkpoint ships them, 4.25 bits a "
                       f"weight (OCP MX: 32 FP4 values share an 8-bit scale; {shipped['mxfp4']})")
         if hw is not None and DType.FP4 not in hw.peak_flops and engine.engine == "vllm":
-            mxfp4_note += ("; without FP4 tensor cores vLLM repacks them for its Marlin kernel, which held more: "
-                           "gpt-oss-120b loaded in 65.97 GiB on an H100 at 0.10.1, against its 60.8 GiB of checkpoint "
-                           "weights, and did not start at the full 131,072-token context (vllm#23278, #27508), which "
-                           "this estimate does not model: keep 5 GiB of headroom or a shorter --max-model-len")
+            mxfp4_note += ("; without FP4 tensor cores and without the optional triton_kernels package vLLM runs "
+                           "them on Marlin, which pads each expert to an intermediate size a multiple of 128 and a "
+                           "hidden size a multiple of 256 (model_executor/layers/quantization/mxfp4.py at 0.11.0, "
+                           "get_mxfp4_backend and create_weights): gpt-oss-120b then loads 65.97 GiB on an H100 "
+                           "(logged at 0.10.1, vllm#23278) against the 60.8 GiB here, and did not start at the full "
+                           "131,072-token context (#27508); this estimate does not pad: keep 5 GiB of headroom or "
+                           "a shorter --max-model-len")
     base = InferenceWorkload()
     switches: dict = {}
     batched_given = max_num_batched_tokens is not None
