@@ -178,10 +178,10 @@ def inference_workload(
         except ValueError:
             raise ShardplanError(f"no weight format for {wd.value}", field="--weight-dtype", hint="use fp8, int8 or int4") from None
     shipped = dict(engine.checkpoint_formats) if engine is not None else {}
-    if quant is Quantization.MXFP4:
+    if quant in (Quantization.MXFP4, Quantization.MXFP4_MARLIN):
         if checkpoint_expert_format != "mxfp4":
-            raise ShardplanError("mxfp4 is the format gpt-oss's routed experts ship in; this model's experts do not",
-                                 field="--quantization", hint="use fp8, int8 or int4, or leave it out")
+            raise ShardplanError(f"{quant.value} is the format gpt-oss's routed experts ship in; this model's experts "
+                                 "do not", field="--quantization", hint="use fp8, int8 or int4, or leave it out")
         if engine is not None and "mxfp4" not in shipped:
             raise ShardplanError(f"{engine.label} does not run MXFP4 experts", field="--quantization",
                                  hint="use --engine vllm or sglang, or another --quantization")
@@ -192,13 +192,14 @@ def inference_workload(
         mxfp4_note = (f"{engine.label}: the routed experts stay in MXFP4 as the checkpoint ships them, 4.25 bits a "
                       f"weight (OCP MX: 32 FP4 values share an 8-bit scale; {shipped['mxfp4']})")
         if hw is not None and DType.FP4 not in hw.peak_flops and engine.engine == "vllm":
-            mxfp4_note += ("; without FP4 tensor cores and without the optional triton_kernels package vLLM runs "
-                           "them on Marlin, which pads each expert to an intermediate size a multiple of 128 and a "
-                           "hidden size a multiple of 256 (model_executor/layers/quantization/mxfp4.py at 0.11.0, "
-                           "get_mxfp4_backend and create_weights): gpt-oss-120b then loads 65.97 GiB on an H100 "
-                           "(logged at 0.10.1, vllm#23278) against the 60.8 GiB here, and did not start at the full "
-                           "131,072-token context (#27508); this estimate does not pad: keep 5 GiB of headroom or "
-                           "a shorter --max-model-len")
+            quant = Quantization.MXFP4_MARLIN
+            mxfp4_note += ("; without FP4 tensor cores, and without the optional triton_kernels package (not among "
+                           "the wheel's dependencies), vLLM runs them on Marlin, which pads each expert to an "
+                           "intermediate size a multiple of 128 and a hidden size a multiple of 256 "
+                           "(model_executor/layers/quantization/mxfp4.py at 0.11.0, get_mxfp4_backend and "
+                           "create_weights): gpt-oss-120b loaded 65.97 GiB on an H100 at 0.10.1 (vllm#23278); with "
+                           "triton_kernels installed vLLM 0.14.1 loaded 64.38 GiB (#33155); --quantization mxfp4 "
+                           "plans the unpadded 60.8 GiB")
     base = InferenceWorkload()
     switches: dict = {}
     batched_given = max_num_batched_tokens is not None

@@ -36,12 +36,30 @@ _QUANTIZABLE = {Component.ATTENTION, Component.MLP, Component.EXPERTS, Component
 # MXFP4 (OCP Microscaling Formats v1.0, Sec. 5: a block of 32 FP4 E2M1 elements shares one E8M0
 # scale): 4 + 8/32 = 4.25 bits a weight, as gpt-oss's model card states for its MoE weights.
 MXFP4_BYTES_PER_ELEMENT = (4 + 8 / 32) / 8
+# vLLM's Marlin MoE kernel needs n % 256 == 0 and k % 128 == 0 in each expert GEMM, so it pads the
+# expert intermediate size to a multiple of 128 and the hidden size to a multiple of 256
+# (vllm/model_executor/layers/quantization/mxfp4.py at 0.11.0, Mxfp4MoEMethod.create_weights).
+MARLIN_INTERMEDIATE_MULTIPLE = 128
+MARLIN_HIDDEN_MULTIPLE = 256
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def marlin_expert_padding(spec: ModelSpec | None) -> float:
+    """Stored / shipped elements of each routed expert matrix on vLLM's Marlin path (gate, up and
+    down are each intermediate x hidden, padded the same way); 1 without a MoE spec."""
+    if spec is None or spec.moe is None:
+        return 1.0
+    i, h = spec.moe.expert_intermediate_size, spec.hidden_size
+    return (_round_up(i, MARLIN_INTERMEDIATE_MULTIPLE) * _round_up(h, MARLIN_HIDDEN_MULTIPLE)) / (i * h)
 
 
 def weight_storage_dtype(quantization: Quantization) -> DType | None:
     if quantization.is_gguf or quantization is Quantization.NF4:
         return DType.INT4 if quantization is Quantization.NF4 else None  # mixed: see gguf.py
-    if quantization is Quantization.MXFP4:
+    if quantization in (Quantization.MXFP4, Quantization.MXFP4_MARLIN):
         return DType.FP4
     return {
         Quantization.NONE: None,
@@ -57,7 +75,7 @@ def is_quantized_tensor(w: WeightKind, quantization: Quantization | None = None)
     """Block linear weights are quantized; biases, norms, routers, embeddings and lm_head are not.
     MXFP4 (gpt-oss as shipped) holds only the routed experts' weights in 4 bits."""
     linear = w.component in _QUANTIZABLE and len(w.shape) == 2 and w.name.endswith(".weight")
-    if quantization is Quantization.MXFP4:
+    if quantization in (Quantization.MXFP4, Quantization.MXFP4_MARLIN):
         return linear and w.routed_expert
     return linear
 
@@ -93,6 +111,8 @@ def bytes_per_weight_element(w: WeightKind, quantization: Quantization, dense_dt
         return bytes_per_element(dense_dtype)
     if quantization is Quantization.MXFP4:
         return MXFP4_BYTES_PER_ELEMENT
+    if quantization is Quantization.MXFP4_MARLIN:
+        return MXFP4_BYTES_PER_ELEMENT * marlin_expert_padding(spec)
     if quantization is Quantization.NF4:
         return nf4_bytes_per_weight(False)
     out_features, in_features = w.shape

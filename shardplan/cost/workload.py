@@ -44,6 +44,9 @@ class Quantization(str, Enum):
     # gpt-oss's checkpoint as shipped: the routed experts' weights in MXFP4 (OCP MX: 4-bit E2M1
     # values, one 8-bit E8M0 scale per 32), everything else in the dense dtype
     MXFP4 = "mxfp4"
+    # The same as vLLM stores it for its Marlin kernel (GPUs without FP4 tensor cores, no triton_kernels):
+    # each expert padded to an intermediate size a multiple of 128 and a hidden size a multiple of 256
+    MXFP4_MARLIN = "mxfp4_marlin"
     # GGUF mixtures (llama.cpp): a ggml type per tensor by role and layer (cost/gguf.py)
     Q2_K = "q2_k"
     Q3_K_M = "q3_k_m"

@@ -33,9 +33,9 @@ NOT_YET = {
     "sgl-cookbook-gpt-oss-00":
         "gpt-oss-120b: MXFP4 experts are costed at 16 bits, so decode reads twice the bytes (TPOT 84% slow)",
     "gpustack-gpt-oss-120b-h100-vllm-12":
-        "gpt-oss-120b on vLLM 0.10.2, one H100, 4 in flight: TPOT 25% fast, output 36% high; its MXFP4 experts "
-        "are costed at the 4.25-bit roofline, which vLLM's Hopper MoE path (Triton kernels dequantizing in the GEMM) "
-        "does not reach at small batch (not measured)",
+        "gpt-oss-120b on vLLM 0.10.2, one H100, 4 in flight: TPOT 22% fast, output 31% high; its MXFP4 experts "
+        "are costed at the roofline of their (Marlin-padded) bytes, which vLLM's Hopper MoE kernels, dequantizing "
+        "in the GEMM, do not reach at small batch (not measured)",
     "sgl-cookbook-llama3.1-01":
         "Llama-3.1-70B TP8 on A100 at 16 in flight: output 18% high (decode at batch 16 slower than the roofline)",
 }
