@@ -177,8 +177,8 @@ def inference_workload(
             quant = Quantization(wd.value)
         except ValueError:
             raise ShardplanError(f"no weight format for {wd.value}", field="--weight-dtype", hint="use fp8, int8 or int4") from None
-    shipped = dict(engine.checkpoint_formats) if engine is not None else {}
-    if quant in (Quantization.MXFP4, Quantization.MXFP4_MARLIN):
+    shipped = {c.format: c for c in engine.checkpoint_formats} if engine is not None else {}
+    if quant.is_mxfp4:
         if checkpoint_expert_format != "mxfp4":
             raise ShardplanError(f"{quant.value} is the format gpt-oss's routed experts ship in; this model's experts "
                                  "do not", field="--quantization", hint="use fp8, int8 or int4, or leave it out")
@@ -186,20 +186,14 @@ def inference_workload(
             raise ShardplanError(f"{engine.label} does not run MXFP4 experts", field="--quantization",
                                  hint="use --engine vllm or sglang, or another --quantization")
     mxfp4_note = None
-    if (quantization is None and wd is None and checkpoint_expert_format == "mxfp4" and "mxfp4" in shipped
-            and engine is not None):
-        quant = Quantization.MXFP4
+    fmt = shipped.get(checkpoint_expert_format or "")
+    if quantization is None and wd is None and fmt is not None and engine is not None:
+        quant = Quantization(fmt.format)
         mxfp4_note = (f"{engine.label}: the routed experts stay in MXFP4 as the checkpoint ships them, 4.25 bits a "
-                      f"weight (OCP MX: 32 FP4 values share an 8-bit scale; {shipped['mxfp4']})")
-        if hw is not None and DType.FP4 not in hw.peak_flops and engine.engine == "vllm":
-            quant = Quantization.MXFP4_MARLIN
-            mxfp4_note += ("; without FP4 tensor cores, and without the optional triton_kernels package (not among "
-                           "the wheel's dependencies), vLLM runs them on Marlin, which pads each expert to an "
-                           "intermediate size a multiple of 128 and a hidden size a multiple of 256 "
-                           "(model_executor/layers/quantization/mxfp4.py at 0.11.0, get_mxfp4_backend and "
-                           "create_weights): gpt-oss-120b loaded 65.97 GiB on an H100 at 0.10.1 (vllm#23278); with "
-                           "triton_kernels installed vLLM 0.14.1 loaded 64.38 GiB (#33155); --quantization mxfp4 "
-                           "plans the unpadded 60.8 GiB")
+                      f"weight (OCP MX: 32 FP4 values share an 8-bit scale; {fmt.source})")
+        if fmt.without_fp4_tensor_cores is not None and hw is not None and DType.FP4 not in hw.peak_flops:
+            quant = Quantization(fmt.without_fp4_tensor_cores)
+            mxfp4_note += f"; without FP4 tensor cores they are held as {quant.value} ({fmt.without_fp4_tensor_cores_source})"
     base = InferenceWorkload()
     switches: dict = {}
     batched_given = max_num_batched_tokens is not None

@@ -134,7 +134,8 @@ def _stage_pass(
     for) of one pass on one stage; `on_host`: layers the CPU runs instead (llama.cpp -ngl)."""
     chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
     layers = [i for r in chunks for i in r if i not in on_host]
-    total = kinds_forward(spec, hw, layout, work, _stage_groups(spec, chunks, on_host))
+    groups = _stage_groups(spec, chunks, on_host)
+    total = kinds_forward(spec, hw, layout, work, groups)
     if stage == 0:
         total = total + embedding_forward(spec, hw, work)
     if stage == layout.pp - 1:
@@ -143,7 +144,8 @@ def _stage_pass(
         spec, hw, layers, tokens=work.tokens, act_bytes=bytes_per_element(work.act_dtype),
         tp=group(layout.tp, 1, hw.gpus_per_node), ep=group(layout.ep, layout.expert_tp, hw.gpus_per_node),
     )
-    layer_ops_total = (sum(layer_ops(spec, wl, i, layout.tp) for i in layers)
+    # A layer's ops follow its kind (`layer_ops` reads the layer only through is_moe_layer): one per kind group.
+    layer_ops_total = (sum(layer_ops(spec, wl, first, layout.tp) * n for _, first, n in groups)
                        if wl.python_ops_per_layer_parts and not graphs else None)
     host = host_seconds(hw, wl, total, len(layers), stage == layout.pp - 1, graphs, layer_ops_total)
     # The kernels' GPU time hides the host's issuing; their fixed per-kernel cost does not (it

@@ -59,7 +59,7 @@ def marlin_expert_padding(spec: ModelSpec | None) -> float:
 def weight_storage_dtype(quantization: Quantization) -> DType | None:
     if quantization.is_gguf or quantization is Quantization.NF4:
         return DType.INT4 if quantization is Quantization.NF4 else None  # mixed: see gguf.py
-    if quantization in (Quantization.MXFP4, Quantization.MXFP4_MARLIN):
+    if quantization.is_mxfp4:
         return DType.FP4
     return {
         Quantization.NONE: None,
@@ -75,7 +75,7 @@ def is_quantized_tensor(w: WeightKind, quantization: Quantization | None = None)
     """Block linear weights are quantized; biases, norms, routers, embeddings and lm_head are not.
     MXFP4 (gpt-oss as shipped) holds only the routed experts' weights in 4 bits."""
     linear = w.component in _QUANTIZABLE and len(w.shape) == 2 and w.name.endswith(".weight")
-    if quantization in (Quantization.MXFP4, Quantization.MXFP4_MARLIN):
+    if quantization is not None and quantization.is_mxfp4:
         return linear and w.routed_expert
     return linear
 

@@ -61,6 +61,11 @@ class Quantization(str, Enum):
     def is_gguf(self) -> bool:
         return self._value_ in GGUF_VALUES  # `_value_`: `value` goes through a slow descriptor
 
+    @property
+    def is_mxfp4(self) -> bool:
+        """gpt-oss's MXFP4 experts, as shipped or as vLLM's Marlin kernel holds them."""
+        return self._value_ in ("mxfp4", "mxfp4_marlin")
+
 
 GGUF_VALUES = frozenset({"q2_k", "q3_k_m", "q4_0", "q4_k_m", "q5_k_m", "q6_k", "q8_0", "iq4_xs"})
 

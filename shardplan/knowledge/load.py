@@ -63,8 +63,7 @@ def engine_rules(engine: str = DEFAULT_ENGINE, version: str | None = None) -> En
     return EngineRules(engine=f.engine, display_name=f.display_name, version=chosen, era=era,
                        fraction_name=f.fraction_name, multimodal=multimodal, offload=offload,
                        weight_formats=tuple(f.weight_formats), kv_block_formats=tuple(f.kv_block_formats),
-                       checkpoint_formats=tuple((c.format, c.source) for c in f.checkpoint_formats
-                                                if parse_version(c.min_version) <= v),
+                       checkpoint_formats=tuple(c for c in f.checkpoint_formats if parse_version(c.min_version) <= v),
                        kv_block_formats_source=f.kv_block_formats_source)
 
 

@@ -354,10 +354,17 @@ class CheckpointFormat(BaseModel):
     format: Literal["mxfp4"] = Field(description="shardplan's name for it (--quantization)")
     min_version: str = Field(description="first release that runs it")
     source: str = Field(description="where the support and its first release come from")
+    without_fp4_tensor_cores: Literal["mxfp4_marlin"] | None = Field(
+        None, description="the layout it holds the weights in on GPUs without FP4 tensor cores (the profile has no fp4 "
+                          "peak); null: as shipped")
+    without_fp4_tensor_cores_source: str = Field("", description="where that layout comes from, with what it was "
+                                                                 "measured against")
 
     @model_validator(mode="after")
     def _check(self) -> "CheckpointFormat":
         parse_version(self.min_version)
+        if self.without_fp4_tensor_cores is not None and not self.without_fp4_tensor_cores_source:
+            raise ValueError("without_fp4_tensor_cores needs without_fp4_tensor_cores_source")
         return self
 
 
@@ -414,7 +421,7 @@ class EngineRules(Frozen):
     multimodal: MultimodalEra | None = None  # how it profiles a vision encoder; None: not modelled for it
     offload: OffloadEra | None = None  # how it runs offloaded weights; None: it cannot offload
     weight_formats: tuple[str, ...] = ("fp8", "int8", "int4", "awq", "gptq")  # quantized formats it loads
-    checkpoint_formats: tuple[tuple[str, str], ...] = ()  # (format, source) it runs as a checkpoint ships it, here
+    checkpoint_formats: tuple[CheckpointFormat, ...] = ()  # formats it runs as a checkpoint ships them, at this version
     kv_block_formats: tuple[str, ...] = ()  # ggml block formats its KV cache takes (llama.cpp: q8_0, q4_0)
     kv_block_formats_source: str = ""  # the rule, with its source, printed as an assumption when one is used
 
