@@ -78,9 +78,9 @@ def _pool_rate(spec: ModelSpec, hw: HardwareProfile, tp: int, wl: InferenceWorkl
     step = StepModel(spec, hw, layout, w, w.max_num_batched_tokens, w.max_num_seqs)
     mean_in = w.input_len if traffic_load.lengths is None else traffic_load.lengths.mean_input_tokens
     mean_out = w.output_len if traffic_load.lengths is None else traffic_load.lengths.mean_output_tokens
-    slots = max(1, min(w.max_num_seqs, int(sm.kv_capacity_tokens // max(1, mean_in + mean_out))))
+    slots = max(1, min(w.max_num_seqs, sm.kv_account.sequences_held(mean_in + mean_out)))
     n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
-    point = best_rate(step, w, sm.kv_capacity_tokens, sla, n, first_token_sent=decode_pool)
+    point = best_rate(step, w, sm.kv_account, sla, n, first_token_sent=decode_pool)
     return 0.0 if point is None else point.request_rate_per_second
 
 

@@ -156,7 +156,7 @@ def estimate(
 
 
 def _load(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: Any) -> LoadReport:
-    f = load_figures(spec, hw, layout, wl, sm.kv_capacity_tokens)
+    f = load_figures(spec, hw, layout, wl, sm.kv_account)
     r, load = f.replica, wl.load
     assert load is not None  # checked by the caller
     reqs = requests_for(wl, load, max(1, r.num_requests))
@@ -199,7 +199,7 @@ def _training_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Tra
 def _serving_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: Any) -> ServingTimeReport:
     # The batch: as asked, else the most sequences of input_len + output_len the KV cache holds.
     ctx = wl.input_len + wl.output_len + lookahead_tokens(wl.speculative)  # K lookahead slots per sequence
-    fit_batch = int(sm.kv_capacity_tokens // ctx)
+    fit_batch = sm.kv_account.sequences_held(ctx)
     limit = max(0, min(fit_batch, wl.max_num_seqs))
     batch = wl.batch_size if wl.batch_size is not None else max(1, limit)
     t = serving_time(spec, hw, layout, wl, batch)

@@ -68,3 +68,32 @@ def kv_cache_bytes_per_sequence(spec: ModelSpec, num_tokens: int, bytes_per_elem
     kv = sum(kv_tokens_kept(spec, i, num_tokens) for i in range(spec.num_layers)) * per_token * bytes_per_element
     state_elt = bytes_per_element if state_bytes_per_element is None else state_bytes_per_element
     return kv + linear_state_elements_per_sequence(spec) * state_elt
+
+
+def vllm_kv_cache_groups(num_full_layers: int, num_sliding_layers: int) -> tuple[int, int, int]:
+    """vLLM V1's hybrid KV cache groups: (layers per group, full-attention groups, sliding-window groups).
+
+    Each attention type is split into groups of the same size, the smaller type's layer count, the
+    last group of a type padded with empty layers: Gemma 3 27B's 10 full and 52 sliding layers
+    make groups of 10, one full and six sliding (the last of 2 layers + 8 padding)
+    (vllm/v1/core/kv_cache_utils.py `_get_kv_cache_config_uniform_page_size` at v0.9.1 lines
+    825-836; `_get_kv_cache_groups_uniform_page_size` at v0.11.0 lines 977-1001). From 0.12.0
+    the larger count is the group size when it is under 1.25x (1.5x from 0.18.0) the smaller
+    (one group per type, the smaller padded): not modelled, it only differs when the counts are
+    that close but unequal (a drafter's extra layer)."""
+    counts = [n for n in (num_full_layers, num_sliding_layers) if n > 0]
+    if not counts:
+        return 0, 0, 0
+    size = min(counts)
+    return size, -(-num_full_layers // size), -(-num_sliding_layers // size)
+
+
+def sliding_window_blocks_per_request(sliding_window: int, max_len: int, batched_tokens: int, block_size: int) -> int:
+    """Blocks one request of `max_len` tokens holds in a sliding-window layer at most: the last
+    window - 1 computed tokens plus a chunk of up to `batched_tokens` new ones, never more than
+    max_len, plus one block because the window need not start at a block boundary
+    (vllm/v1/kv_cache_interface.py SlidingWindowSpec.max_memory_usage_bytes, v0.9.1 lines
+    138-154; the same sum in max_admission_blocks_per_request at v0.21.0 lines 443-463; later
+    releases (0.33.0) count max_concurrent_batches x batched_tokens, two with async scheduling)."""
+    num_tokens = min(sliding_window - 1 + batched_tokens, max_len)
+    return -(-num_tokens // block_size) + 1

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardplan.cost.breakdown import MemoryBreakdown, RankMemory
-from shardplan.cost.kv import kv_elements_per_token_per_layer
+from shardplan.cost.kv import kv_elements_per_token_per_layer, sliding_window_blocks_per_request, vllm_kv_cache_groups
 from shardplan.cost.layout import Layout
 from shardplan.cost import speculative as spec_decode
 from shardplan.cost.offload import offload_memory
@@ -214,11 +214,117 @@ def draft_profile_peak_bytes(spec: ModelSpec, draft: ModelSpec, layout: Layout, 
 
 
 @dataclass(frozen=True)
+class KvAccount:
+    """The KV cache as a running request draws on it (the serving simulation's capacity).
+
+    A request holding t tokens takes t + window_charge x min(t, window_tokens) of `capacity_tokens`:
+    with vLLM's hybrid manager the pool's blocks serve full-attention and sliding-window groups
+    alike, each full group a block per block_size tokens and each sliding group only the blocks its
+    window still covers (SlidingWindowManager.remove_skipped_blocks frees the rest), so in units of
+    a full group's tokens a sliding group costs window_charge = sliding groups / full groups per
+    token, up to the window plus the block it may straddle. Without sliding groups charged apart
+    (window_charge 0) every token costs one."""
+
+    capacity_tokens: int
+    window_tokens: int = 0
+    window_charge: float = 0.0
+
+    def tokens_charged(self, held_tokens: float) -> float:
+        return held_tokens + self.window_charge * min(held_tokens, self.window_tokens)
+
+    def sequences_held(self, held_tokens: float) -> int:
+        """How many requests of `held_tokens` tokens the cache holds at once."""
+        return int(self.capacity_tokens // max(1.0, self.tokens_charged(held_tokens)))
+
+    def equivalent_tokens(self, held_tokens: float) -> float:
+        """The capacity in plain tokens for requests of `held_tokens` tokens (each costing one a token)."""
+        if not self.window_charge:
+            return float(self.capacity_tokens)
+        return self.capacity_tokens * held_tokens / max(1.0, self.tokens_charged(held_tokens))
+
+
+@dataclass(frozen=True)
+class KvPool:
+    """One rank's KV pool as vLLM sizes and logs it (`vllm_kv_pool`)."""
+
+    tokens: int  # what 'GPU KV cache size: N tokens' prints
+    account: KvAccount  # what running requests draw on
+    blocks: int  # blocks in the pool (num_gpu_blocks)
+    bytes_per_sequence: float  # what one max_model_len request reserves in the pool, padding included
+    needed_bytes: float  # V1's start-up check: one max_model_len request's KV over this rank's layers
+    concurrency: float  # max_model_len requests the pool holds ('Maximum concurrency ...: Xx')
+    concurrency_running: float  # the same with the speculative lookahead slots
+
+
+def vllm_kv_pool(spec: ModelSpec, wl: InferenceWorkload, kv_layers: Sequence[int], per_layer_token: float,
+                 draft_tok_bytes: float, state_bytes: float, kv_bytes: float, max_len: int) -> KvPool:
+    """Blocks, logged tokens and concurrency of `kv_bytes` of KV on one rank holding `kv_layers`
+    (docs/research/vllm-hybrid-kv.md has the lines at each version):
+
+    hybrid (wl.hybrid_kv_cache, full and sliding-window layers): groups of `size` layers
+    (`vllm_kv_cache_groups`) share one pool of blocks = kv // (page x size), page = block_size x
+    KV bytes per token per layer; a request takes cdiv(L, block) blocks in each full group and
+    `sliding_window_blocks_per_request` in each sliding group; concurrency = blocks / that sum;
+    the log prints blocks // groups x block_size (<= 0.20) or int(concurrency x L) (>= 0.21).
+    Every layer sliding (Mistral v0.1) is one group of sliding layers.
+    Otherwise every layer holds the whole sequence: blocks = kv // (block_size x KV bytes per token).
+    V1's start-up check (check_enough_kv_cache_memory) counts each layer by its own spec, the
+    sliding ones by their window, in every V1 release (it runs before the specs are unified)."""
+    bs = wl.block_size
+    full_blocks = math.ceil(max_len / bs)
+    extra = math.ceil((max_len + spec_decode.lookahead_tokens(wl.speculative)) / bs) - full_blocks
+    sliding = [i for i in kv_layers if spec.is_sliding_layer(i)]
+    num_full = len(kv_layers) - len(sliding)
+    sw_blocks = (sliding_window_blocks_per_request(spec.sliding_window, max_len, wl.max_num_batched_tokens, bs)
+                 if sliding and spec.sliding_window is not None else full_blocks)
+    page = bs * per_layer_token
+    tok_bytes = per_layer_token * len(kv_layers) + draft_tok_bytes
+    needed = (num_full * full_blocks + len(sliding) * sw_blocks) * page + full_blocks * bs * draft_tok_bytes + state_bytes
+    if kv_bytes <= 0:
+        return KvPool(0, KvAccount(0), 0, needed, needed, 0.0, 0.0)
+    if tok_bytes == 0:
+        return KvPool(0, KvAccount(0), 0, needed, needed, math.inf, math.inf)
+    pooled = wl.hybrid_kv_cache and sliding and not draft_tok_bytes and not state_bytes
+    if pooled:
+        kv_all = [i for i in range(spec.num_layers) if not spec.is_linear_attention_layer(i)]
+        all_sliding = sum(spec.is_sliding_layer(i) for i in kv_all)
+        _, num_full_groups, num_sliding_groups = vllm_kv_cache_groups(len(kv_all) - all_sliding, all_sliding)
+        # This rank's layers of each group (vLLM deals a type's layers round-robin over its groups).
+        size = max(math.ceil(num_full / num_full_groups) if num_full_groups else 0,
+                   math.ceil(len(sliding) / num_sliding_groups))
+        blocks = int(kv_bytes // (page * size))
+        per_request = num_full_groups * full_blocks + num_sliding_groups * sw_blocks
+        conc = blocks / per_request
+        conc_running = blocks / (per_request + (num_full_groups + num_sliding_groups) * extra)
+        seq_bytes = per_request * page * size
+        block_tokens = blocks // (num_full_groups + num_sliding_groups) * bs
+        if num_full_groups:
+            # At run time a sliding group keeps the blocks its window covers, the block it straddles too.
+            window = (math.ceil((spec.sliding_window - 1) / bs) + 1) * bs
+            account = KvAccount(blocks * bs // num_full_groups, window, num_sliding_groups / num_full_groups)
+        else:  # every layer slides (Mistral v0.1): each token charged, so long requests are over-charged
+            account = KvAccount(blocks * bs // num_sliding_groups)
+    else:
+        blocks = int(kv_bytes // (bs * tok_bytes))
+        seq_bytes = full_blocks * bs * tok_bytes + state_bytes
+        conc = kv_bytes / seq_bytes
+        conc_running = kv_bytes / (seq_bytes + extra * bs * tok_bytes)
+        block_tokens = blocks * bs
+        account = KvAccount(block_tokens)
+        if wl.kv_tokens_reported == "concurrency" and not state_bytes:
+            # get_max_concurrency_for_kv_cache_config counts whole blocks: blocks / cdiv(L, block).
+            return KvPool(int(blocks / full_blocks * max_len), account, blocks, seq_bytes, needed, conc, conc_running)
+    tokens = int(conc * max_len) if wl.kv_tokens_reported == "concurrency" else block_tokens
+    return KvPool(tokens, account, blocks, seq_bytes, needed, conc, conc_running)
+
+
+@dataclass(frozen=True)
 class ServingMemory:
     ranks: list[RankMemory]
     budget_bytes: float
     kv_bytes_per_token_per_rank: list[float]  # per stage
-    kv_capacity_tokens: int  # the minimum over ranks
+    kv_capacity_tokens: int  # the minimum over ranks, as the engine's log counts it
+    kv_account: KvAccount  # the binding rank's cache as running requests draw on it (the simulation's)
     kv_num_blocks: int
     max_model_len: int
     kv_bytes_per_sequence: float  # the binding rank's bytes for one max_model_len sequence
@@ -263,8 +369,7 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     ranks: list[RankMemory] = []
     per_token: list[float] = []
     reasons: list[str] = []
-    # tokens, blocks, per-seq bytes, concurrency at start-up, concurrency with the lookahead slots
-    capacities: list[tuple[int, int, float, float, float]] = []
+    capacities: list[tuple[KvPool, float]] = []  # each stage's pool and its KV bytes
     off = offload_memory(spec, layout, wl)  # one stage when offloading (validate_layout)
     for stage in range(layout.pp):
         w = stage_weights(spec, layout, stage, quantization=wl.quantization, dense_dtype=dense_dtype)
@@ -304,33 +409,16 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
                     f"({n_ctx * tok_bytes / BYTES_PER_GIB:.2f} GiB) but {max(kv_bytes, 0.0) / BYTES_PER_GIB:.2f} GiB "
                     f"remain beside the weights, compute buffer and overhead; lower the context or offload more layers")
             kv_bytes = n_ctx * tok_bytes
-        # One max_model_len sequence: a sliding-window layer keeps window + one block of tokens.
-        seq_tokens = sum(
-            min(max_len, spec.sliding_window + wl.block_size) if spec.is_sliding_layer(i) else max_len for i in kv_layers
-        )
-        seq_bytes = math.ceil(seq_tokens / max(1, len(kv_layers)) / wl.block_size) * wl.block_size * per_layer_token * len(kv_layers)
-        seq_bytes += linear_state_bytes_per_sequence_per_rank(spec, w.layers, layout.tp, kv_elt)
-        seq_bytes += math.ceil(max_len / wl.block_size) * wl.block_size * draft_tok_bytes  # the draft's layers: full attention
-        # Running, a sequence also holds K lookahead slots (the start-up check counts max_model_len only).
-        lookahead = spec_decode.lookahead_tokens(wl.speculative)
-        extra_blocks = math.ceil((max_len + lookahead) / wl.block_size) - math.ceil(max_len / wl.block_size)
-        seq_bytes_running = seq_bytes + extra_blocks * wl.block_size * tok_bytes
+        state_bytes = linear_state_bytes_per_sequence_per_rank(spec, w.layers, layout.tp, kv_elt)
         if wl.accounting == "fixed_context":
             # The cache is the context asked for, wherever its layers live (on the host for layers the
             # CPU runs): n_ctx cells, max_num_seqs slots of max_model_len (padded) each.
-            blocks, tokens = n_ctx // wl.block_size, n_ctx
-            conc = conc_running = n_ctx / (math.ceil(max_len / wl.block_size) * wl.block_size)
-        elif kv_bytes <= 0:
-            blocks, tokens, conc, conc_running = 0, 0, 0.0, 0.0
-        elif tok_bytes == 0:
-            blocks, tokens, conc, conc_running = 0, 0, math.inf, math.inf
+            seq_bytes = math.ceil(max_len / wl.block_size) * wl.block_size * tok_bytes + state_bytes
+            conc = n_ctx / (math.ceil(max_len / wl.block_size) * wl.block_size)
+            pool = KvPool(n_ctx, KvAccount(n_ctx), n_ctx // wl.block_size, seq_bytes, seq_bytes, conc, conc)
         else:
-            blocks = int(kv_bytes // (wl.block_size * tok_bytes))
-            conc = kv_bytes / seq_bytes
-            conc_running = kv_bytes / seq_bytes_running
-            hybrid = spec.sliding_window is not None
-            tokens = int(conc * max_len) if hybrid else blocks * wl.block_size
-        capacities.append((tokens, blocks, seq_bytes, conc, conc_running))
+            pool = vllm_kv_pool(spec, wl, kv_layers, per_layer_token, draft_tok_bytes, state_bytes, kv_bytes, max_len)
+        capacities.append((pool, kv_bytes))
         kv_alloc = max(kv_bytes, 0.0)
         breakdown = MemoryBreakdown(weights=weights, kv_cache=kv_alloc, activations=act, overhead=overhead)
         detail = {f"weights.{k}": v for k, v in w.bytes_by_component.items()}
@@ -376,10 +464,12 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         if nvme > hw.nvme_capacity_bytes_per_node:
             reasons.append(f"the offloaded weights need {nvme / BYTES_PER_GIB:.1f} GiB of NVMe per node, more than the "
                            f"profile's {hw.nvme_capacity_bytes_per_node / BYTES_PER_GIB:.0f} GiB")
-    binding = min(range(len(capacities)), key=lambda i: capacities[i][3])
-    _, _, seq_bytes, conc, conc_running = capacities[binding]
-    tokens_min = min(c[0] for c in capacities)
-    blocks_min = min(c[1] for c in capacities)
+    binding = min(capacities, key=lambda c: c[0].concurrency)[0]
+    seq_bytes, conc, conc_running = binding.bytes_per_sequence, binding.concurrency, binding.concurrency_running
+    short = [c for c in capacities if c[0].needed_bytes > c[1] > 0]  # V1 checks every worker
+    tokens_min = min(c[0].tokens for c in capacities)
+    blocks_min = min(c[0].blocks for c in capacities)
+    account = min((c[0].account for c in capacities), key=lambda a: a.capacity_tokens)
     if not reasons and wl.refusal == "tokens" and tokens_min < max_len:
         reasons.append(
             f"The model's max seq len ({max_len}) is larger than the maximum number of tokens that can be stored in "
@@ -391,12 +481,12 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
             f"max_total_tokens ({max_len}) is more than the {tokens_min} tokens the KV cache holds after the warm-up: "
             f"the router refuses to start (NotEnoughMemory); lower --max-total-tokens or raise --cuda-memory-fraction"
         )
-    if not reasons and wl.refusal == "bytes" and conc < 1:
-        kv_avail = ranks[binding].breakdown.kv_cache
-        est_len = int(max_len * conc) // wl.block_size * wl.block_size
+    if not reasons and wl.refusal == "bytes" and short:
+        need_bytes, kv_avail = short[0][0].needed_bytes, short[0][1]
+        est_len = int(max_len * kv_avail / need_bytes) // wl.block_size * wl.block_size
         reasons.append(
             f"To serve at least one request with the model's max seq len ({max_len}), "
-            f"{seq_bytes / BYTES_PER_GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache "
+            f"{need_bytes / BYTES_PER_GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache "
             f"memory ({kv_avail / BYTES_PER_GIB:.2f} GiB). Based on the available memory, the estimated maximum "
             f"model length is {est_len}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
             f"when initializing the engine."
@@ -421,6 +511,7 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         budget_bytes=budget,
         kv_bytes_per_token_per_rank=per_token,
         kv_capacity_tokens=tokens_min,
+        kv_account=account,
         kv_num_blocks=blocks_min,
         max_model_len=max_len,
         kv_bytes_per_sequence=seq_bytes,

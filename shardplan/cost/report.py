@@ -121,6 +121,11 @@ class InferenceWorkloadReport(Frozen):
     admission: list[float] | None = Field(None, description="admission reserve: initial ratio, floor factor, decay "
                                                             "steps, output clip in tokens (SGLang new_token_ratio)")
     admit_after_preemption: bool = Field(True, description="a step that preempted still admits waiting requests (false: vLLM V1)")
+    hybrid_kv_cache: bool = Field(False, description="sliding-window layers hold only their window's KV blocks per request "
+                                                     "(vLLM V1's hybrid KV cache manager)")
+    kv_tokens_reported: str = Field("blocks", description="what the logged KV cache size counts: blocks (blocks per KV "
+                                                          "cache group x block size) or concurrency (max concurrency x "
+                                                          "max_model_len)")
 
 
 class TrainingWorkloadReport(Frozen):

@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from shardplan.cost.layout import Layout
-from shardplan.cost.memory_serving import serving_memory
+from shardplan.cost.memory_serving import KvAccount, serving_memory
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.workload import InferenceWorkload
 from shardplan.specs.hardware import HardwareProfile
@@ -81,6 +81,10 @@ class Scheduler:
     kv_capacity_tokens: int
     admission: tuple[float, float, int, int] | None = None  # (initial ratio, floor factor, decay steps, output clip)
     admit_after_preemption: bool = True  # False: a step that preempted admits no waiting request (vLLM V1)
+    # A request holding t tokens takes t + window_charge x min(t, window_tokens) of the capacity
+    # (memory_serving.KvAccount: vLLM's sliding-window groups beside its full-attention ones).
+    window_tokens: int = 0
+    window_charge: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,7 @@ def arrival_times(traffic: Traffic) -> list[float]:
 
 class _Request:
     __slots__ = ("i", "prompt", "output", "sent", "computed", "target", "generated", "first_token", "decode_from",
-                 "generated_at_decode", "done", "epoch")
+                 "generated_at_decode", "done", "epoch", "inside")
 
     def __init__(self, i: int, prompt: int, output: int, sent: float) -> None:
         self.i, self.prompt, self.output, self.sent = i, prompt, output, sent
@@ -155,6 +159,7 @@ class _Request:
         self.generated_at_decode = 0
         self.done = math.nan
         self.epoch = 0  # bumped by each preemption: heap entries of an older epoch are stale
+        self.inside = False  # decoding with fewer tokens than the sliding window holds (its window groups grow)
 
 
 class SlaBroken(Exception):
@@ -205,6 +210,18 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         decay = (ratio - floor) / decay_steps
         initial = ratio
     finished = refused = 0
+    # The sliding-window groups' share (Scheduler.window_*): `slide` is the sum over running requests of
+    # window_charge x min(held, window); `inside` counts the decoding requests still short of the
+    # window, whose share grows with each token; `cross_heap` holds the decode step at which each
+    # reaches it (then the growth of its last step past the window is taken back).
+    charge, window = sched.window_charge, sched.window_tokens
+    windowed = charge > 0
+    if windowed and sched.admission is not None:
+        raise ValueError("a sliding-window cache with an admission reserve is not modelled")
+    slide = 0.0
+    inside = 0
+    step_held = 0.0  # what this step has allocated so far (decode slots, prompt chunks): admissions see the rest
+    cross_heap: list[tuple[int, int, int]] = []
 
     last_free = 0.0  # when a concurrency slot last freed: a capped client sends its next request then
 
@@ -225,16 +242,24 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
 
     def preempt_last() -> bool:
         """Free the latest admitted request's cache; it waits at the head of the queue to be recomputed."""
-        nonlocal decoding, used, remaining_out, preemptions
+        nonlocal decoding, used, remaining_out, preemptions, slide, inside
         if not running:
             return False
         _, r = running.popitem()
         if r in prefilling:
             prefilling.remove(r)
             used -= r.computed
+            if windowed:
+                slide -= charge * min(r.computed, window)
         else:
             grown = per_step * (decode_steps - r.decode_from)  # KV tokens its decode steps added
-            used -= r.prompt + r.generated_at_decode - 1 + grown
+            held = r.prompt + r.generated_at_decode - 1 + grown
+            used -= held
+            if windowed:
+                slide -= charge * min(held, window)
+                if r.inside:
+                    r.inside = False
+                    inside -= 1
             r.generated = min(r.output - 1, r.generated_at_decode + int(grown))
             decoding -= 1
         remaining_out -= out_left(r)
@@ -251,7 +276,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
 
     def sampled_done(r: _Request, t: float) -> None:
         """The step ending at `t` computed the last of `r`'s target: it samples a token."""
-        nonlocal decoding
+        nonlocal decoding, inside
         r.generated += 1
         if r.generated == 1:
             r.first_token = t
@@ -264,6 +289,11 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         decoding += 1
         # Each decode step yields per_step tokens (1, or E with speculative decoding).
         heapq.heappush(finish_heap, (decode_steps + math.ceil((r.output - r.generated) / per_step - 1e-9), r.epoch, r.i))
+        if windowed and r.prompt + r.generated - 1 < window:
+            r.inside = True
+            inside += 1
+            short = window - (r.prompt + r.generated - 1)
+            heapq.heappush(cross_heap, (decode_steps + math.ceil(short / per_step - 1e-9), r.epoch, r.i))
 
     def count_broken() -> None:
         nonlocal broken
@@ -272,7 +302,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             raise SlaBroken
 
     def finish(r: _Request, t: float) -> None:
-        nonlocal used, finished, in_flight, last_free
+        nonlocal used, finished, in_flight, last_free, slide, inside
         r.done = t
         if (give_up is not None and give_up.tpot_seconds is not None and r.output > 1
                 and (t - r.first_token) / (r.output - 1) > give_up.tpot_seconds):
@@ -281,7 +311,13 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         running.pop(r.i, None)
         # What it holds: its prompt, the tokens up to its first decode step, and what its decode steps
         # added (its reserve was drawn down by the same steps).
-        used -= r.prompt + r.generated_at_decode - 1 + per_step * (decode_steps - r.decode_from)
+        held = r.prompt + r.generated_at_decode - 1 + per_step * (decode_steps - r.decode_from)
+        used -= held
+        if windowed:
+            slide -= charge * min(held, window)
+            if r.inside:
+                r.inside = False
+                inside -= 1
         finished += 1
         in_flight -= 1
         last_free = t
@@ -295,14 +331,18 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         last_free = now
 
     def reserve_ok(r: _Request, chunk: int) -> bool:
+        """Whether the cache, less what this step already allocated (`step_held`), holds r's first chunk."""
         if sched.admission is None:
-            return used + chunk + admit_cost(r) <= capacity
-        return used + r.target - r.computed + ratio * (remaining_out + out_left(r)) <= capacity
+            if windowed:  # a waiting request holds nothing yet
+                return (used + slide + step_held + chunk + admit_cost(r) + charge * min(chunk + admit_cost(r), window)
+                        <= capacity)
+            return used + step_held + chunk + admit_cost(r) <= capacity
+        return used + step_held + r.target - r.computed + ratio * (remaining_out + out_left(r)) <= capacity
 
     def admit_waiting(left: int, chunks: list[tuple[_Request, int]]) -> None:
         """Admit waiting requests in order while the budget, the sequence limit and the cache (or
         its admission reserve) allow, each with its first prompt chunk (prefix hits already held)."""
-        nonlocal used, remaining_out
+        nonlocal used, remaining_out, slide, step_held
         while waiting and left > 0 and len(running) < sched.max_num_seqs:
             r = waiting[0]
             start = admit_cost(r)
@@ -314,10 +354,13 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             running[r.i] = r
             r.computed += start
             used += start
+            if windowed:
+                slide += charge * min(start, window)
             remaining_out += out_left(r)
             prefilling.append(r)
             chunks.append((r, c))
             left -= c
+            step_held += c + (charge * (min(start + c, window) - min(start, window)) if windowed else 0.0)
 
     quiet_ok = model.width == 1  # speculative steps add the drafts' passes: stepped one by one
     send_ready()
@@ -341,14 +384,30 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             fixed, a_kv, per_seq = model.decode_terms(decoding)
             grow = decoding * per_step
             taken = 0
-            while decode_steps + 1 < stop and now < nxt and used + decoding <= capacity:
-                now += fixed + a_kv * used + per_seq
-                decode_steps += 1
-                used += grow
-                remaining_out -= grow
-                taken += 1
-                if sched.admission is not None:
-                    ratio = max(ratio - decay, floor)
+            if windowed:
+                while cross_heap and (cross_heap[0][1] != reqs[cross_heap[0][2]].epoch
+                                      or not reqs[cross_heap[0][2]].inside):
+                    heapq.heappop(cross_heap)  # stale: finished or preempted before it reached the window
+                if cross_heap:
+                    stop = min(stop, cross_heap[0][0])
+                slide_grow = charge * inside * per_step
+                while (decode_steps + 1 < stop and now < nxt
+                       and used + slide + decoding + charge * inside <= capacity):
+                    now += fixed + a_kv * used + per_seq
+                    decode_steps += 1
+                    used += grow
+                    slide += slide_grow
+                    remaining_out -= grow
+                    taken += 1
+            else:
+                while decode_steps + 1 < stop and now < nxt and used + decoding <= capacity:
+                    now += fixed + a_kv * used + per_seq
+                    decode_steps += 1
+                    used += grow
+                    remaining_out -= grow
+                    taken += 1
+                    if sched.admission is not None:
+                        ratio = max(ratio - decay, floor)
             if taken:
                 steps += taken
                 decode_batch_sum += decoding * taken
@@ -362,22 +421,27 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         step_decoding = 0
         if sched.schedule == "mixed":
             preempted = False
-            while decoding and used + decoding > capacity and preempt_last():
+            while decoding and used + slide + decoding + charge * inside > capacity and preempt_last():
                 preempted = True
             step_decoding = decoding
+            # As the engine allocates them: the decoding requests' slots first, then each chunk in turn.
+            step_held = decoding + charge * inside
             left = budget - step_decoding
             for r in list(prefilling) if prefilling else ():
                 if left <= 0:
                     break
                 c = min(r.target - r.computed, left) if sched.chunked_prefill else r.target - r.computed
-                if c > left or used + c > capacity:
+                grown = charge * (min(r.computed + c, window) - min(r.computed, window)) if windowed else 0.0
+                if c > left or used + slide + step_held + c + grown > capacity:
                     break
                 chunks.append((r, c))
                 left -= c
+                step_held += c + grown
             if waiting and (sched.admit_after_preemption or not preempted):
                 admit_waiting(left, chunks)
         elif sched.schedule == "prefill_first" or sched.schedule == "static":
             static_busy = sched.schedule == "static" and bool(running) and not prefilling
+            step_held = 0.0
             if not static_busy:
                 left = budget
                 for r in list(prefilling):
@@ -386,9 +450,10 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                         break
                     chunks.append((r, c))
                     left -= c
+                    step_held += c
                 admit_waiting(left, chunks)
             if not chunks:
-                while decoding and used + decoding > capacity and preempt_last():
+                while decoding and used + slide + decoding + charge * inside > capacity and preempt_last():
                     if sched.admission is not None:
                         ratio = initial
                 step_decoding = decoding
@@ -404,6 +469,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                 if r in prefilling:
                     prefilling.remove(r)
                 used -= r.computed
+                if windowed:
+                    slide -= charge * min(r.computed, window)
                 refuse(r)
             else:
                 refuse(waiting.popleft())
@@ -422,6 +489,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         steps += 1
         peak = max(peak, len(running))
         for r, c in chunks:
+            if windowed:
+                slide += charge * (min(r.computed + c, window) - min(r.computed, window))
             r.computed += c
             used += c
         if step_decoding:
@@ -431,6 +500,18 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             decode_batch_sum += step_decoding
             if sched.admission is not None:
                 ratio = max(ratio - decay, floor)
+            if windowed:
+                slide += charge * inside * per_step
+                while cross_heap and cross_heap[0][0] <= decode_steps:
+                    _, epoch, i = heapq.heappop(cross_heap)
+                    r = reqs[i]
+                    if epoch != r.epoch or not r.inside:
+                        continue
+                    # It reached the window in this step: its share stops at the window.
+                    r.inside = False
+                    inside -= 1
+                    held = r.prompt + r.generated_at_decode - 1 + per_step * (decode_steps - r.decode_from)
+                    slide -= charge * (held - window)
             while finish_heap and finish_heap[0][0] <= decode_steps:
                 _, epoch, i = heapq.heappop(finish_heap)
                 r = reqs[i]
@@ -472,20 +553,22 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     )
 
 
-def scheduler_for(wl: InferenceWorkload, kv_capacity_tokens: int) -> Scheduler:
-    """The engine's scheduler for a replica whose cache holds `kv_capacity_tokens`."""
+def scheduler_for(wl: InferenceWorkload, kv: KvAccount | int) -> Scheduler:
+    """The engine's scheduler for a replica whose cache is `kv` (an int: that many tokens, each costing one)."""
+    if not isinstance(kv, KvAccount):
+        kv = KvAccount(kv)
     # Without chunked prefill prompts go whole and first (vLLM V0 _schedule_default, SGLang with -1).
     schedule = wl.schedule if wl.chunked_prefill or wl.schedule == "static" else "prefill_first"
     return Scheduler(schedule=schedule, max_num_seqs=wl.max_num_seqs, max_num_batched_tokens=wl.max_num_batched_tokens,
-                     chunked_prefill=wl.chunked_prefill, kv_capacity_tokens=kv_capacity_tokens, admission=wl.admission,
-                     admit_after_preemption=wl.admit_after_preemption)
-
+                     chunked_prefill=wl.chunked_prefill, kv_capacity_tokens=kv.capacity_tokens, admission=wl.admission,
+                     admit_after_preemption=wl.admit_after_preemption, window_tokens=kv.window_tokens,
+                     window_charge=kv.window_charge)
 
 def serve_traffic(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, traffic: Traffic,
-                  kv_capacity_tokens: int | None = None) -> LoadResult:
-    """One replica of `layout` serving `traffic` under its engine's scheduler (None: the KV capacity
+                  kv: KvAccount | int | None = None) -> LoadResult:
+    """One replica of `layout` serving `traffic` under its engine's scheduler (None: the KV cache
     from the engine's start-up arithmetic, `serving_memory`)."""
-    if kv_capacity_tokens is None:
-        kv_capacity_tokens = serving_memory(spec, hw, layout, wl).kv_capacity_tokens
+    if kv is None:
+        kv = serving_memory(spec, hw, layout, wl).kv_account
     model = StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
-    return simulate(model, scheduler_for(wl, kv_capacity_tokens), traffic)
+    return simulate(model, scheduler_for(wl, kv), traffic)

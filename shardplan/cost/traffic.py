@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, replace
 
 from shardplan.cost.layout import Layout
+from shardplan.cost.memory_serving import KvAccount
 from shardplan.cost.serving_load import GiveUp, LoadResult, SlaBroken, Traffic, scheduler_for, simulate
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.workload import InferenceWorkload, ServingLoad
@@ -50,7 +51,7 @@ def requests_for(wl: InferenceWorkload, load: ServingLoad, num: int) -> tuple[tu
     return tuple(load.lengths.sample(num, load.seed))
 
 
-def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, kv_capacity_tokens: int,
+def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, kv: KvAccount | int,
                  *, model: StepModel | None = None) -> LoadFigures:
     """The plan of `layout` under `wl.load` (which must be set)."""
     load = wl.load
@@ -62,7 +63,7 @@ def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infer
     rate = load.request_rate_per_second / replicas  # spread evenly over the replicas (module docstring)
     conc = None if load.max_concurrency is None else max(1, math.ceil(load.max_concurrency / replicas))
     step = model or StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
-    sched = scheduler_for(wl, kv_capacity_tokens)
+    sched = scheduler_for(wl, kv)
     traffic = Traffic(requests=reqs, request_rate_per_second=rate, poisson=load.poisson, max_concurrency=conc,
                       prefix_cache_hit_fraction=load.prefix_cache_hit_fraction, seed=load.seed)
     result = simulate(step, sched, traffic)
@@ -138,13 +139,13 @@ def _traffic(wl: InferenceWorkload, load: ServingLoad, num: int, *, rate: float,
                    first_token_sent=first_token_sent)
 
 
-def best_concurrency(step: StepModel, wl: InferenceWorkload, kv_capacity_tokens: int, sla: Sla,
+def best_concurrency(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: Sla,
                      most: int) -> OperatingPoint | None:
     """The largest number of requests in flight per replica (at most `most`) whose figures meet
     the SLA, found by bisection (latency grows with the requests in flight); None when even one
     request at a time breaks it."""
     load = wl.load or ServingLoad()
-    sched = scheduler_for(wl, kv_capacity_tokens)
+    sched = scheduler_for(wl, kv)
 
     def run(c: int) -> LoadResult:
         n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, SEARCH_REQUESTS_PER_SLOT * c))
@@ -168,12 +169,12 @@ def best_concurrency(step: StepModel, wl: InferenceWorkload, kv_capacity_tokens:
     return best
 
 
-def best_rate(step: StepModel, wl: InferenceWorkload, kv_capacity_tokens: int, sla: Sla,
+def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: Sla,
               num_requests: int = SEARCH_REQUESTS_MAX, first_token_sent: bool = False) -> OperatingPoint | None:
     """The highest request rate one replica sustains within the SLA (Poisson or even arrivals as
     the load says), by bisection below its saturation rate; None when none does."""
     load = wl.load or ServingLoad()
-    sched = scheduler_for(wl, kv_capacity_tokens)
+    sched = scheduler_for(wl, kv)
     # The rate it keeps up with every request waiting (its steady state, not the ramp and the drain
     # of a finite run): above it the queue, and with it TTFT, grows without bound.
     cap = simulate(step, sched, _traffic(wl, load, num_requests, rate=math.inf, conc=None)).steady_request_throughput_per_second

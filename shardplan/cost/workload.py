@@ -183,6 +183,12 @@ class InferenceWorkload:
     graphs_for_prompt_steps: bool = False
     admission: tuple[float, float, int, int] | None = None
     admit_after_preemption: bool = True  # False: a step that preempted admits no waiting request (vLLM V1)
+    # vLLM V1's hybrid KV cache manager (knowledge/engines/vllm.yaml hybrid_kv_cache; cost/memory_serving.py):
+    # sliding-window layers hold only their window's blocks per request; and what the logged
+    # "GPU KV cache size" counts: "blocks" (blocks per KV cache group x block_size) or "concurrency"
+    # (max concurrency x max_model_len, vLLM >= 0.21).
+    hybrid_kv_cache: bool = False
+    kv_tokens_reported: str = "blocks"
     load: ServingLoad | None = None  # traffic to judge the plan under (continuous batching); None: static batch only
 
 

@@ -204,6 +204,14 @@ class EngineEra(Frozen):
         True, description="a step that preempted a running request still admits waiting ones (vLLM V0 "
                           "_schedule_chunked_prefill schedules new prefills after preemptions); false: it admits "
                           "none until a step runs without preempting (vLLM V1 Scheduler.schedule)")
+    hybrid_kv_cache: bool = Field(
+        False, description="vLLM V1's hybrid KV cache manager: full-attention and sliding-window layers form KV cache "
+                           "groups of equal size drawing blocks from one pool, and a sliding-window group holds only "
+                           "the window's blocks per request (docs/research/vllm-hybrid-kv.md); false: every attention "
+                           "layer of a model that mixes them holds blocks for the whole sequence")
+    kv_tokens_reported: Literal["blocks", "concurrency"] = Field(
+        "blocks", description="what 'GPU KV cache size: N tokens' counts: blocks: the pool's blocks per KV cache group "
+                              "x block_size; concurrency: int(max concurrency x max_model_len) (vLLM >= 0.21)")
     sources: dict[str, str] = Field(description="field -> where the rule comes from (file at a tag, PR, release note)")
 
     @model_validator(mode="after")
@@ -226,6 +234,10 @@ class EngineEra(Frozen):
             documented.add("admission")
         if not self.admit_after_preemption:
             documented.add("admit_after_preemption")
+        if self.hybrid_kv_cache:
+            documented.add("hybrid_kv_cache")
+        if self.kv_tokens_reported != "blocks":
+            documented.add("kv_tokens_reported")
         if self.python_ops_per_layer_parts is not None:
             documented.add("python_ops_per_layer_parts")
             if any(v < 0 for v in self.python_ops_per_layer_parts.values()):

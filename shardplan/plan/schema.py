@@ -185,6 +185,11 @@ class InferenceWorkloadSection(_Section):
     admission: list[float] | None = Field(None, description="admission reserve: initial ratio, floor factor, decay steps, "
                                                             "output clip in tokens; null: none")
     admit_after_preemption: bool = Field(True, description="a step that preempted still admits waiting requests (false: vLLM V1)")
+    hybrid_kv_cache: bool = Field(False, description="sliding-window layers hold only their window's KV blocks per request "
+                                                     "(vLLM V1's hybrid KV cache manager)")
+    kv_tokens_reported: Literal["blocks", "concurrency"] = Field(
+        "blocks", description="what the logged KV cache size counts: blocks per KV cache group x block size, or max "
+                              "concurrency x max_model_len")
     load: LoadSection | None = Field(None, description="the traffic the plan was judged under; null: none")
 
 

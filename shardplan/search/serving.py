@@ -16,7 +16,7 @@ from typing import Any, Iterator, NamedTuple
 
 from shardplan.cost.accuracy import kv_holds_at_edge
 from shardplan.cost.layout import Layout, Offload
-from shardplan.cost.memory_serving import ServingMemory, serving_memory
+from shardplan.cost.memory_serving import KvAccount, ServingMemory, serving_memory
 from shardplan.cost.time_serving import ServingTime, pass_time, serving_time
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.traffic import SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_rate, latency_floor, load_figures
@@ -150,7 +150,7 @@ class _ReplicaMemory(NamedTuple):
 
     fits: bool
     reason: str | None
-    kv_capacity_tokens: int
+    kv_account: KvAccount  # the cache as running requests draw on it
     max_model_len: int
     peak_bytes: float  # the fullest rank's total
 
@@ -191,7 +191,7 @@ def _replica_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: In
     found, store = _looked_up(memo, key)
     if found is None:
         sm = serving_memory(spec, hw, layout, wl)
-        found = _ReplicaMemory(sm.fits, sm.reason, sm.kv_capacity_tokens, sm.max_model_len,
+        found = _ReplicaMemory(sm.fits, sm.reason, sm.kv_account, sm.max_model_len,
                                max(r.breakdown.total for r in sm.ranks))
         if store:
             memo[key] = found  # type: ignore[index]
@@ -225,7 +225,8 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
         res.num_costed += 1
         res.num_steps += 1
         if offload:
-            tight0 = not kv_holds_at_edge(sm.kv_capacity_tokens, sm.max_model_len, goal.kv_capacity_band_fraction)
+            tight0 = not kv_holds_at_edge(sm.kv_account.equivalent_tokens(sm.max_model_len), sm.max_model_len,
+                                          goal.kv_capacity_band_fraction)
             if sm.fits and not (tight0 and goal.strict_fit):
                 continue  # counted by the first pass
             found = offload_that_fits(spec, hw, layout, wlq, res)
@@ -239,10 +240,11 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
             res.num_candidates -= n
             res.num_evaluated -= n
             layout, full = found
-            sm = _ReplicaMemory(full.fits, full.reason, full.kv_capacity_tokens, full.max_model_len,
+            sm = _ReplicaMemory(full.fits, full.reason, full.kv_account, full.max_model_len,
                                 max(r.breakdown.total for r in full.ranks))
-        fit_batch = int(sm.kv_capacity_tokens // ctx)
-        tight = not kv_holds_at_edge(sm.kv_capacity_tokens, sm.max_model_len, goal.kv_capacity_band_fraction)
+        fit_batch = sm.kv_account.sequences_held(ctx)
+        tight = not kv_holds_at_edge(sm.kv_account.equivalent_tokens(sm.max_model_len), sm.max_model_len,
+                                     goal.kv_capacity_band_fraction)
         if not sm.fits or (tight and goal.strict_fit):
             n = 1 if goal.objective is Objective.GOODPUT else len(_batch_sizes(wlq, wl.max_num_seqs))  # its points
             res.num_candidates += n
@@ -430,16 +432,16 @@ def _goodput(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inference
         elif open_loop:
             mean_ctx = max(1, wl.input_len + wl.output_len if load.lengths is None else
                            load.lengths.mean_input_tokens + load.lengths.mean_output_tokens)
-            slots = max(1, min(wl.max_num_seqs, int(sm.kv_capacity_tokens // mean_ctx)))
+            slots = max(1, min(wl.max_num_seqs, sm.kv_account.sequences_held(mean_ctx)))
             n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
-            point = best_rate(step, wl, sm.kv_capacity_tokens, sla, n)
+            point = best_rate(step, wl, sm.kv_account, sla, n)
             if point is None:
                 # What the replica reaches one request at a time (a relaxed limit must allow it).
                 found = ("none within the SLA", None, (floor_ttft, floor_tpot), n)
             else:
                 found = (None, point.request_rate_per_second, point.result, point.num_requests)
         else:
-            figures = load_figures(spec, hw, layout, wl, sm.kv_capacity_tokens, model=step)
+            figures = load_figures(spec, hw, layout, wl, sm.kv_account, model=step)
             bad = sla.violated(figures.replica)
             found = (bad, figures.request_rate_per_replica, figures.replica, None)
         if store:

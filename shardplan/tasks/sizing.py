@@ -120,9 +120,9 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
                 rows.append(SizingRow(**base, max_request_rate_per_replica=None, replicas=None, num_gpus=None,
                                       reason=f"one request alone takes TTFT {ttft * 1e3:,.0f} ms, TPOT {tpot * 1e3:,.1f} ms"))
                 continue
-            slots = max(1, min(wq.max_num_seqs, int(sm.kv_capacity_tokens // max(1, mean_in + mean_out))))
+            slots = max(1, min(wq.max_num_seqs, sm.kv_account.sequences_held(mean_in + mean_out)))
             n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
-            point = best_rate(step, wq, sm.kv_capacity_tokens, sla, n)
+            point = best_rate(step, wq, sm.kv_account, sla, n)
             if point is None:
                 rows.append(SizingRow(**base, max_request_rate_per_replica=None, replicas=None, num_gpus=None,
                                       reason=f"p{sla.percentile} latency over the SLA at every rate"))
@@ -130,7 +130,7 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
             replicas = max(1, math.ceil(rate / point.request_rate_per_second))
             rows.append(SizingRow(**base, max_request_rate_per_replica=point.request_rate_per_second, replicas=replicas,
                                   num_gpus=replicas * tp * pp, reason=None))
-            points[len(rows) - 1] = (layout, wq, sm.kv_capacity_tokens)
+            points[len(rows) - 1] = (layout, wq, sm.kv_account)
     order = sorted(range(len(rows)), key=lambda i: (rows[i].num_gpus is None, rows[i].num_gpus or 0,
                                                     -(rows[i].max_request_rate_per_replica or 0.0)))
     best_i = order[0] if order and rows[order[0]].num_gpus is not None else None

@@ -197,7 +197,7 @@ def predict(case: Case) -> Any:
     sm = serving_memory(spec, hw, layout, wl)
     if not sm.fits:
         raise NotModelled(f"does not start as shardplan sizes it: {sm.reason}")
-    return serve_traffic(spec, hw, layout, wl, traffic, kv_capacity_tokens=sm.kv_capacity_tokens)
+    return serve_traffic(spec, hw, layout, wl, traffic, kv=sm.kv_account)
 
 
 def errors(case: Case, result: Any) -> dict[str, float]:

@@ -89,8 +89,13 @@ def test_known_misses_still_miss(case):
 
 def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
     """Every modelled run, saturation included: the median absolute error of each figure, bounded
-    where it stands today so that it can only shrink: over all 71 runs TTFT 0.44, TPOT 0.18,
-    output throughput 0.14 (65 runs before gpt-oss-120b's MXFP4 experts let its six vLLM runs start:
+    where it stands today so that it can only shrink: over all 71 runs TTFT 0.43, TPOT 0.19,
+    output throughput 0.14. TPOT was 0.18 before a step's admissions saw what the same step had
+    already allocated (vLLM's allocate_slots and SGLang's PrefillAdder take blocks as they go; the
+    simulation had checked each chunk against the cache as the step began, so a step could admit
+    past it and preempt next) and gpt-oss's sliding-window groups took their share of the cache
+    (vLLM's hybrid KV cache manager): fewer spurious preemptions made some saturated runs' decode
+    batches, and their TPOT, smaller (65 runs before gpt-oss-120b's MXFP4 experts let its six vLLM runs start:
     TTFT 0.42, TPOT 0.16, throughput 0.125). Before ShareGPT's lengths were vLLM's first-turn sampling
     (right-skewed outputs set how long a 1000-request burst drains) throughput was 0.19, the saturated
     runs alone 0.51 -> 0.26; before SGLang's eager prefill was costed by the ops of each layer's kind
@@ -108,6 +113,6 @@ def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
             if v == v:  # NaN: the run has no such figure
                 errors[k].append(abs(v))
     assert len(errors["output_throughput"]) >= 60
-    assert statistics.median(errors["median_tpot"]) <= 0.19
+    assert statistics.median(errors["median_tpot"]) <= 0.20
     assert statistics.median(errors["median_ttft"]) <= 0.46
     assert statistics.median(errors["output_throughput"]) <= 0.15
