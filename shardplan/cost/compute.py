@@ -221,7 +221,7 @@ def expert_token_sets(layout: Layout) -> float:
 def _linear_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, w: WeightKind, work: Work) -> tuple[float, float]:
     out_f, in_f = w.shape
     a = bytes_per_element(work.act_dtype)
-    wb = bytes_per_weight_element(w, work.quantization, work.act_dtype, spec)
+    wb = bytes_per_weight_element(w, work.quantization, work.act_dtype, spec, expert_tp=layout.expert_tp)
     dt = compute_dtype(work.quantization, work.act_dtype) if is_quantized_tensor(w) else work.act_dtype
     elems = numel_per_rank(w, spec, layout)
     if w.routed_expert:

@@ -3,6 +3,8 @@ expert-parallel rank keeps of each, at the chosen storage format."""
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -47,13 +49,15 @@ def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
-def marlin_expert_padding(spec: ModelSpec | None) -> float:
+def marlin_expert_padding(spec: ModelSpec | None, expert_tp: int = 1) -> float:
     """Stored / shipped elements of each routed expert matrix on vLLM's Marlin path (gate, up and
-    down are each intermediate x hidden, padded the same way); 1 without a MoE spec."""
+    down are each intermediate x hidden, padded the same way); 1 without a MoE spec. The padding
+    is of each rank's share of the intermediate size (create_weights is given
+    intermediate_size_per_partition): gpt-oss-120b's 2,880 is 2,944 on one GPU, 4 x 768 at tp 4."""
     if spec is None or spec.moe is None:
         return 1.0
-    i, h = spec.moe.expert_intermediate_size, spec.hidden_size
-    return (_round_up(i, MARLIN_INTERMEDIATE_MULTIPLE) * _round_up(h, MARLIN_HIDDEN_MULTIPLE)) / (i * h)
+    i, h = spec.moe.expert_intermediate_size / expert_tp, spec.hidden_size
+    return (_round_up(math.ceil(i), MARLIN_INTERMEDIATE_MULTIPLE) * _round_up(h, MARLIN_HIDDEN_MULTIPLE)) / (i * h)
 
 
 def weight_storage_dtype(quantization: Quantization) -> DType | None:
@@ -101,10 +105,12 @@ def is_llama_70b(spec: ModelSpec) -> bool:
 
 
 def bytes_per_weight_element(w: WeightKind, quantization: Quantization, dense_dtype: DType,
-                             spec: ModelSpec | None = None, layers: tuple[int, ...] | None = None) -> float:
+                             spec: ModelSpec | None = None, layers: tuple[int, ...] | None = None,
+                             expert_tp: int = 1) -> float:
     """Average bytes per stored element of tensor kind `w`, scales and zero points included.
     GGUF mixtures quantize the embedding and output too, by llama.cpp's rules (`spec` and
-    `layers` select the per-layer types)."""
+    `layers` select the per-layer types). `expert_tp`: the ranks a routed expert is split over
+    (its padding on vLLM's Marlin path is per rank)."""
     if quantization.is_gguf:
         return gguf_bytes_per_element(w, quantization, spec, layers)
     if quantization is Quantization.NONE or not is_quantized_tensor(w, quantization):
@@ -112,7 +118,7 @@ def bytes_per_weight_element(w: WeightKind, quantization: Quantization, dense_dt
     if quantization is Quantization.MXFP4:
         return MXFP4_BYTES_PER_ELEMENT
     if quantization is Quantization.MXFP4_MARLIN:
-        return MXFP4_BYTES_PER_ELEMENT * marlin_expert_padding(spec)
+        return MXFP4_BYTES_PER_ELEMENT * marlin_expert_padding(spec, expert_tp)
     if quantization is Quantization.NF4:
         return nf4_bytes_per_weight(False)
     out_features, in_features = w.shape
@@ -205,7 +211,8 @@ def _stage_weights(spec: ModelSpec, layout: Layout, stage: int, quantization: Qu
         n = numel_per_rank(w, spec, layout) * times
         key = w.component.value
         numel[key] = numel.get(key, 0.0) + n
-        nbytes[key] = nbytes.get(key, 0.0) + n * bytes_per_weight_element(w, quantization, dense_dtype, spec, layers)
+        nbytes[key] = nbytes.get(key, 0.0) + n * bytes_per_weight_element(w, quantization, dense_dtype, spec, layers,
+                                                                          layout.expert_tp)
         if w.routed_expert:
             expert += n
     per_block = [

@@ -137,6 +137,9 @@ EXPECTED |= {
     "vllm_v1_a100-40gbx2_qwen2_7b_16k_util050_ray2nodes": ("vllm", "vllm-v1", {
         "weights_bytes": gib(7.1217), "kv_cache_bytes": gib(11.03), "kv_cache_tokens": 412944, "max_concurrency": 25.20,
         "max_concurrency_tokens_per_request": 16384}, False),
+    "vllm_v1_a100-80gbx4_gpt_oss_120b_tp4_16k_v01011_ray": ("vllm", "vllm-v1", {
+        "weights_bytes": gib(17.2217), "kv_cache_bytes": gib(45.32), "kv_cache_tokens": 2640144, "max_concurrency": 284.25,
+        "max_concurrency_tokens_per_request": 16384}, False),
 }
 # Stored logs that must be refused, and a word the one-line error must hold.
 REFUSED_LOGS = {
