@@ -242,24 +242,16 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
 
     def preempt_last() -> bool:
         """Free the latest admitted request's cache; it waits at the head of the queue to be recomputed."""
-        nonlocal decoding, used, remaining_out, preemptions, slide, inside
+        nonlocal decoding, remaining_out, preemptions
         if not running:
             return False
         _, r = running.popitem()
         if r in prefilling:
             prefilling.remove(r)
-            used -= r.computed
-            if windowed:
-                slide -= charge * min(r.computed, window)
+            release(r, r.computed)
         else:
             grown = per_step * (decode_steps - r.decode_from)  # KV tokens its decode steps added
-            held = r.prompt + r.generated_at_decode - 1 + grown
-            used -= held
-            if windowed:
-                slide -= charge * min(held, window)
-                if r.inside:
-                    r.inside = False
-                    inside -= 1
+            release(r, r.prompt + r.generated_at_decode - 1 + grown)
             r.generated = min(r.output - 1, r.generated_at_decode + int(grown))
             decoding -= 1
         remaining_out -= out_left(r)
@@ -269,6 +261,16 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         waiting.appendleft(r)
         preemptions += 1
         return True
+
+    def release(r: _Request, held: float) -> None:
+        """Give back what `r` holds: its `held` tokens and their share in the sliding-window groups."""
+        nonlocal used, slide, inside
+        used -= held
+        if windowed:
+            slide -= charge * min(held, window)
+            if r.inside:
+                r.inside = False
+                inside -= 1
 
     def admit_cost(r: _Request) -> int:
         """Tokens the prompt (or its recompute) adds to the cache on its first chunk: prefix hits too."""
@@ -302,7 +304,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             raise SlaBroken
 
     def finish(r: _Request, t: float) -> None:
-        nonlocal used, finished, in_flight, last_free, slide, inside
+        nonlocal finished, in_flight, last_free
         r.done = t
         if (give_up is not None and give_up.tpot_seconds is not None and r.output > 1
                 and (t - r.first_token) / (r.output - 1) > give_up.tpot_seconds):
@@ -311,13 +313,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         running.pop(r.i, None)
         # What it holds: its prompt, the tokens up to its first decode step, and what its decode steps
         # added (its reserve was drawn down by the same steps).
-        held = r.prompt + r.generated_at_decode - 1 + per_step * (decode_steps - r.decode_from)
-        used -= held
-        if windowed:
-            slide -= charge * min(held, window)
-            if r.inside:
-                r.inside = False
-                inside -= 1
+        release(r, r.prompt + r.generated_at_decode - 1 + per_step * (decode_steps - r.decode_from))
         finished += 1
         in_flight -= 1
         last_free = t
@@ -468,9 +464,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                 r = running.popitem()[1]
                 if r in prefilling:
                     prefilling.remove(r)
-                used -= r.computed
-                if windowed:
-                    slide -= charge * min(r.computed, window)
+                release(r, r.computed)
                 refuse(r)
             else:
                 refuse(waiting.popleft())
