@@ -66,6 +66,11 @@ class GpuFile(StrictModel):
     memory_capacity_gib: float = Field(..., ge=2**-20, le=MAX_CAPACITY_GIB, description="total memory as the device reports it, GiB (at least one KiB: a smaller figure rounds to zero bytes)")
     memory_bandwidth_gb_per_s: float = Field(..., gt=0, le=MAX_BANDWIDTH_GB_PER_S)
     peak_dense_tflops: PeakTflopsFile
+    power_limited_compute_fraction: float = Field(
+        1.0, gt=0, le=1,
+        description="the share of the dense peaks the GPU sustains at its board power limit, for a part run below "
+                    "its chip's rated power (a capped GPU lowers its clocks under tensor-core load; memory-bound "
+                    "work draws less and is not slowed): the peaks above are the chip's, each is scaled by this")
     price_per_gpu_hour_usd: float | None = Field(None, gt=0, le=1e6)
 
 
@@ -305,7 +310,8 @@ class HardwareProfile:
 
 def profile_from_file(f: HardwareProfileFile) -> HardwareProfile:
     """Convert the YAML-facing schema to SI units: the one place this happens."""
-    peaks = {DType(k): units.tflops_to_flops(v) for k, v in f.gpu.peak_dense_tflops.model_dump().items() if v}
+    derate = f.gpu.power_limited_compute_fraction
+    peaks = {DType(k): units.tflops_to_flops(v) * derate for k, v in f.gpu.peak_dense_tflops.model_dump().items() if v}
     eff = f.efficiency
 
     def link(lf: LinkFile, e: float) -> Link:

@@ -223,7 +223,7 @@ def calibrate(report: CalibrationReport, base: dict[str, Any], *, name: str, rep
         else:
             n = mm[0].matmul_size
             half = prof.efficiency.matmul_half_dim
-            peak = units.tflops_to_flops(peak_tflops) * _share(n, half) ** 3
+            peak = units.tflops_to_flops(peak_tflops) * prof.gpu.power_limited_compute_fraction * _share(n, half) ** 3
             put("matmul", _median([p.matmul_flops_per_second for p in mm]), peak, "TFLOP/s", 1e12,
                 f"{dtype} {n}x{n}x{n} matmul")
     put("memory_bandwidth", _median([p.memory_bytes_per_second for p in probes if p.memory_bytes_per_second]),
