@@ -43,7 +43,7 @@ from shardplan.cost.time_training import (
     training_time,
 )
 from shardplan.cost.workload import TrainingWorkload
-from shardplan.search.targets import Admission, setting
+from shardplan.search.targets import Admission, fields_read, setting
 from shardplan.search.space import (
     BUDGET_SPENT,
     SECONDS_PER_HOUR,
@@ -109,6 +109,28 @@ def state_variants(layout: Layout, hw: HardwareProfile, space: Space,
         plain = [v for v in plain if adm.state(with_variant(layout, v))]
         offloaded = [v for v in offloaded if adm.state(with_variant(layout, v))]
     return plain, offloaded
+
+
+class _StateVariants:
+    """`state_variants` of one search (one GPU count, its space and rules), each computed once
+    for the layout fields it reads: tp, dp and cp, and the fields the target's state rules read
+    (`fields_read`). The search asks for the same degrees' variants from the count, the
+    expansion and every refined shape (a refused verdict is counted once either way: `Admission`
+    counts each distinct verdict). The lists returned are shared: callers only read them."""
+
+    def __init__(self, hw: HardwareProfile, space: Space, adm: Admission | None) -> None:
+        self._hw, self._space, self._adm = hw, space, adm
+        rules = fields_read(adm.rules.state) if adm is not None and adm.rules.state else ()
+        self._fields = ("tp", "dp", "cp", *rules)
+        self._known: dict[tuple[Any, ...], tuple[list[Variant], list[Variant]]] = {}
+
+    def __call__(self, layout: Layout) -> tuple[list[Variant], list[Variant]]:
+        values = layout.__dict__
+        key = tuple([values[f] for f in self._fields])
+        found = self._known.get(key)
+        if found is None:
+            found = self._known[key] = state_variants(layout, self._hw, self._space, self._adm)
+        return found
 
 
 def _evolve(layout: Layout, **changes: Any) -> Layout:
@@ -221,11 +243,11 @@ def shape_candidates(spec: ModelSpec, wl: TrainingWorkload, space: Space, deg: L
 
 
 def _num_layouts(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, deg: Layout,
-                 adm: Admission | None = None) -> int:
+                 adm: Admission | None = None, variants: _StateVariants | None = None) -> int:
     """Layouts under one set of degrees, counted without building them."""
     sps, rcs = _flags(space, deg, wl, adm)
     shapes = sum(len(_pipelines(spec, wl, space, deg, mbs, adm)) for mbs in _micro_batches(wl, space, deg)) * len(sps) * len(rcs)
-    plain, offloaded = state_variants(deg, hw, space, adm)
+    plain, offloaded = variants(deg) if variants is not None else state_variants(deg, hw, space, adm)
     return shapes * (len(plain) + len(offloaded))
 
 
@@ -281,8 +303,9 @@ def search_training(
     candidates_before = res.num_candidates
     # The target's (or the stack's runtime) rules, checked at each stage (search/targets.py).
     adm = Admission(space.rules, setting(spec, hw, wl)) if space.rules is not None else None
+    variants = _StateVariants(hw, space, adm)
     for deg in degree_candidates(spec, hw, wl, space, res, adm):
-        count = _num_layouts(spec, hw, wl, space, deg, adm)
+        count = _num_layouts(spec, hw, wl, space, deg, adm, variants)
         if count == 0:
             by_target = adm is not None and _num_layouts(spec, hw, wl, space, deg) > 0
             res.invalid[f"{space.rules.name}: no micro-batch, schedule or state it runs" if by_target  # type: ignore[union-attr]
@@ -311,14 +334,14 @@ def search_training(
             break
         if kind == _DEGREES:
             deg, _ = payload
-            _expand(spec, hw, wl, space, goal, res, deg, heap, cap, tokens, adm)
+            _expand(spec, hw, wl, space, goal, res, deg, heap, cap, tokens, variants, adm)
         elif kind == _SHAPE:
             shape, m, plain_fits, count = payload
             tight = objective_value(goal, hw, n, pipeline_seconds(spec, hw, shape, wl, m), tokens)
             heapq.heappush(heap, (max(bound, tight), key, _REFINED, payload))
         else:
             shape, m, plain_fits, count = payload
-            plain, offloaded = state_variants(shape, hw, space, adm)
+            plain, offloaded = variants(shape)
             fitted = _cost_variants(spec, hw, wl, goal, res, shape, plain, key, best, k, m) if plain_fits else 0
             if offloaded and not fitted:
                 _cost_variants(spec, hw, wl, goal, res, shape, offloaded, key, best, k, m)
@@ -343,11 +366,11 @@ def _count(payload: Any, kind: int) -> int:
 
 def _expand(
     spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, goal: Goal, res: SearchResult,
-    deg: Layout, heap: list, cap: float, tokens: float, adm: Admission | None = None,
+    deg: Layout, heap: list, cap: float, tokens: float, variants: _StateVariants, adm: Admission | None = None,
 ) -> None:
     """Push every shape of one set of degrees with its bound, after the memory prunes."""
     n = hw.num_gpus
-    plain, offloaded = state_variants(deg, hw, space, adm)
+    plain, offloaded = variants(deg)
     variants = len(plain) + len(offloaded)
     least_states: dict[int, float] = {}  # by virtual stages: states do not depend on micro-batch, SP or recompute
     for shape in shape_candidates(spec, wl, space, deg, adm):
