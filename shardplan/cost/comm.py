@@ -154,7 +154,9 @@ def layer_collectives_seconds(
     per_layer = 1 if spec.parallel_residual else 2
     tp_s = per_layer * len(layers) * collective_seconds(Collective.ALL_REDUCE, tokens * h * act_bytes, tp, hw, multirail)
     ep_s = 0.0
-    num_moe = sum(spec.is_moe_layer(i) for i in layers)
+    # MoE layers are counted only where they send anything (a search asks for dense models and
+    # ep = 1 layouts tens of thousands of times, each over every layer of a stage).
+    num_moe = sum(spec.is_moe_layer(i) for i in layers) if spec.moe is not None and ep.size > 1 else 0
     if num_moe and spec.moe is not None and ep.size > 1:
         sent = tokens * spec.moe.num_experts_per_token * h * act_bytes
         ep_s = 2 * num_moe * collective_seconds(Collective.ALL_TO_ALL, sent, ep, hw, multirail)
