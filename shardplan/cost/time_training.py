@@ -257,12 +257,26 @@ def _layers_seconds(
     recompute: Recompute, mbs: int, layers: tuple[int, ...] | None,
 ) -> float:
     """`layers_seconds_lower_bound` on the fields it reads (a plain tuple key: the search asks
-    for the same shapes thousands of times). The groups are those `_groups` places for them."""
-    gpn = hw.gpus_per_node
-    per_kind = _kind_seconds(spec, hw, _shape_of(tp, cp, ep, etp, sp, recompute, mbs), wl,
-                             group(tp, 1, gpn), group(cp, tp, gpn), group(ep, etp, gpn))
+    for the same shapes thousands of times)."""
     counts = _all_kind_counts(spec) if layers is None else _kind_counts(spec, layers)
+    return _sum_by_kind(_per_kind_seconds(spec, hw, wl, tp, cp, ep, etp, sp, recompute, mbs), counts)
+
+
+def _sum_by_kind(per_kind: dict[tuple[bool, bool, bool], float], counts: dict[tuple[bool, bool, bool], int]) -> float:
+    """Seconds of the layers counted by kind, each kind's own time times its count, in the counts' order."""
     return sum(per_kind[kind] * n for kind, n in counts.items())
+
+
+@lru_cache(maxsize=16384)
+def _per_kind_seconds(
+    spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, tp: int, cp: int, ep: int, etp: int, sp: bool,
+    recompute: Recompute, mbs: int,
+) -> dict[tuple[bool, bool, bool], float]:
+    """Each layer kind's per-micro-batch seconds for one shape, on a plain tuple key; the groups
+    are those `_groups` places for it."""
+    gpn = hw.gpus_per_node
+    return _kind_seconds(spec, hw, _shape_of(tp, cp, ep, etp, sp, recompute, mbs), wl,
+                         group(tp, 1, gpn), group(cp, tp, gpn), group(ep, etp, gpn))
 
 
 @lru_cache(maxsize=4096)
@@ -304,7 +318,10 @@ def step_seconds_lower_bound(
     stage0 = _flat_layers(layout_stage_ranges(spec.num_layers, layout)[0])
     fields = (spec, hw, wl, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.sequence_parallel,
               layout.recompute, layout.micro_batch_size)
-    per_mb = max(_layers_seconds(*fields, stage0), _layers_seconds(*fields, None) / layout.pp)
+    # Stage 0's layers are summed here, not cached: each (pp, virtual stages) has its own, so a
+    # cache keyed on them would rarely be hit; the sum is `_layers_seconds`'s, term for term.
+    stage0_seconds = _sum_by_kind(_per_kind_seconds(*fields), _kind_counts(spec, stage0))
+    per_mb = max(stage0_seconds, _layers_seconds(*fields, None) / layout.pp)
     return (num_microbatches + (layout.pp - 1) / layout.virtual_stages) * per_mb
 
 
