@@ -137,12 +137,32 @@ def arrival_times(traffic: Traffic) -> list[float]:
     rate = traffic.request_rate_per_second
     if math.isinf(rate):
         return [0.0] * n
-    rng = random.Random(traffic.seed)
     t, out = 0.0, []
+    if traffic.poisson:
+        # Each gap is expovariate(rate) = -log(1 - u) / rate of the seeded stream's u: the unit
+        # draws -log(1 - u) are the same at every rate, so they are drawn once per seed (a search
+        # simulates each replica at several rates) and divided by this rate, the same division
+        # expovariate does, so the gaps are bit for bit the same.
+        for e in _unit_exponentials(traffic.seed, n):
+            out.append(t)
+            t += e / rate
+        return out
     for _ in range(n):
         out.append(t)
-        t += rng.expovariate(rate) if traffic.poisson else 1.0 / rate
+        t += 1.0 / rate
     return out
+
+
+_UNIT_DRAWS: dict[int, tuple[random.Random, list[float]]] = {}  # seed -> (its generator, the draws so far)
+
+
+def _unit_exponentials(seed: int, n: int) -> list[float]:
+    """The first `n` of `random.Random(seed)`'s expovariate(1.0) draws (-log(1 - u) / 1.0, which is
+    -log(1 - u) exactly). A cache of a pure function: the stream of a seed never changes."""
+    rng, draws = _UNIT_DRAWS.get(seed) or _UNIT_DRAWS.setdefault(seed, (random.Random(seed), []))
+    while len(draws) < n:
+        draws.append(rng.expovariate(1.0))
+    return draws[:n]
 
 
 class _Request:
@@ -224,14 +244,23 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     cross_heap: list[tuple[int, int, int]] = []
 
     last_free = 0.0  # when a concurrency slot last freed: a capped client sends its next request then
+    # What the inner loop reads, read once.
+    requests, first_token_sent = traffic.requests, traffic.first_token_sent
+    ttft_limit = give_up.ttft_seconds if give_up is not None else None
+    tpot_limit = give_up.tpot_seconds if give_up is not None else None
+    seconds = model.seconds
+    mixed, static = sched.schedule == "mixed", sched.schedule == "static"
+    max_seqs, chunked, reserve = sched.max_num_seqs, sched.chunked_prefill, sched.admission is not None
+    first_tokens = late = 0  # requests with a first token; requests sent more than the TTFT limit ago
 
     def send_ready() -> None:
-        nonlocal next_send, in_flight
+        nonlocal next_send, in_flight, first_tokens
         while next_send < n and in_flight < cap and arrivals[next_send] <= now:
-            p, o = traffic.requests[next_send]
+            p, o = requests[next_send]
             r = _Request(next_send, p, max(1, o), max(arrivals[next_send], last_free))
-            if traffic.first_token_sent and r.output > 1:
+            if first_token_sent and r.output > 1:
                 r.generated, r.first_token = 1, r.sent
+                first_tokens += 1
             reqs.append(r)
             waiting.append(r)
             next_send += 1
@@ -278,11 +307,12 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
 
     def sampled_done(r: _Request, t: float) -> None:
         """The step ending at `t` computed the last of `r`'s target: it samples a token."""
-        nonlocal decoding, inside
+        nonlocal decoding, inside, first_tokens
         r.generated += 1
         if r.generated == 1:
             r.first_token = t
-            if give_up is not None and give_up.ttft_seconds is not None and t - r.sent > give_up.ttft_seconds:
+            first_tokens += 1
+            if ttft_limit is not None and t - r.sent > ttft_limit:
                 count_broken()
         r.decode_from, r.generated_at_decode = decode_steps, r.generated
         if r.generated >= r.output:
@@ -306,8 +336,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     def finish(r: _Request, t: float) -> None:
         nonlocal finished, in_flight, last_free
         r.done = t
-        if (give_up is not None and give_up.tpot_seconds is not None and r.output > 1
-                and (t - r.first_token) / (r.output - 1) > give_up.tpot_seconds):
+        if tpot_limit is not None and r.output > 1 and (t - r.first_token) / (r.output - 1) > tpot_limit:
             count_broken()
         r.generated = r.output
         running.pop(r.i, None)
@@ -339,11 +368,11 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         """Admit waiting requests in order while the budget, the sequence limit and the cache (or
         its admission reserve) allow, each with its first prompt chunk (prefix hits already held)."""
         nonlocal used, remaining_out, slide, step_held
-        while waiting and left > 0 and len(running) < sched.max_num_seqs:
+        while waiting and left > 0 and len(running) < max_seqs:
             r = waiting[0]
             start = admit_cost(r)
             need = r.target - r.computed - start
-            c = min(need, left) if sched.chunked_prefill else need
+            c = min(need, left) if chunked else need
             if c > left or not reserve_ok(r, c):
                 break
             waiting.popleft()
@@ -359,8 +388,24 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             step_held += c + (charge * (min(start + c, window) - min(start, window)) if windowed else 0.0)
 
     quiet_ok = model.width == 1  # speculative steps add the drafts' passes: stepped one by one
+    # An earlier verdict on the TTFT limit: a request sent more than the limit ago that has no first
+    # token yet will break it when it gets one. Requests are sent in order, each no earlier than the
+    # one before, so those sent that long ago are the first `late` sent, and at least late - (first
+    # tokens so far) of them are still to break it. Counted only where every request is certain to
+    # get its first token: none can be refused, as without an admission reserve, with whole tokens a
+    # decode step, a cache that holds any request alone and a budget that holds its prompt (or chunks).
+    longest = max((p + max(1, o) for p, o in requests), default=0)
+    longest_charge = longest + (charge * min(longest, window) if windowed else 0.0)
+    early = (ttft_limit is not None and give_up is not None and not reserve and per_step == 1.0
+             and longest_charge <= capacity and (chunked or longest <= budget))
+    allowed = give_up.allowed if give_up is not None else n
     send_ready()
     while finished < n:
+        if early:
+            while late < next_send and now - reqs[late].sent > ttft_limit:
+                late += 1
+            if broken + late - first_tokens > allowed:
+                raise SlaBroken
         if not running and not waiting:
             if next_send >= n:
                 break
@@ -368,8 +413,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             send_ready()
             continue
         if decoding and not prefilling and quiet_ok and (
-                not waiting or len(running) >= sched.max_num_seqs or sched.schedule == "static"
-                or (sched.schedule == "mixed" and budget - decoding <= 0)):
+                not waiting or len(running) >= max_seqs or static or (mixed and budget - decoding <= 0)):
             # A quiet stretch: only decode steps until the next arrival, the next finish or a full
             # cache, while no waiting request can be admitted (none waits, every sequence slot is
             # taken, a static batch runs, or decodes fill the token budget; none of these changes
@@ -402,7 +446,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                     used += grow
                     remaining_out -= grow
                     taken += 1
-                    if sched.admission is not None:
+                    if reserve:
                         ratio = max(ratio - decay, floor)
             if taken:
                 steps += taken
@@ -415,7 +459,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         prompt_units = 0.0
         tokens = 0
         step_decoding = 0
-        if sched.schedule == "mixed":
+        if mixed:
             preempted = False
             while decoding and used + slide + decoding + charge * inside > capacity and preempt_last():
                 preempted = True
@@ -426,7 +470,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             for r in list(prefilling) if prefilling else ():
                 if left <= 0:
                     break
-                c = min(r.target - r.computed, left) if sched.chunked_prefill else r.target - r.computed
+                c = min(r.target - r.computed, left) if chunked else r.target - r.computed
                 grown = charge * (min(r.computed + c, window) - min(r.computed, window)) if windowed else 0.0
                 if c > left or used + slide + step_held + c + grown > capacity:
                     break
@@ -435,13 +479,13 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                 step_held += c + grown
             if waiting and (sched.admit_after_preemption or not preempted):
                 admit_waiting(left, chunks)
-        elif sched.schedule == "prefill_first" or sched.schedule == "static":
-            static_busy = sched.schedule == "static" and bool(running) and not prefilling
+        elif static or sched.schedule == "prefill_first":
+            static_busy = static and bool(running) and not prefilling
             step_held = 0.0
             if not static_busy:
                 left = budget
                 for r in list(prefilling):
-                    c = min(r.target - r.computed, left) if sched.chunked_prefill else r.target - r.computed
+                    c = min(r.target - r.computed, left) if chunked else r.target - r.computed
                     if left <= 0 or c > left:
                         break
                     chunks.append((r, c))
@@ -450,7 +494,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                 admit_waiting(left, chunks)
             if not chunks:
                 while decoding and used + slide + decoding + charge * inside > capacity and preempt_last():
-                    if sched.admission is not None:
+                    if reserve:
                         ratio = initial
                 step_decoding = decoding
         else:
@@ -477,7 +521,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         tokens += step_decoding
         completing = [r for r, c in chunks if r.computed + c >= r.target] if chunks else ()
         kv_read = (used - sum(r.computed for r in prefilling) if prefilling else used) if step_decoding else 0
-        dt = model.seconds(tokens=tokens, sampled=step_decoding + len(completing), decoding=step_decoding,
+        dt = seconds(tokens=tokens, sampled=step_decoding + len(completing), decoding=step_decoding,
                            kv_tokens=kv_read, prompt_units=prompt_units, prompt_step=bool(chunks))
         now += dt
         steps += 1
@@ -492,7 +536,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             used += step_decoding * per_step
             remaining_out -= step_decoding * per_step
             decode_batch_sum += step_decoding
-            if sched.admission is not None:
+            if reserve:
                 ratio = max(ratio - decay, floor)
             if windowed:
                 slide += charge * inside * per_step

@@ -188,6 +188,7 @@ class StepModel:
         fixed = self._fixed.get(key)
         if fixed is None:
             fixed = self._fixed[key] = (self._graphs if graphs else self._eager).at(tokens) + self._head.at(sampled)
-        return (fixed + self.kv_seconds_per_token * kv_tokens
-                + self.seconds_per_decoding_seq * decoding + self.prompt_seconds_per_unit * prompt_units
-                + self._proposal_seconds(decoding, kv_tokens))
+        step = (fixed + self.kv_seconds_per_token * kv_tokens
+                + self.seconds_per_decoding_seq * decoding + self.prompt_seconds_per_unit * prompt_units)
+        # Without drafts the proposal term is 0.0, and adding 0.0 to a sum of non-negative terms leaves it as it is.
+        return step if self.width == 1 else step + self._proposal_seconds(decoding, kv_tokens)
