@@ -235,7 +235,8 @@ def inference_workload(
                             era.admission.initial_ratio, era.admission.min_ratio_factor, era.admission.decay_steps,
                             era.admission.clip_output_tokens),
                         admit_after_preemption=era.admit_after_preemption,
-                        hybrid_kv_cache=era.hybrid_kv_cache, kv_tokens_reported=era.kv_tokens_reported)
+                        hybrid_kv_cache=era.hybrid_kv_cache, kv_tokens_reported=era.kv_tokens_reported,
+                        sliding_window_in_flight_batches=era.sliding_window_in_flight_batches)
         if engine.offload is not None:
             o = engine.offload
             switches.update(offload_mode=o.mode, offload_gpu_layers=o.gpu_layers, offload_overlap=o.overlap,

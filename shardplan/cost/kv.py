@@ -88,12 +88,14 @@ def vllm_kv_cache_groups(num_full_layers: int, num_sliding_layers: int) -> tuple
     return size, -(-num_full_layers // size), -(-num_sliding_layers // size)
 
 
-def sliding_window_blocks_per_request(sliding_window: int, max_len: int, batched_tokens: int, block_size: int) -> int:
+def sliding_window_blocks_per_request(sliding_window: int, max_len: int, batched_tokens: int, block_size: int,
+                                      in_flight_batches: int = 1) -> int:
     """Blocks one request of `max_len` tokens holds in a sliding-window layer at most: the last
-    window - 1 computed tokens plus a chunk of up to `batched_tokens` new ones, never more than
-    max_len, plus one block because the window need not start at a block boundary
+    window - 1 computed tokens plus `in_flight_batches` chunks of up to `batched_tokens` new ones,
+    never more than max_len, plus one block because the window need not start at a block boundary
     (vllm/v1/kv_cache_interface.py SlidingWindowSpec.max_memory_usage_bytes, v0.9.1 lines
-    138-154; the same sum in max_admission_blocks_per_request at v0.21.0 lines 443-463; later
-    releases (0.33.0) count max_concurrent_batches x batched_tokens, two with async scheduling)."""
-    num_tokens = min(sliding_window - 1 + batched_tokens, max_len)
+    138-154; max_admission_blocks_per_request at v0.21.0 lines 443-463 with one chunk; from v0.26.0,
+    lines 567-590, with VllmConfig.max_in_flight_tokens = max_concurrent_batches x batched_tokens,
+    config/vllm.py 512-533: two batches with async scheduling, its default)."""
+    num_tokens = min(sliding_window - 1 + in_flight_batches * batched_tokens, max_len)
     return -(-num_tokens // block_size) + 1

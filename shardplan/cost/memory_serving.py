@@ -264,8 +264,9 @@ def vllm_kv_pool(spec: ModelSpec, wl: InferenceWorkload, kv_layers: Sequence[int
     hybrid (wl.hybrid_kv_cache, full and sliding-window layers): groups of `size` layers
     (`vllm_kv_cache_groups`) share one pool of blocks = kv // (page x size), page = block_size x
     KV bytes per token per layer; a request takes cdiv(L, block) blocks in each full group and
-    `sliding_window_blocks_per_request` in each sliding group; concurrency = blocks / that sum;
-    the log prints blocks // groups x block_size (<= 0.20) or int(concurrency x L) (>= 0.21).
+    `sliding_window_blocks_per_request` in each sliding group (its window plus
+    wl.sliding_window_in_flight_batches chunks: two from 0.26); concurrency = blocks / that sum;
+    the log prints blocks // groups x block_size (<= 0.20.0) or int(concurrency x L) (>= 0.20.1).
     Every layer sliding (Mistral v0.1) is one group of sliding layers.
     Otherwise every layer holds the whole sequence: blocks = kv // (block_size x KV bytes per token).
     V1's start-up check (check_enough_kv_cache_memory) counts each layer by its own spec, the
@@ -275,7 +276,8 @@ def vllm_kv_pool(spec: ModelSpec, wl: InferenceWorkload, kv_layers: Sequence[int
     extra = math.ceil((max_len + spec_decode.lookahead_tokens(wl.speculative)) / bs) - full_blocks
     sliding = [i for i in kv_layers if spec.is_sliding_layer(i)]
     num_full = len(kv_layers) - len(sliding)
-    sw_blocks = (sliding_window_blocks_per_request(spec.sliding_window, max_len, wl.max_num_batched_tokens, bs)
+    sw_blocks = (sliding_window_blocks_per_request(spec.sliding_window, max_len, wl.max_num_batched_tokens, bs,
+                                                   wl.sliding_window_in_flight_batches)
                  if sliding and spec.sliding_window is not None else full_blocks)
     page = bs * per_layer_token
     tok_bytes = per_layer_token * len(kv_layers) + draft_tok_bytes

@@ -186,9 +186,12 @@ class InferenceWorkload:
     # vLLM V1's hybrid KV cache manager (knowledge/engines/vllm.yaml hybrid_kv_cache; cost/memory_serving.py):
     # sliding-window layers hold only their window's blocks per request; and what the logged
     # "GPU KV cache size" counts: "blocks" (blocks per KV cache group x block_size) or "concurrency"
-    # (max concurrency x max_model_len, vLLM >= 0.21).
+    # (max concurrency x max_model_len, vLLM >= 0.20.1); and how many batches of max_num_batched_tokens a
+    # sliding-window group holds per request beyond its window (2 from vLLM 0.26: async scheduling's
+    # two batches in flight, VllmConfig.max_in_flight_tokens).
     hybrid_kv_cache: bool = False
     kv_tokens_reported: str = "blocks"
+    sliding_window_in_flight_batches: int = 1
     load: ServingLoad | None = None  # traffic to judge the plan under (continuous batching); None: static batch only
 
 

@@ -403,9 +403,10 @@ def engine_flags(ctx: ExportContext, engine: str) -> ChosenFlags:
     newest_rules = _newest_rules(engine)
     if ctx.options.engine_version is not None:
         wanted, asked_by = ctx.options.engine_version, "export --engine-version"
-    elif planned is not None and planned == newest_rules:
+    elif planned is not None and planned == newest_rules != PINNED_VERSIONS[engine]:
         # The newest memory rules shardplan knows hold, as far as it knows, for the releases after
         # them: such a plan (every plan without --engine-version) runs on the pinned current release.
+        # (Rules as new as the pin are the plan's own version.)
         wanted, asked_by = None, f"the plan uses the newest {engine} rules shardplan knows ({planned})"
     elif planned is not None:
         wanted, asked_by = planned, "the plan's --engine-version"

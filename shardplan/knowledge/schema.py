@@ -45,10 +45,14 @@ class DeviceDefault(Frozen):
 
     min_memory_gib: float = Field(0.0, ge=0, description="applies to devices with at least this much memory, GiB")
     exclude_names: tuple[str, ...] = Field((), description="device-name substrings this row excludes (case-insensitive)")
+    names: tuple[str, ...] = Field((), description="device-name substrings of which the device must contain one "
+                                                   "(case-insensitive); empty: any device")
     value: int = Field(ge=0, description="the default (tokens or sequences: at least 1)")
 
     def matches(self, memory_gib: float, device_name: str) -> bool:
         name = device_name.lower()
+        if self.names and not any(x.lower() in name for x in self.names):
+            return False
         return memory_gib >= self.min_memory_gib and not any(x.lower() in name for x in self.exclude_names)
 
 
@@ -211,7 +215,14 @@ class EngineEra(Frozen):
                            "layer of a model that mixes them holds blocks for the whole sequence")
     kv_tokens_reported: Literal["blocks", "concurrency"] = Field(
         "blocks", description="what 'GPU KV cache size: N tokens' counts: blocks: the pool's blocks per KV cache group "
-                              "x block_size; concurrency: int(max concurrency x max_model_len) (vLLM >= 0.21)")
+                              "x block_size; concurrency: int(max concurrency x max_model_len) (vLLM >= 0.20.1)")
+    sliding_window_in_flight_batches: int = Field(
+        1, ge=1, description="batches of max_num_batched_tokens a sliding-window KV cache group holds per request "
+                             "beyond its window - 1 tokens, at one pipeline stage (vLLM SlidingWindowSpec."
+                             "max_memory_usage_bytes, which sizes the pool, the concurrency it logs and the start-up "
+                             "check): 1: one chunk (vLLM < 0.26); 2: VllmConfig.max_in_flight_tokens = "
+                             "max_concurrent_batches x max_num_batched_tokens with async scheduling, the default, "
+                             "overlapping two batches (vLLM >= 0.26)")
     sources: dict[str, str] = Field(description="field -> where the rule comes from (file at a tag, PR, release note)")
 
     @model_validator(mode="after")
@@ -238,6 +249,8 @@ class EngineEra(Frozen):
             documented.add("hybrid_kv_cache")
         if self.kv_tokens_reported != "blocks":
             documented.add("kv_tokens_reported")
+        if self.sliding_window_in_flight_batches != 1:
+            documented.add("sliding_window_in_flight_batches")
         if self.python_ops_per_layer_parts is not None:
             documented.add("python_ops_per_layer_parts")
             if any(v < 0 for v in self.python_ops_per_layer_parts.values()):

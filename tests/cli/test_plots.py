@@ -84,7 +84,7 @@ def test_estimate_svg_bars_are_the_reported_bytes_against_capacity(cli, tmp_path
     texts = _texts(root)
     assert {"stage 0", "layers 0-39", "stage 1", "layers 40-79"} <= {line for t in texts for line in t.splitlines()}
     assert any("fits" in t and "tp=4 pp=2" in t for t in texts)
-    assert "vLLM budget 0.9 x device" in texts
+    assert "vLLM budget 0.92 x device" in texts
     capacity = rep["hardware"]["memory_capacity_bytes"]
     zero_px = max(_ys(_group(root, "weights-stage-0")))  # bars start at 0 GiB
     cap_px = _ys(_group(root, "capacity"))[0]

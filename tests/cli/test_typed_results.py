@@ -70,7 +70,7 @@ def test_recommend_table_at_80_columns_shows_every_layout_in_full(cli, monkeypat
     r = cli("recommend", "llama-3.1-70b", "--objective", "throughput", "--hardware", "h100-sxm-80gb", "--gpus", "8")
     assert r.exit_code == 0
     lines = r.stdout.splitlines()
-    assert lines[0] == ("serving 1024-token prompts, 128 output tokens on vLLM 0.21.0; "
+    assert lines[0] == ("serving 1024-token prompts, 128 output tokens on vLLM 0.33.0; "
                         "best = most output tokens/s over all GPUs")
     for e in d["top"]:
         assert describe(e["plan"]) in r.stdout

@@ -116,11 +116,12 @@ def test_cuda_graphs_count_inside_the_budget_from_0_21():
 
 
 def test_default_version_is_the_newest_known_and_unknown_versions_name_the_known_ones():
-    assert engine_rules("vllm").version == engine_file("vllm").newest == "0.21.0"
+    assert engine_rules("vllm").version == engine_file("vllm").newest == "0.33.0"
+    assert engine_rules("sglang").version == engine_file("sglang").newest == "0.5.9"
     for bad in ("0.3.0", "99.0", "latest"):
         with pytest.raises(ShardplanError) as e:
             engine_rules("vllm", bad)
-        assert e.value.field == "--engine-version" and "0.5.4" in e.value.one_line() and "0.21.0" in e.value.one_line()
+        assert e.value.field == "--engine-version" and "0.5.4" in e.value.one_line() and "0.33.0" in e.value.one_line()
 
 
 def test_every_era_names_a_source_for_every_rule():
@@ -243,3 +244,47 @@ def test_a_fraction_table_that_leaves_small_tp_unanswered_is_refused():
         EngineEra.model_validate(era)
     era["static_fraction_by_tp"].append({"min_tp": 1, "value": 0.88})
     assert EngineEra.model_validate(era).static_fraction_by_tp[-1].min_tp == 1
+
+
+def test_vllm_0_20_raised_the_memory_default_and_counted_cuda_graphs():
+    """vllm/config/cache.py: gpu_memory_utilization Field(default=0.9) at 0.19.1, 0.92 from 0.20.0 (line 66)
+    to 0.33.0; vllm/envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS '0' at 0.19.1, '1' from 0.20.0; the
+    logged token count int(concurrency x max_model_len) from 0.20.1."""
+    old, new, newer = (engine_rules("vllm", v).era for v in ("0.19.1", "0.20.0", "0.20.1"))
+    assert (old.gpu_memory_utilization, old.cuda_graphs_in_budget) == (0.9, False)
+    assert (new.gpu_memory_utilization, new.cuda_graphs_in_budget, new.kv_tokens_reported) == (0.92, True, "blocks")
+    assert newer.kv_tokens_reported == "concurrency"
+    assert all(engine_rules("vllm", v).era.gpu_memory_utilization == 0.92 for v in ("0.21.0", "0.26.0", "0.33.0"))
+
+
+def test_vllm_flashinfer_sampler_was_opt_in_from_0_11_1_to_0_20():
+    """topk_topp_sampler.py at 0.11.1-0.20.2: 'Users must opt in explicitly via VLLM_USE_FLASHINFER_SAMPLER=1'
+    (the native path's 28 bytes a logit); on by default at 0.11.0 and again from 0.21.0 (10)."""
+    assert [engine_rules("vllm", v).era.sampler_bytes_per_logit for v in ("0.11.0", "0.11.1", "0.20.2", "0.21.0")] == [
+        10, 28, 28, 10]
+
+
+def test_vllm_sliding_window_groups_count_two_batches_in_flight_from_0_26():
+    """kv_cache_interface.py SlidingWindowSpec: window - 1 + max_num_batched_tokens at 0.25.1,
+    window - 1 + VllmConfig.max_in_flight_tokens (2 x the budget with async scheduling) from 0.26.0."""
+    assert [engine_rules("vllm", v).era.sliding_window_in_flight_batches
+            for v in ("0.21.0", "0.25.1", "0.26.0", "0.33.0")] == [1, 1, 2, 2]
+
+
+def test_vllm_0_28_batch_defaults_on_160_gib_devices_and_blackwell_graphs():
+    """arg_utils.py get_batch_defaults at 0.28.0: >= 160 GiB -> 16,384 batched tokens for the API server
+    (8,192 at 0.27.1); config/vllm.py _set_cudagraph_sizes: capture up to 1,024 on compute capability 10.x."""
+    b200, h200 = load_hardware("b200-sxm-180gb"), load_hardware("h200-sxm-141gb")
+    for version, b200_tokens, b200_graphs in (("0.27.1", 8192, 512), ("0.28.0", 16384, 1024), ("0.33.0", 16384, 1024)):
+        b, h = (resolve_serving(engine_rules("vllm", version), hw, max_model_len=8192) for hw in (b200, h200))
+        assert (b.max_num_batched_tokens, b.cuda_graph_max_batch, b.max_num_seqs) == (b200_tokens, b200_graphs, 1024)
+        assert (h.max_num_batched_tokens, h.cuda_graph_max_batch, h.max_num_seqs) == (8192, 512, 1024)
+
+
+def test_sglang_cuda_graph_batch_by_device_memory():
+    """server_args.py _handle_gpu_memory_settings (tp < 4): 8 below 20 GiB, 16 (0.5.4) or 24 (0.5.5+) below
+    35, 32 below 60, 256 below 160, 512 from 160 GiB."""
+    for version, mid in (("0.5.4", 16), ("0.5.6", 24), ("0.5.9", 24)):
+        rules = engine_rules("sglang", version)
+        assert [rules.by_device(rules.era.cuda_graph_max_batch, gib, "x") for gib in (15, 22.5, 44, 79, 140, 178)] == [
+            8, mid, 32, 256, 256, 512]

@@ -4,9 +4,9 @@ shardplan/validation/corpus/engine_logs/sliding_window_logs.yaml holds Gemma 3 a
 0.10.1 to 0.26.0 (their sources in the file). Each `check:` gives the KV memory the log printed
 ("Available KV cache memory: X GiB", rounded to 0.01 GiB, or the pool's blocks where the log also
 printed them); from it `vllm_kv_pool` must give what the log printed next: "GPU KV cache size: N
-tokens" (blocks // KV cache groups x 16 up to 0.20, int(concurrency x max_model_len) from 0.21) and
+tokens" (blocks // KV cache groups x 16 up to 0.20.0, int(concurrency x max_model_len) from 0.20.1) and
 "Maximum concurrency for L tokens per request: Cx" (blocks / the blocks one request takes in each
-group). Padding layers (Gemma 3: 52 sliding layers in 6 groups of 10) count in both.
+group; a sliding group's window plus one chunk of the token budget, two from 0.26 with async scheduling). Padding layers (Gemma 3: 52 sliding layers in 6 groups of 10) count in both.
 
 The rule of vLLM before 0.9.1 (every layer holding the whole sequence) misses every one of the
 0.10-0.13 logs on the same memory, in its tokens or its concurrency (the last test).
@@ -31,13 +31,10 @@ LOGS = CORPUS_DIR / "engine_logs" / "sliding_window_logs.yaml"
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1024**3
 
-# id -> the mechanism the rules lack (the miss is asserted, so a fix shows up).
-KNOWN_MISSES = {
-    "vllm_v1_l40s_medgemma_27b_fp8_kvfp8_64k_v0260": (
-        "0.26 sizes a sliding group's blocks for two batches in flight (async scheduling), as 0.33's "
-        "max_in_flight_tokens does; the 0.21+ era charges one (inferred from this log alone: 2.87x logged, "
-        "3.29x with one batch, 2.87x with two)"),
-}
+# id -> the mechanism the rules lack (the miss is asserted, so a fix shows up). The MedGemma 27B log
+# of 0.26.0 (2.87x) left this list when the 0.26 era took two in-flight batches per sliding group
+# (kv_cache_interface.py SlidingWindowSpec with VllmConfig.max_in_flight_tokens, read at 0.26.0).
+KNOWN_MISSES: dict[str, str] = {}
 
 
 def _gemma3_27b():
@@ -60,8 +57,8 @@ def _checks():
 
 
 def _era(version: str):
-    """The era of `version`; past the newest release shardplan knows (0.21.0), the newest era, which
-    has no upper bound (the 0.26 log)."""
+    """The era of `version`; past the newest release shardplan knows, the newest era, which has no
+    upper bound."""
     from shardplan.knowledge.load import engine_file
     from shardplan.knowledge.schema import parse_version
 
@@ -69,17 +66,19 @@ def _era(version: str):
     return engine_rules("vllm", newest if parse_version(version) > parse_version(newest) else version).era
 
 
-def _pool(spec, check, kv_bytes, hybrid=None):
+def _pool(spec, check, kv_bytes, hybrid=None, in_flight=None):
     era = _era(check["version"])
     wl = InferenceWorkload(block_size=16, max_num_batched_tokens=check["max_num_batched_tokens"],
                            max_model_len=check["max_model_len"],
                            hybrid_kv_cache=era.hybrid_kv_cache if hybrid is None else hybrid,
-                           kv_tokens_reported=era.kv_tokens_reported)
+                           kv_tokens_reported=era.kv_tokens_reported,
+                           sliding_window_in_flight_batches=(era.sliding_window_in_flight_batches if in_flight is None
+                                                             else in_flight))
     per_layer_token = 2 * (spec.num_kv_heads // check["tp"]) * spec.head_dim * check["kv_bytes_per_element"]
     return vllm_kv_pool(spec, wl, range(spec.num_layers), per_layer_token, 0.0, 0.0, kv_bytes, check["max_model_len"])
 
 
-def _predicted(log_id: str, check: dict, hybrid=None):
+def _predicted(log_id: str, check: dict, hybrid=None, in_flight=None):
     """(tokens low, tokens high, concurrency low, concurrency high) over the KV memory the log may have
     had: the printed blocks exactly, else the printed GiB +- 0.005."""
     spec = _spec(check["model"])
@@ -89,7 +88,7 @@ def _predicted(log_id: str, check: dict, hybrid=None):
         lo = hi = check["num_gpu_blocks"] * 16 * per_layer_token * size  # a block spans one layer of each group
     else:
         lo, hi = (check["available_kv_gib"] - 0.005) * GIB, (check["available_kv_gib"] + 0.005) * GIB
-    a, b = _pool(spec, check, lo, hybrid), _pool(spec, check, hi, hybrid)
+    a, b = _pool(spec, check, lo, hybrid, in_flight), _pool(spec, check, hi, hybrid, in_flight)
     return a.tokens, b.tokens, a.concurrency, b.concurrency
 
 
@@ -120,3 +119,15 @@ def test_every_layer_holding_the_sequence_misses_the_hybrid_logs():
         if _era(check["version"]).kv_tokens_reported != "blocks":
             continue
         assert not all(_matches(check, _predicted(log_id, check, hybrid=False))), log_id
+
+
+def test_the_0_26_log_needs_two_batches_in_flight_per_sliding_group():
+    """MedGemma 27B (FP8 KV, L40S, 65,536 tokens, 2,048 batched) on vLLM 0.26.0 logged 188,347 tokens and
+    2.87x; its era sizes each sliding group for window - 1 + 2 x 2,048 tokens (VllmConfig.max_in_flight_tokens
+    with async scheduling). One chunk, the rule to 0.25.1, gives 3.29x and 215,804 tokens."""
+    (log_id, check), = [p.values for p in _checks() if p.values[1]["version"] == "0.26.0"]
+    assert _era("0.26.0").sliding_window_in_flight_batches == 2
+    assert all(_matches(check, _predicted(log_id, check)))
+    t_lo, t_hi, c_lo, c_hi = _predicted(log_id, check, in_flight=1)
+    assert not any(_matches(check, (t_lo, t_hi, c_lo, c_hi)))
+    assert round(c_lo, 2) == 3.29

@@ -167,14 +167,14 @@ def test_recent_vllm_page_reads_the_new_names_and_fits_the_band(plans):
     assert rep.engine == "0" and "vllm:kv_cache_usage_perc" in rep.metrics_read
     assert rep.kv_capacity_tokens == 551520  # kv_cache_size_tokens (= 34,470 blocks x 16)
     assert rep.kv_capacity_verdict == "within" and r.status == "ok"
-    assert not any("emitted by" in n for n in rep.notes)  # the plan names 0.21.0, which emits this name
+    assert not any("emitted by" in n for n in rep.notes)  # the plan names 0.33.0, which emits this name
 
 
 def test_old_vllm_page_on_a_cpu_backend_is_read_not_judged(plans):
     r = scrape(plans["a100"], {"http://v/metrics": VLLM_09})
     (rep,) = r.replicas
     assert "vllm:gpu_cache_usage_perc" in rep.metrics_read and "vllm:time_per_output_token_seconds" in rep.metrics_read
-    assert "the page has vllm:gpu_cache_usage_perc, which vllm emits before 0.11.0; the plan names vllm 0.21.0" in rep.notes
+    assert "the page has vllm:gpu_cache_usage_perc, which vllm emits before 0.11.0; the plan names vllm 0.33.0" in rep.notes
     assert rep.kv_capacity_tokens == 2340 * 16 and rep.kv_capacity_verdict == "not judged"
     assert any("CPU-backend" in n for n in rep.notes)
     assert rep.ttft is not None and rep.ttft.num_observations == 69
