@@ -42,6 +42,7 @@ from shardplan.cost.layout import Layout, Offload
 from shardplan.cost.params import WeightKind, block_weights, embedding_weights, layer_kind
 from shardplan.cost.weights import bytes_per_weight_element, numel_per_rank
 from shardplan.cost.workload import InferenceWorkload, Quantization
+from shardplan.units import DType
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
 
@@ -62,9 +63,17 @@ def layer_bytes_per_rank(spec: ModelSpec, layout: Layout, wl: InferenceWorkload,
     """Bytes of decoder layer `layer`'s weights on one tensor-parallel rank, in the plan's format
     (or `quantization`)."""
     q = wl.quantization if quantization is None else quantization
-    kinds = block_weights(spec, *layer_kind(spec, layer))
-    return sum(numel_per_rank(w, spec, layout)
-               * bytes_per_weight_element(w, q, wl.activation_dtype, spec, (layer,)) for w in kinds)
+    kind = layer_kind(spec, layer)
+    # Layers of one kind weigh the same, except under a GGUF mixture, whose types follow the index.
+    return _kind_bytes_per_rank(spec, layout, q, wl.activation_dtype, kind, layer if q.is_gguf else None)
+
+
+@lru_cache(maxsize=16384)
+def _kind_bytes_per_rank(spec: ModelSpec, layout: Layout, q: Quantization, dense: DType, kind: tuple[bool, bool],
+                         layer: int | None) -> float:
+    at = (layer,) if layer is not None else None
+    return sum(numel_per_rank(w, spec, layout) * bytes_per_weight_element(w, q, dense, spec, at)
+               for w in block_weights(spec, *kind))
 
 
 def largest_tensor_bytes_per_rank(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, layer: int) -> float:

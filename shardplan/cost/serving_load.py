@@ -355,33 +355,35 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         in_flight -= 1
         last_free = now
 
-    def reserve_ok(r: _Request, chunk: int) -> bool:
-        """Whether the cache, less what this step already allocated (`step_held`), holds r's first chunk."""
-        if sched.admission is None:
-            if windowed:  # a waiting request holds nothing yet
-                return (used + slide + step_held + chunk + admit_cost(r) + charge * min(chunk + admit_cost(r), window)
-                        <= capacity)
-            return used + step_held + chunk + admit_cost(r) <= capacity
-        return used + step_held + r.target - r.computed + ratio * (remaining_out + out_left(r)) <= capacity
-
     def admit_waiting(left: int, chunks: list[tuple[_Request, int]]) -> None:
-        """Admit waiting requests in order while the budget, the sequence limit and the cache (or
-        its admission reserve) allow, each with its first prompt chunk (prefix hits already held)."""
+        """Admit waiting requests in order while the budget, the sequence limit and the cache allow,
+        each with its first prompt chunk (prefix hits already held). The cache, less what this step
+        already allocated (`step_held`), must hold the chunk, its prefix hits and its sliding-window
+        share; with an admission reserve, the rest of its prompt and ratio x the outputs still to
+        come of it and of every running request."""
         nonlocal used, remaining_out, slide, step_held
         while waiting and left > 0 and len(running) < max_seqs:
             r = waiting[0]
             start = admit_cost(r)
             need = r.target - r.computed - start
             c = min(need, left) if chunked else need
-            if c > left or not reserve_ok(r, c):
+            if c > left:
+                break
+            if reserve:
+                out = out_left(r)
+                if used + step_held + r.target - r.computed + ratio * (remaining_out + out) > capacity:
+                    break
+                remaining_out += out
+            elif windowed:  # a waiting request holds nothing yet
+                if used + slide + step_held + c + start + charge * min(c + start, window) > capacity:
+                    break
+                slide += charge * min(start, window)
+            elif used + step_held + c + start > capacity:
                 break
             waiting.popleft()
             running[r.i] = r
             r.computed += start
             used += start
-            if windowed:
-                slide += charge * min(start, window)
-            remaining_out += out_left(r)
             prefilling.append(r)
             chunks.append((r, c))
             left -= c

@@ -110,7 +110,12 @@ class _StrictSafeLoader(_UniqueKeys, yaml.SafeLoader):
 class _StrictCSafeLoader(_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """libyaml's parser (about 8x faster) under the same duplicate-key check. Its composer is C,
     so aliases cannot be counted as they are composed: `_parse` uses it only for text without an
-    anchor ('&'), which therefore holds no alias."""
+    anchor, which therefore holds no alias. An anchor is '&' and at least one anchor character
+    (YAML 1.1/1.2 ns-anchor-char: not a space, not a flow indicator), so a bare '&' in prose ("top-p
+    & top-k") does not send a file to the slow loader."""
+
+
+_MAY_HOLD_ANCHOR = re.compile(r"&[^\s,\[\]{}]")
 
 
 def _reject_constant(value: str) -> Any:
@@ -181,7 +186,7 @@ def _parse(text: str, path: Path, label: str) -> Any:
             where = f"line {e.lineno} column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else str(e)
             raise InputFileError(f"invalid JSON at {where}", source=label, hint="fix the JSON syntax") from None
     try:
-        loader = _StrictSafeLoader if "&" in text else _StrictCSafeLoader
+        loader = _StrictSafeLoader if _MAY_HOLD_ANCHOR.search(text) else _StrictCSafeLoader
         return yaml.load(text, Loader=loader)  # noqa: S506 - SafeLoader subclasses
     except RecursionError:
         raise InputFileError("YAML nested too deeply", source=label) from None
