@@ -542,7 +542,7 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
         input_len=o["input_len"], output_len=o["output_len"], batch_size=o["batch_size"],
         vision=o["loaded"].spec.vision, images_per_prompt=o.get("limit_mm_per_prompt"),
         encoder_decoder=o["loaded"].spec.num_cross_attention_layers > 0,
-        checkpoint_expert_format=o["loaded"].spec.expert_dtype,
+        checkpoint_expert_format=o["loaded"].spec.expert_dtype, mla=o["loaded"].spec.mla is not None,
     )
     return _with_load(o, wl)
 

@@ -50,6 +50,9 @@ class ServingDefaults:
     # runs through the tower, and the encoder output rows still alive while the text pass profiles.
     vision_encoder_tokens: int = 0
     vision_kept_tokens: int = 0
+    # SGLang >= 0.5.10 with pp > 1: the by-tp fractions without the prefill CUDA graphs' reserve
+    # (pp > 1 turns them off); empty: the same as static_fraction_by_tp.
+    static_fraction_by_tp_pipelined: tuple[tuple[int, float], ...] = ()
 
 
 def profile_vision(mm: MultimodalEra, *, image_tokens: int, image_encoder_tokens: int, max_num_seqs: int,
@@ -109,16 +112,52 @@ def chunked_prefill_on(rules: EngineRules, max_model_len: int, asked: bool | Non
     return False, f"{rules.label}: chunked prefill off by default ({era.sources['chunked_prefill']})"
 
 
+def prefill_graphs_reserve(rules: EngineRules, prefill_tokens: int, context_tokens: int | None, *, mla: bool,
+                           multimodal: bool, speculative: str | None, enforce_eager: bool) -> tuple[float, bool, str]:
+    """(MiB the prefill CUDA graphs add to SGLang's reserve, whether pp > 1 turns them off, why).
+
+    SGLang >= 0.5.10 captures prefill graphs by default unless something turns them off: non-MLA,
+    per_capture_size_mib x len(capture sizes up to the chunked-prefill budget, at most the context
+    asked for where clamped_to_context); MLA, a flat mla_mib (server_args.py _handle_gpu_memory_settings
+    at 0.5.10 lines 1254-1312; arg_groups/memory_hook.py reserve_for_graph_mb at 0.5.23)."""
+    reserve = rules.era.static_fraction_reserved
+    pg = reserve.prefill_graphs if reserve is not None else None
+    if pg is None:
+        return 0.0, False, ""
+    source = rules.era.sources["static_fraction_reserved"]
+    inputs = {"multimodal": multimodal, "speculative": speculative is not None, "mla": mla, "eager": enforce_eager}
+    off = [k for k in pg.off_for if inputs.get(k)]
+    off_for_pp = "pipeline_parallel" in pg.off_for
+    if off:
+        return 0.0, off_for_pp, (f"{rules.label}: no prefill CUDA graphs ({', '.join(off)} turns them off), none in "
+                                 f"the reserve ({source})")
+    max_tokens = prefill_tokens
+    if pg.clamped_to_context and context_tokens is not None:
+        max_tokens = min(max_tokens, context_tokens)
+    mib = pg.reserve_mib(max_tokens=max_tokens, mla=mla)
+    if mla:
+        what = f"{mib:g} MiB for an MLA model"
+    else:
+        what = (f"{len(pg.sizes_tokens(max_tokens))} capture sizes up to {max_tokens:,} tokens x "
+                f"{pg.per_capture_size_mib:g} MiB = {mib:g} MiB")
+    pp = " (none with pp > 1)" if off_for_pp else ""
+    return mib, off_for_pp, f"{rules.label}: prefill CUDA graphs on by default{pp}: {what} in the reserve ({source})"
+
+
 def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: int | None,
                     model_max_len: int | None = None, multimodal: bool = False, max_num_seqs: int | None = None,
                     max_num_batched_tokens: int | None = None, gpu_memory_utilization: float | None = None,
                     block_size: int | None = None, enable_chunked_prefill: bool | None = None,
                     image_tokens: int | None = None, image_encoder_tokens: int | None = None,
-                    images_per_prompt: int | None = None) -> ServingDefaults:
+                    images_per_prompt: int | None = None, mla: bool = False, speculative: str | None = None,
+                    enforce_eager: bool = False) -> ServingDefaults:
     """Fill what the user left out with the engine's defaults for this device and context.
     `max_model_len` None takes the model's context (`model_max_len`), capped where the engine caps
-    its default."""
+    its default. `mla`, `speculative` (the method: draft_model, mtp, ngram) and `enforce_eager`
+    shape SGLang's default reserve (static_fraction_reserved)."""
     era = rules.era
+    context_given = max_model_len is not None
+    seqs_given = max_num_seqs is not None
     memory_gib = hw.memory_capacity_bytes / BYTES_PER_GIB
     device = hw.gpu_model
     notes: list[str] = []
@@ -164,19 +203,45 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
         notes.append(f"{rules.label}: the vision encoder's profiling pass is not modelled for this engine version or "
                      "model; only its weights are counted")
     graph_max = rules.by_device(era.cuda_graph_max_batch, memory_gib, device)
+    if era.cuda_graph_max_batch_capped and seqs_given and graph_max > max_num_seqs:
+        graph_max = max_num_seqs
+        notes.append(f"{rules.label}: CUDA graphs up to the {max_num_seqs} sequences asked for "
+                     f"({era.sources['cuda_graph_max_batch_capped']})")
     by_tp: tuple[tuple[int, float], ...] = ()
+    by_tp_pipelined: tuple[tuple[int, float], ...] = ()
     if era.accounting == "static_fraction":
         notes.append(f"{rules.label}: a static pool of (free memory at start) x mem_fraction_static holds the weights "
                      f"and the KV cache; activations and CUDA graphs use the rest ({era.sources['accounting']})")
         if gpu_memory_utilization is None:
             reserve = era.static_fraction_reserved
             if reserve is not None:
-                # The reserve grows with the ranks (tp x pp): one row per power-of-two tp, pp 1.
-                by_tp = tuple((t, reserve.fraction(memory_gib, max_num_batched_tokens, graph_max, t))
-                              for t in (64, 32, 16, 8, 4, 2, 1))
+                prefill_mib, off_for_pp, why = prefill_graphs_reserve(
+                    rules, max_num_batched_tokens, max_model_len if context_given else None, mla=mla,
+                    multimodal=multimodal, speculative=speculative, enforce_eager=enforce_eager)
+                if why:
+                    notes.append(why)
+                spec_mib = reserve.speculative_after_floor_mib.get(speculative, 0.0) if speculative else 0.0
+                if spec_mib:
+                    notes.append(f"{rules.label}: the {speculative} draft adds {spec_mib:g} MiB to the reserve after "
+                                 f"its floor ({era.sources['static_fraction_reserved']})")
+                if enforce_eager and reserve.decode_graphs_term_needs_graphs:
+                    notes.append(f"{rules.label}: no decode CUDA graphs, none in the reserve "
+                                 f"({era.sources['static_fraction_reserved']})")
+
+                def rows(pg_mib: float) -> tuple[tuple[int, float], ...]:
+                    # The reserve grows with the ranks (tp x pp): one row per power-of-two tp, pp 1.
+                    return tuple((t, reserve.fraction(memory_gib, max_num_batched_tokens, graph_max, t,
+                                                      prefill_graphs_mib=pg_mib, speculative_mib=spec_mib,
+                                                      decode_graphs=not enforce_eager))
+                                 for t in (64, 32, 16, 8, 4, 2, 1))
+                by_tp = rows(prefill_mib)
+                if off_for_pp and prefill_mib:
+                    by_tp_pipelined = rows(0.0)
                 gpu_memory_utilization = by_tp[-1][1]
                 notes.append(f"{rules.label}: mem_fraction_static on {device} "
                              + ", ".join(f"{v:g} from tp {t}" for t, v in by_tp if t <= 8)
+                             + (" (pp 1; with pp > 1 " + ", ".join(f"{v:g} from tp {t}" for t, v in by_tp_pipelined
+                                                                   if t <= 8) + ")" if by_tp_pipelined else "")
                              + f" ({era.sources['static_fraction_reserved']})")
             else:
                 assert era.static_fraction_by_tp is not None  # the schema requires one of the two
@@ -249,7 +314,8 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
         warmup_free_share=era.warmup_free_share, warmup_total_factor=era.warmup_total_factor,
         warmup_kv_tokens=warm_tokens, prefill_logit_bytes=era.prefill_logit_bytes,
         assumptions=tuple(notes), vision_encoder_tokens=vision_tokens, vision_kept_tokens=vision_kept,
+        static_fraction_by_tp_pipelined=by_tp_pipelined,
     )
 
 
-__all__ = ["ServingDefaults", "chunked_prefill_on", "profile_vision", "resolve_serving"]
+__all__ = ["ServingDefaults", "chunked_prefill_on", "prefill_graphs_reserve", "profile_vision", "resolve_serving"]

@@ -146,6 +146,7 @@ def inference_workload(
     images_per_prompt: int | None = None,
     encoder_decoder: bool = False,
     checkpoint_expert_format: str | None = None,
+    mla: bool = False,
 ) -> InferenceWorkload:
     """The serving workload from command-line values. With `engine` (and the `hw` and model
     context it runs), what is left out (None) takes that engine version's default for this
@@ -155,7 +156,8 @@ def inference_workload(
     the language model cross-attends to the encoder (Mllama), which vLLM ran only on its V0 engine
     (`_check_encoder_decoder`). `checkpoint_expert_format`: the format the model's routed experts
     ship in (ModelSpec.expert_dtype, gpt-oss: mxfp4); an engine that runs it as shipped plans it so
-    unless another format is asked for."""
+    unless another format is asked for. `mla`: the model's attention is MLA (SGLang's reserve for
+    prefill CUDA graphs differs)."""
     if images_per_prompt is not None and not 1 <= images_per_prompt <= MAX_SEQUENCES:
         raise ShardplanError(f"must be from 1 to {MAX_SEQUENCES}", field="--limit-mm-per-prompt", hint="e.g. 1")
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
@@ -208,7 +210,8 @@ def inference_workload(
                             enable_chunked_prefill=enable_chunked_prefill, multimodal=vision is not None,
                             image_tokens=vision.image_tokens_max if vision else None,
                             image_encoder_tokens=vision.image_encoder_tokens_max if vision else None,
-                            images_per_prompt=images_per_prompt)
+                            images_per_prompt=images_per_prompt, mla=mla, enforce_eager=enforce_eager,
+                            speculative=speculative.method.value if speculative is not None else None)
         if d.max_model_len != (max_model_len or model_max_len):
             max_model_len = d.max_model_len  # the engine capped its default
         max_num_seqs, max_num_batched_tokens = d.max_num_seqs, d.max_num_batched_tokens
@@ -218,7 +221,8 @@ def inference_workload(
         gpu_memory_utilization, block_size = d.gpu_memory_utilization, d.block_size
         switches = dict(engine=engine.engine, engine_version=engine.version, cuda_context_in_budget=d.cuda_context_in_budget,
                         cuda_graphs_in_budget=d.cuda_graphs_in_budget, refusal=d.refusal, accounting=d.accounting,
-                        static_fraction_by_tp=d.static_fraction_by_tp, python_ops_per_layer=d.python_ops_per_layer,
+                        static_fraction_by_tp=d.static_fraction_by_tp,
+                        static_fraction_by_tp_pipelined=d.static_fraction_by_tp_pipelined, python_ops_per_layer=d.python_ops_per_layer,
                         python_ops_per_layer_parts=d.python_ops_per_layer_parts,
                         python_ops_per_step=d.python_ops_per_step, cuda_graph_max_batch=d.cuda_graph_max_batch,
                         step_overhead_seconds=d.step_overhead_seconds,

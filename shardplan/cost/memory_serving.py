@@ -38,11 +38,13 @@ from shardplan.units import BYTES_PER_GIB, DType, bytes_per_element
 FP32_BYTES = 4.0
 
 
-def static_fraction(wl: InferenceWorkload, tp: int) -> float:
-    """SGLang's mem_fraction_static: as given, else its default for this tensor-parallel size."""
-    if not wl.static_fraction_by_tp:
+def static_fraction(wl: InferenceWorkload, tp: int, pp: int = 1) -> float:
+    """SGLang's mem_fraction_static: as given, else its default for this tensor-parallel size (and,
+    where pipeline stages change it, for pp > 1)."""
+    rows = wl.static_fraction_by_tp_pipelined if pp > 1 and wl.static_fraction_by_tp_pipelined else wl.static_fraction_by_tp
+    if not rows:
         return wl.gpu_memory_utilization
-    return next(value for min_tp, value in wl.static_fraction_by_tp if tp >= min_tp)
+    return next(value for min_tp, value in rows if tp >= min_tp)
 
 
 def kv_bytes_per_token_per_layer_per_rank(spec: ModelSpec, tp: int, kv_bytes_per_element: float) -> float:
@@ -342,7 +344,7 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     max_len = wl.max_model_len or spec.max_position_embeddings
     capacity = float(hw.memory_capacity_bytes)
     static = wl.accounting == "static_fraction"
-    utilization = static_fraction(wl, layout.tp) if static else wl.gpu_memory_utilization
+    utilization = static_fraction(wl, layout.tp, layout.pp) if static else wl.gpu_memory_utilization
     context = float(hw.cuda_context_bytes)
     if static:  # SGLang: a fraction of the memory free when the worker starts, after the context
         budget = (capacity - context) * utilization

@@ -83,6 +83,8 @@ class InferenceWorkloadReport(Frozen):
                                         "(SGLang: a pool of free memory x fraction holds weights and KV)")
     static_fraction_by_tp: list[tuple[int, float]] = Field(description="SGLang's default pool fraction by "
                                                            "tensor-parallel size, (min_tp, fraction); empty: as given")
+    static_fraction_by_tp_pipelined: list[tuple[int, float]] = Field(
+        default_factory=list, description="the same with pipeline stages (pp > 1) where that differs; empty: the same")
     python_ops_per_layer: float = Field(description="framework ops per decoder layer the engine issues from Python "
                                                     "in eager mode (host time)")
     python_ops_per_layer_parts: dict[str, float] = Field(

@@ -127,6 +127,8 @@ class InferenceWorkload:
     accounting: str = "profiled"
     # static_fraction without an explicit fraction: (min_tp, fraction) rows, largest min_tp first
     static_fraction_by_tp: tuple[tuple[int, float], ...] = ()
+    # the same with pp > 1 where that changes it (SGLang >= 0.5.10: no prefill CUDA graphs); empty: the same
+    static_fraction_by_tp_pipelined: tuple[tuple[int, float], ...] = ()
     assumptions: tuple[str, ...] = ()  # each engine rule applied, with its source, as printed
     # The host's side of a step (time_serving.host_seconds). Kernels are launched from C++ at
     # the profile's kernel_launch_us each; a Python engine also runs python_ops_per_layer framework

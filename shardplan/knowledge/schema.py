@@ -63,11 +63,54 @@ class TpDefault(Frozen):
     value: float = Field(gt=0, le=1, description="the default")
 
 
+class CaptureSizeRange(Frozen):
+    """One run of capture sizes: start, start + step, ... up to `stop` (inclusive), or up to the
+    maximum when `stop` is null (SGLang's range(start, stop + 1, step))."""
+
+    start: int = Field(ge=1, description="first size, tokens")
+    stop: int | None = Field(description="last size at most this, tokens (inclusive); null: up to the maximum")
+    step: int = Field(ge=1, description="the spacing, tokens")
+
+
+PrefillGraphOff = Literal["multimodal", "speculative", "pipeline_parallel", "mla", "eager"]
+
+
+class PrefillGraphReserve(Frozen):
+    """SGLang >= 0.5.10: CUDA graphs for prefill (piecewise, from 0.5.15 'breakable' on CUDA) are on
+    by default and add to the reserve before its floor: per_capture_size_mib x the number of capture
+    sizes (one graph per size, sizes up to the chunked-prefill budget), or a flat mla_mib for an MLA
+    model (server_args.py _handle_gpu_memory_settings / arg_groups/memory_hook.py reserve_for_graph_mb).
+    `off_for` names the inputs shardplan knows that turn them off by default."""
+
+    per_capture_size_mib: float = Field(ge=0, description="MiB per captured prefill size (non-MLA models)")
+    mla_mib: float = Field(ge=0, description="MiB for an MLA model's prefill graphs, whatever their sizes")
+    capture_sizes: list[CaptureSizeRange] = Field(
+        min_length=1, description="the capture-size list rule: the runs, smallest first; sizes above the maximum "
+                                  "(the chunked-prefill budget) are dropped")
+    clamped_to_context: bool = Field(
+        False, description="the maximum is also at most --context-length when that is given (max_model_len asked for)")
+    off_for: list[PrefillGraphOff] = Field(
+        default_factory=list, description="what turns them off by default, of what shardplan's inputs know: "
+                                          "multimodal (a vision model), speculative (any speculative decoding), "
+                                          "pipeline_parallel (pp > 1), mla (an MLA model), eager (--disable-cuda-graph)")
+
+    def sizes_tokens(self, max_tokens: int) -> list[int]:
+        """The capture sizes up to `max_tokens` (SGLang _generate_piecewise_cuda_graph_tokens)."""
+        sizes: list[int] = []
+        for r in self.capture_sizes:
+            sizes += range(r.start, (max_tokens if r.stop is None else r.stop) + 1, r.step)
+        return [s for s in sizes if s <= max_tokens]
+
+    def reserve_mib(self, *, max_tokens: int, mla: bool) -> float:
+        return self.mla_mib if mla else self.per_capture_size_mib * len(self.sizes_tokens(max_tokens))
+
+
 class ReservedMemory(Frozen):
     """SGLang's default pool fraction from >= 0.5.4 (server_args.py, PR #10975): mem_fraction_static =
     (device MiB - reserved MiB) / device MiB, reserved = base + per_prefill_token x max(chunked prefill,
-    min_prefill_tokens) + per_graph_batch x cuda_graph_max_bs + per_rank x tp x pp, at least `floor_mib`
-    on devices above `floor_above_gib`."""
+    min_prefill_tokens) + per_graph_batch x cuda_graph_max_bs + per_rank x tp x pp (+ the prefill CUDA
+    graphs' term from 0.5.10), at least `floor_mib` on devices above `floor_above_gib`, then plus the
+    speculative draft's reserve (0.5.10 - 0.5.13)."""
 
     base_mib: float = Field(ge=0, description="fixed reserve, MiB")
     per_prefill_token_mib: float = Field(ge=0, description="MiB per token of the chunked-prefill budget")
@@ -76,13 +119,25 @@ class ReservedMemory(Frozen):
     per_rank_mib: float = Field(ge=0, description="MiB per tensor x pipeline rank")
     floor_mib: float = Field(ge=0, description="the reserve's floor on large devices, MiB")
     floor_above_gib: float = Field(ge=0, description="devices above this much memory get the floor, GiB")
+    decode_graphs_term_needs_graphs: bool = Field(
+        False, description="the per_graph_batch term counts only while decode CUDA graphs are on (false: even with "
+                           "--disable-cuda-graph)")
+    prefill_graphs: PrefillGraphReserve | None = Field(
+        None, description="prefill CUDA graphs on by default and their reserve; null: off by default (before 0.5.10)")
+    speculative_after_floor_mib: dict[Literal["draft_model", "mtp", "ngram"], float] = Field(
+        default_factory=dict, description="MiB a speculative method's draft adds after the floor, by shardplan's "
+                                          "method (draft_model: SGLang's STANDALONE, mtp: NEXTN/EAGLE, ngram: NGRAM); "
+                                          "empty: not modelled")
 
-    def fraction(self, device_gib: float, prefill_tokens: int, graph_batch: int, ranks: int) -> float:
+    def fraction(self, device_gib: float, prefill_tokens: int, graph_batch: int, ranks: int, *,
+                 prefill_graphs_mib: float = 0.0, speculative_mib: float = 0.0, decode_graphs: bool = True) -> float:
         device_mib = device_gib * 1024
+        graphs = self.per_graph_batch_mib * graph_batch if decode_graphs or not self.decode_graphs_term_needs_graphs else 0.0
         reserved = (self.base_mib + self.per_prefill_token_mib * max(prefill_tokens, self.min_prefill_tokens)
-                    + self.per_graph_batch_mib * graph_batch + self.per_rank_mib * ranks)
+                    + graphs + self.per_rank_mib * ranks + prefill_graphs_mib)
         if device_gib > self.floor_above_gib:
             reserved = max(reserved, self.floor_mib)
+        reserved += speculative_mib
         return round((device_mib - reserved) / device_mib, 3)
 
 
@@ -190,6 +245,9 @@ class EngineEra(Frozen):
     cuda_graph_max_batch: list[DeviceDefault] = Field(
         min_length=1, description="decode steps of up to this many sequences replay a CUDA graph by default, by "
                                   "device; 0: the engine captures none")
+    cuda_graph_max_batch_capped: bool = Field(
+        False, description="the default is at most max_num_seqs when that is given (SGLang >= 0.5.22: decode "
+                           "max_bs <= --max-running-requests)")
     schedule: Literal["mixed", "prefill_first", "static"] = Field(
         description="how the scheduler composes a step under continuous batching (cost/serving_load.py): mixed: "
                     "the running requests' decode tokens first, then prompt chunks of running and waiting requests "
@@ -241,6 +299,8 @@ class EngineEra(Frozen):
                       "cuda_graph_max_batch", "step_overhead_us", "sampler_bytes_per_logit", "schedule"}
         if self.graphs_for_prompt_steps:
             documented.add("graphs_for_prompt_steps")
+        if self.cuda_graph_max_batch_capped:
+            documented.add("cuda_graph_max_batch_capped")
         if self.admission is not None:
             documented.add("admission")
         if not self.admit_after_preemption:
@@ -461,8 +521,8 @@ class EngineRules(Frozen):
         return table[-1].value
 
 
-__all__ = ["DeviceDefault", "EngineEra", "EngineFile", "EngineRules", "MultimodalEra", "OffloadEra", "ReservedMemory",
-           "TpDefault",
+__all__ = ["CaptureSizeRange", "DeviceDefault", "EngineEra", "EngineFile", "EngineRules", "MultimodalEra", "OffloadEra",
+           "PrefillGraphReserve", "ReservedMemory", "TpDefault",
            "parse_version"]
 
 

@@ -142,8 +142,9 @@ def _plain(workload: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
         out["load"] = _load_section(out["load"])
     if "python_ops_per_layer_parts" in out:
         out["python_ops_per_layer_parts"] = dict(out["python_ops_per_layer_parts"])
-    if "static_fraction_by_tp" in out:
-        out["static_fraction_by_tp"] = [{"min_tp": t, "fraction": f} for t, f in out["static_fraction_by_tp"]]
+    for key in ("static_fraction_by_tp", "static_fraction_by_tp_pipelined"):
+        if key in out:
+            out[key] = [{"min_tp": t, "fraction": f} for t, f in out[key]]
     return out
 
 

@@ -147,6 +147,8 @@ class InferenceWorkloadSection(_Section):
     accounting: Literal["profiled", "static_fraction", "warmup", "free_fraction", "fixed_context", "dynamic"] = Field(
         "profiled", description="how the engine sizes its KV memory")
     static_fraction_by_tp: list[StaticFractionRow] = Field(default_factory=list, description="SGLang's default pool fraction by tensor-parallel size")
+    static_fraction_by_tp_pipelined: list[StaticFractionRow] = Field(
+        default_factory=list, description="the same with pipeline stages (pp > 1) where that differs; empty: the same")
     assumptions: list[str] = Field(default_factory=list, description="each engine rule that shaped the plan, with its source")
     python_ops_per_layer: float = Field(0.0, ge=0, description="framework ops per decoder layer the engine issues from Python in eager mode")
     python_ops_per_layer_parts: dict[str, float] = Field(

@@ -104,7 +104,8 @@ def engine_log_inputs(case: EngineLogCase, corpus: Path | None = None):
         quantization=QUANTIZATION[quant], enforce_eager=bool(f.enforce_eager), input_len=1024, output_len=128,
         batch_size=None, engine=engine_rules(case.engine, case.engine_version), hw=hw,
         model_max_len=spec.max_position_embeddings, enable_chunked_prefill=f.enable_chunked_prefill,
-        vision=spec.vision, images_per_prompt=f.limit_mm_per_prompt, checkpoint_expert_format=spec.expert_dtype)
+        vision=spec.vision, images_per_prompt=f.limit_mm_per_prompt, checkpoint_expert_format=spec.expert_dtype,
+        mla=spec.mla is not None)
     return spec, hw, Layout(tp=case.tp, pp=case.pp), wl
 
 

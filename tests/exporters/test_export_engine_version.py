@@ -157,20 +157,20 @@ def test_a_plan_newer_than_the_pin_or_older_than_every_list_says_which_list_it_g
 
 
 def test_a_plan_at_the_newest_rules_known_exports_for_the_pinned_release():
-    """Every plan made without --engine-version carries the newest rules shardplan knows (SGLang 0.5.9,
-    TGI 3.3.0); they hold for later releases as far as shardplan knows, so the export is for the pin. Where
-    the newest rules are the pin's own release (vLLM 0.33.0) the flags are that release's, as the plan's."""
+    """Every plan made without --engine-version carries the newest rules shardplan knows (TGI 3.3.0);
+    they hold for later releases as far as shardplan knows, so the export is for the pin. Where the newest
+    rules are the pin's own release (vLLM 0.33.0, SGLang 0.5.23) the flags are that release's, as the plan's."""
     from shardplan.knowledge.load import engine_file
 
-    for engine in ("sglang", "tgi"):
+    newest = engine_file("tgi").newest
+    assert newest != PINNED_VERSIONS["tgi"]
+    text = exported(planned_for("serve-1gpu", "tgi", newest), "tgi")["serve.sh"]
+    assert f"{PINNED_VERSIONS['tgi']} (the pinned version: the plan uses the newest tgi rules shardplan knows ({newest})" in text
+    for engine, name in (("vllm", "vLLM"), ("sglang", "SGLang")):
         newest = engine_file(engine).newest
-        assert newest != PINNED_VERSIONS[engine]
+        assert newest == PINNED_VERSIONS[engine]
         text = exported(planned_for("serve-1gpu", engine, newest), engine)["serve.sh"]
-        assert f"{PINNED_VERSIONS[engine]} (the pinned version: the plan uses the newest {engine} rules shardplan knows ({newest})" in text
-    newest = engine_file("vllm").newest
-    assert newest == PINNED_VERSIONS["vllm"]
-    text = exported(planned_for("serve-1gpu", "vllm", newest), "vllm")["serve.sh"]
-    assert f"vLLM {newest} (the plan's --engine-version {newest};" in text
+        assert f"{name} {newest} (the plan's --engine-version {newest};" in text
 
 
 def test_a_version_of_another_engine_is_not_applied():

@@ -117,7 +117,7 @@ def test_cuda_graphs_count_inside_the_budget_from_0_21():
 
 def test_default_version_is_the_newest_known_and_unknown_versions_name_the_known_ones():
     assert engine_rules("vllm").version == engine_file("vllm").newest == "0.33.0"
-    assert engine_rules("sglang").version == engine_file("sglang").newest == "0.5.9"
+    assert engine_rules("sglang").version == engine_file("sglang").newest == "0.5.23"
     for bad in ("0.3.0", "99.0", "latest"):
         with pytest.raises(ShardplanError) as e:
             engine_rules("vllm", bad)
@@ -288,3 +288,117 @@ def test_sglang_cuda_graph_batch_by_device_memory():
         rules = engine_rules("sglang", version)
         assert [rules.by_device(rules.era.cuda_graph_max_batch, gib, "x") for gib in (15, 22.5, 44, 79, 140, 178)] == [
             8, mid, 32, 256, 256, 512]
+
+
+def _sglang_defaults(version: str, hardware: str, **kw):
+    hw = cluster(load_hardware(hardware), gpus=1, nodes=None, gpus_per_node=None)
+    return hw, resolve_serving(engine_rules("sglang", version), hw, max_model_len=kw.pop("max_model_len", None),
+                               model_max_len=131072, **kw)
+
+
+def _fraction(device_mib: float, reserved_mib: float) -> float:
+    return round((device_mib - reserved_mib) / device_mib, 3)
+
+
+def test_sglang_0_5_10_reserves_piecewise_prefill_graphs_dense_and_mla_on_an_h100():
+    """SGLang 0.5.10 server_args.py _handle_gpu_memory_settings on an H100 SXM (CUDA reports 79.11 GiB =
+    81,008.6 MiB; tp 1, pp 1): chunked_prefill_size 8192 and cuda_graph_max_bs 256 (60-90 GiB row).
+    reserved = 512 + max(8192, 2048) x 1.5 + 256 x 2 + 1 x 1 / 8 x 1024 = 512 + 12288 + 512 + 128 = 13440 MiB.
+    Piecewise CUDA graphs are on by default (line 637) and add, before the 10 GiB floor (13440 is above it):
+    - a dense model: len(_generate_piecewise_cuda_graph_tokens()) x 8 with max = 8192: 4..32/4 (8) + 48..256/16
+      (14) + 288..512/32 (8) + 576..1024/64 (8) + 1280..4096/256 (12) + 4608..8192/512 (8) = 58 sizes, 464 MiB:
+      13904 -> round((81008.6 - 13904) / 81008.6, 3) = 0.828;
+    - an MLA model: 1.5 x 1024 = 1536 MiB: 14976 -> 0.815.
+    0.5.9 (no piecewise term by default) kept 13440 -> 0.834 for both."""
+    hw, dense = _sglang_defaults("0.5.10", "h100-sxm-80gb")
+    device_mib = hw.memory_capacity_bytes / BYTES_PER_GIB * 1024
+    pg = engine_rules("sglang", "0.5.10").era.static_fraction_reserved.prefill_graphs
+    assert len(pg.sizes_tokens(8192)) == 58
+    assert (dense.max_num_batched_tokens, dense.cuda_graph_max_batch) == (8192, 256)
+    assert dense.gpu_memory_utilization == _fraction(device_mib, 13440 + 58 * 8) == 0.828
+    _, mla = _sglang_defaults("0.5.10", "h100-sxm-80gb", mla=True)
+    assert mla.gpu_memory_utilization == _fraction(device_mib, 13440 + 1536) == 0.815
+    for flag in ({}, {"mla": True}):
+        assert _sglang_defaults("0.5.9", "h100-sxm-80gb", **flag)[1].gpu_memory_utilization == 0.834
+    # tp 2: 13440 + 128 = 13568, + 464 = 14032 -> 0.827 (tp >= 4 raises cuda_graph_max_bs to 512 in SGLang,
+    # which the by-device table does not model)
+    assert dict(dense.static_fraction_by_tp)[2] == _fraction(device_mib, 13568 + 464) == 0.827
+
+
+def test_sglang_prefill_graphs_off_for_multimodal_speculative_and_pipeline_stages():
+    """0.5.10: _handle_piecewise_cuda_graph (lines 1078-1139) turns them off for a multimodal model, for
+    speculative decoding and for pp > 1; speculative decoding then adds, after the floor, 4 GiB for an EAGLE
+    family draft (NEXTN = shardplan's mtp) and 6 GiB for STANDALONE (draft_model): on the H100 (81,008.6 MiB),
+    13440 + 4096 = 17536 -> 0.784, 13440 + 6144 = 19584 -> 0.758, NGRAM 13440 -> 0.834. From 0.5.11 speculative
+    decoding keeps the graphs (13904 + 4096 = 18000 -> 0.778); 0.5.14 drops the speculative reserve (13904 -> 0.828).
+    From 0.5.15 the default is the breakable backend, which pp > 1 does not turn off until 0.5.19."""
+    hw, mm = _sglang_defaults("0.5.10", "h100-sxm-80gb", multimodal=True)
+    device_mib = hw.memory_capacity_bytes / BYTES_PER_GIB * 1024
+    assert mm.gpu_memory_utilization == _fraction(device_mib, 13440) == 0.834
+    expected = {("0.5.10", "mtp"): 13440 + 4096, ("0.5.10", "draft_model"): 13440 + 6144, ("0.5.10", "ngram"): 13440,
+                ("0.5.11", "mtp"): 13904 + 4096, ("0.5.14", "mtp"): 13904}
+    for (version, method), reserved in expected.items():
+        got = _sglang_defaults(version, "h100-sxm-80gb", speculative=method)[1].gpu_memory_utilization
+        assert got == _fraction(device_mib, reserved), (version, method)
+    for version, pp_off in (("0.5.10", True), ("0.5.14", True), ("0.5.15", False), ("0.5.18", False), ("0.5.19", True),
+                            ("0.5.23", True)):
+        d = _sglang_defaults(version, "h100-sxm-80gb")[1]
+        assert bool(d.static_fraction_by_tp_pipelined) is pp_off, version
+        if pp_off:
+            assert dict(d.static_fraction_by_tp_pipelined)[1] == 0.834
+    wl = inference_workload(
+        max_model_len=8192, max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=None,
+        block_size=None, kv_cache_dtype=None, weight_dtype=None, quantization=None, enforce_eager=False,
+        input_len=1024, output_len=128, batch_size=None, engine=engine_rules("sglang", "0.5.23"),
+        hw=cluster(load_hardware("h100-sxm-80gb"), gpus=1, nodes=None, gpus_per_node=None), model_max_len=131072)
+    assert (static_fraction(wl, 1), static_fraction(wl, 1, pp=2)) == (0.828, 0.834)
+
+
+def test_sglang_mla_prefill_graphs_off_with_breakable_0_5_15_to_0_5_17():
+    """0.5.15 made breakable prefill graphs the CUDA default and _disable_breakable_cudagraph_if_incompatible
+    turned them off for MLA (0.5.15 server_args.py line 3352): no 1.5 GiB, 13440 -> 0.834 on the H100; 0.5.18
+    dropped that rule: 14976 -> 0.815 again."""
+    for version, fraction in (("0.5.14", 0.815), ("0.5.15", 0.834), ("0.5.17", 0.834), ("0.5.18", 0.815),
+                              ("0.5.23", 0.815)):
+        assert _sglang_defaults(version, "h100-sxm-80gb", mla=True)[1].gpu_memory_utilization == fraction, version
+
+
+def test_sglang_prefill_graph_sizes_clamped_to_a_given_context_0_5_13_to_0_5_16():
+    """0.5.13 clamps the piecewise maximum to --context-length (server_args.py 1579-1585), 0.5.17 no longer:
+    at max_model_len 4096 the sizes are 4..32/4, 48..256/16, 288..512/32, 576..1024/64, 1280..4096/256 = 50,
+    400 MiB: 13440 + 400 = 13840 -> 0.829 on the H100; unclamped 58 sizes -> 0.828."""
+    for version, fraction in (("0.5.12", 0.828), ("0.5.13", 0.829), ("0.5.16", 0.829), ("0.5.17", 0.828)):
+        d = _sglang_defaults(version, "h100-sxm-80gb", max_model_len=4096)[1]
+        assert d.gpu_memory_utilization == fraction, version
+
+
+def test_sglang_eager_drops_graph_terms_from_0_5_14_and_0_5_15():
+    """--disable-cuda-graph: 0.5.10-0.5.13 keep both terms (13904 -> 0.828); 0.5.14 disables the prefill
+    backend too (_parse_cuda_graph_config line 2942): 13440 -> 0.834; 0.5.15 counts decode graphs only while on
+    (lines 3639-3643): 13440 - 512 = 12928 -> 0.840."""
+    for version, fraction in (("0.5.13", 0.828), ("0.5.14", 0.834), ("0.5.15", 0.840), ("0.5.23", 0.840)):
+        assert _sglang_defaults(version, "h100-sxm-80gb", enforce_eager=True)[1].gpu_memory_utilization == fraction
+
+
+def test_sglang_0_5_23_defaults_by_device():
+    """arg_groups/memory_hook.py at 0.5.23 (tp < 4): chunked_prefill_size / decode max_bs: 2048 / 8 below
+    20 GiB, 4096 / 48 below 35 (0.5.20's new row, was 2048 / 24), 4096 / 32 below 60, 8192 / 256 below 160,
+    16384 / 512 from 160 GiB. Reserve on an RTX 4090 (the profile: 23.64 GiB = 24,207.4 MiB, no floor):
+    512 + 4096 x 1.5 + 48 x 2 + 128 = 6880, + breakable prefill graphs up to 4096: 50 sizes x 8 = 400 -> 7280:
+    round((24207.4 - 7280) / 24207.4, 3) = 0.699. With --max-running-requests 16 the decode max_bs is 16
+    (0.5.22 lines 183-188): 6880 - 64 + 400 = 7216 -> 0.702."""
+    rules = engine_rules("sglang", "0.5.23")
+    assert rules.version == "0.5.23"
+    table = [(rules.by_device(rules.era.chunked_budget_tokens, gib, "x"),
+              rules.by_device(rules.era.cuda_graph_max_batch, gib, "x")) for gib in (15, 22.5, 44, 79, 140, 178)]
+    assert table == [(2048, 8), (4096, 48), (4096, 32), (8192, 256), (8192, 256), (16384, 512)]
+    hw, d = _sglang_defaults("0.5.23", "rtx-4090-24gb")
+    device_mib = hw.memory_capacity_bytes / BYTES_PER_GIB * 1024
+    assert (d.max_num_batched_tokens, d.cuda_graph_max_batch) == (4096, 48)
+    assert d.gpu_memory_utilization == _fraction(device_mib, 6880 + 400) == 0.699
+    capped = _sglang_defaults("0.5.23", "rtx-4090-24gb", max_num_seqs=16)[1]
+    assert capped.cuda_graph_max_batch == 16
+    assert capped.gpu_memory_utilization == _fraction(device_mib, 6880 - 64 + 400) == 0.702
+    old = _sglang_defaults("0.5.19", "rtx-4090-24gb")[1]
+    assert (old.max_num_batched_tokens, old.cuda_graph_max_batch) == (2048, 24)
+    assert rules.era.admission.initial_ratio == 0.7 and rules.era.schedule == "prefill_first"
