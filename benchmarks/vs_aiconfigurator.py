@@ -503,9 +503,13 @@ def main() -> int:
                         help="shardplan --concurrency: auto (aiconfigurator's agg pick's total), none, or a number")
     parser.add_argument("--shardplan-legacy", action="store_true",
                         help=f"leave out {', '.join(NEW_SHARDPLAN_OPTIONS)} (a shardplan without continuous batching)")
+    parser.add_argument("--slo-percentile", type=int, choices=(50, 90, 99), default=SLO_PERCENTILE,
+                        help="the percentile shardplan holds TTFT and TPOT to (default: its own default, 90); "
+                             "aiconfigurator's figures are single steady-state estimates, nearer a median")
     parser.add_argument("--shardplan-cmd", help=f"how to run shardplan (default: {' '.join(SHARDPLAN_EXE)!r})")
     parser.add_argument("--no-shardplan", action="store_true", help="only aiconfigurator's answers")
     opts = parser.parse_args()
+    globals()["SLO_PERCENTILE"] = opts.slo_percentile  # the module constant every figure reads
 
     if opts.shardplan_cmd:
         SHARDPLAN_EXE[:] = shlex.split(opts.shardplan_cmd)
