@@ -164,6 +164,7 @@ def capacity(
             weight_dtype=None, quantization=None, enforce_eager=enforce_eager, input_len=1024, output_len=128, batch_size=None,
             vision=loaded.spec.vision, encoder_decoder=loaded.spec.num_cross_attention_layers > 0,
             checkpoint_expert_format=loaded.spec.expert_dtype, mla=loaded.spec.mla is not None,
+            sliding_window=loaded.spec.num_sliding_layers > 0,
         )
         if concurrency > wl_s.max_num_seqs:
             given = "--max-num-seqs" if max_num_seqs is not None else f"{rules.label}'s default max_num_seqs on this GPU"
@@ -199,7 +200,7 @@ def _size_for_rate(spec, hw, engine: str, engine_version: Optional[str], limit: 
         weight_dtype=None, quantization=None, enforce_eager=o["enforce_eager"], input_len=o["input_len"],
         output_len=o["output_len"], batch_size=None, vision=spec.vision,
         encoder_decoder=spec.num_cross_attention_layers > 0, checkpoint_expert_format=spec.expert_dtype,
-        mla=spec.mla is not None)
+        mla=spec.mla is not None, sliding_window=spec.num_sliding_layers > 0)
     lengths, name = None, "fixed"
     if o["dataset_lengths"]:
         lengths = load_lengths(o["dataset_lengths"])

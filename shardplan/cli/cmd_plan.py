@@ -543,6 +543,7 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
         vision=o["loaded"].spec.vision, images_per_prompt=o.get("limit_mm_per_prompt"),
         encoder_decoder=o["loaded"].spec.num_cross_attention_layers > 0,
         checkpoint_expert_format=o["loaded"].spec.expert_dtype, mla=o["loaded"].spec.mla is not None,
+        sliding_window=o["loaded"].spec.num_sliding_layers > 0,
     )
     return _with_load(o, wl)
 

@@ -147,6 +147,7 @@ def inference_workload(
     encoder_decoder: bool = False,
     checkpoint_expert_format: str | None = None,
     mla: bool = False,
+    sliding_window: bool = False,
 ) -> InferenceWorkload:
     """The serving workload from command-line values. With `engine` (and the `hw` and model
     context it runs), what is left out (None) takes that engine version's default for this
@@ -157,7 +158,8 @@ def inference_workload(
     (`_check_encoder_decoder`). `checkpoint_expert_format`: the format the model's routed experts
     ship in (ModelSpec.expert_dtype, gpt-oss: mxfp4); an engine that runs it as shipped plans it so
     unless another format is asked for. `mla`: the model's attention is MLA (SGLang's reserve for
-    prefill CUDA graphs differs)."""
+    prefill CUDA graphs differs). `sliding_window`: some of its layers attend within a window (how
+    the engine version caches them is stated with the answer)."""
     if images_per_prompt is not None and not 1 <= images_per_prompt <= MAX_SEQUENCES:
         raise ShardplanError(f"must be from 1 to {MAX_SEQUENCES}", field="--limit-mm-per-prompt", hint="e.g. 1")
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
@@ -241,6 +243,9 @@ def inference_workload(
                         admit_after_preemption=era.admit_after_preemption,
                         hybrid_kv_cache=era.hybrid_kv_cache, kv_tokens_reported=era.kv_tokens_reported,
                         sliding_window_in_flight_batches=era.sliding_window_in_flight_batches)
+        note = _sliding_window_note(engine, max_num_batched_tokens) if sliding_window else None
+        if note is not None:
+            switches["assumptions"] = tuple(d.assumptions) + (note,)
         if engine.offload is not None:
             o = engine.offload
             switches.update(offload_mode=o.mode, offload_gpu_layers=o.gpu_layers, offload_overlap=o.overlap,
@@ -502,3 +507,20 @@ def serving_load(*, request_rate: str | None, concurrency: int | None, num_promp
     return ServingLoad(request_rate_per_second=rate, max_concurrency=concurrency, num_requests=num_prompts,
                        lengths=lengths, lengths_name=lengths_name, prefix_cache_hit_fraction=prefix_cache_hit,
                        poisson=arrivals == "poisson", seed=seed, spec_acceptance_rate=spec_acceptance_rate)
+
+
+def _sliding_window_note(engine: EngineRules, batched_tokens: int) -> str | None:
+    """How this engine version caches a model's sliding-window layers, as the answer states it
+    (vLLM, whose rule is read by version; None for the engines whose rule is not modelled)."""
+    era = engine.era
+    if era.hybrid_kv_cache:
+        chunks = era.sliding_window_in_flight_batches
+        held = f"{chunks} x {batched_tokens:,}" if chunks > 1 else f"{batched_tokens:,}"
+        return (f"{engine.label}: sliding-window and full-attention layers form KV cache groups of equal size drawing "
+                f"on one pool (the hybrid KV cache manager); a request holds its window and up to {held} scheduled "
+                f"tokens in each sliding group, its whole sequence in each full one ({era.sources['hybrid_kv_cache']})")
+    if engine.engine != "vllm":
+        return None
+    return (f"{engine.label}: every attention layer, sliding-window ones included, holds a request's whole sequence "
+            "in the KV cache (vLLM's hybrid KV cache manager came with 0.9.1)")
+

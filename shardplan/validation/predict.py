@@ -105,7 +105,7 @@ def engine_log_inputs(case: EngineLogCase, corpus: Path | None = None):
         batch_size=None, engine=engine_rules(case.engine, case.engine_version), hw=hw,
         model_max_len=spec.max_position_embeddings, enable_chunked_prefill=f.enable_chunked_prefill,
         vision=spec.vision, images_per_prompt=f.limit_mm_per_prompt, checkpoint_expert_format=spec.expert_dtype,
-        mla=spec.mla is not None)
+        mla=spec.mla is not None, sliding_window=spec.num_sliding_layers > 0)
     return spec, hw, Layout(tp=case.tp, pp=case.pp), wl
 
 

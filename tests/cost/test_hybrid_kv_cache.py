@@ -160,3 +160,27 @@ def test_the_window_share_is_returned_whatever_ends_a_request():
     assert windowed.num_preemptions > 0  # the preempted requests' shares came back: all 300 finished
     assert windowed.peak_running < plain.peak_running
     assert windowed.output_tokens_per_second < plain.output_tokens_per_second
+
+
+@pytest.mark.parametrize(("version", "said", "tokens"), [
+    # Gemma 2 9B at 8,192 tokens on one H100: 21 full and 21 sliding layers (window 4,096), one group
+    # of each; every layer holding the sequence (0.8.5) gives about half the tokens 0.9.1+ logs.
+    ("0.8.5", "holds a request's whole sequence", None),
+    ("0.10.2", "up to 8,192 scheduled tokens", "blocks"),
+    ("0.26.0", "up to 2 x 8,192 scheduled tokens", "concurrency"),
+])
+def test_the_answer_says_how_the_version_caches_sliding_window_layers(cli, version, said, tokens):
+    res = cli("estimate", "gemma-2-9b", "-H", "h100-sxm-80gb", "--engine", "vllm", "--engine-version", version,
+              "--max-model-len", "8192", "--json")
+    assert res.exit_code == 0, res.stderr
+    d = res.json()
+    notes = [a for a in d["assumptions"] if "sliding-window" in a]
+    assert len(notes) == 1 and said in notes[0], notes
+    assert d["workload"]["kv_tokens_reported"] == (tokens or "blocks")
+    assert d["workload"]["hybrid_kv_cache"] is (tokens is not None)
+
+
+def test_a_model_without_sliding_windows_gets_no_such_line(cli):
+    res = cli("estimate", "llama-3.1-8b", "-H", "h100-sxm-80gb", "--engine", "vllm", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert not [a for a in res.json()["assumptions"] if "sliding-window" in a]
