@@ -513,6 +513,10 @@ def _sliding_window_note(engine: EngineRules, batched_tokens: int) -> str | None
     """How this engine version caches a model's sliding-window layers, as the answer states it
     (vLLM, whose rule is read by version; None for the engines whose rule is not modelled)."""
     era = engine.era
+    if era.hybrid_kv_cache and era.accounting == "fixed_context":  # llama.cpp's iSWA cache
+        return (f"{engine.label}: the sliding-window layers get a cache of their own, the window x the sequences + "
+                f"one ubatch ({batched_tokens:,}) cells padded to 256, the full-attention ones the whole context "
+                f"({era.sources['hybrid_kv_cache']})")
     if era.hybrid_kv_cache:
         chunks = era.sliding_window_in_flight_batches
         held = f"{chunks} x {batched_tokens:,}" if chunks > 1 else f"{batched_tokens:,}"

@@ -322,6 +322,20 @@ def vllm_kv_pool(spec: ModelSpec, wl: InferenceWorkload, kv_layers: Sequence[int
     return KvPool(tokens, account, blocks, seq_bytes, needed, conc, conc_running)
 
 
+def iswa_cells(spec: ModelSpec, wl: InferenceWorkload, n_ctx: int) -> int:
+    """llama.cpp's cache for the sliding-window layers of a model that mixes them with full ones
+    (llama_kv_cache_iswa, src/llama-kv-cache-iswa.cpp): min(n_ctx, the window x the sequences + one
+    ubatch, padded to the cache's 256 cells); 0 when the engine or the model has no such cache
+    (every layer then holds n_ctx cells). A unified cache, as llama-server's slots share it."""
+    if not wl.hybrid_kv_cache or spec.sliding_window is None:
+        return 0
+    sliding = spec.num_sliding_layers
+    if sliding == 0 or sliding == spec.num_layers:
+        return 0
+    cells = spec.sliding_window * wl.max_num_seqs + wl.max_num_batched_tokens
+    return min(n_ctx, math.ceil(cells / wl.block_size) * wl.block_size)
+
+
 @dataclass(frozen=True)
 class ServingMemory:
     ranks: list[RankMemory]
@@ -404,15 +418,19 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         kv_bytes = kv_pool_bytes(wl, budget, weights, overhead, act, tok_bytes, utilization)
         host_kv = 0.0
         if wl.accounting == "fixed_context":
-            # llama.cpp: a cache of exactly the context asked for (every slot's), padded to 256 cells.
+            # llama.cpp: a cache of exactly the context asked for (every slot's), padded to 256 cells;
+            # with iSWA the sliding layers' cells are only their window's (`iswa_cells`).
             n_ctx = math.ceil(max_len * wl.max_num_seqs / wl.block_size) * wl.block_size
-            host_kv = n_ctx * per_layer_token * len(off.kv_layers_off_gpu)
-            if kv_bytes < n_ctx * tok_bytes:
+            swa_cells = iswa_cells(spec, wl, n_ctx)
+            cells_of = (lambda i: swa_cells if spec.is_sliding_layer(i) else n_ctx) if swa_cells else (lambda i: n_ctx)
+            host_kv = sum(cells_of(i) for i in off.kv_layers_off_gpu) * per_layer_token
+            allocated = sum(cells_of(i) for i in kv_layers) * per_layer_token + n_ctx * draft_tok_bytes
+            if kv_bytes < allocated:
                 reasons.append(
                     f"stage {stage}: {wl.engine} allocates a KV cache of {n_ctx:,} tokens "
-                    f"({n_ctx * tok_bytes / BYTES_PER_GIB:.2f} GiB) but {max(kv_bytes, 0.0) / BYTES_PER_GIB:.2f} GiB "
+                    f"({allocated / BYTES_PER_GIB:.2f} GiB) but {max(kv_bytes, 0.0) / BYTES_PER_GIB:.2f} GiB "
                     f"remain beside the weights, compute buffer and overhead; lower the context or offload more layers")
-            kv_bytes = n_ctx * tok_bytes
+            kv_bytes = allocated
         state_bytes = linear_state_bytes_per_sequence_per_rank(spec, w.layers, layout.tp, kv_elt)
         if wl.accounting == "fixed_context":
             # The cache is the context asked for, wherever its layers live (on the host for layers the

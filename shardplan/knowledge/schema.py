@@ -267,10 +267,12 @@ class EngineEra(Frozen):
                           "_schedule_chunked_prefill schedules new prefills after preemptions); false: it admits "
                           "none until a step runs without preempting (vLLM V1 Scheduler.schedule)")
     hybrid_kv_cache: bool = Field(
-        False, description="vLLM V1's hybrid KV cache manager: full-attention and sliding-window layers form KV cache "
-                           "groups of equal size drawing blocks from one pool, and a sliding-window group holds only "
-                           "the window's blocks per request (docs/research/vllm-hybrid-kv.md); false: every attention "
-                           "layer of a model that mixes them holds blocks for the whole sequence")
+        False, description="the engine caches a model's sliding-window layers apart, each only for its window: vLLM "
+                           "V1's hybrid KV cache manager (full-attention and sliding-window layers form KV cache groups "
+                           "of equal size drawing blocks from one pool, a sliding-window group holding only the "
+                           "window's blocks per request; docs/research/vllm-hybrid-kv.md), llama.cpp's iSWA cache (a "
+                           "second cache of n_swa x sequences + n_ubatch cells for the sliding layers); false: every "
+                           "attention layer of a model that mixes them holds the whole sequence")
     kv_tokens_reported: Literal["blocks", "concurrency"] = Field(
         "blocks", description="what 'GPU KV cache size: N tokens' counts: blocks: the pool's blocks per KV cache group "
                               "x block_size; concurrency: int(max concurrency x max_model_len) (vLLM >= 0.20.1)")

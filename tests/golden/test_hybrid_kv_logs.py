@@ -131,3 +131,35 @@ def test_the_0_26_log_needs_two_batches_in_flight_per_sliding_group():
     t_lo, t_hi, c_lo, c_hi = _predicted(log_id, check, in_flight=1)
     assert not any(_matches(check, (t_lo, t_hi, c_lo, c_hi)))
     assert round(c_lo, 2) == 3.29
+
+
+def _gpt_oss_20b():
+    """gpt-oss-20b's KV shape: gpt-oss-120b's attention (8 KV heads of 64, a 128-token window on every
+    other layer) over 24 layers, as the logs' GGUF metadata prints it (block_count 24, n_swa 128)."""
+    base = load_model(str(CORPUS_DIR / "models" / "gpt-oss-120b.yaml")).spec
+    return base.model_copy(update={"num_layers": 24, "layer_types": base.layer_types[:24]})
+
+
+@pytest.mark.parametrize("entry", [e for e in yaml.safe_load(LOGS.read_text()) if "llamacpp_check" in e],
+                         ids=lambda e: e["id"])
+def test_llamacpp_sliding_layers_get_their_window_and_a_ubatch(entry):
+    """llama.cpp's iSWA cache: the full layers hold n_ctx cells, the sliding ones min(n_ctx,
+    pad(n_swa x sequences + n_ubatch, 256)); the KV memory the log prints, to the MiB."""
+    from shardplan.cost import inputs
+    from shardplan.cost.layout import Layout
+    from shardplan.cost.memory_serving import iswa_cells, serving_memory
+    from shardplan.specs.loading import load_hardware
+
+    check = entry["llamacpp_check"]
+    spec, hw = _gpt_oss_20b(), load_hardware("h100-sxm-80gb")
+    wl = inputs.inference_workload(
+        engine=engine_rules("llamacpp"), hw=hw, model_max_len=spec.max_position_embeddings,
+        max_model_len=check["n_ctx"], max_num_seqs=check["n_seq"], max_num_batched_tokens=check["n_ubatch"],
+        gpu_memory_utilization=None, block_size=None, kv_cache_dtype=None, weight_dtype=None, quantization=None,
+        enforce_eager=False, input_len=1024, output_len=128, batch_size=None,
+        checkpoint_expert_format=spec.expert_dtype, sliding_window=True)
+    assert iswa_cells(spec, wl, check["n_ctx"]) == check["swa_cells"]
+    kv = serving_memory(spec, hw, Layout(tp=1, pp=1, dp=1), wl).ranks[0].breakdown.kv_cache
+    assert kv / 2**20 == pytest.approx(check["kv_mib"], abs=0.01)
+    # Every layer holding n_ctx cells, as before, would have been twice the memory.
+    assert check["kv_mib"] < 0.51 * 24 * check["n_ctx"] * 2 * 8 * 64 * 2 / 2**20
