@@ -422,7 +422,10 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
             # with iSWA the sliding layers' cells are only their window's (`iswa_cells`).
             n_ctx = math.ceil(max_len * wl.max_num_seqs / wl.block_size) * wl.block_size
             swa_cells = iswa_cells(spec, wl, n_ctx)
-            cells_of = (lambda i: swa_cells if spec.is_sliding_layer(i) else n_ctx) if swa_cells else (lambda i: n_ctx)
+
+            def cells_of(layer: int) -> int:
+                return swa_cells if swa_cells and spec.is_sliding_layer(layer) else n_ctx
+
             host_kv = sum(cells_of(i) for i in off.kv_layers_off_gpu) * per_layer_token
             allocated = sum(cells_of(i) for i in kv_layers) * per_layer_token + n_ctx * draft_tok_bytes
             if kv_bytes < allocated:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from shardplan.cost.kv import vllm_kv_cache_groups
-from shardplan.cost.memory_serving import vllm_kv_pool
+from shardplan.cost.memory_serving import kv_bytes_per_token_per_layer_per_rank, vllm_kv_pool
 from shardplan.cost.workload import InferenceWorkload
 from shardplan.knowledge.load import engine_rules
 from shardplan.specs.loading import load_model
@@ -74,7 +74,7 @@ def _pool(spec, check, kv_bytes, hybrid=None, in_flight=None):
                            kv_tokens_reported=era.kv_tokens_reported,
                            sliding_window_in_flight_batches=(era.sliding_window_in_flight_batches if in_flight is None
                                                              else in_flight))
-    per_layer_token = 2 * (spec.num_kv_heads // check["tp"]) * spec.head_dim * check["kv_bytes_per_element"]
+    per_layer_token = kv_bytes_per_token_per_layer_per_rank(spec, check["tp"], check["kv_bytes_per_element"])
     return vllm_kv_pool(spec, wl, range(spec.num_layers), per_layer_token, 0.0, 0.0, kv_bytes, check["max_model_len"])
 
 
@@ -83,7 +83,7 @@ def _predicted(log_id: str, check: dict, hybrid=None, in_flight=None):
     had: the printed blocks exactly, else the printed GiB +- 0.005."""
     spec = _spec(check["model"])
     if "num_gpu_blocks" in check:
-        per_layer_token = 2 * (spec.num_kv_heads // check["tp"]) * spec.head_dim * check["kv_bytes_per_element"]
+        per_layer_token = kv_bytes_per_token_per_layer_per_rank(spec, check["tp"], check["kv_bytes_per_element"])
         size, _, _ = vllm_kv_cache_groups(spec.num_layers - spec.num_sliding_layers, spec.num_sliding_layers)
         lo = hi = check["num_gpu_blocks"] * 16 * per_layer_token * size  # a block spans one layer of each group
     else:
