@@ -8,6 +8,7 @@ import gc
 import os
 import sys
 import traceback
+from typing import Any
 
 try:  # newer typer carries its own copy of click
     from typer._click.exceptions import ClickException
@@ -28,6 +29,16 @@ from shardplan.cli import cmd_catalog, cmd_plan, cmd_capacity, cmd_deploy, cmd_v
 atexit.register(gc.freeze)
 
 
+def _subcommand_path(ctx: Any) -> str:
+    """The subcommands under the root, as typed ("estimate", "verify run"): the root's own name is
+    how it was started (`shardplan`, `python -m shardplan`), which the hint spells as `shardplan`."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    return " ".join(reversed(names))
+
+
 def main() -> None:
     """Console entry point: maps ShardplanError to one line and its exit code."""
     debug = os.environ.get("SHARDPLAN_DEBUG") == "1"
@@ -35,7 +46,8 @@ def main() -> None:
         code = app(standalone_mode=False)
     except ClickException as e:
         # A bad option value or usage: one line, as every other input error (not click's box).
-        where = f" (fix: see 'shardplan {e.ctx.command_path.split(' ', 1)[1]} --help')" if getattr(e, "ctx", None) and " " in e.ctx.command_path else ""
+        sub = _subcommand_path(getattr(e, "ctx", None))
+        where = f" (fix: see 'shardplan {sub} --help')" if sub else ""
         render_common.error_line(" ".join(f"{e.format_message()}{where}".split()))
         sys.exit(e.exit_code)
     except Abort:

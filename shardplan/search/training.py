@@ -37,7 +37,7 @@ from shardplan.cost.memory_training import (
     training_memory,
 )
 from shardplan.cost.time_training import (
-    layers_seconds_lower_bound,
+    _layers_seconds,
     pipeline_seconds,
     step_seconds_lower_bound,
     training_time,
@@ -263,6 +263,12 @@ def degrees_bound(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, sp
     """min over micro-batch, SP and recomputation of (m + (pp-1)/v_max) x (all layers' time) / pp:
     the slowest stage takes at least the mean, whatever the virtual stages."""
     sps, rcs = _flags(space, deg, wl, adm)
+    if not rcs:
+        return math.inf
+    # Recomputation only adds work (a recomputed forward, a third pass of TP/EP traffic), so
+    # the least recomputation allowed gives the least time.
+    rc = Recompute(min(rcs, key=lambda r: _RECOMPUTE_RANK[Recompute(r)]))
+    etp = deg.expert_tp
     best = math.inf
     for mbs in _micro_batches(wl, space, deg):
         pipes = _pipelines(spec, wl, space, deg, mbs, adm)
@@ -270,12 +276,9 @@ def degrees_bound(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, sp
             continue
         v_max = max(v for v, _ in pipes)
         m = wl.global_batch_size // (deg.dp * mbs)
-        # Recomputation only adds work (a recomputed forward, a third pass of TP/EP traffic), so
-        # the least recomputation allowed gives the least time.
-        rc = min(rcs, key=lambda r: _RECOMPUTE_RANK[Recompute(r)])
         for sp in sps:
-            shape = Layout(tp=deg.tp, pp=deg.pp, dp=deg.dp, cp=deg.cp, ep=deg.ep, micro_batch_size=mbs, sequence_parallel=sp, recompute=rc)
-            mean_stage = layers_seconds_lower_bound(spec, hw, shape, wl) / deg.pp
+            # `layers_seconds_lower_bound` of the shape, on its plain cache key (no Layout built)
+            mean_stage = _layers_seconds(spec, hw, wl, deg.tp, deg.cp, deg.ep, etp, sp, rc, mbs, None) / deg.pp
             best = min(best, (m + (deg.pp - 1) / v_max) * mean_stage)
     return best
 

@@ -196,3 +196,16 @@ def test_cli_global_batch_must_divide(cli):
     res = cli("estimate", "llama-3.1-8b", "--workload", "training", "--gpus", "8", "--pp", "4", "--virtual-stages", "2",
               "--global-batch-size", "6")
     assert res.exit_code == 2 and "multiple of pp=4" in res.stderr
+
+
+def test_usage_error_hint_names_the_subcommand_however_shardplan_was_started():
+    """Started as `python -m shardplan`, click's command path is "python -m shardplan estimate";
+    the hint still reads `shardplan estimate --help`, a command the user can type."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "shardplan", "estimate", "llama-3.1-8b", "--concurrency", "0"],
+                         capture_output=True, text=True, timeout=120)
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert res.returncode == 2 and len(lines) == 1
+    assert lines[0].endswith("(fix: see 'shardplan estimate --help')"), lines[0]
