@@ -624,6 +624,16 @@ def _stage_activations(
     inflight = in_flight_layer_activations(layout, stage, len(layers), num_micro)
     act = per_layer_avg * inflight
     detail = {"activations.layers": act}
+    working = 0.0
+    if recompute is Recompute.FULL:
+        # Full checkpointing keeps each layer's input only; backward re-runs one layer's forward
+        # at a time and holds everything that layer saves for its own backward beside the
+        # checkpoints (Chen et al. 2016, Sec. 3: the peak is the checkpoints plus one segment's
+        # activations; Korthikanti et al. 2022, Sec. 4.3). The largest layer kind of the stage
+        # bounds it, with the layout's parallelism, without recomputation.
+        whole = dataclasses.replace(layout, recompute=Recompute.NONE)
+        working = max(activation_bytes_per_layer(spec, whole, wl, moe, b, linear)
+                      for (moe, linear) in chunk_layer_kinds(spec, chunks))
     inflight_micro = inflight / len(layers)
     if stage == 0 and wl.dropout:
         emb = DROPOUT_MASK_BYTES * s_local * b * spec.hidden_size * rep * math.ceil(inflight_micro)
@@ -637,9 +647,17 @@ def _stage_activations(
         logits, largest = loss_head_bytes(spec, layout, wl, b)
         detail["activations.head"] = head
         detail["activations.loss"] = logits
-        act += head + logits
+        # The loss head's tensors are freed by their own backward, before the last layer is
+        # recomputed: the two peaks come one after the other, not together.
+        if working > head + logits:
+            detail["activations.recomputed_layer"] = working - head - logits
+        act += max(head + logits, working)
+        working = 0.0
         largest_what = ("the fp32 logits of the loss" if wl.largest_allocation_bytes_per_logit == FP32_BYTES
                         else f"the loss head's largest tensor ({wl.largest_allocation_bytes_per_logit:g} bytes a logit)")
+    if working:
+        detail["activations.recomputed_layer"] = working
+        act += working
     return act, tuple(detail.items()), largest, largest_what, layers
 
 

@@ -157,6 +157,30 @@ def test_korthikanti_output_layer_term_with_sequence_parallelism():
     assert d["activations.head"] + d["activations.loss"] == pytest.approx(4 * s * b * h / t * (1 + v / h), rel=1e-9)
 
 
+def test_full_recompute_holds_one_layers_whole_activations_beside_the_checkpoints():
+    """Full checkpointing keeps each layer's input (2 s b h per layer) and, in backward, one layer
+    re-run whole: Korthikanti et al. 2022, eq. 2, s b h (10 + 24 / t + 5 a s / (h t)) for tensor
+    parallelism without sequence parallelism. Stage 0 of two (not the loss's stage), 1F1B, so it
+    holds min(pp, m) = 2 micro-batches of its 24 layers' checkpoints."""
+    spec = _gpt(6144, 64, 48)
+    s, b, h, a, t = 2048, 4, 6144, 64, 8
+    layout = Layout(tp=t, pp=2, dp=1, micro_batch_size=b, recompute=Recompute.FULL)
+    hw = load_hardware("a100-sxm-80gb").with_topology(gpus_per_node=8, num_nodes=2)
+    wl = TrainingWorkload(seq_len=s, global_batch_size=4 * b, flash_attention=False, dropout=True)
+    ranks = estimate(spec, hw, layout, wl).model_dump(mode="json")["memory"]["per_rank"]
+    d = ranks[0]["detail_bytes"]
+    assert d["activations.layers"] == pytest.approx(2 * s * b * h * 24 * 2, rel=1e-9)
+    assert d["activations.recomputed_layer"] == pytest.approx(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-9)
+    acts = sum(v for k, v in d.items() if k.startswith("activations."))
+    assert acts == pytest.approx(ranks[0]["per_gpu_bytes"]["activations"], rel=1e-12)
+    # The last stage: the loss head's tensors are freed by their backward before the last layer
+    # is re-run, so the stage holds the larger of the two, not both.
+    last = ranks[-1]["detail_bytes"]
+    head = last["activations.head"] + last["activations.loss"]
+    assert ranks[-1]["per_gpu_bytes"]["activations"] == pytest.approx(
+        last["activations.layers"] + max(head, d["activations.recomputed_layer"]), rel=1e-9)
+
+
 # ----- vLLM start-up memory ----------------------------------------------------------------
 
 

@@ -49,7 +49,7 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     "tt_2412_t4_70b_fsdp32_tp8_asynctp": {"tokens": GRAND_TETON_SLOW},
     "tt_2412_t5_405b_fsdp8_tp8_pp8_1f1b": {"memory": PP405_MEM, "tokens": GRAND_TETON_SLOW},
     "tt_2412_t5_405b_fsdp8_tp8_pp8_interleaved": {"tokens": "torchtitan's interleaved schedule beats the (pp-1)/v bubble model by 24%"},
-    "tt_2412_t6_405b_fsdp8_cp1_tp8_pp8_32k": {"memory": PP405_MEM, "tokens": GRAND_TETON_SLOW},
+    "tt_2412_t6_405b_fsdp8_cp1_tp8_pp8_32k": {"tokens": GRAND_TETON_SLOW},
     "tt_2412_t6_405b_fsdp4_cp2_tp8_pp8_64k": {"memory": PP405_MEM},
     "tt_2412_t6_405b_fsdp2_cp4_tp8_pp8_128k": {"memory": PP405_MEM, "tokens": LONG_CP},
     "tt_2412_t6_405b_fsdp1_cp8_tp8_pp8_256k": {"memory": PP405_MEM, "tokens": LONG_CP},

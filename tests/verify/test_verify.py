@@ -110,6 +110,22 @@ def test_pipeline_1f1b_with_zero2_four_ranks(cli, tmp_path):
 
 
 @pytest.mark.dist
+def test_full_recomputation_keeps_block_inputs_and_peaks_with_one_block_rerun(cli, tmp_path):
+    """Under full recomputation each block keeps its input; the activations measured when the
+    forward ends match the prediction less the one block backward re-runs (named in the note),
+    and the allocated peak over the steps, which does hold that block, is at least the full
+    prediction of activations beside the states."""
+    res, report = _verify(cli, _plan(tmp_path, 2, TRAIN, dp=2, recompute="full"), tmp_path)
+    assert res.exit_code == EXIT_OK, res.stderr
+    _assert_matches(report, 2, training=True)
+    for rank in report["ranks"]:
+        act = next(c for c in rank["components"] if c["component"] == "activations")
+        assert "re-runs in backward" in act["note"]
+        peak = rank["memory_peak"]
+        assert peak["allocated_peak_bytes"] >= peak["predicted_allocated_bytes"] * 0.9
+
+
+@pytest.mark.dist
 def test_tp_pp_dp_interleaved_eight_ranks(cli, tmp_path):
     plan = _plan(tmp_path, 8, TRAIN, tp=2, pp=2, dp=2, zero_stage=3, pp_schedule="interleaved", virtual_stages=2)
     t0 = time.monotonic()
