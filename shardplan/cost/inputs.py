@@ -355,6 +355,7 @@ def training_workload(
         from_stack = dict(
             stack=stack.stack, loss_bytes_per_logit=stack.loss_bytes_per_logit,
             loss_vocab_parallel=stack.loss_vocab_parallel,
+            loss_parallel_bytes_per_logit=stack.loss_parallel_bytes_per_logit,
             largest_allocation_bytes_per_logit=stack.largest_allocation_bytes_per_logit,
             selective_policy=stack.selective or "attention_core", recompute_offered=tuple(stack.recompute),
             amp_fp32_master=stack.amp_fp32_master, norms_fp32=stack.norms_fp32,
@@ -377,7 +378,7 @@ def training_workload(
             from_stack.update(elementwise_fused=True, norms_fp32=False)
             cl = stack.compiled_loss
             if cl is not None and compile_loss is not False:  # None: the stack's current behaviour
-                from_stack.update(loss_bytes_per_logit=cl.bytes_per_logit,
+                from_stack.update(loss_bytes_per_logit=cl.bytes_per_logit, loss_parallel_bytes_per_logit=None,
                                   largest_allocation_bytes_per_logit=cl.largest_allocation_bytes_per_logit,
                                   loss_forward_bytes_per_logit=cl.forward_bytes_per_logit,
                                   loss_backward_bytes_per_logit=cl.backward_bytes_per_logit)

@@ -407,9 +407,11 @@ def loss_head_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, micro
     stack's bytes per logit over micro-batch x local sequence x vocabulary (over tp when the
     logits stay vocab-parallel)."""
     logits = wl.seq_len / layout.cp * micro_batch_size * spec.vocab_size
+    per_logit = wl.loss_bytes_per_logit
     if wl.loss_vocab_parallel:
         logits /= layout.tp
-    per_logit = wl.loss_bytes_per_logit
+        if layout.tp > 1 and wl.loss_parallel_bytes_per_logit is not None:
+            per_logit = wl.loss_parallel_bytes_per_logit  # the loss-parallel code's own tensors
     if per_logit is None:  # the fp32 logits once
         per_logit = FP32_BYTES if wl.loss_fp32_logits else bytes_per_element(wl.activation_dtype)
     return per_logit * logits, wl.largest_allocation_bytes_per_logit * logits

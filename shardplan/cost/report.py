@@ -149,6 +149,9 @@ class TrainingWorkloadReport(Frozen):
     loss_bytes_per_logit: float | None = Field(description="bytes per logit the loss head holds at its peak; null: "
                                                            "the fp32 logits once")
     loss_vocab_parallel: bool = Field(description="the logits stay split over tensor-parallel ranks")
+    loss_parallel_bytes_per_logit: float | None = Field(
+        description="with tensor parallelism, bytes per local logit of the stack's loss-parallel cross-entropy; "
+                    "null: loss_bytes_per_logit")
     largest_allocation_bytes_per_logit: float = Field(description="the loss head's largest tensor, bytes per logit "
                                                                   "(headroom the caching allocator needs); 0: not checked")
     selective_policy: str = Field(description="what --recompute selective keeps: attention_core or op_level")

@@ -244,6 +244,7 @@ class TrainingWorkload:
     # activation dtype's) once, the fp32 logits alone.
     loss_bytes_per_logit: float | None = None
     loss_vocab_parallel: bool = True  # logits stay split over tensor-parallel ranks
+    loss_parallel_bytes_per_logit: float | None = None  # the vocab-parallel loss's own bytes per local logit (tp > 1)
     # The loss head's largest single tensor (bytes per logit): the caching allocator must find
     # a fresh block of that size at the peak, so it is headroom "fits" needs. 0: not checked.
     largest_allocation_bytes_per_logit: float = 0.0

@@ -574,6 +574,10 @@ class StackFile(Frozen):
                           "fp32 upcast, fp32 log-softmax, fp32 gradients, as the stack's loss code keeps them")
     loss_vocab_parallel: bool = Field(description="the logits stay split over tensor-parallel ranks (vocab-parallel "
                                                   "or loss-parallel cross-entropy); false: each rank holds all")
+    loss_parallel_bytes_per_logit: float | None = Field(
+        None, gt=0, le=100, description="with tensor parallelism, bytes per local logit the loss-parallel "
+                                        "cross-entropy holds at its peak, where its code differs from the dense loss; "
+                                        "null: loss_bytes_per_logit")
     largest_allocation_bytes_per_logit: float = Field(
         gt=0, description="the loss head's largest single tensor, bytes per logit (the fp32 logits): the caching "
                           "allocator needs a fresh block of that size at the peak")
@@ -625,6 +629,8 @@ class StackFile(Frozen):
             documented.add("eager_elementwise")
         if self.compiled_loss is not None:
             documented.add("compiled_loss")
+        if self.loss_parallel_bytes_per_logit is not None:
+            documented.add("loss_parallel_bytes_per_logit")
         require_sources(documented, self.sources)
         if ("selective" in self.recompute) != (self.selective is not None):
             raise ValueError("selective must be set exactly when recompute offers selective")

@@ -216,6 +216,9 @@ class TrainingWorkloadSection(_Section):
     stack: str | None = Field(None, description="the training stack whose rules these follow; null: as given")
     loss_bytes_per_logit: float | None = Field(None, gt=0, description="bytes per logit the loss head holds at its peak")
     loss_vocab_parallel: bool = Field(True, description="the logits stay split over tensor-parallel ranks")
+    loss_parallel_bytes_per_logit: float | None = Field(
+        None, gt=0, description="with tensor parallelism, bytes per local logit of the stack's loss-parallel "
+                                "cross-entropy; null: loss_bytes_per_logit")
     largest_allocation_bytes_per_logit: float = Field(0.0, ge=0, description="the loss head's largest tensor, bytes per logit")
     selective_policy: Literal["attention_core", "op_level"] = Field("attention_core", description="what selective recomputation keeps")
     recompute_offered: list[RecomputeName] = Field(default_factory=lambda: ["none", "selective", "full"], description="the checkpointing the stack offers")

@@ -279,8 +279,13 @@ def test_unfused_attention_pays_the_stacks_traffic_per_score(stack, per_score):
 @pytest.mark.parametrize("stack", ["hf", "torchtitan"])
 def test_compile_fuses_the_loss_unless_the_run_compiled_only_the_layers(stack):
     """A whole-model compile (HF Trainer torch_compile; torchtitan since 2025-04) fuses the loss:
-    4 bytes a logit instead of 14; regional compilation (compile_loss=False) keeps the eager loss."""
-    assert _wl(stack).loss_bytes_per_logit == 14
+    4 bytes a logit instead of 12; regional compilation (compile_loss=False) keeps the eager loss,
+    and with it torchtitan's loss-parallel figure under tensor parallelism."""
+    eager = stack_rules(stack)
+    assert _wl(stack).loss_bytes_per_logit == eager.loss_bytes_per_logit == 12
     assert _wl(stack, compile=True).loss_bytes_per_logit == 4
+    assert _wl(stack, compile=True).loss_parallel_bytes_per_logit is None
     assert _wl(stack, compile=True).largest_allocation_bytes_per_logit == 2
-    assert _wl(stack, compile=True, compile_loss=False).loss_bytes_per_logit == 14
+    regional = _wl(stack, compile=True, compile_loss=False)
+    assert regional.loss_bytes_per_logit == 12
+    assert regional.loss_parallel_bytes_per_logit == eager.loss_parallel_bytes_per_logit

@@ -23,22 +23,18 @@ _spec.loader.exec_module(bench)  # type: ignore[union-attr]
 
 TOLERANCE = 0.10
 KNOWN_MISSES = {
+    "fms_mistral7b_lora_r16_bs2x2_fsdp_a100_80g": "-10.3%: 1.4 GiB of rank 0's allocated peak under FSDP1 with LoRA adapters "
+                                                  "is not identified (the same model and LoRA on one GPU, the bs4 and bs8 "
+                                                  "rows, are -5% and -7%); it was -7% while the loss head was "
+                                                  "over-counted at 14 bytes a logit",
     "peft_llama2_70b_lora_fsdp_8xh100": "an nvidia-smi screenshot at 90-98% of the device: FSDP1's caching-allocator "
                                         "reserve (fragmentation across its all-gather stream) is not modelled; 49 GiB "
                                         "allocated plus the largest block is what the model predicts",
 }
 CAPACITY_FLOOR = 0.90  # a capacity row's predicted peak is at least this share of the device
-_LOSS_HEAD = ("the HF stack's loss head: 14 bytes a logit (knowledge/stacks/hf.yaml) and a fresh block for the "
-              "fp32 logits. A ForCausalLMLoss that copies the shifted fp32 logits (logits[..., :-1, :].contiguous(), "
-              "older transformers) peaks near 14 in forward; one that pads the labels instead (transformers 5 "
-              "loss/loss_utils.py), with the Trainer dropping the model's bf16 logits before backward, at 12 "
-              "(saved log_softmax output, its gradient, the input gradient). The source gives no transformers version")
-KNOWN_OVER_CAPACITY = {  # row -> (the most the predicted reserved peak may exceed the device, cause)
-    # 28,454 tokens x 128,256 vocabulary: the loss head is 61 of the 84.7 GiB; 2 bytes a logit is 6.8 GiB
-    "unsloth_hf_fa2_llama31_8b_qlora_maxctx_80g": (0.08, _LOSS_HEAD),
-    # 6,916 tokens: 2 bytes a logit is 1.7 GiB, 79.9 GiB predicted against 79.15 GiB
-    "unsloth_hf_fa2_llama33_70b_qlora_maxctx_a100_80g": (0.02, _LOSS_HEAD),
-}
+# No capacity row is predicted over its device since the loss head is counted as torch holds it
+# (12 bytes a logit for the Trainer, tests/cost/test_loss_head_bytes.py; it was 14).
+KNOWN_OVER_CAPACITY: dict[str, tuple[float, str]] = {}  # row -> (the most the predicted peak may exceed the device, cause)
 ROWS, _ = bench.evaluate(yaml.safe_load(bench.DATA.read_text())["rows"])
 
 
@@ -70,6 +66,7 @@ def test_enough_lora_and_qlora_rows_hold():
     for _rid, method, counter, measured, predicted in ROWS:
         if _holds(counter, measured, predicted):
             within[method] = within.get(method, 0) + 1
-    # qlora: the four allocated / reserved rows; both capacity rows are listed over their device
-    assert within.get("lora", 0) >= 3 and within.get("qlora", 0) >= 4, within
+    # lora: the two single-GPU rows (the FSDP row and the 70B screenshot are listed misses);
+    # qlora: the four allocated / reserved rows and both capacity rows
+    assert within.get("lora", 0) >= 2 and within.get("qlora", 0) >= 6, within
     assert set(KNOWN_MISSES) | set(KNOWN_OVER_CAPACITY) <= {r[0] for r in ROWS}
