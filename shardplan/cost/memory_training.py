@@ -209,6 +209,11 @@ def _activation_bytes_per_layer(
                 total += (DROPOUT_MASK_BYTES + a_bytes) * scores
     # MLP.
     width_factor = 3 if spec.mlp_gated else 2  # gate+up outputs and the activation output; or in/out of GeLU
+    # An eager gated MLP (act(gate) * up, unfused) keeps act(gate) too: the product saves both its
+    # operands, the activation its input. A fused SwiGLU (Megatron's bias_swiglu, Inductor) keeps
+    # gate and up and recomputes the activation. Counted against transformers' LlamaMLP on CPU:
+    # tests/cost/test_layer_activations_torch.py.
+    eager_glu = 1 if spec.mlp_gated and not wl.elementwise_fused else 0
     total += a_bytes * sbh * rep * kept["mlp"] + mask  # MLP input, output dropout
     if moe_layer and spec.moe is not None:
         moe = spec.moe
@@ -223,15 +228,16 @@ def _activation_bytes_per_layer(
         rows = tokens * k * (layout.expert_tp if layout.sequence_parallel else 1)
         total += FP32_BYTES * tokens * moe.num_experts  # router logits
         total += a_bytes * rows * h  # permuted (dispatched) tokens, the experts' input
-        total += a_bytes * rows * width_factor * moe.expert_intermediate_size / layout.expert_tp
+        total += a_bytes * rows * (width_factor + eager_glu) * moe.expert_intermediate_size / layout.expert_tp
         # expert outputs, kept by the multiplication with the router probabilities for the
         # probabilities' gradient (Megatron-core moe_utils.unpermute; HF Mixtral's
         # `expert_layer(x) * routing_weights`); measured by `shardplan verify` on a Mixtral proxy
         total += a_bytes * rows * h
         if moe.num_shared_experts:
-            total += a_bytes * s * b * width_factor * moe.shared_intermediate_size * moe.num_shared_experts / t
+            total += (a_bytes * s * b * (width_factor + eager_glu) * moe.shared_intermediate_size
+                      * moe.num_shared_experts / t)
     else:
-        widths = width_factor - (0 if kept["down"] else 1)  # the last is the down projection's input
+        widths = width_factor + eager_glu - (0 if kept["down"] else 1)  # the last is the down projection's input
         total += a_bytes * s * b * widths * spec.intermediate_size / t
     if not wl.trains_base:
         total += lora_saved_bytes(spec, wl, moe_layer, s * b, linear_attention)

@@ -1,8 +1,8 @@
 """Every prediction carries its measured error band, and "fits" is decided at the band's edge,
 through the real CLI (`estimate`, `recommend`, `capacity`, the manifest), parsing `--json`.
 
-The real cases: Llama 3.1 8B trained on 8 H100s with ZeRO-3 and micro-batch 4 (2,048-token
-sequences) reserves 76.4 GiB of the 79.1 GiB, between capacity / (1 + torchtitan's peak-memory
+The real cases: Llama 3.1 8B trained on 8 H100s with ZeRO-3 and micro-batch 4 (1,792-token
+sequences) reserves 73.3 GiB of the 79.1 GiB, between capacity / (1 + torchtitan's peak-memory
 band) and capacity: tight. Llama 3.1 70B served on 2 H100s (tp=2) holds 20,768 KV tokens, so a
 20,000-token max_model_len fits at the prediction but not at vLLM V1's KV band's edge: tight."""
 
@@ -15,7 +15,7 @@ from shardplan.knowledge.load import bands_file
 from shardplan.plan.manifest import load_manifest
 from shardplan.search.space import TIGHT
 
-TRAIN = ("llama-3.1-8b", "--workload", "training", "--gpus", "8", "--zero-stage", "3", "--seq-len", "2048",
+TRAIN = ("llama-3.1-8b", "--workload", "training", "--gpus", "8", "--zero-stage", "3", "--seq-len", "1792",
          "--global-batch-size", "64")
 TIGHT_TRAIN = (*TRAIN, "--micro-batch-size", "4")
 PINNED_TIGHT = ("--tp", "1", "--pp", "1", "--cp", "1", "--micro-batch-size", "4", "--recompute", "none",

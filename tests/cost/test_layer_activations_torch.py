@@ -1,0 +1,63 @@
+"""One decoder layer's saved activations counted against transformers' own Llama layer on CPU:
+every tensor autograd saves for backward (torch.autograd.graph.saved_tensors_hooks), by storage,
+without the parameters and the rotary tables (computed once per forward and shared by every
+layer), against `activation_bytes_per_layer` for the Hugging Face stack without recomputation.
+
+The weights are bf16 (a model loaded in bf16, or FSDP's mixed precision casting them), so each
+RMSNorm's output is bf16 and the projections after it share one saved input. The layer keeps:
+per norm its input's fp32 copy and its normalized bf16 output; the shared input of q/k/v; q, k
+and v; the attention output (the output projection's input is a view of it) and its log-sum-exp;
+the MLP's input; gate, up, silu(gate) and their product, the down projection's input."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from shardplan.cost.inputs import training_workload  # noqa: E402
+from shardplan.cost.layout import Layout, Recompute  # noqa: E402
+from shardplan.cost.memory_training import activation_bytes_per_layer  # noqa: E402
+from shardplan.knowledge.load import stack_rules  # noqa: E402
+from shardplan.specs.model import ModelSpec, NormType  # noqa: E402
+
+HIDDEN, FFN, HEADS, KV_HEADS, BATCH, SEQ = 512, 1536, 8, 2, 2, 256
+
+
+def _saved_bytes() -> float:
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(hidden_size=HIDDEN, intermediate_size=FFN, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, num_hidden_layers=1, vocab_size=1000, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    layer = LlamaDecoderLayer(cfg, 0).to(torch.bfloat16)
+    x = torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
+    pos = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ)
+    cos, sin = LlamaRotaryEmbedding(cfg)(x, pos)
+    shared = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    shared |= {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr(), x.untyped_storage().data_ptr()}
+    saved: dict[int, int] = {}
+
+    def pack(t):  # type: ignore[no-untyped-def]
+        st = t.untyped_storage()
+        if st.data_ptr() not in shared:
+            saved[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, position_embeddings=(cos, sin), attention_mask=None, position_ids=pos)
+    return float(sum(saved.values()))
+
+
+def test_the_hf_stacks_layer_saves_what_transformers_llama_layer_saves():
+    spec = ModelSpec(name="llama-like", vocab_size=1000, hidden_size=HIDDEN, num_layers=1, num_attention_heads=HEADS,
+                     num_kv_heads=KV_HEADS, intermediate_size=FFN, mlp_gated=True, hidden_act="silu",
+                     norm_type=NormType.RMSNORM, max_position_embeddings=4096)
+    wl = training_workload(seq_len=SEQ, global_batch_size=BATCH, optimizer="adamw", framework=None,
+                           flash_attention=None, dropout=False, stack=stack_rules("hf"), spec=spec)
+    predicted = activation_bytes_per_layer(spec, Layout(micro_batch_size=BATCH, recompute=Recompute.NONE), wl, False,
+                                           BATCH)
+    # the two norms' rsqrt (one fp32 per token each) is the only thing the model leaves out
+    assert predicted == pytest.approx(_saved_bytes(), rel=0.005)
