@@ -139,7 +139,7 @@ def test_tp_pp_dp_interleaved_eight_ranks(cli, tmp_path):
 @pytest.mark.dist
 def test_serving_tensor_by_pipeline_four_ranks(cli, tmp_path):
     res, report = _verify(cli, _plan(tmp_path, 4, SERVE, tp=2, pp=2), tmp_path, "--json")
-    assert res.exit_code == EXIT_OK, res.stderr
+    assert res.exit_code == EXIT_OK, (res.stderr, report and report["mismatches"])
     assert res.json()["status"] == "ok"  # --json prints the same report
     _assert_matches(report, 4, training=False)
     assert {(r["tp"], r["pp"]) for r in report["ranks"]} == {(0, 0), (1, 0), (0, 1), (1, 1)}
