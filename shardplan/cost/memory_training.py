@@ -384,15 +384,17 @@ def zero_shard_degrees(layout: Layout, gpus_per_node: int) -> tuple[int, int]:
 def activation_bytes_lower_bound(
     spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, num_microbatches: int
 ) -> float:
-    """A lower bound on the binding rank's total in `training_memory`: stage 0's layer
-    activations at their peak (with the lighter of its layer kinds) plus the runtime overhead.
+    """A lower bound on the binding rank's total in `training_memory`: stage 0's activations at
+    their peak, exactly as `training_memory` counts them (the same cached figures: the layers in
+    flight, a recomputed layer, and with one stage the loss head), plus the runtime overhead.
     ZeRO and offload change neither, so above the GPU's memory no state sharding can fit."""
-    chunks = layout_stage_ranges(spec.num_layers, layout)[0]
-    num_layers = sum(len(r) for r in chunks)
-    b = layout.micro_batch_size
-    per_layer = min(activation_bytes_per_layer(spec, layout, wl, moe, b, linear) for moe, linear in chunk_layer_kinds(spec, chunks))
+    L = layout
+    act = _stage_activations(
+        spec, wl, L.tp, L.cp, L.expert_tp, L.sequence_parallel, L.recompute, L.micro_batch_size, L.pp,
+        L.virtual_stages, L.pp_schedule, L.pp_embedding_as_layer, L.pp_loss_as_layer, L.pp_first_stage_layers,
+        L.pp_last_stage_layers, max(1, num_microbatches), 0)[0]
     overhead = hw.cuda_context_bytes + hw.non_torch_bytes + (hw.nccl_buffer_bytes if layout.world_size > 1 else 0)
-    return per_layer * in_flight_layer_activations(layout, 0, num_layers, num_microbatches) + overhead
+    return act + overhead
 
 
 def stage_states_bytes(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, stage: int = 0) -> float:
