@@ -251,6 +251,13 @@ def layers_seconds_lower_bound(
                            layout.recompute, layout.micro_batch_size, None if layers is None else tuple(layers))
 
 
+def shape_layers_seconds(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, tp: int, cp: int, ep: int,
+                         etp: int, sp: bool, recompute: Recompute, mbs: int) -> float:
+    """`layers_seconds_lower_bound` of all the layers, on the fields it reads (no Layout built:
+    the training search bounds thousands of degree sets with it)."""
+    return _layers_seconds(spec, hw, wl, tp, cp, ep, etp, sp, recompute, mbs, None)
+
+
 @lru_cache(maxsize=65536)
 def _layers_seconds(
     spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, tp: int, cp: int, ep: int, etp: int, sp: bool,

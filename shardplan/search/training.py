@@ -37,7 +37,7 @@ from shardplan.cost.memory_training import (
     training_memory,
 )
 from shardplan.cost.time_training import (
-    _layers_seconds,
+    shape_layers_seconds,
     pipeline_seconds,
     step_seconds_lower_bound,
     training_time,
@@ -277,8 +277,7 @@ def degrees_bound(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, sp
         v_max = max(v for v, _ in pipes)
         m = wl.global_batch_size // (deg.dp * mbs)
         for sp in sps:
-            # `layers_seconds_lower_bound` of the shape, on its plain cache key (no Layout built)
-            mean_stage = _layers_seconds(spec, hw, wl, deg.tp, deg.cp, deg.ep, etp, sp, rc, mbs, None) / deg.pp
+            mean_stage = shape_layers_seconds(spec, hw, wl, deg.tp, deg.cp, deg.ep, etp, sp, rc, mbs) / deg.pp
             best = min(best, (m + (deg.pp - 1) / v_max) * mean_stage)
     return best
 
