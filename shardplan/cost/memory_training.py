@@ -21,6 +21,7 @@ from shardplan.cost.breakdown import MemoryBreakdown, RankMemory
 from shardplan.cost.finetune import adapter_params, base_format_bytes, is_nf4_base_weight, targeted_modules
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, layout_stage_ranges
 from shardplan.cost.params import WeightKind, block_weights, chunk_layer_kinds, layer_kinds
+from shardplan.knowledge.model_support import hf_norm_readers
 from shardplan.cost.weights import StageWeights, numel_per_rank, stage_tensors, stage_weights
 from shardplan.cost.workload import Framework, Optimizer, Quantization, TrainingWorkload
 from shardplan.specs.hardware import HardwareProfile
@@ -566,7 +567,7 @@ def _stage_memory(
     act, act_detail, largest, largest_what, layers = _stage_activations(
         spec, wl, L.tp, L.cp, L.expert_tp, L.sequence_parallel, L.recompute, L.micro_batch_size, L.pp,
         L.virtual_stages, L.pp_schedule, L.pp_embedding_as_layer, L.pp_loss_as_layer, L.pp_first_stage_layers,
-        L.pp_last_stage_layers, c.num_micro, stage)
+        L.pp_last_stage_layers, c.num_micro, stage, wl.amp_fp32_master and wl.trains_base and L.zero_stage == 0)
     ft_detail: dict[str, float] = {}
     if not wl.trains_base:
         dense, ft_detail = finetune_states(spec, layout, wl, stage, list(layers), c.dense_n, c.expert_n)
@@ -613,15 +614,33 @@ def _stage_memory(
     )
 
 
+def autocast_input_copies_per_layer(spec: ModelSpec, wl: TrainingWorkload, cp: int, micro_batch_size: int,
+                                    moe_layer: bool, linear_attention: bool) -> float:
+    """Under autocast over fp32 weights (the Hugging Face Trainer's AMP with fp32 weights at
+    compute: one GPU or DDP; FSDP and DeepSpeed compute with bf16 weights), an RMSNorm's output is
+    fp32 (its fp32 weight times the bf16 normalized input) and every linear that reads it casts it
+    to bf16 itself and saves that copy: q, k and v three where one shared input is counted, gate
+    and up two (`model_support.hf_norm_readers`). The bytes one layer saves beyond that shared
+    input. Softmax-attention and dense MLP blocks only: MoE routers and experts and
+    linear-attention mixers are not counted. Counted against transformers' own LlamaDecoderLayer:
+    tests/cost/test_layer_activations_torch.py."""
+    attn, mlp = hf_norm_readers(spec)
+    kept = _saved_linear_inputs(spec, wl, moe_layer, linear_attention)
+    extra = (0 if linear_attention else (attn - 1) * kept["qkv"]) + (0 if moe_layer else (mlp - 1) * kept["mlp"])
+    return bytes_per_element(wl.activation_dtype) * wl.seq_len / cp * micro_batch_size * spec.hidden_size * extra
+
+
 @lru_cache(maxsize=65536)
 def _stage_activations(
     spec: ModelSpec, wl: TrainingWorkload, tp: int, cp: int, etp: int, sp: bool, recompute: Recompute, b: int, pp: int,
     virtual_stages: int, schedule: PipelineSchedule, embedding_as_layer: bool, loss_as_layer: bool, first: int | None,
-    last: int | None, num_micro: int, stage: int,
+    last: int | None, num_micro: int, stage: int, input_copies: bool = False,
 ) -> tuple[float, tuple[tuple[str, float], ...], float, str, tuple[int, ...]]:
     """A stage's activations at its peak with their named parts, the loss head's largest tensor
     and what it is, and the stage's layers: they depend on the shape, not on ZeRO or offload,
-    so the many state variants of one shape share them."""
+    so the many state variants of one shape share them; `input_copies` (autocast over fp32
+    weights, which only ZeRO 0 computes with) adds what each linear saves of its own input cast
+    (`autocast_input_copies_per_layer`): without it the figure is a lower bound for every variant."""
     layout = Layout(tp=tp, cp=cp, etp=etp, sequence_parallel=sp, recompute=recompute, micro_batch_size=b, pp=pp,
                     virtual_stages=virtual_stages, pp_schedule=schedule, pp_embedding_as_layer=embedding_as_layer,
                     pp_loss_as_layer=loss_as_layer, pp_first_stage_layers=first, pp_last_stage_layers=last)
@@ -629,11 +648,18 @@ def _stage_activations(
     s_local = wl.seq_len / layout.cp
     chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
     layers = tuple(i for r in chunks for i in r)
+    kinds = chunk_layer_kinds(spec, chunks)
     per_layer_avg = sum(num * activation_bytes_per_layer(spec, layout, wl, moe, b, linear)
-                        for (moe, linear), num in chunk_layer_kinds(spec, chunks).items()) / len(layers)
+                        for (moe, linear), num in kinds.items()) / len(layers)
     inflight = in_flight_layer_activations(layout, stage, len(layers), num_micro)
     act = per_layer_avg * inflight
     detail = {"activations.layers": act}
+    copies = ({k: autocast_input_copies_per_layer(spec, wl, cp, b, *k) for k in kinds}
+              if input_copies and recompute is not Recompute.FULL else {})
+    if copies and any(copies.values()):
+        extra = sum(copies[k] * num for k, num in kinds.items()) / len(layers) * inflight
+        detail["activations.autocast_input_copies"] = extra
+        act += extra
     working = 0.0
     if recompute is Recompute.FULL:
         # Full checkpointing keeps each layer's input only; backward re-runs one layer's forward
@@ -643,7 +669,8 @@ def _stage_activations(
         # bounds it, with the layout's parallelism, without recomputation.
         whole = dataclasses.replace(layout, recompute=Recompute.NONE)
         working = max(activation_bytes_per_layer(spec, whole, wl, moe, b, linear)
-                      for (moe, linear) in chunk_layer_kinds(spec, chunks))
+                      + (autocast_input_copies_per_layer(spec, wl, cp, b, moe, linear) if input_copies else 0.0)
+                      for (moe, linear) in kinds)
     inflight_micro = inflight / len(layers)
     if stage == 0 and wl.dropout:
         emb = DROPOUT_MASK_BYTES * s_local * b * spec.hidden_size * rep * math.ceil(inflight_micro)

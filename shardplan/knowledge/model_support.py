@@ -36,6 +36,29 @@ TORCHTITAN_FLAVORS: dict[tuple[str, int, int, int, int], tuple[str, str]] = {
     ("deepseek_v3", 61, 7168, 128, 128): ("deepseek_v3", "671B"),
 }
 
+# model_type -> (linears reading the attention norm's output, linears reading the MLP norm's output)
+# where transformers' modeling_<type>.py fuses the projections: GPT2Attention.c_attn and GPT2MLP.c_fc;
+# GPTNeoXAttention.query_key_value and GPTNeoXMLP.dense_h_to_4h; FalconAttention.query_key_value and
+# FalconMLP.dense_h_to_4h; Phi3Attention.qkv_proj and Phi3MLP.gate_up_proj. Every other family projects
+# q, k and v apart (Llama-like attention), or q_a/q and kv_a (MLA), and gate and up apart.
+HF_FUSED_NORM_READERS: dict[str, tuple[int, int]] = {
+    "gpt2": (1, 1),
+    "gpt_neox": (1, 1),
+    "falcon": (1, 1),
+    "phi3": (1, 1),
+}
+
+
+def hf_norm_readers(spec: ModelSpec) -> tuple[int, int]:
+    """How many linear layers read each norm's output in transformers' implementation of `spec`
+    (attention side, dense MLP side): under autocast over fp32 weights each casts that fp32 output
+    to bf16 itself and saves its own copy."""
+    fused = HF_FUSED_NORM_READERS.get(spec.model_type)
+    if fused is not None:
+        return fused
+    return (2 if spec.mla is not None else 3), (2 if spec.mlp_gated else 1)
+
+
 # model_type -> (embedding modules, "<prefix>.{i}" of block i, modules after the blocks, block class)
 # (transformers' modeling_<type>.py: the submodule names of <Type>ForCausalLM)
 _LLAMA_LIKE = (["model.embed_tokens", "model.rotary_emb"], "model.layers.{i}", ["model.norm", "lm_head"])

@@ -18,21 +18,23 @@ transformers = pytest.importorskip("transformers")
 
 from shardplan.cost.inputs import training_workload  # noqa: E402
 from shardplan.cost.layout import Layout, Recompute  # noqa: E402
-from shardplan.cost.memory_training import activation_bytes_per_layer  # noqa: E402
+from shardplan.cost.memory_training import activation_bytes_per_layer, autocast_input_copies_per_layer  # noqa: E402
 from shardplan.knowledge.load import stack_rules  # noqa: E402
 from shardplan.specs.model import ModelSpec, NormType  # noqa: E402
 
 HIDDEN, FFN, HEADS, KV_HEADS, BATCH, SEQ = 512, 1536, 8, 2, 2, 256
 
 
-def _saved_bytes() -> float:
+def _saved_bytes(fp32_weights_autocast: bool = False) -> float:
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
     cfg = LlamaConfig(hidden_size=HIDDEN, intermediate_size=FFN, num_attention_heads=HEADS,
                       num_key_value_heads=KV_HEADS, num_hidden_layers=1, vocab_size=1000, attn_implementation="sdpa")
     torch.manual_seed(0)
-    layer = LlamaDecoderLayer(cfg, 0).to(torch.bfloat16)
+    layer = LlamaDecoderLayer(cfg, 0)
+    if not fp32_weights_autocast:
+        layer = layer.to(torch.bfloat16)
     x = torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
     pos = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ)
     cos, sin = LlamaRotaryEmbedding(cfg)(x, pos)
@@ -46,18 +48,36 @@ def _saved_bytes() -> float:
             saved[st.data_ptr()] = st.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=fp32_weights_autocast):
         layer(x, position_embeddings=(cos, sin), attention_mask=None, position_ids=pos)
     return float(sum(saved.values()))
 
 
+SPEC = ModelSpec(name="llama-like", model_type="llama", vocab_size=1000, hidden_size=HIDDEN, num_layers=1,
+                 num_attention_heads=HEADS, num_kv_heads=KV_HEADS, intermediate_size=FFN, mlp_gated=True,
+                 hidden_act="silu", norm_type=NormType.RMSNORM, max_position_embeddings=4096)
+
+
+def _hf_workload():  # type: ignore[no-untyped-def]
+    return training_workload(seq_len=SEQ, global_batch_size=BATCH, optimizer="adamw", framework=None,
+                             flash_attention=None, dropout=False, stack=stack_rules("hf"), spec=SPEC)
+
+
 def test_the_hf_stacks_layer_saves_what_transformers_llama_layer_saves():
-    spec = ModelSpec(name="llama-like", vocab_size=1000, hidden_size=HIDDEN, num_layers=1, num_attention_heads=HEADS,
-                     num_kv_heads=KV_HEADS, intermediate_size=FFN, mlp_gated=True, hidden_act="silu",
-                     norm_type=NormType.RMSNORM, max_position_embeddings=4096)
-    wl = training_workload(seq_len=SEQ, global_batch_size=BATCH, optimizer="adamw", framework=None,
-                           flash_attention=None, dropout=False, stack=stack_rules("hf"), spec=spec)
-    predicted = activation_bytes_per_layer(spec, Layout(micro_batch_size=BATCH, recompute=Recompute.NONE), wl, False,
-                                           BATCH)
+    predicted = activation_bytes_per_layer(SPEC, Layout(micro_batch_size=BATCH, recompute=Recompute.NONE),
+                                           _hf_workload(), False, BATCH)
     # the two norms' rsqrt (one fp32 per token each) is the only thing the model leaves out
     assert predicted == pytest.approx(_saved_bytes(), rel=0.005)
+
+
+def test_under_autocast_over_fp32_weights_each_projection_saves_its_own_input_cast():
+    """The Trainer's AMP with fp32 weights (one GPU, DDP): the RMSNorm's output is fp32, so q, k,
+    v, gate and up each save their own bf16 cast of it, and autocast's bf16 copy of every weight is
+    saved too (the model's `temporary.autocast_weight_copies`, 2 bytes a weight)."""
+    wl = _hf_workload()
+    layer = activation_bytes_per_layer(SPEC, Layout(micro_batch_size=BATCH, recompute=Recompute.NONE), wl, False, BATCH)
+    copies = autocast_input_copies_per_layer(SPEC, wl, 1, BATCH, False, False)
+    assert copies == 2 * BATCH * SEQ * HIDDEN * (2 + 1)  # two more for q/k/v, one more for gate/up
+    weights = 2 * (HIDDEN * (HEADS + 2 * KV_HEADS) * (HIDDEN // HEADS) + HIDDEN * HIDDEN + 3 * HIDDEN * FFN)
+    assert layer + copies + weights == pytest.approx(_saved_bytes(fp32_weights_autocast=True), rel=0.005)
