@@ -363,6 +363,7 @@ def training_workload(
             loss_forward_bytes_per_logit=stack.loss_forward_bytes_per_logit,
             loss_backward_bytes_per_logit=stack.loss_backward_bytes_per_logit,
             fsdp_unsharded_under_pp=stack.fsdp_unsharded_under_pp, pp_p2p_overlap=stack.pp_p2p_overlap,
+            pp_holds_stage_outputs=stack.pp_holds_stage_outputs,
             collectives_multirail=stack.collectives_multirail,
             eager_attention_bytes_per_score=stack.eager_attention_bytes_per_score)
         if tp_comm_overlap and not stack.tp_comm_overlap_offered:

@@ -695,7 +695,33 @@ def _stage_activations(
     if working:
         detail["activations.recomputed_layer"] = working
         act += working
+    if wl.pp_holds_stage_outputs and layout.pp > 1:
+        held = pipeline_held_outputs_bytes(spec, layout, wl, stage, inflight_micro * layout.virtual_stages)
+        detail["activations.pipeline_outputs"] = held
+        act += held
     return act, tuple(detail.items()), largest, largest_what, layers
+
+
+def pipeline_held_outputs_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, stage: int,
+                                chunks_in_flight: float) -> float:
+    """What torch.distributed.pipelining keeps of a stage's outputs: the output of every
+    micro-batch (chunk) the stage holds in flight, kept in the stage's fwd_cache until that
+    micro-batch's backward, and one more, the previous forward's output the schedule's loop still
+    references while the next forward runs (`pp_holds_stage_outputs` in the stack file, with the
+    torch source). A stage's output is its last layer's (sequence-sharded under SP); the last
+    stage's is the logits: the one in flight, which a stack's loss figure counts as freed (its
+    training loop deletes them outside a pipeline), and the previous micro-batch's. Measured with
+    verify's storage tracker on a 2-stage CPU run (tests/verify/test_verify.py)."""
+    a = bytes_per_element(wl.activation_dtype)
+    b = layout.micro_batch_size
+    s_local = wl.seq_len / layout.cp
+    if stage < layout.pp - 1:
+        rep = 1.0 / layout.tp if layout.sequence_parallel else 1.0
+        return (math.ceil(chunks_in_flight) + 1) * a * s_local * b * spec.hidden_size * rep
+    logits = s_local * b * spec.vocab_size / (layout.tp if wl.loss_vocab_parallel else 1)
+    # the fp32-logits-once default (no stack) already counts the logits in flight as its loss figure
+    held = 2 if wl.loss_bytes_per_logit is not None else 1
+    return held * a * logits  # the model's output, in the activation format
 
 
 def exceeds_gpu_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload) -> bool:

@@ -172,6 +172,8 @@ class TrainingWorkloadReport(Frozen):
     loss_forward_bytes_per_logit: float = Field(description="the loss head's forward memory traffic, bytes per logit")
     loss_backward_bytes_per_logit: float = Field(description="the loss head's backward memory traffic, bytes per logit")
     matmul_dtype: str = Field(description="the linear layers' GEMM format (fp8: dynamic scaling)")
+    pp_holds_stage_outputs: bool = Field(description="the pipeline runtime keeps each in-flight micro-batch's stage "
+                                                     "output until its backward (torch.distributed.pipelining)")
     fsdp_unsharded_under_pp: bool = Field(description="FSDP keeps stage parameters and fp32 gradients unsharded "
                                                       "under pipeline parallelism")
     tp_comm_overlap: bool = Field(description="tensor-parallel collectives overlap the GEMMs they feed")

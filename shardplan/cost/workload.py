@@ -282,6 +282,7 @@ class TrainingWorkload:
     # With pipeline parallelism FSDP keeps each stage's parameters unsharded and accumulates
     # unsharded fp32 gradients over the micro-batches (torchtitan with torch.distributed.pipelining).
     fsdp_unsharded_under_pp: bool = False
+    pp_holds_stage_outputs: bool = False  # torch.distributed.pipelining keeps each in-flight micro-batch's output
     # Tensor-parallel collectives run beside the GEMMs they feed (Transformer Engine's userbuffers
     # with Megatron's --tp-comm-overlap): only what the GEMMs cannot hide
     # is exposed. Pipeline sends overlap compute under the interleaved schedule (Megatron's

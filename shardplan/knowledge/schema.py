@@ -604,6 +604,10 @@ class StackFile(Frozen):
                                                                          "(upcast, log-softmax), bytes per logit")
     loss_backward_bytes_per_logit: float = Field(ge=0, le=1000, description="its backward traffic (gradient of the "
                                                                           "log-softmax, downcast), bytes per logit")
+    pp_holds_stage_outputs: bool = Field(
+        False, description="its pipeline runtime keeps each stage's output per micro-batch in flight until that "
+                           "micro-batch's backward, and one more (torch.distributed.pipelining); false: the output's "
+                           "memory is released once sent (Megatron's deallocate_output_tensor)")
     fsdp_unsharded_under_pp: bool = Field(
         description="with pipeline parallelism, FSDP keeps each stage's parameters unsharded (bf16) and accumulates "
                     "unsharded fp32 gradients across micro-batches, resharding only after the last")
@@ -631,6 +635,8 @@ class StackFile(Frozen):
             documented.add("compiled_loss")
         if self.loss_parallel_bytes_per_logit is not None:
             documented.add("loss_parallel_bytes_per_logit")
+        if self.pp_holds_stage_outputs:
+            documented.add("pp_holds_stage_outputs")
         require_sources(documented, self.sources)
         if ("selective" in self.recompute) != (self.selective is not None):
             raise ValueError("selective must be set exactly when recompute offers selective")

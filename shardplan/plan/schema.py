@@ -238,6 +238,8 @@ class TrainingWorkloadSection(_Section):
     loss_backward_bytes_per_logit: float = Field(0.0, ge=0, le=1000, description="its backward traffic, bytes per logit")
     matmul_dtype: DTypeName = Field("bf16", description="the linear layers' GEMM format (fp8: dynamic scaling)")
     fsdp_unsharded_under_pp: bool = Field(False, description="FSDP keeps stage parameters and gradients unsharded under pp")
+    pp_holds_stage_outputs: bool = Field(False, description="the pipeline runtime keeps each in-flight micro-batch's "
+                                                            "stage output until its backward")
     tp_comm_overlap: bool = Field(False, description="tensor-parallel collectives overlap the GEMMs")
     pp_p2p_overlap: bool = Field(False, description="pipeline sends overlap compute (interleaved schedule)")
     collectives_multirail: bool = Field(False, description="cross-node collectives reach all the group's NICs in a node")

@@ -111,6 +111,7 @@ class RunSpec:
             optimizer=self.optimizer, framework=Framework.ZERO, param_dtype=self.dtype,
             activation_dtype=self.dtype, flash_attention=True, dropout=False, loss_fp32_logits=self.dtype is DType.FP32,
             largest_allocation_bytes_per_logit=LOSS_LARGEST_BYTES_PER_LOGIT,
+            pp_holds_stage_outputs=True,  # the run's pipeline is torch.distributed.pipelining (worker.py)
         )
 
     def inference_workload(self) -> InferenceWorkload:

@@ -126,6 +126,19 @@ def test_full_recomputation_keeps_block_inputs_and_peaks_with_one_block_rerun(cl
 
 
 @pytest.mark.dist
+def test_a_pipelined_plan_under_full_recomputation_matches_with_the_outputs_the_pipeline_holds(cli, tmp_path):
+    """Two stages, 1F1B, full recomputation: each block keeps its input, and torch's pipeline keeps
+    each in-flight micro-batch's stage output and one more (the logits on the last stage), which
+    the prediction counts (`pipeline_outputs`); without them stage 0 measured 37.5% over."""
+    res, report = _verify(cli, _plan(tmp_path, 2, TRAIN, pp=2, recompute="full"), tmp_path)
+    assert res.exit_code == EXIT_OK, (res.stderr, report and report["mismatches"])
+    _assert_matches(report, 2, training=True)
+    stage0 = next(r for r in report["ranks"] if r["stage"] == 0)
+    act = next(c for c in stage0["components"] if c["component"] == "activations")
+    assert abs(act["relative_error"]) <= 0.02, act
+
+
+@pytest.mark.dist
 def test_tp_pp_dp_interleaved_eight_ranks(cli, tmp_path):
     plan = _plan(tmp_path, 8, TRAIN, tp=2, pp=2, dp=2, zero_stage=3, pp_schedule="interleaved", virtual_stages=2)
     t0 = time.monotonic()
