@@ -710,8 +710,9 @@ def pipeline_held_outputs_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWor
     references while the next forward runs (`pp_holds_stage_outputs` in the stack file, with the
     torch source). A stage's output is its last layer's (sequence-sharded under SP); the last
     stage's is the logits: the one in flight, which a stack's loss figure counts as freed (its
-    training loop deletes them outside a pipeline), and the previous micro-batch's. Measured with
-    verify's storage tracker on a 2-stage CPU run (tests/verify/test_verify.py)."""
+    training loop deletes them outside a pipeline), and the previous micro-batch's (under the
+    interleaved schedule the hidden-state outputs of the last stage's earlier chunks are not
+    counted). Measured with verify's storage tracker on a 2-stage CPU run (tests/verify/test_verify.py)."""
     a = bytes_per_element(wl.activation_dtype)
     b = layout.micro_batch_size
     s_local = wl.seq_len / layout.cp
