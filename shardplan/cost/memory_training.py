@@ -21,9 +21,9 @@ from shardplan.cost.breakdown import MemoryBreakdown, RankMemory
 from shardplan.cost.finetune import adapter_params, base_format_bytes, is_nf4_base_weight, targeted_modules
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, layout_stage_ranges
 from shardplan.cost.params import WeightKind, block_weights, chunk_layer_kinds, layer_kinds
-from shardplan.knowledge.model_support import hf_norm_readers
 from shardplan.cost.weights import StageWeights, numel_per_rank, stage_tensors, stage_weights
 from shardplan.cost.workload import Framework, Optimizer, Quantization, TrainingWorkload
+from shardplan.knowledge.model_support import hf_norm_readers
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
 from shardplan.units import DType, bytes_per_element
@@ -387,7 +387,8 @@ def activation_bytes_lower_bound(
 ) -> float:
     """A lower bound on the binding rank's total in `training_memory`: stage 0's activations at
     their peak, exactly as `training_memory` counts them (the same cached figures: the layers in
-    flight, a recomputed layer, and with one stage the loss head), plus the runtime overhead.
+    flight, a recomputed layer, the outputs a pipeline holds, and with one stage the loss head;
+    not autocast's input copies, which only ZeRO 0 has), plus the runtime overhead.
     ZeRO and offload change neither, so above the GPU's memory no state sharding can fit."""
     L = layout
     act = _stage_activations(
@@ -630,6 +631,11 @@ def autocast_input_copies_per_layer(spec: ModelSpec, wl: TrainingWorkload, cp: i
     return bytes_per_element(wl.activation_dtype) * wl.seq_len / cp * micro_batch_size * spec.hidden_size * extra
 
 
+# The detail key of the layer full recomputation re-runs in backward beside the checkpoints
+# (verify, which reads activations when a forward ends, leaves it out of its comparison).
+RECOMPUTED_LAYER = "activations.recomputed_layer"
+
+
 @lru_cache(maxsize=65536)
 def _stage_activations(
     spec: ModelSpec, wl: TrainingWorkload, tp: int, cp: int, etp: int, sp: bool, recompute: Recompute, b: int, pp: int,
@@ -654,12 +660,12 @@ def _stage_activations(
     inflight = in_flight_layer_activations(layout, stage, len(layers), num_micro)
     act = per_layer_avg * inflight
     detail = {"activations.layers": act}
-    copies = ({k: autocast_input_copies_per_layer(spec, wl, cp, b, *k) for k in kinds}
-              if input_copies and recompute is not Recompute.FULL else {})
-    if copies and any(copies.values()):
-        extra = sum(copies[k] * num for k, num in kinds.items()) / len(layers) * inflight
-        detail["activations.autocast_input_copies"] = extra
-        act += extra
+    if input_copies and recompute is not Recompute.FULL:
+        extra = sum(num * autocast_input_copies_per_layer(spec, wl, cp, b, moe, linear)
+                    for (moe, linear), num in kinds.items()) / len(layers) * inflight
+        if extra:
+            detail["activations.autocast_input_copies"] = extra
+            act += extra
     working = 0.0
     if recompute is Recompute.FULL:
         # Full checkpointing keeps each layer's input only; backward re-runs one layer's forward
@@ -687,13 +693,13 @@ def _stage_activations(
         # The loss head's tensors are freed by their own backward, before the last layer is
         # recomputed: the two peaks come one after the other, not together.
         if working > head + logits:
-            detail["activations.recomputed_layer"] = working - head - logits
+            detail[RECOMPUTED_LAYER] = working - head - logits
         act += max(head + logits, working)
         working = 0.0
         largest_what = ("the fp32 logits of the loss" if wl.largest_allocation_bytes_per_logit == FP32_BYTES
                         else f"the loss head's largest tensor ({wl.largest_allocation_bytes_per_logit:g} bytes a logit)")
     if working:
-        detail["activations.recomputed_layer"] = working
+        detail[RECOMPUTED_LAYER] = working
         act += working
     if wl.pp_holds_stage_outputs and layout.pp > 1:
         held = pipeline_held_outputs_bytes(spec, layout, wl, stage, inflight_micro * layout.virtual_stages)

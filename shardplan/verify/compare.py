@@ -12,8 +12,9 @@ from shardplan.cost.estimate import estimate
 from shardplan.cost.report import CostReport, ServingTimeReport, TrainingTimeReport
 from shardplan.cost.layout import layout_stage_ranges
 from shardplan.cost.memory_serving import kv_bytes_per_token_per_layer_per_rank
+from shardplan.cost.memory_training import RECOMPUTED_LAYER
 from shardplan.specs.hardware import HardwareProfile
-from shardplan.units import DType, bytes_per_element
+from shardplan.units import BYTES_PER_GIB, DType, bytes_per_element
 from shardplan.verify.runspec import RunSpec
 
 # Relative tolerances per memory component. Model states are exact tensor sizes; activations
@@ -92,7 +93,7 @@ def _training_components(run: RunSpec, predicted: dict[str, float], m: dict[str,
         later = predicted.get(RECOMPUTED_LAYER, 0.0)
         out.append(_component("activations", m["activations_bytes"], predicted["activations"],
                               f"at the end of the forward: the prediction without the layer full recomputation re-runs "
-                              f"in backward ({later / 2**30:.3f} GiB)" if later else None))
+                              f"in backward ({later / BYTES_PER_GIB:.3f} GiB)" if later else None))
     if m.get("offloaded_states_bytes") or (host_predicted and "offloaded_states_bytes" in m):
         out.append(_component("offloaded_states", m.get("offloaded_states_bytes", 0), host_predicted,
                               "host memory: sharded parameters, gradients and optimizer states (CPU offload)"))
@@ -245,13 +246,10 @@ def _time(run: RunSpec, results: list[dict[str, Any]], report: CostReport, devic
     return out
 
 
-RECOMPUTED_LAYER = "activations.recomputed_layer"
-
-
 def _measured_at(rank: Any, training: bool) -> dict[str, float]:
     """A stage's predicted components as verify measures them: a training rank's activations are
     read when a forward ends, before backward re-runs a layer under full recomputation, so that
-    layer's share (`activations.recomputed_layer`, kept under its own key) is taken out."""
+    layer's share (`RECOMPUTED_LAYER`, kept under its own key) is taken out."""
     out = dict(rank.per_gpu_bytes)
     later = rank.detail_bytes.get(RECOMPUTED_LAYER, 0.0) if training else 0.0
     if later:
