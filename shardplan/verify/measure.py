@@ -93,6 +93,40 @@ def _fake_output(func, args, kwargs) -> torch.Tensor | None:  # type: ignore[no-
     return next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)), None)
 
 
+def await_release(t: torch.Tensor, refs_before: int, limit_seconds: float = 1.0) -> None:
+    """Gloo completes a collective on its worker thread, which still holds the tensor for a
+    moment after `wait()` returns. If the caller drops the tensor first, the last reference
+    goes with that thread, whenever it is scheduled: on a busy CPU the partial sum outlives
+    the residual add and a (tokens x hidden) buffer shows up in the activation peak on some
+    runs only. Waiting here until gloo has let go makes the measurement what the model does
+    (NCCL on a GPU frees through the caching allocator's stream order, so it is not needed)."""
+    deadline = time.monotonic() + limit_seconds
+    while t._use_count() > refs_before and time.monotonic() < deadline:
+        time.sleep(0.0001)
+
+
+_NOT_COLLECTIVES = {"wait_tensor", "_wrap_tensor_autograd"}
+
+
+def _is_collective(func) -> bool:  # type: ignore[no-untyped-def]
+    """A functional collective (DTensor's redistributions, funcol's autograd all-to-all)."""
+    return (func.namespace in ("_c10d_functional", "_c10d_functional_autograd")
+            and func._opname not in _NOT_COLLECTIVES)
+
+
+def _settle_collective(refs_before: dict[int, int], out) -> None:  # type: ignore[no-untyped-def]
+    """A functional collective on a CPU (gloo), made whole before the model sees its result:
+    waited for here, then held until gloo's thread has let go of the output (`await_release`).
+    DTensor's Partial -> Replicate all-reduce hands back a fresh tensor that the residual add
+    soon drops; without this the drop went with gloo's thread on a busy CPU, and a serving
+    prefill's peak once counted one more (tokens x hidden) buffer (+16.9%). The wait the
+    caller does later (AsyncCollectiveTensor) then finds nothing left to wait for."""
+    for t in tree_flatten(out)[0]:
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            torch.ops._c10d_functional.wait_tensor(t)
+            await_release(t, refs_before.get(id(t), 1))  # a fresh output: this frame's handle only
+
+
 class StorageTracker(TorchDispatchMode):
     """Live storages by the phase they were born in, their exact total (`live_total`, sizes
     followed through resizes) and its peak. With `limit_bytes`, once `armed`, an allocation
@@ -130,12 +164,17 @@ class StorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if any(issubclass(t, DTensor) for t in types):
             return NotImplemented  # let DTensor run its local ops, which come back through here
+        collective = _is_collective(func)
+        if collective:  # an in-place one hands back its input: the handles it had before
+            refs_before = {id(a): a._use_count() for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)}
         try:
             out = func(*args, **(kwargs or {}))
         except torch.OutOfMemoryError as e:
             if not isinstance(e, SimulatedOutOfMemory) and self.failure is None:
                 self._note_device_failure(func, args, kwargs or {}, str(e))
             raise
+        if collective:
+            _settle_collective(refs_before, out)
         if active_fake_mode() is not None:
             return out  # DTensor's sharding propagation computing shapes on fake tensors: no memory
         for t in tree_flatten(out)[0]:

@@ -8,7 +8,6 @@ manifest's axes, the data-parallel one split torchtitan-style into replicate x s
 
 from __future__ import annotations
 
-import time
 import zlib
 from dataclasses import dataclass
 
@@ -22,6 +21,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils.checkpoint import CheckpointPolicy
 
 from shardplan.cost.layout import Layout, Offload, Recompute, layout_stage_ranges
+from shardplan.verify import measure
 from shardplan.verify.model import Decoder, RMSNorm, rope_cache
 
 INIT_STD = 0.02
@@ -209,22 +209,10 @@ def _all_reduce_in_place(group: dist.ProcessGroup):
         refs_before = output._use_count()
         dist.all_reduce(output, group=group)
         if wait_for_release:
-            await_release(output, refs_before)
+            measure.await_release(output, refs_before)
         return output
 
     return hook
-
-
-def await_release(t: torch.Tensor, refs_before: int, limit_seconds: float = 1.0) -> None:
-    """Gloo completes a collective on its worker thread, which still holds the tensor for a
-    moment after `wait()` returns. If the caller drops the tensor first, the last reference
-    goes with that thread, whenever it is scheduled: on a busy CPU the partial sum outlives
-    the residual add and a (tokens x hidden) buffer shows up in the activation peak on some
-    runs only. Waiting here until gloo has let go makes the measurement what the model does
-    (NCCL on a GPU frees through the caching allocator's stream order, so it is not needed)."""
-    deadline = time.monotonic() + limit_seconds
-    while t._use_count() > refs_before and time.monotonic() < deadline:
-        time.sleep(0.0001)
 
 
 def keep_grads_sharded(chunk: nn.Module) -> None:
