@@ -401,15 +401,16 @@ def activation_bytes_lower_bound(
 
 def stage_states_bytes(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, stage: int = 0) -> float:
     """GPU bytes of the model states (weights, gradients, optimizer states, ZeRO-3 gather
-    buffers) of one rank of `stage`, exactly as `training_memory` counts them."""
-    sb = state_bytes(wl, layout.zero_stage)
-    dense_n, expert_n = zero_shard_degrees(layout, hw.gpus_per_node)
-    w = stage_weights(spec, layout, stage, quantization=Quantization.NONE, dense_dtype=wl.param_dtype)
-    total = 0.0
-    for numel, largest, n in ((w.dense_numel, w.largest_layer_numel, dense_n), (w.expert_numel, 0.0, expert_n)):
-        ms = model_states_bytes(numel, largest, n, layout.zero_stage, sb, layout.offload_optimizer, layout.offload_params)
-        total += ms.weights + ms.gradients + ms.optimizer + ms.temporary
-    return total
+    buffers) of one rank of `stage`, as `training_memory` counts them before what only some
+    stacks add (torchtitan's unsharded stage under a pipeline, autocast's weight copies): a
+    lower bound on that rank's states. LoRA/QLoRA count the frozen base and the adapters."""
+    c = _common(hw, layout, wl)
+    _, dense, expert = _stage_states(spec, layout, wl, c, stage)
+    if not wl.trains_base:
+        layers = [i for r in layout_stage_ranges(spec.num_layers, layout)[stage] for i in r]
+        dense, _ = finetune_states(spec, layout, wl, stage, layers, c.dense_n, c.expert_n)
+        return dense.weights + dense.gradients + dense.optimizer + dense.temporary
+    return sum(ms.weights + ms.gradients + ms.optimizer + ms.temporary for ms in (dense, expert))
 
 
 def loss_head_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, micro_batch_size: int) -> tuple[float, float]:

@@ -16,8 +16,11 @@ Nodes are expanded best bound first from one heap; once the K-th best step found
 the smallest bound left, nothing unexpanded can enter the top K and the search stops, counting
 what it skipped. Memory prunes on the way: stage 0's activations plus the least model states
 of any ZeRO variant (`activation_bytes_lower_bound`, `stage_states_bytes`).
-Offloaded variants of a shape are costed only when no variant without offload fits: offload
-adds host traffic and a CPU optimizer step slower than the GPU's, never speed.
+An offloaded variant is never faster than the same ZeRO variant without offload (offload adds
+host traffic and a CPU optimizer step): where that twin fits, its value is the offloaded one's
+bound and it waits in the heap; where it does not, the offloaded one is costed with the shape.
+(An offloaded ZeRO-1 can beat a plain ZeRO-3 that fits: LoRA's optimizer step on the CPU is
+nearly free, ZeRO-3's gathers are not.)
 """
 
 from __future__ import annotations
@@ -69,8 +72,10 @@ _NO_OFFLOAD = (Offload.NONE, Offload.NONE)
 _OFFLOADS = ((Offload.CPU, Offload.NONE), (Offload.NVME, Offload.NONE))
 _PARAM_OFFLOADS = ((Offload.CPU, Offload.CPU), (Offload.NVME, Offload.NVME))
 
-# Heap entries: (bound, tie-break key, kind, payload). Kinds, in the order ties expand them.
-_DEGREES, _SHAPE, _REFINED = 0, 1, 2
+# Heap entries: (bound, tie-break key, kind, payload). Kinds, in the order ties expand them; an
+# _OFFLOADED entry holds offloaded variants whose plain twin fits, bounded by that twin's value.
+_DEGREES, _SHAPE, _REFINED, _OFFLOADED = 0, 1, 2, 3
+OFFLOAD_SLOWER = "offload: slower than the same layout without it"
 
 
 def state_variants(layout: Layout, hw: HardwareProfile, space: Space,
@@ -330,9 +335,13 @@ def search_training(
         res.num_steps += 1
         bound, key, kind, payload = heapq.heappop(heap)
         if len(best) >= k and bound > best[k - 1].objective_value:
-            skipped = _count(payload, kind) + sum(_count(p, kd) for _, _, kd, p in heap)
-            res.rejected[f"cannot beat the top {k} (lower bound on the step)"] += skipped
-            res.num_evaluated += skipped
+            left = [(kind, payload), *((kd, p) for _, _, kd, p in heap)]
+            slower = sum(_count(p, kd) for kd, p in left if kd == _OFFLOADED)
+            if slower:
+                res.rejected[OFFLOAD_SLOWER] += slower
+            res.rejected[f"cannot beat the top {k} (lower bound on the step)"] += sum(
+                _count(p, kd) for kd, p in left if kd != _OFFLOADED)
+            res.num_evaluated += sum(_count(p, kd) for kd, p in left)
             break
         if kind == _DEGREES:
             deg, _ = payload
@@ -341,15 +350,27 @@ def search_training(
             shape, m, plain_fits, count = payload
             tight = objective_value(goal, hw, n, pipeline_seconds(spec, hw, shape, wl, m), tokens)
             heapq.heappush(heap, (max(bound, tight), key, _REFINED, payload))
-        else:
+        elif kind == _REFINED:
             shape, m, plain_fits, count = payload
             plain, offloaded = variants(shape)
-            fitted = _cost_variants(spec, hw, wl, goal, res, shape, plain, key, best, k, m) if plain_fits else 0
-            if offloaded and not fitted:
-                _cost_variants(spec, hw, wl, goal, res, shape, offloaded, key, best, k, m)
-            elif offloaded:
-                res.rejected["offload: slower than the same layout without it"] += len(offloaded)
-                res.num_evaluated += len(offloaded)
+            fitted = _cost_variants(spec, hw, wl, goal, res, shape, plain, key, best, k, m) if plain_fits else {}
+            # An offloaded variant is never faster than the same ZeRO variant without offload:
+            # where that one fits, its value bounds the offloaded one, which waits in the heap.
+            later: dict[float, list[Variant]] = {}
+            now = []
+            for v in offloaded:
+                value = fitted.get(v[:2])
+                if value is None:
+                    now.append(v)
+                else:
+                    later.setdefault(value, []).append(v)
+            if now:
+                _cost_variants(spec, hw, wl, goal, res, shape, now, key, best, k, m)
+            for value, waiting in later.items():
+                heapq.heappush(heap, (value, key, _OFFLOADED, (shape, m, waiting, len(waiting))))
+        else:
+            shape, m, waiting, count = payload
+            _cost_variants(spec, hw, wl, goal, res, shape, waiting, key, best, k, m)
         if progress is not None:
             progress(res.num_evaluated - evaluated_before, total)
     res.feasible.extend(best)
@@ -400,15 +421,16 @@ def _expand(
 def _cost_variants(
     spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, goal: Goal, res: SearchResult, shape: Layout,
     variants: list[Variant], shape_key: tuple[Any, ...], best: list[Evaluated], k: int, m: int,
-) -> int:
-    """Cost each state variant of `shape` in full; keep the best k in `best`. Returns how many fit."""
+) -> dict[tuple[int, bool], float]:
+    """Cost each state variant of `shape` in full; keep the best k in `best`. Returns the value
+    of each variant that fits, by (ZeRO stage, hybrid sharding)."""
     cap = float(hw.memory_capacity_bytes)
     tokens = wl.global_batch_size * wl.seq_len
     act = activation_bytes_lower_bound(spec, hw, shape, wl, m)
     # The verdict's rejection reads as memory_reason's GPU reason unless the profile's GPU name
     # holds one of the words memory_reason looks for first (then the full model decides).
     verdict = memo.ENABLED and memory_reason(hw.gpu_model) == memory_reason(None)
-    fitted = 0
+    fitted: dict[tuple[int, bool], float] = {}
     for v in variants:
         layout = with_variant(shape, v)
         res.num_evaluated += 1
@@ -428,7 +450,6 @@ def _cost_variants(
         if tight and goal.strict_fit:  # a tighter memory test: the bounds above stay lower bounds
             res.rejected[TIGHT] += 1
             continue
-        fitted += 1
         tt = training_time(spec, hw, layout, wl, tm.num_microbatches)
         res.num_feasible += 1
         figures = {
@@ -438,6 +459,7 @@ def _cost_variants(
             "headroom_bytes": cap - max(r.breakdown.total for r in tm.ranks),
         }
         value = objective_value(goal, hw, layout.world_size, tt.step_seconds, tokens)
+        fitted[(v[0], v[1])] = value
         best.append(Evaluated(layout, wl, hw, value, shape_key + (v[0], v[1], v[2].value, v[3].value), figures, tight))
         best.sort(key=lambda e: (e.objective_value, e.key))
         if goal.group_by_shape:
