@@ -53,6 +53,8 @@ from shardplan.cli.options import (
     LoraRankOpt,
     LoraTargetsOpt,
     PagedOptimizerOpt,
+    MasterDtypeOpt,
+    MomentDtypeOpt,
     QloraDoubleQuantOpt,
     FlashAttentionOpt,
     MatmulDtypeOpt,
@@ -166,6 +168,8 @@ def estimate(
     lora_dropout: LoraDropoutOpt = 0.0,
     qlora_double_quant: QloraDoubleQuantOpt = True,
     paged_optimizer: PagedOptimizerOpt = False,
+    master_dtype: MasterDtypeOpt = None,
+    moment_dtype: MomentDtypeOpt = None,
     dropout: DropoutOpt = None,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw each pipeline stage's per-GPU memory as stacked bars against the device's capacity, to FILE.png or FILE.svg (needs the plot extra).", show_default=False)] = None,
@@ -314,6 +318,8 @@ def recommend(
     lora_dropout: LoraDropoutOpt = 0.0,
     qlora_double_quant: QloraDoubleQuantOpt = True,
     paged_optimizer: PagedOptimizerOpt = False,
+    master_dtype: MasterDtypeOpt = None,
+    moment_dtype: MomentDtypeOpt = None,
     dropout: DropoutOpt = None,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw the serving Pareto frontier (time per output token against tokens/s per GPU) or, training, step time against GPU count, the pick marked, to FILE.png or FILE.svg (needs the plot extra).", show_default=False, rich_help_panel=SEARCH)] = None,
@@ -529,6 +535,7 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
             tp_comm_overlap=o["tp_comm_overlap"], finetune=o["finetune"], lora_rank=o["lora_rank"],
             lora_alpha=o["lora_alpha"], lora_targets=o["lora_targets"], lora_dropout=o["lora_dropout"],
             qlora_double_quant=o["qlora_double_quant"], paged_optimizer=o["paged_optimizer"], spec=o["loaded"].spec,
+            master_dtype=o["master_dtype"], moment_dtype=o["moment_dtype"],
         )
     q = o["quantization"]
     wl = options.inference_workload(

@@ -90,6 +90,14 @@ LoraTargetsOpt = Annotated[str, typer.Option(help="Comma-separated linear module
 LoraDropoutOpt = Annotated[float, typer.Option(min=0.0, max=0.99, help="PEFT lora_dropout: above 0 each adapter keeps a dropped copy of its input for backward.", rich_help_panel=TRAIN)]
 QloraDoubleQuantOpt = Annotated[bool, typer.Option("--qlora-double-quant/--no-qlora-double-quant", help="QLoRA: quantize the NF4 constants too (4.127 bits a weight instead of 4.5; bnb_4bit_use_double_quant).", rich_help_panel=TRAIN)]
 PagedOptimizerOpt = Annotated[bool, typer.Option("--paged-optimizer/--no-paged-optimizer", help="Optimizer states in CUDA unified memory (bitsandbytes paged optimizers): counted on the host, paged in when used.", rich_help_panel=TRAIN)]
+MasterDtypeOpt = Annotated[Optional[str], typer.Option(
+    help="The optimizer's master weights (and DeepSpeed's gradient partition): fp32 (default) or bf16 "
+         "(DeepSpeed bf16_master_weights_and_grads). Example: --stack deepspeed --master-dtype bf16 --moment-dtype bf16.",
+    show_default=False, callback=lambda v: choice("--master-dtype", ["fp32", "bf16"], "dtype")(v), rich_help_panel=TRAIN)]
+MomentDtypeOpt = Annotated[Optional[str], typer.Option(
+    help="Adam's moments: fp32 (default) or bf16 (DeepSpeed bf16_optimizer_states; Megatron "
+         "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16).",
+    show_default=False, callback=lambda v: choice("--moment-dtype", ["fp32", "bf16"], "dtype")(v), rich_help_panel=TRAIN)]
 OverlapGradReduceOpt = Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)]
 
 

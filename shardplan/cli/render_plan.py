@@ -52,6 +52,9 @@ def estimate_report(r: CostReport) -> None:
         f"cp={p.cp} ep={p.ep} zero={p.zero_stage} recompute={p.recompute}"
         + (f" virtual-stages={p.virtual_stages}" if p.virtual_stages > 1 else "")
     )
+    wl = r.workload
+    if wl.kind == "training" and (wl.master_dtype, wl.moment_dtype) != ("fp32", "fp32"):
+        console.print(f"  optimizer keeps its master weights in {wl.master_dtype} and its moments in {wl.moment_dtype}")
     if r.assumptions:  # the engine rules behind the serving figures; --json carries their sources too
         for line in r.assumptions:
             console.print(f"  assumes {_without_source(line)}", markup=False, highlight=False)
@@ -288,6 +291,11 @@ def recommend_report(r: RecommendResult) -> None:
         band = r.bands[0].note if r.bands else "the band"
         console.print(f"[red]no layout fits at the error band's edge[/red]: {r.rejected[TIGHT]:,} fit only at the "
                       f"prediction ({escape(band)}); without --strict-fit they are ranked last", soft_wrap=True)
+    elif not r.top and not r.num_evaluated and r.invalid_degree_combinations:
+        # nothing was costed: every layout was refused by the stack's or the target's rules
+        reasons = sorted(r.invalid_degree_combinations.items(), key=lambda kv: -kv[1])[:8]
+        console.print("[red]no layout to cost[/red]: every one was refused (" +
+                      "; ".join(f"{escape(k)}: {v:,}" for k, v in reasons) + ")", soft_wrap=True)
     elif not r.top:
         console.print("[red]no layout fits[/red]" + ("" if r.suggestions else " (no single change found that makes one fit)"))
     if r.manifest:

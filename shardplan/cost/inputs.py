@@ -344,6 +344,8 @@ def training_workload(
     qlora_double_quant: bool = True,
     paged_optimizer: bool = False,
     spec: ModelSpec | None = None,
+    master_dtype: str | None = None,
+    moment_dtype: str | None = None,
 ) -> TrainingWorkload:
     """The training workload from command-line values. With `stack`, what the stack fixes (its
     model-state bookkeeping, loss head, checkpointing, attention kernel, AMP, fusion) comes from
@@ -404,6 +406,7 @@ def training_workload(
         from_stack["matmul_dtype"] = d
     from_stack.update(_finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, lora_dropout, qlora_double_quant,
                                        stack, spec, from_stack.get("matmul_dtype")))
+    from_stack.update(_optimizer_dtypes(master_dtype, moment_dtype, stack, finetune, optimizer))
     return TrainingWorkload(
         seq_len=seq_len,
         global_batch_size=global_batch_size,
@@ -415,6 +418,30 @@ def training_workload(
         overlap_grad_reduce=overlap_grad_reduce,
         **from_stack,
     )
+
+
+def _optimizer_dtypes(master: str | None, moments: str | None, stack: StackFile | None, finetune: str,
+                      optimizer: str) -> dict:
+    """The optimizer's master and moment dtypes, checked against what the stack's optimizer keeps."""
+    out: dict = {}
+    for value, field, offered_by in ((master, "master_dtype", "master"), (moments, "moment_dtype", "moments")):
+        if value is None or value == "fp32":
+            continue
+        flag = "--" + field.replace("_", "-")
+        offered = getattr(stack.optimizer_dtypes, offered_by) if stack is not None else ["fp32", "bf16"]
+        if value not in offered:
+            raise ShardplanError(f"{stack.display_name if stack else 'this stack'}'s optimizer keeps its {offered_by} in "
+                                 f"{', '.join(offered)} only", field=flag,
+                                 hint="drop it, or use --stack deepspeed (bf16 master weights and moments) or --stack "
+                                      "megatron (bf16 moments)")
+        if finetune != "full":
+            raise ShardplanError(f"{flag} {value} applies to full fine-tuning (the adapters' states stay fp32)",
+                                 field=flag, hint="drop it, or use --finetune full")
+        if field == "moment_dtype" and optimizer == "adamw8bit":
+            raise ShardplanError("8-bit AdamW keeps its own 8-bit moments", field=flag,
+                                 hint="drop --moment-dtype, or use --optimizer adamw")
+        out[field] = DType(value)
+    return out
 
 
 def _finetune_fields(

@@ -66,15 +66,26 @@ def state_bytes(wl: TrainingWorkload, zero_stage: int) -> StateBytes:
     keeps the sharded parameter beside the gathered one). Under ZeRO-0/3 fp32 weights are
     their own master."""
     w = bytes_per_element(wl.param_dtype)
+    master = bytes_per_element(wl.master_dtype)
+    # Adam's and SGD's moments in the optimizer's moment dtype (8-bit AdamW's are its own)
     moments = optimizer_moment_bytes(wl.optimizer)
+    if wl.optimizer is not Optimizer.ADAMW_8BIT:
+        moments *= bytes_per_element(wl.moment_dtype) / FP32_BYTES
     separate_master = wl.param_dtype is not DType.FP32 or zero_stage in (1, 2)
-    master_and_moments = moments + (FP32_BYTES if separate_master else 0.0)
+    master_and_moments = moments + (master if separate_master else 0.0)
     if wl.framework is Framework.DEEPSPEED:
-        # An fp32 gradient partition joins the optimizer (K + 4); under stage 3 the 16-bit
-        # gradients are reduce-scattered straight into it, so none are kept apart.
+        # A gradient partition in the master's dtype joins the optimizer (K + 4 in fp32); under
+        # stage 3 the 16-bit gradients are reduce-scattered straight into it, so none are kept
+        # apart. bf16 master weights and gradients: 2 + 2 + 2 + 4 = 10 bytes a parameter with
+        # bf16 moments (DeepSpeedExamples training/bf16_master_weight/README.md, "Memory Breakdown").
         grads = 0.0 if zero_stage == 3 else w
-        return StateBytes(w, grads, master_and_moments + FP32_BYTES, grads_partitioned_from_stage=3)
+        return StateBytes(w, grads, master_and_moments + master, grads_partitioned_from_stage=3)
     if wl.framework is Framework.MEGATRON:
+        if wl.moment_dtype is not DType.FP32 and wl.param_dtype is DType.BF16 and separate_master:
+            # The precision-aware optimizer (Transformer Engine's FusedAdam, store_param_remainders,
+            # on by default) keeps the fp32 master as the 16 bits the bf16 weight lacks: an int16
+            # remainder (megatron/core/optimizer/distrib_optimizer.py; optimizer_config.py).
+            master_and_moments = moments + 2.0
         return StateBytes(w, FP32_BYTES, master_and_moments, grads_partitioned_from_stage=2)
     return StateBytes(w, w, master_and_moments, grads_partitioned_from_stage=2)
 
@@ -400,17 +411,13 @@ def activation_bytes_lower_bound(
 
 
 def stage_states_bytes(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, stage: int = 0) -> float:
-    """GPU bytes of the model states (weights, gradients, optimizer states, ZeRO-3 gather
-    buffers) of one rank of `stage`, as `training_memory` counts them before what only some
-    stacks add (torchtitan's unsharded stage under a pipeline, autocast's weight copies): a
-    lower bound on that rank's states. LoRA/QLoRA count the frozen base and the adapters."""
+    """GPU bytes of the model states (weights, gradients, optimizer states, temporaries: ZeRO-3
+    gather buffers, torchtitan's unsharded stage under a pipeline, autocast's weight copies) of
+    one rank of `stage`, exactly as `training_memory` counts them (`_stage_state_parts`)."""
     c = _common(hw, layout, wl)
-    _, dense, expert = _stage_states(spec, layout, wl, c, stage)
-    if not wl.trains_base:
-        layers = [i for r in layout_stage_ranges(spec.num_layers, layout)[stage] for i in r]
-        dense, _ = finetune_states(spec, layout, wl, stage, layers, c.dense_n, c.expert_n)
-        return dense.weights + dense.gradients + dense.optimizer + dense.temporary
-    return sum(ms.weights + ms.gradients + ms.optimizer + ms.temporary for ms in (dense, expert))
+    layers = [i for r in layout_stage_ranges(spec.num_layers, layout)[stage] for i in r]
+    parts = _stage_state_parts(spec, layout, wl, c, stage, layers)
+    return parts.weights + parts.gradients + parts.optimizer + parts.temporary
 
 
 def loss_head_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, micro_batch_size: int) -> tuple[float, float]:
@@ -558,23 +565,29 @@ def _node_offload_bytes(
     return host_total, nvme_total
 
 
-def _stage_memory(
-    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, c: _Common, stage: int,
-    with_detail: bool,
-) -> RankMemory:
-    """One stage's rank in `training_memory` (its named detail only `with_detail`: the figures
-    are the same either way, so a verdict and the full model cannot disagree)."""
+@dataclass(frozen=True)
+class _StateParts:
+    """One stage's rank's model states in `training_memory`, with their named detail."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    temporary: float
+    host: float
+    nvme: float
+    detail: dict[str, float]
+
+
+def _stage_state_parts(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c: _Common, stage: int,
+                       layers: list[int]) -> _StateParts:
+    """A stage's model states: ZeRO-partitioned (or LoRA/QLoRA's frozen base and adapters), and
+    what the stack adds: FSDP's unsharded stage under a pipeline, autocast's weight copies.
+    They depend on the variant (ZeRO, offload), not on the micro-batch or recomputation."""
     w, dense, expert = _stage_states(spec, layout, wl, c, stage)
-    L = layout
-    act, act_detail, largest, largest_what, layers = _stage_activations(
-        spec, wl, L.tp, L.cp, L.expert_tp, L.sequence_parallel, L.recompute, L.micro_batch_size, L.pp,
-        L.virtual_stages, L.pp_schedule, L.pp_embedding_as_layer, L.pp_loss_as_layer, L.pp_first_stage_layers,
-        L.pp_last_stage_layers, c.num_micro, stage, wl.amp_fp32_master and wl.trains_base and L.zero_stage == 0)
-    ft_detail: dict[str, float] = {}
+    detail: dict[str, float] = {}
     if not wl.trains_base:
-        dense, ft_detail = finetune_states(spec, layout, wl, stage, list(layers), c.dense_n, c.expert_n)
+        dense, detail = finetune_states(spec, layout, wl, stage, layers, c.dense_n, c.expert_n)
         expert = ModelStates(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    detail = dict(act_detail)
     temporary = dense.temporary + expert.temporary
     gradients = dense.gradients + expert.gradients
     if wl.trains_base and wl.fsdp_unsharded_under_pp and layout.pp > 1 and layout.zero_stage == 3:
@@ -592,25 +605,43 @@ def _stage_memory(
         copies = 2.0 * (w.dense_numel + w.expert_numel) / (c.dense_n if layout.zero_stage == 3 else 1)
         detail["temporary.autocast_weight_copies"] = copies
         temporary += copies
+    return _StateParts(dense.weights + expert.weights, gradients, dense.optimizer + expert.optimizer, temporary,
+                       dense.host + expert.host, dense.nvme + expert.nvme, detail)
+
+
+def _stage_memory(
+    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, c: _Common, stage: int,
+    with_detail: bool,
+) -> RankMemory:
+    """One stage's rank in `training_memory` (its named detail only `with_detail`: the figures
+    are the same either way, so a verdict and the full model cannot disagree)."""
+    L = layout
+    act, act_detail, largest, largest_what, layers = _stage_activations(
+        spec, wl, L.tp, L.cp, L.expert_tp, L.sequence_parallel, L.recompute, L.micro_batch_size, L.pp,
+        L.virtual_stages, L.pp_schedule, L.pp_embedding_as_layer, L.pp_loss_as_layer, L.pp_first_stage_layers,
+        L.pp_last_stage_layers, c.num_micro, stage, wl.amp_fp32_master and wl.trains_base and L.zero_stage == 0)
+    states = _stage_state_parts(spec, layout, wl, c, stage, list(layers))
     breakdown = MemoryBreakdown(
-        weights=dense.weights + expert.weights,
+        weights=states.weights,
         activations=act,
-        gradients=gradients,
-        optimizer_states=dense.optimizer + expert.optimizer,
-        temporary=temporary,
+        gradients=states.gradients,
+        optimizer_states=states.optimizer,
+        temporary=states.temporary,
         overhead=c.overhead,
     )
+    detail: dict[str, float] = {}
     if with_detail:
-        detail.update(ft_detail)
+        detail.update(act_detail)
+        detail.update(states.detail)
         detail.update({f"overhead.{k}": v for k, v in c.overhead_detail.items()})
     return RankMemory(
         stage=stage,
         layers=(layers[0], layers[-1]),
         num_ranks=layout.tp * layout.cp * layout.dp,
         breakdown=breakdown,
-        detail=detail if with_detail else {},
-        host_bytes=dense.host + expert.host,
-        nvme_bytes=dense.nvme + expert.nvme,
+        detail=detail,
+        host_bytes=states.host,
+        nvme_bytes=states.nvme,
         largest_allocation_bytes=largest,
         largest_allocation=largest_what,
     )

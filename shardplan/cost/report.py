@@ -188,6 +188,8 @@ class TrainingWorkloadReport(Frozen):
     base_format: str = Field(description="storage of the frozen base's decoder linears: none (the dtype), nf4, nf4-dq")
     base_fp32_non_quantized: bool = Field(description="the base's non-quantized parameters are upcast to fp32 (PEFT)")
     paged_optimizer: bool = Field(description="optimizer states in CUDA unified memory, paged out to the host")
+    master_dtype: str = Field(description="the optimizer's master weights (and DeepSpeed's gradient partition)")
+    moment_dtype: str = Field(description="the optimizer's moments (Adam's m and v)")
 
 
 WorkloadReport = Annotated[Union[InferenceWorkloadReport, TrainingWorkloadReport], Field(discriminator="kind")]

@@ -307,6 +307,11 @@ class TrainingWorkload:
     # Optimizer states in CUDA unified memory (bitsandbytes paged optimizers): outside PyTorch's
     # allocator, paged out to the host under memory pressure.
     paged_optimizer: bool = False
+    # The optimizer's own copies: its master weights (with the gradient partition DeepSpeed
+    # accumulates into) and Adam's moments. bf16: DeepSpeed's bf16_master_weights_and_grads and
+    # bf16_optimizer_states (PR #7700), Megatron's precision-aware optimizer --exp-avg(-sq)-dtype.
+    master_dtype: DType = DType.FP32
+    moment_dtype: DType = DType.FP32
 
     @property
     def trains_base(self) -> bool:

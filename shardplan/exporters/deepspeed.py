@@ -107,6 +107,11 @@ def ds_config(ctx: ExportContext) -> dict[str, Any]:
     }
     if wl.param_dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
+        # DeepSpeed PR #7700: the master weights with the gradient partition, and Adam's moments, in bf16
+        if wl.master_dtype == "bf16":
+            cfg["bf16"]["bf16_master_weights_and_grads"] = True
+        if wl.moment_dtype == "bf16":
+            cfg["bf16"]["bf16_optimizer_states"] = True
     elif wl.param_dtype == "fp16":
         cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     if wl.optimizer in _OPTIMIZER:  # its states are what the plan's memory counted

@@ -146,6 +146,8 @@ def parallel_args(ctx: ExportContext) -> list[Arg]:
         args.append(("fp16", None))
     if wl.matmul_dtype == "fp8":
         args.append(("fp8-format", "hybrid"))  # E4M3 forward, E5M2 gradients, delayed scaling (Transformer Engine)
+    if wl.moment_dtype == "bf16":  # Transformer Engine's FusedAdam (megatron/core/optimizer/optimizer_config.py)
+        args += [("use-precision-aware-optimizer", None), ("exp-avg-dtype", "bf16"), ("exp-avg-sq-dtype", "bf16")]
     return args
 
 

@@ -561,6 +561,14 @@ class FineTuneRules(Frozen):
                            "to fp32 (PEFT prepare_model_for_kbit_training)")
 
 
+class OptimizerDtypes(Frozen):
+    """The dtypes the stack's optimizer can keep its own copies in (--master-dtype, --moment-dtype)."""
+
+    master: list[Literal["fp32", "bf16"]] = Field(["fp32"], min_length=1,
+                                                  description="its master weights (with the gradients it accumulates into)")
+    moments: list[Literal["fp32", "bf16"]] = Field(["fp32"], min_length=1, description="Adam's moments")
+
+
 class StackFile(Frozen):
     """`knowledge/stacks/<stack>.yaml`: what a training stack does that moves memory and time.
     Every field has its source in `sources` (the schema refuses one without)."""
@@ -620,6 +628,9 @@ class StackFile(Frozen):
         description="its data-parallel and tensor/expert collectives across nodes reach the NICs of all the group's "
                     "ranks in a node (NCCL multi-rail); false: each rank's own NIC")
     finetune: FineTuneRules = Field(description="the fine-tuning methods it offers and how it holds a frozen base")
+    optimizer_dtypes: OptimizerDtypes = Field(
+        default_factory=OptimizerDtypes, description="the dtypes its optimizer's master weights and moments can take; "
+                                                     "absent: fp32 only")
     sources: dict[str, str] = Field(description="field -> where it comes from (file at a tag, PR, doc)")
 
     @model_validator(mode="after")
@@ -637,6 +648,8 @@ class StackFile(Frozen):
             documented.add("loss_parallel_bytes_per_logit")
         if self.pp_holds_stage_outputs:
             documented.add("pp_holds_stage_outputs")
+        if self.optimizer_dtypes != OptimizerDtypes():
+            documented.add("optimizer_dtypes")
         require_sources(documented, self.sources)
         if ("selective" in self.recompute) != (self.selective is not None):
             raise ValueError("selective must be set exactly when recompute offers selective")

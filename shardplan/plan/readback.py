@@ -110,7 +110,8 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
                                    "attention_kernels": tuple(w["attention_kernels"]),
                                    "matmul_dtype": DType(w["matmul_dtype"]),
                                    "finetune": FineTune(w["finetune"]), "lora_targets": tuple(w["lora_targets"]),
-                                   "base_format": BaseFormat(w["base_format"])})
+                                   "base_format": BaseFormat(w["base_format"]),
+                                   "master_dtype": DType(w["master_dtype"]), "moment_dtype": DType(w["moment_dtype"])})
     kv = w["kv_cache_dtype"]
     # Lists in the manifest are tuples in the cost model's frozen (hashable, cached) workload.
     w = {k: tuple(v) if isinstance(v, list) else v for k, v in w.items()}
@@ -195,7 +196,7 @@ def plan_setting(m: DeploymentManifest, spec: ModelSpec | None = None) -> Settin
     if wl.kind == "training":
         return Setting(workload="training", seq_len=wl.seq_len, global_batch_size=wl.global_batch_size,
                        kv_format=wl.activation_dtype, finetune=wl.finetune, optimizer=wl.optimizer,
-                       param_dtype=wl.param_dtype, **base)
+                       param_dtype=wl.param_dtype, master_dtype=wl.master_dtype, moment_dtype=wl.moment_dtype, **base)
     return Setting(workload="inference", weight_format=m.layout.weight_quantization or wl.quantization,
                    kv_format=m.layout.kv_cache_dtype or wl.kv_cache_dtype or wl.activation_dtype,
                    speculative=wl.speculative.method if wl.speculative is not None else "none",

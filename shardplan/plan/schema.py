@@ -252,6 +252,9 @@ class TrainingWorkloadSection(_Section):
     base_format: Literal["none", "nf4", "nf4-dq"] = Field("none", description="storage of the frozen base's decoder linears")
     base_fp32_non_quantized: bool = Field(False, description="the base's non-quantized parameters upcast to fp32 (PEFT)")
     paged_optimizer: bool = Field(False, description="optimizer states in unified memory, paged to the host")
+    master_dtype: Literal["fp32", "bf16"] = Field("fp32", description="the optimizer's master weights (and DeepSpeed's "
+                                                                   "gradient partition)")
+    moment_dtype: Literal["fp32", "bf16"] = Field("fp32", description="the optimizer's moments (Adam's m and v)")
 
 
 class LayoutSection(_Section):

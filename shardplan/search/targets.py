@@ -46,6 +46,8 @@ class Setting:
     finetune: str = "none"  # training: full, lora, qlora; serving: none
     optimizer: str = "none"  # training: the optimizer; serving: none
     param_dtype: str = "bf16"  # training: weights and gradients; serving: the activation dtype
+    master_dtype: str = "none"  # training: the optimizer's master weights; serving: none
+    moment_dtype: str = "none"  # training: the optimizer's moments; serving: none
 
 
 def used_gpus_per_node(num_gpus: int, gpus_per_node: int, num_nodes: int) -> int:
@@ -61,7 +63,8 @@ def setting(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload | Traini
     if isinstance(wl, TrainingWorkload):
         return Setting(workload="training", seq_len=wl.seq_len, global_batch_size=wl.global_batch_size,
                        kv_format=wl.activation_dtype.value, activation_dtype=wl.activation_dtype.value,
-                       finetune=wl.finetune.value, optimizer=wl.optimizer.value, param_dtype=wl.param_dtype.value, **model)
+                       finetune=wl.finetune.value, optimizer=wl.optimizer.value, param_dtype=wl.param_dtype.value,
+                       master_dtype=wl.master_dtype.value, moment_dtype=wl.moment_dtype.value, **model)
     act = wl.activation_dtype.value
     return Setting(workload="inference", weight_format=wl.quantization.value,
                    kv_format=(wl.kv_cache_dtype or wl.activation_dtype).value, activation_dtype=act,
@@ -147,6 +150,9 @@ FACT_TABLE: dict[str, tuple[tuple[str, ...], Fact]] = {
     "finetune": ((), lambda L, s: s.finetune),
     "optimizer": ((), lambda L, s: s.optimizer),
     "param_dtype": ((), lambda L, s: s.param_dtype),
+    "master_dtype": ((), lambda L, s: s.master_dtype),
+    "moment_dtype": ((), lambda L, s: s.moment_dtype),
+    "optimizer_dtypes": ((), lambda L, s: f"{s.master_dtype}/{s.moment_dtype}"),
     "seq_len": ((), lambda L, s: s.seq_len),
     "tp": (("tp",), lambda L, s: L.tp),
     "pp": (("pp",), lambda L, s: L.pp),

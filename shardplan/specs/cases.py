@@ -116,6 +116,8 @@ class TrainingCase(_Case):
     tp_comm_overlap: bool = False
     pp_embedding_as_layer: bool = False
     pp_loss_as_layer: bool = False
+    master_dtype: Literal["fp32", "bf16"] = "fp32"
+    moment_dtype: Literal["fp32", "bf16"] = "fp32"
     measured: TrainingMeasured
 
     @model_validator(mode="after")

@@ -443,7 +443,8 @@ def _other_stack_suggestions(spec: Any, hw: HardwareProfile, workload: TrainingW
                 stack=stack, finetune=workload.finetune.value, lora_rank=workload.lora_rank,
                 lora_alpha=workload.lora_alpha, lora_targets=",".join(workload.lora_targets),
                 lora_dropout=workload.lora_dropout, qlora_double_quant=workload.base_format.value == "nf4-dq",
-                paged_optimizer=workload.paged_optimizer, spec=spec)
+                paged_optimizer=workload.paged_optimizer, spec=spec, master_dtype=workload.master_dtype.value,
+                moment_dtype=workload.moment_dtype.value)
             r = search(spec, hw, wl, replace(space, rules=search_rules(None, spec, wl)), replace(goal, top_k=1),
                        num_gpus=num_gpus, max_gpus=None)
         except ShardplanError:  # the stack cannot run this fine-tuning method, or another refusal

@@ -138,7 +138,8 @@ def predict_training(case: TrainingCase, corpus: Path | None = None) -> CostRepo
                            optimizer="adamw", framework=None, flash_attention=case.flash_attention,
                            dropout=case.dropout, stack=stack_rules(case.stack), compile=case.compile,
                            matmul_dtype="fp8" if case.fp8 else None, tp_comm_overlap=case.tp_comm_overlap,
-                           compile_loss=case.compile_loss)
+                           compile_loss=case.compile_loss, master_dtype=case.master_dtype,
+                           moment_dtype=case.moment_dtype)
     return estimate(spec, hw, layout, wl)
 
 

@@ -85,6 +85,9 @@ class RunSpec:
     force_load_balance: bool = False  # MoE routing round-robin over experts (model.route), here and in the reference
     dtype: DType = DType.FP32  # the format weights, gradients, activations and the KV cache run in (fp32 or bf16)
     plan_dtype: DType = DType.FP32  # the plan's format (training: its activation dtype; serving: its activation dtype)
+    # The optimizer's master weights and moments (training, 16-bit runs): fp32, or bf16 for a plan's
+    # --master-dtype bf16 --moment-dtype bf16 (the `verify` rules refuse the two apart).
+    optimizer_dtype: DType = DType.FP32
     # The device memory the run may use, bytes (a GPU's total, as the profile's memory_capacity_gib):
     # --device-memory-gib, else the plan's GPU at --scale full; None: no limit but the device's own.
     device_memory_bytes: int | None = None
@@ -112,6 +115,7 @@ class RunSpec:
             activation_dtype=self.dtype, flash_attention=True, dropout=False, loss_fp32_logits=self.dtype is DType.FP32,
             largest_allocation_bytes_per_logit=LOSS_LARGEST_BYTES_PER_LOGIT,
             pp_holds_stage_outputs=True,  # the run's pipeline is torch.distributed.pipelining (worker.py)
+            master_dtype=self.optimizer_dtype, moment_dtype=self.optimizer_dtype,
         )
 
     def inference_workload(self) -> InferenceWorkload:
@@ -142,6 +146,7 @@ class RunSpec:
         if self.training:
             out["work"] = {"steps": self.steps, "seq_len": self.seq_len, "micro_batch_size": self.layout.micro_batch_size,
                            "num_microbatches": self.num_microbatches, "optimizer": self.optimizer.value,
+                           "optimizer_dtype": self.optimizer_dtype.value,
                            "moe_routing": "round-robin" if self.force_load_balance else "top-k"}
         else:
             out["work"] = {"batch_size": self.batch_size, "prompt_len": self.prompt_len, "decode_steps": self.decode_steps,
@@ -180,7 +185,8 @@ def _setting(spec: ModelSpec, training: bool) -> Setting:
                  kv_heads=spec.num_attention_heads if spec.mla is not None else spec.kv_heads,
                  tied_embeddings=spec.tie_word_embeddings)
     if training:
-        return Setting(workload="training", finetune="full", optimizer="adamw", **model)
+        return Setting(workload="training", finetune="full", optimizer="adamw", master_dtype="fp32",
+                       moment_dtype="fp32", **model)
     return Setting(workload="inference", **model)
 
 
@@ -346,6 +352,11 @@ def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int =
         balanced = True
         notes.append(BF16_MOE_NOTE)
     run_spec = run_spec.model_copy(update=dict(max_position_embeddings=max(seq, 1)))
+    optimizer_dtype = DType(wl.master_dtype)
+    if optimizer_dtype is not DType.FP32 and fmt is DType.FP32:
+        notes.append(f"the plan keeps {wl.master_dtype} master weights and moments; an fp32 run's weights are their "
+                     "own master with fp32 moments, and so is its prediction")
+        optimizer_dtype = DType.FP32
     return RunSpec(kind="training", scale=scale, spec=run_spec, layout=layout, steps=steps, seq_len=seq,
                    num_microbatches=num_micro, optimizer=Optimizer(wl.optimizer), force_load_balance=balanced,
-                   notes=tuple(notes), **limits)
+                   optimizer_dtype=optimizer_dtype, notes=tuple(notes), **limits)

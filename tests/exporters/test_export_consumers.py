@@ -425,6 +425,21 @@ def test_ds_config_parses_in_deepspeed_with_the_plans_batch_and_zero_stage(ds_co
         assert cfg.tensor_parallel_config.autotp_size == m.layout.tp
 
 
+def test_ds_config_bf16_master_weights_and_moments_are_read_by_deepspeed(ds_config):
+    """--master-dtype bf16 --moment-dtype bf16 become DeepSpeed's bf16_master_weights_and_grads and
+    bf16_optimizer_states (PR #7700), which its own config check accepts only together under ZeRO 1-3."""
+    from shardplan.units import DType
+
+    wl = TrainingWorkload(master_dtype=DType.BF16, moment_dtype=DType.BF16)
+    m = fitting(build_plan("llama-3.1-8b", 8, Layout(dp=8, zero_stage=3), wl)[0])
+    cfg = ds_config(files(m, "deepspeed")["ds_config.json"].text, 8)
+    assert cfg.bfloat16_config.bf16_master_weights_and_grads is True
+    assert cfg.bfloat16_config.bf16_optimizer_states is True
+    plain = ds_config(files(training("llama-3.1-8b", 8, dp=8, zero_stage=3), "deepspeed")["ds_config.json"].text, 8)
+    assert plain.bfloat16_config.bf16_master_weights_and_grads is False
+    assert plain.bfloat16_config.bf16_optimizer_states is False
+
+
 @pytest.mark.parametrize("where", [Offload.CPU, Offload.NVME])
 def test_ds_config_offload_is_read_by_deepspeed(ds_config, where):
     m = training("llama-3.1-8b", 8, dp=8, zero_stage=3, offload_optimizer=where, offload_params=where)

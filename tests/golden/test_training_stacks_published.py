@@ -79,7 +79,7 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
         "memory": "+14% (2.8 GiB), as the Megatron BigScience row: not explained beyond DeepSpeed's 2021 fp16 bookkeeping",
         "tokens": "as the Megatron BigScience row: the cluster is not the profile's DGX-2"},
     "ds_bf16mw_baseline_z3_4xh100": {"tokens": SMALL_STEP},
-    "ds_bf16mw_bf16_master_z3_4xh100": {"memory": "bf16 master weights and optimizer states (DeepSpeed PR #7700) cannot be expressed", "tokens": SMALL_STEP},
+    "ds_bf16mw_bf16_master_z3_4xh100": {"tokens": SMALL_STEP},
     "dschat_step1_sft_opt1.3b_z2_16xv100": {"tokens": V100},
     "dschat_step2_rm_opt350m_z0_16xv100": {"memory": "a reward model: no LM head, and OPT-350m's 512-wide embedding projection"},
     "mds_rebase_gpt1.3b_tp2_z0_ds_ckpt_16xv100": {"tokens": V100},

@@ -118,18 +118,24 @@ def test_serving_over_gpu_counts_is_unchanged(monkeypatch):
     assert fast_calls["serving_memory"] < ref_calls["serving_memory"] / 2  # replicas costed once across counts
 
 
-@pytest.mark.parametrize("model,hw_name,gpus,seq,gbs,stack", [
-    ("llama-3.1-8b", "h100-sxm-80gb", 16, 4096, 64, DEFAULT_STACK),
-    ("mixtral-8x7b", "h100-sxm-80gb", 32, 4096, 256, DEFAULT_STACK),  # MoE: expert parallelism
-    ("llama-3.1-70b", "a100-sxm-40gb", 16, 4096, 32, "deepspeed"),  # tight: offloaded variants, host RAM
-    ("qwen2.5-7b", "a100-sxm-40gb", 8, 4096, 32, "megatron"),
+# `verdict`: the per-stage verdict (exceeds_gpu_memory) decides some layouts before the full
+# model; where the model states' exact prune already rejects every layout that cannot fit
+# (Mixtral here) the two paths cost the same layouts in full.
+@pytest.mark.parametrize("model,hw_name,gpus,seq,gbs,stack,verdict", [
+    ("llama-3.1-8b", "h100-sxm-80gb", 16, 4096, 64, DEFAULT_STACK, True),
+    ("mixtral-8x7b", "h100-sxm-80gb", 32, 4096, 256, DEFAULT_STACK, False),  # MoE: expert parallelism
+    ("llama-3.1-70b", "a100-sxm-40gb", 16, 4096, 32, "deepspeed", True),  # tight: offloaded variants, host RAM
+    ("qwen2.5-7b", "a100-sxm-40gb", 8, 4096, 32, "megatron", True),
 ])
-def test_training_is_unchanged(monkeypatch, model, hw_name, gpus, seq, gbs, stack):
+def test_training_is_unchanged(monkeypatch, model, hw_name, gpus, seq, gbs, stack, verdict):
     fast, reference, fast_calls, ref_calls = _both(
         monkeypatch, _training(model, hw_name, seq_len=seq, gbs=gbs, stack=stack), num_gpus=gpus)
     _same(fast, reference)
     assert fast.feasible == reference.feasible
-    assert fast_calls["training_memory"] < ref_calls["training_memory"]  # the per-stage verdict decided some
+    if verdict:
+        assert fast_calls["training_memory"] < ref_calls["training_memory"]  # the per-stage verdict decided some
+    else:
+        assert fast_calls["training_memory"] == ref_calls["training_memory"]
 
 
 def test_the_reference_switch_restores_itself_after_an_error():
