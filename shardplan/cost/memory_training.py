@@ -416,8 +416,8 @@ def stage_states_bytes(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl:
     one rank of `stage`, exactly as `training_memory` counts them (`_stage_state_parts`)."""
     c = _common(hw, layout, wl)
     layers = [i for r in layout_stage_ranges(spec.num_layers, layout)[stage] for i in r]
-    parts = _stage_state_parts(spec, layout, wl, c, stage, layers)
-    return parts.weights + parts.gradients + parts.optimizer + parts.temporary
+    states, _ = _stage_state_parts(spec, layout, wl, c, stage, layers)
+    return states.weights + states.gradients + states.optimizer + states.temporary
 
 
 def loss_head_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, micro_batch_size: int) -> tuple[float, float]:
@@ -565,21 +565,8 @@ def _node_offload_bytes(
     return host_total, nvme_total
 
 
-@dataclass(frozen=True)
-class _StateParts:
-    """One stage's rank's model states in `training_memory`, with their named detail."""
-
-    weights: float
-    gradients: float
-    optimizer: float
-    temporary: float
-    host: float
-    nvme: float
-    detail: dict[str, float]
-
-
 def _stage_state_parts(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c: _Common, stage: int,
-                       layers: list[int]) -> _StateParts:
+                       layers: list[int]) -> tuple[ModelStates, dict[str, float]]:
     """A stage's model states: ZeRO-partitioned (or LoRA/QLoRA's frozen base and adapters), and
     what the stack adds: FSDP's unsharded stage under a pipeline, autocast's weight copies.
     They depend on the variant (ZeRO, offload), not on the micro-batch or recomputation."""
@@ -605,8 +592,8 @@ def _stage_state_parts(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c:
         copies = 2.0 * (w.dense_numel + w.expert_numel) / (c.dense_n if layout.zero_stage == 3 else 1)
         detail["temporary.autocast_weight_copies"] = copies
         temporary += copies
-    return _StateParts(dense.weights + expert.weights, gradients, dense.optimizer + expert.optimizer, temporary,
-                       dense.host + expert.host, dense.nvme + expert.nvme, detail)
+    return ModelStates(dense.weights + expert.weights, gradients, dense.optimizer + expert.optimizer, temporary,
+                       dense.host + expert.host, dense.nvme + expert.nvme), detail
 
 
 def _stage_memory(
@@ -620,7 +607,7 @@ def _stage_memory(
         spec, wl, L.tp, L.cp, L.expert_tp, L.sequence_parallel, L.recompute, L.micro_batch_size, L.pp,
         L.virtual_stages, L.pp_schedule, L.pp_embedding_as_layer, L.pp_loss_as_layer, L.pp_first_stage_layers,
         L.pp_last_stage_layers, c.num_micro, stage, wl.amp_fp32_master and wl.trains_base and L.zero_stage == 0)
-    states = _stage_state_parts(spec, layout, wl, c, stage, list(layers))
+    states, states_detail = _stage_state_parts(spec, layout, wl, c, stage, list(layers))
     breakdown = MemoryBreakdown(
         weights=states.weights,
         activations=act,
@@ -632,7 +619,7 @@ def _stage_memory(
     detail: dict[str, float] = {}
     if with_detail:
         detail.update(act_detail)
-        detail.update(states.detail)
+        detail.update(states_detail)
         detail.update({f"overhead.{k}": v for k, v in c.overhead_detail.items()})
     return RankMemory(
         stage=stage,
