@@ -541,7 +541,7 @@ def head_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Wor
     token; serving: the last position of each sequence)."""
     a = bytes_per_element(work.act_dtype)
     h = spec.hidden_size
-    n = spec.vocab_size / layout.tp
+    n = spec.vocab_size / layout.tp if spec.lm_head else spec.num_labels  # a classification score is replicated
     if work.quantization.is_gguf:  # a GGUF file quantizes the output matrix too (Q6_K, or Q8_0)
         head = WeightKind("lm_head.weight", Component.LM_HEAD, (spec.vocab_size, h), Split.VOCAB)
         wb = bytes_per_weight_element(head, work.quantization, work.act_dtype, spec)

@@ -32,6 +32,7 @@ from shardplan.cost.vision import vision_profile_peak_bytes
 from shardplan.cost.weights import stage_weights
 from shardplan.cost.workload import InferenceWorkload
 from shardplan.specs.hardware import HardwareProfile
+from shardplan.errors import ShardplanError
 from shardplan.specs.model import ModelSpec
 from shardplan.units import BYTES_PER_GIB, DType, bytes_per_element
 
@@ -352,6 +353,12 @@ class ServingMemory:
 
 
 def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload) -> ServingMemory:
+    if not spec.lm_head:
+        # vLLM and SGLang serve these as pooling models (one forward a request, no decode, no
+        # KV cache kept): not what the serving model counts.
+        raise ShardplanError(f"{spec.name} has a sequence-classification head ({spec.num_labels} labels): serving "
+                             "models a generating (causal LM) head", field="model.head",
+                             hint="plan its training with --workload training, or serve the causal-LM checkpoint")
     dense_dtype = wl.activation_dtype
     kv_dtype = wl.kv_cache_dtype or wl.activation_dtype
     kv_elt = bytes_per_element(kv_dtype)

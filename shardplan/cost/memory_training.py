@@ -424,9 +424,9 @@ def loss_head_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, micro
     """(bytes the loss head holds at its peak, its largest single tensor) on the last stage: the
     stack's bytes per logit over micro-batch x local sequence x vocabulary (over tp when the
     logits stay vocab-parallel)."""
-    logits = wl.seq_len / layout.cp * micro_batch_size * spec.vocab_size
+    logits = wl.seq_len / layout.cp * micro_batch_size * spec.head_outputs
     per_logit = wl.loss_bytes_per_logit
-    if wl.loss_vocab_parallel:
+    if wl.loss_vocab_parallel and spec.lm_head:
         logits /= layout.tp
         if layout.tp > 1 and wl.loss_parallel_bytes_per_logit is not None:
             per_logit = wl.loss_parallel_bytes_per_logit  # the loss-parallel code's own tensors
@@ -744,7 +744,7 @@ def pipeline_held_outputs_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWor
     if stage < layout.pp - 1:
         rep = 1.0 / layout.tp if layout.sequence_parallel else 1.0
         return (math.ceil(chunks_in_flight) + 1) * a * s_local * b * spec.hidden_size * rep
-    logits = s_local * b * spec.vocab_size / (layout.tp if wl.loss_vocab_parallel else 1)
+    logits = s_local * b * spec.head_outputs / (layout.tp if wl.loss_vocab_parallel and spec.lm_head else 1)
     # the fp32-logits-once default (no stack) already counts the logits in flight as its loss figure
     held = 2 if wl.loss_bytes_per_logit is not None else 1
     return held * a * logits  # the model's output, in the activation format

@@ -324,7 +324,9 @@ def head_weights(spec: ModelSpec) -> tuple[WeightKind, ...]:
     w: list[WeightKind] = []
     if spec.final_norm:
         w += _norm("final_norm", spec.hidden_size, spec)
-    if not spec.tie_word_embeddings:
+    if not spec.lm_head:  # transformers *ForSequenceClassification: score = nn.Linear(hidden, num_labels, bias=False)
+        w += _linear("score", Component.LM_HEAD, spec.hidden_size, spec.num_labels, Split.REPLICATED, False)
+    elif not spec.tie_word_embeddings:
         w += _linear("lm_head", Component.LM_HEAD, spec.hidden_size, spec.vocab_size, Split.VOCAB, spec.lm_head_bias)
     return tuple(w)
 

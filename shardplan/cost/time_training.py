@@ -388,7 +388,7 @@ def _cached_stage_time(
     if last:
         fwd = fwd + head_forward(spec, hw, layout, work, work.tokens)
         # The loss head's traffic has its own backward count, not twice the forward's.
-        logits = work.tokens * spec.vocab_size / (layout.tp if wl.loss_vocab_parallel else 1)
+        logits = work.tokens * spec.head_outputs / (layout.tp if wl.loss_vocab_parallel and spec.lm_head else 1)
         loss_fwd = PassTime(memory_seconds=memory_seconds(hw, logits * wl.loss_forward_bytes_per_logit))
         loss_bwd = PassTime(memory_seconds=memory_seconds(hw, logits * wl.loss_backward_bytes_per_logit))
     bwd = _backward(fwd, wl.flash_attention, kernel[1] / kernel[2] if kernel else 1.0, wl.trains_base) + loss_bwd

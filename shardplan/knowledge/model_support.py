@@ -92,6 +92,9 @@ def torchtitan_key(spec: ModelSpec) -> tuple[str, int, int, int, int]:
 
 
 def torchtitan(spec: ModelSpec) -> ModelRefusal | None:
+    if not spec.lm_head:
+        return ModelRefusal("model.head", "torchtitan trains causal language models, not a sequence-classification head",
+                            "export --to deepspeed or accelerate (transformers' *ForSequenceClassification)")
     if torchtitan_key(spec) in TORCHTITAN_FLAVORS:
         return None
     known = ", ".join(sorted({f"{n} {f}" for n, f in TORCHTITAN_FLAVORS.values()}))
@@ -113,6 +116,7 @@ def megatron(spec: ModelSpec) -> ModelRefusal | None:
         ("multi-head latent attention", spec.mla is not None), ("linear attention", spec.linear_attention is not None),
         ("a vision tower", spec.vision is not None), ("sliding-window layers", spec.sliding_window is not None),
         ("attention sinks", spec.attention_sinks), ("parallel residual blocks", spec.parallel_residual),
+        ("a sequence-classification head", not spec.lm_head),
         ("an lm_head bias", spec.lm_head_bias), ("a full-width qk norm", spec.qk_norm == QKNorm.FULL),
         (f"{spec.position_embedding.value} positions", spec.position_embedding not in MEGATRON_POSITIONS),
         (f"a gated {spec.hidden_act} MLP", spec.mlp_gated and spec.hidden_act != "silu"),
@@ -130,6 +134,7 @@ def verify(spec: ModelSpec) -> ModelRefusal | None:
     """The first feature verify's model (a Llama-style dense or MoE decoder) does not build."""
     unsupported = [
         (spec.mla is not None, "model", "multi-head latent attention (MLA)"),
+        (not spec.lm_head, "model.head", "sequence-classification heads"),
         (spec.norm_type is not NormType.RMSNORM, "model.norm_type", "LayerNorm models"),
         (spec.position_embedding is not PositionEmbedding.ROPE, "model.position_embedding", "non-rotary position embeddings"),
         (spec.rotary_fraction != 1.0, "model.rotary_fraction", "partial rotary embeddings"),

@@ -477,8 +477,32 @@ def _fp8_weight_block(quant: Any) -> tuple[int, int] | None:
     return None
 
 
+def _head_fields(cfg: Config) -> dict[str, Any]:
+    """A *ForSequenceClassification checkpoint (a reward model, a classifier): no lm_head, a
+    `score` linear over num_labels (transformers: the length of id2label, else num_labels, else
+    PretrainedConfig's default 2), pooled at each sequence's last token."""
+    archs = cfg.get("architectures")
+    if not (isinstance(archs, list) and archs and isinstance(archs[0], str)
+            and archs[0].endswith("ForSequenceClassification")):
+        return {}
+    labels = cfg.get("id2label")
+    if isinstance(labels, Mapping) and labels:
+        n = len(labels)
+    else:
+        n = cfg.get("num_labels", 2)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"num_labels {n!r} is not a positive integer")
+    return {"head": "sequence_classification", "num_labels": n, "tie_word_embeddings": False}
+
+
 def translate(cfg: Config, name: str) -> Translation:
     """An HF config dict as ModelSpec fields, with a warning naming each key not understood."""
+    t = _translate(cfg, name)
+    head = _head_fields(cfg)
+    return Translation({**t.fields, **head}, t.warnings, t.notes) if head else t
+
+
+def _translate(cfg: Config, name: str) -> Translation:
     model_type = cfg.get("model_type")
     if model_type is None and isinstance(cfg.get("architectures"), list):
         found = [ARCHITECTURES[a] for a in cfg["architectures"] if a in ARCHITECTURES]
@@ -570,6 +594,7 @@ HARMLESS_KEYS = frozenset({
     "pretraining_tp", "multi_modal_projector_bias", "num_key_value_heads", "head_dim", "vocab_size",
     "vision_output_dim", "mrope_section", "rope_type", "original_max_position_embeddings",
     "ignore_index", "pixel_shuffle_ratio", "vision_feature_layer",  # shape-free (the projector reads the composite's)
+    "id2label", "label2id", "num_labels", "problem_type",  # read by _head_fields (a classification head)
 })
 
 

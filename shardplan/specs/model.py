@@ -16,6 +16,7 @@ Field conventions: sizes are element counts (`_size`, `num_`), never bytes; `Non
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -246,6 +247,11 @@ class ModelSpec(StrictModel):
     parallel_residual: bool = Field(False, description="attention and MLP read the same input (GPT-NeoX, Falcon)")
     tie_word_embeddings: bool = False
     lm_head_bias: bool = False
+    # The output head: the language-model head over the vocabulary, or a sequence-classification
+    # head (transformers' *ForSequenceClassification: `score`, hidden x num_labels, no bias; a
+    # reward model has one label) whose logits are pooled at each sequence's last token.
+    head: Literal["lm", "sequence_classification"] = "lm"
+    num_labels: int = Field(1, ge=1, le=MAX_WIDTH, description="outputs of a sequence-classification head")
 
     position_embedding: PositionEmbedding = PositionEmbedding.ROPE
     max_position_embeddings: int = Field(..., gt=0, le=MAX_TOKENS)
@@ -313,6 +319,9 @@ class ModelSpec(StrictModel):
             bad = [i for i in self.moe.dense_layer_indices if not 0 <= i < self.num_layers]
             if bad:
                 raise ValueError(f"moe.dense_layer_indices {bad} are outside 0..{self.num_layers - 1}")
+        if self.head == "sequence_classification" and self.tie_word_embeddings:
+            raise ValueError("a sequence-classification head (score) is never tied to the embedding; "
+                             "set tie_word_embeddings: false")
         if self.global_layer_every and self.sliding_window is None:
             raise ValueError("global_layer_every is set but sliding_window is not")
         if self.layer_types:
@@ -336,6 +345,15 @@ class ModelSpec(StrictModel):
         return hash((self.name, self.num_layers, self.hidden_size, self.vocab_size, self.intermediate_size))
 
     # ----- derived figures -------------------------------------------------------------
+    @property
+    def head_outputs(self) -> int:
+        """Logits per position: the vocabulary, or a classification head's labels."""
+        return self.vocab_size if self.head == "lm" else self.num_labels
+
+    @property
+    def lm_head(self) -> bool:
+        return self.head == "lm"
+
     @property
     def trains_with_dropout(self) -> bool:
         return self.attention_dropout > 0 or self.hidden_dropout > 0
