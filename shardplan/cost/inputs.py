@@ -366,7 +366,7 @@ def training_workload(
             loss_backward_bytes_per_logit=stack.loss_backward_bytes_per_logit,
             fsdp_unsharded_under_pp=stack.fsdp_unsharded_under_pp, pp_p2p_overlap=stack.pp_p2p_overlap,
             pp_holds_stage_outputs=stack.pp_holds_stage_outputs,
-            collectives_multirail=stack.collectives_multirail,
+            collectives_multirail=stack.collectives_multirail, optimizer_foreach=stack.optimizer_foreach,
             eager_attention_bytes_per_score=stack.eager_attention_bytes_per_score)
         if tp_comm_overlap and not stack.tp_comm_overlap_offered:
             raise ShardplanError(f"{stack.display_name} has no tensor-parallel communication overlap",
@@ -441,6 +441,14 @@ def _optimizer_dtypes(master: str | None, moments: str | None, stack: StackFile 
             raise ShardplanError("8-bit AdamW keeps its own 8-bit moments", field=flag,
                                  hint="drop --moment-dtype, or use --optimizer adamw")
         out[field] = DType(value)
+    if stack is not None and stack.optimizer_dtypes.paired and (master or "fp32") != (moments or "fp32"):
+        raise ShardplanError(f"{stack.display_name}'s optimizer (torch.optim) keeps its moments in the dtype of the "
+                             f"weights it steps (asked: master {master or 'fp32'}, moments {moments or 'fp32'})",
+                             field="--moment-dtype", hint="pass --master-dtype and --moment-dtype with the same dtype")
+    if "master_dtype" in out and stack is not None and stack.amp_fp32_master:
+        # bf16 master weights under AMP over fp32 weights: the model is loaded in bf16 and trained
+        # without autocast (pure bf16), the optimizer stepping the bf16 weights themselves
+        out["amp_fp32_master"] = False
     return out
 
 

@@ -73,7 +73,7 @@ def state_bytes(wl: TrainingWorkload, zero_stage: int) -> StateBytes:
         moments *= bytes_per_element(wl.moment_dtype) / FP32_BYTES
     separate_master = wl.param_dtype is not DType.FP32 or zero_stage in (1, 2)
     master_and_moments = moments + (master if separate_master else 0.0)
-    if wl.framework is Framework.DEEPSPEED:
+    if wl.framework is Framework.DEEPSPEED:  # its ZeRO optimizer holds a master partition apart from the weights
         # A gradient partition in the master's dtype joins the optimizer (K + 4 in fp32); under
         # stage 3 the 16-bit gradients are reduce-scattered straight into it, so none are kept
         # apart. bf16 master weights and gradients: 2 + 2 + 2 + 4 = 10 bytes a parameter with
@@ -87,6 +87,10 @@ def state_bytes(wl: TrainingWorkload, zero_stage: int) -> StateBytes:
             # remainder (megatron/core/optimizer/distrib_optimizer.py; optimizer_config.py).
             master_and_moments = moments + 2.0
         return StateBytes(w, FP32_BYTES, master_and_moments, grads_partitioned_from_stage=2)
+    if wl.param_dtype is not DType.FP32 and wl.master_dtype is wl.param_dtype and zero_stage not in (1, 2):
+        # torch.optim steps the parameters it is given: 16-bit weights in the master's dtype are
+        # their own master (pure bf16 training: a model loaded in bf16, no AMP)
+        master_and_moments = moments
     return StateBytes(w, w, master_and_moments, grads_partitioned_from_stage=2)
 
 
@@ -596,6 +600,25 @@ def _stage_state_parts(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c:
                        dense.host + expert.host, dense.nvme + expert.nvme), detail
 
 
+def optimizer_step_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c: _Common, stage: int,
+                         layers: list[int]) -> float:
+    """What torch's foreach AdamW allocates at once in its step on one rank: the square roots of
+    exp_avg_sq for every parameter it steps, one list in their dtype (torch/optim/adamw.py
+    _multi_tensor_adamw: torch._foreach_sqrt; measured on CPU, tests/cost/test_optimizer_step.py:
+    1.0x the stepped parameters' bytes, 0 for fused=True). The stepped parameters are the rank's
+    optimizer partition (ZeRO 1-3) or all its parameters, in the master's dtype (an fp32 master,
+    fp32 weights under AMP, or bf16 weights that are their own master); none when the optimizer
+    runs on the CPU."""
+    if not wl.optimizer_foreach or layout.offload_optimizer is not Offload.NONE:
+        return 0.0
+    z = layout.zero_stage >= 1
+    if not wl.trains_base:
+        return FP32_BYTES * adapter_params(spec, layers, wl.lora_rank, wl.lora_targets) / (c.dense_n if z else 1)
+    w = stage_weights(spec, layout, stage, quantization=Quantization.NONE, dense_dtype=wl.param_dtype)
+    numel = w.dense_numel / (c.dense_n if z else 1) + w.expert_numel / (c.expert_n if z else 1)
+    return numel * bytes_per_element(wl.master_dtype)
+
+
 def _stage_memory(
     spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, c: _Common, stage: int,
     with_detail: bool,
@@ -608,6 +631,14 @@ def _stage_memory(
         L.virtual_stages, L.pp_schedule, L.pp_embedding_as_layer, L.pp_loss_as_layer, L.pp_first_stage_layers,
         L.pp_last_stage_layers, c.num_micro, stage, wl.amp_fp32_master and wl.trains_base and L.zero_stage == 0)
     states, states_detail = _stage_state_parts(spec, layout, wl, c, stage, list(layers))
+    step = optimizer_step_bytes(spec, layout, wl, c, stage, list(layers))
+    if step > act + states.temporary:
+        # The step runs after the backward has freed the activations (and ZeRO-3's gathered
+        # layers): the rank then holds its states and the step's list, and peaks there when the
+        # list is the larger.
+        beyond = step - act - states.temporary
+        states = dataclasses.replace(states, temporary=states.temporary + beyond)
+        states_detail = {**states_detail, "temporary.optimizer_step_list": beyond}
     breakdown = MemoryBreakdown(
         weights=states.weights,
         activations=act,

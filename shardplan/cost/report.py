@@ -190,6 +190,7 @@ class TrainingWorkloadReport(Frozen):
     paged_optimizer: bool = Field(description="optimizer states in CUDA unified memory, paged out to the host")
     master_dtype: str = Field(description="the optimizer's master weights (and DeepSpeed's gradient partition)")
     moment_dtype: str = Field(description="the optimizer's moments (Adam's m and v)")
+    optimizer_foreach: bool = Field(description="torch's foreach AdamW: the step allocates a parameter-sized list")
 
 
 WorkloadReport = Annotated[Union[InferenceWorkloadReport, TrainingWorkloadReport], Field(discriminator="kind")]

@@ -312,6 +312,8 @@ class TrainingWorkload:
     # bf16_optimizer_states (PR #7700), Megatron's precision-aware optimizer --exp-avg(-sq)-dtype.
     master_dtype: DType = DType.FP32
     moment_dtype: DType = DType.FP32
+    # torch's foreach AdamW: its step holds one more list the size of the stepped parameters
+    optimizer_foreach: bool = False
 
     @property
     def trains_base(self) -> bool:

@@ -367,6 +367,8 @@ def fsdp_config(ctx: ExportContext) -> dict[str, Any]:
     _, _, _, cls = _hf_modules(ctx)
     n, g = m.hardware.num_nodes, gpus_per_node_used(m)
     mixed = {"bf16": "bf16", "fp16": "fp16"}.get(wl.param_dtype, "no")
+    if wl.master_dtype == "bf16":  # pure bf16: the script loads the model in bf16 and trains it without AMP
+        mixed = "no"
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "FSDP",

@@ -567,6 +567,8 @@ class OptimizerDtypes(Frozen):
     master: list[Literal["fp32", "bf16"]] = Field(["fp32"], min_length=1,
                                                   description="its master weights (with the gradients it accumulates into)")
     moments: list[Literal["fp32", "bf16"]] = Field(["fp32"], min_length=1, description="Adam's moments")
+    paired: bool = Field(False, description="the moments take the master's dtype (torch.optim makes its states like "
+                                            "the parameter it steps): the two options go together")
 
 
 class StackFile(Frozen):
@@ -628,6 +630,10 @@ class StackFile(Frozen):
         description="its data-parallel and tensor/expert collectives across nodes reach the NICs of all the group's "
                     "ranks in a node (NCCL multi-rail); false: each rank's own NIC")
     finetune: FineTuneRules = Field(description="the fine-tuning methods it offers and how it holds a frozen base")
+    optimizer_foreach: bool = Field(
+        False, description="its default AdamW is torch's foreach implementation, whose step allocates a list the size "
+                           "of the rank's optimizer states' parameters (the square roots of exp_avg_sq) at once; "
+                           "false: a fused kernel that allocates none")
     optimizer_dtypes: OptimizerDtypes = Field(
         default_factory=OptimizerDtypes, description="the dtypes its optimizer's master weights and moments can take; "
                                                      "absent: fp32 only")
@@ -650,6 +656,8 @@ class StackFile(Frozen):
             documented.add("pp_holds_stage_outputs")
         if self.optimizer_dtypes != OptimizerDtypes():
             documented.add("optimizer_dtypes")
+        if self.optimizer_foreach:
+            documented.add("optimizer_foreach")
         require_sources(documented, self.sources)
         if ("selective" in self.recompute) != (self.selective is not None):
             raise ValueError("selective must be set exactly when recompute offers selective")

@@ -255,6 +255,7 @@ class TrainingWorkloadSection(_Section):
     master_dtype: Literal["fp32", "bf16"] = Field("fp32", description="the optimizer's master weights (and DeepSpeed's "
                                                                    "gradient partition)")
     moment_dtype: Literal["fp32", "bf16"] = Field("fp32", description="the optimizer's moments (Adam's m and v)")
+    optimizer_foreach: bool = Field(False, description="torch's foreach AdamW: the step allocates a parameter-sized list")
 
 
 class LayoutSection(_Section):

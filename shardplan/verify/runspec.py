@@ -86,7 +86,8 @@ class RunSpec:
     dtype: DType = DType.FP32  # the format weights, gradients, activations and the KV cache run in (fp32 or bf16)
     plan_dtype: DType = DType.FP32  # the plan's format (training: its activation dtype; serving: its activation dtype)
     # The optimizer's master weights and moments (training, 16-bit runs): fp32, or bf16 for a plan's
-    # --master-dtype bf16 --moment-dtype bf16 (the `verify` rules refuse the two apart).
+    # --master-dtype bf16 --moment-dtype bf16: the bf16 weights are their own master, stepped by
+    # torch's optimizer with bf16 moments (the `verify` rules refuse the two apart).
     optimizer_dtype: DType = DType.FP32
     # The device memory the run may use, bytes (a GPU's total, as the profile's memory_capacity_gib):
     # --device-memory-gib, else the plan's GPU at --scale full; None: no limit but the device's own.

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from shardplan.errors import VerifyRunFailed
-from shardplan.units import DType
 from shardplan.fileio import write_text_atomic
 from shardplan.verify import context, experts, measure, parallel, probes
 from shardplan.verify.model import Decoder, model_dtype
@@ -217,12 +216,10 @@ def load_checkpoint(path: str, chunks: list[Decoder], optimizer) -> dict[str, An
 class MasterWeights:
     """16-bit weights with an fp32 master copy and fp32 optimizer states (the ZeRO paper's mixed
     precision, Sec. 3.1: 2 + 2 + 12 bytes a parameter with Adam; Megatron's and DeepSpeed's
-    bf16 optimizers), or with `run.optimizer_dtype` bf16 a bf16 master copy whose moments torch
-    makes bf16 too (DeepSpeed's bf16_master_weights_and_grads with bf16_optimizer_states: 2 + 2
-    + 6). Each step casts one parameter's gradient at a time into its master's gradient, steps
-    the master (one optimizer per parameter: the same update as one optimizer over all of them
-    with foreach=False) and rounds it back into the weight. The masters are made at the first
-    step, as torch's optimizers make their states."""
+    bf16 optimizers). Each step upcasts one parameter's gradient at a time into its master's
+    gradient, steps the master (one optimizer per parameter: the same update as one optimizer
+    over all of them with foreach=False) and rounds it back into the weight. The masters are
+    made at the first step, as torch's optimizers make their states."""
 
     def __init__(self, run: RunSpec, params) -> None:
         self.run = run
@@ -231,10 +228,10 @@ class MasterWeights:
         self.optimizers: list[torch.optim.Optimizer] = []
 
     def step(self) -> None:
-        dtype = torch.bfloat16 if self.run.optimizer_dtype is DType.BF16 else torch.float32
+        dtype = torch.float32
         if not self.masters:
-            with torch.no_grad():  # a copy even where the dtype is the weight's own
-                self.masters = [p.detach().to(dtype, copy=True) for p in self.params]
+            with torch.no_grad():
+                self.masters = [p.detach().to(dtype) for p in self.params]
             self.optimizers = [_torch_optimizer(self.run, [m]) for m in self.masters]
         for p, master, opt in zip(self.params, self.masters, self.optimizers):
             if p.grad is None:
@@ -255,8 +252,9 @@ class MasterWeights:
 
 
 def _make_optimizer(run: RunSpec, params):  # type: ignore[no-untyped-def]
-    """fp32 weights are their own master; 16-bit ones get fp32 masters in the optimizer."""
-    if run.dtype.value == "fp32":
+    """fp32 weights are their own master, and so are bf16 ones under a bf16 master (pure bf16:
+    torch's optimizer steps them and keeps bf16 moments); other 16-bit weights get fp32 masters."""
+    if run.dtype.value == "fp32" or run.optimizer_dtype is run.dtype:
         return _torch_optimizer(run, params)
     return MasterWeights(run, params)
 

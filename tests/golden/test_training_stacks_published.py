@@ -100,6 +100,12 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     "xtuner_llama3_8b_8k_z3_4xa100": {"tokens": "+17% where the same recipe on 8 GPUs is -2% and ZeRO-3's per-GPU traffic does not grow with fewer GPUs; not explained"},
     "dsmuon_qwen25_3b_adamw_z2_8xa100_40gb": {"memory": "the blog does not say which counter it printed: +16% as reserved, +3% as allocated"},
     # Hugging Face
+    "hf_fms_mistral7b_a100x2_fsdp_purebf16_bs4": {
+        "memory": "+12%: the measured peak is the optimizer step's (the same bytes at micro-batch 2 and 4), so the backward "
+                  "at micro-batch 4 peaked lower than the 4.2 GiB more activations predicted; the prediction is above"},
+    "hf_fms_mistral7b_a100x2_fsdp_bf16amp_upcast_bs2": {
+        "tokens": "+14% at micro-batch 2 where micro-batch 4 is +7%: FSDP1's per-layer gathers with half the compute to hide "
+                  "behind; not explained"},
     "hf_liger_readme_llama3_8b_a100x8_fsdp_compile_s4096": {
         "memory": "the whole-model compile's own savings beyond the fused loss (Inductor's activation choices) are not modelled: -21%",
         "tokens": "compiled: 11% faster than the fused-elementwise model; not explained"},
@@ -124,7 +130,7 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
 # what holds today, and the closing note says which stacks fall short).
 WITHIN_AT_LEAST = {("torchtitan", "memory"): 8, ("torchtitan", "tokens"): 6, ("megatron", "tokens"): 7,
                    ("megatron", "memory"): 6,
-                   ("deepspeed", "memory"): 4, ("deepspeed", "tokens"): 8, ("hf", "memory"): 2, ("hf", "tokens"): 3}
+                   ("deepspeed", "memory"): 5, ("deepspeed", "tokens"): 8, ("hf", "memory"): 7, ("hf", "tokens"): 8}
 
 
 def _cases() -> list[tuple[str, str, str, float]]:
