@@ -491,7 +491,8 @@ def _head_fields(cfg: Config) -> dict[str, Any]:
     else:
         n = cfg.get("num_labels", 2)
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"num_labels {n!r} is not a positive integer")
+            raise ValueError(f"num_labels {n!r} is not a positive integer (set num_labels, or id2label, to the "
+                             "classification head's outputs)")
     return {"head": "sequence_classification", "num_labels": n, "tie_word_embeddings": False}
 
 
