@@ -231,7 +231,8 @@ def bytes_per_element(m: DeploymentManifest, t: Tensor, state: str = "weights") 
     wl = m.workload
     if state == "optimizer":
         training = TrainingWorkload(optimizer=Optimizer(wl.optimizer), framework=Framework(wl.framework),
-                                    param_dtype=DType(wl.param_dtype))
+                                    param_dtype=DType(wl.param_dtype), master_dtype=DType(wl.master_dtype),
+                                    moment_dtype=DType(wl.moment_dtype))
         return state_bytes(training, m.layout.zero_stage).optimizer
     if wl.kind == "training":
         return bytes_per_weight_element(t.kind, Quantization.NONE, DType(wl.param_dtype))

@@ -132,6 +132,23 @@ def test_training_moves_weights_and_optimizer_states(tmp_path, cli):
     assert set(moves["moved_bytes_by_state"]) == {"weights", "optimizer"}
 
 
+def test_bf16_optimizer_states_move_at_their_own_size(tmp_path, cli):
+    """A plan with bf16 master weights and moments (--master-dtype/--moment-dtype bf16) keeps 6
+    bytes of optimizer state a parameter where the default keeps 12; a re-plan moves those."""
+    from dataclasses import replace
+
+    from shardplan.units import DType
+
+    wl = replace(TRAIN, master_dtype=DType.BF16, moment_dtype=DType.BF16)
+    old = _old(tmp_path, 16, Layout(tp=2, pp=2, dp=4, zero_stage=1), wl)
+    out, moves, new = _replan(cli, old, tmp_path, "--gpus", "8", "--margin", "0")
+    m = load_manifest(new)
+    assert m.workload.master_dtype == "bf16" and m.workload.moment_dtype == "bf16"
+    held = _check_exact_cover(old, new, moves)
+    norms_extra = (m.layout.tp - 1) * (8 * 2 * 256 + 256)
+    assert held["optimizer"] == 6 * (NUM_PARAMS + norms_extra)
+
+
 def test_margin_picks_the_least_moving_layout_within_it(tmp_path, cli):
     old = _old(tmp_path, 16, Layout(tp=2, pp=2, dp=4, zero_stage=3), TRAIN)
     out, moves, new = _replan(cli, old, tmp_path, "--gpus", "8", "--margin", "0.05", "--top", "6")
