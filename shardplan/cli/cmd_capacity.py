@@ -37,6 +37,7 @@ from shardplan.cli.options import (
     PagedOptimizerOpt,
     MasterDtypeOpt,
     MomentDtypeOpt,
+    OptimizerImplOpt,
     QloraDoubleQuantOpt,
     FlashAttentionOpt,
     MatmulDtypeOpt,
@@ -113,6 +114,7 @@ def capacity(
     paged_optimizer: PagedOptimizerOpt = False,
     master_dtype: MasterDtypeOpt = None,
     moment_dtype: MomentDtypeOpt = None,
+    optimizer_impl: OptimizerImplOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """How much hardware does this model need? Serving: the fewest GPUs (and nodes) for each
@@ -151,7 +153,8 @@ def capacity(
                                          tp_comm_overlap=tp_comm_overlap, finetune=finetune, lora_rank=lora_rank,
                                          lora_alpha=lora_alpha, lora_targets=lora_targets, lora_dropout=lora_dropout,
                                          qlora_double_quant=qlora_double_quant, paged_optimizer=paged_optimizer,
-                                         spec=loaded.spec, master_dtype=master_dtype, moment_dtype=moment_dtype)
+                                         spec=loaded.spec, master_dtype=master_dtype, moment_dtype=moment_dtype,
+                                         optimizer_impl=optimizer_impl)
         with render_common.progress("finding the fewest GPUs per ZeRO stage and offload") as progress:
             result = CapacityResult(training_capacity(loaded.spec, hw, wl_t, max_gpus=limit, progress=progress,
                                                       target=target))

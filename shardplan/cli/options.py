@@ -98,6 +98,12 @@ MomentDtypeOpt = Annotated[Optional[str], typer.Option(
     help="Adam's moments: fp32 (default) or bf16 (DeepSpeed bf16_optimizer_states; Megatron "
          "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16).",
     show_default=False, callback=lambda v: choice("--moment-dtype", ["fp32", "bf16"], "dtype")(v), rich_help_panel=TRAIN)]
+OptimizerImplOpt = Annotated[Optional[str], typer.Option(
+    help="How AdamW runs its step: foreach (torch's multi-tensor path: one more list the size of the stepped "
+         "parameters at the step) or fused (one kernel, no list). Default: the stack's (hf: foreach, the Trainer's "
+         "adamw_torch before torch 2.8; pass fused for adamw_torch_fused, its default from torch 2.8).",
+    show_default=False, callback=lambda v: choice("--optimizer-impl", ["foreach", "fused"], "implementation")(v),
+    rich_help_panel=TRAIN)]
 OverlapGradReduceOpt = Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)]
 
 

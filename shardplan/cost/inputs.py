@@ -346,6 +346,7 @@ def training_workload(
     spec: ModelSpec | None = None,
     master_dtype: str | None = None,
     moment_dtype: str | None = None,
+    optimizer_impl: str | None = None,
 ) -> TrainingWorkload:
     """The training workload from command-line values. With `stack`, what the stack fixes (its
     model-state bookkeeping, loss head, checkpointing, attention kernel, AMP, fusion) comes from
@@ -407,6 +408,11 @@ def training_workload(
     from_stack.update(_finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, lora_dropout, qlora_double_quant,
                                        stack, spec, from_stack.get("matmul_dtype")))
     from_stack.update(_optimizer_dtypes(master_dtype, moment_dtype, stack, finetune, optimizer))
+    if optimizer_impl is not None:
+        if optimizer_impl not in ("foreach", "fused"):
+            raise ShardplanError(f"{optimizer_impl!r} is not foreach or fused", field="--optimizer-impl",
+                                 hint="use foreach or fused")
+        from_stack["optimizer_foreach"] = optimizer_impl == "foreach"
     return TrainingWorkload(
         seq_len=seq_len,
         global_batch_size=global_batch_size,

@@ -609,7 +609,8 @@ def optimizer_step_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, 
     optimizer partition (ZeRO 1-3) or all its parameters, in the master's dtype (an fp32 master,
     fp32 weights under AMP, or bf16 weights that are their own master); none when the optimizer
     runs on the CPU."""
-    if not wl.optimizer_foreach or layout.offload_optimizer is not Offload.NONE:
+    if (not wl.optimizer_foreach or layout.offload_optimizer is not Offload.NONE
+            or wl.optimizer not in (Optimizer.ADAMW, Optimizer.ADAM)):  # bitsandbytes' 8-bit AdamW is its own kernel
         return 0.0
     z = layout.zero_stage >= 1
     if not wl.trains_base:

@@ -5,6 +5,8 @@ activations the backward freed (fms-acceleration's Mistral-7B runs)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from shardplan.cost.inputs import training_workload
@@ -71,3 +73,30 @@ def test_an_fp32_step_list_under_fsdp_is_the_rank_shard():
     step_phase = b.weights + b.gradients + b.optimizer_states + 4 * n / 2
     assert b.total - b.overhead >= step_phase * (1 - 1e-9)
     assert step_phase == pytest.approx(72_434_657_280, rel=0.02)
+
+
+def test_optimizer_impl_fused_has_no_step_list_and_8bit_adamw_none_either(cli):
+    """--optimizer-impl fused (the Trainer's adamw_torch_fused, its default from torch 2.8) keeps
+    the backward's peak; bitsandbytes' 8-bit AdamW runs its own kernel, with no list either."""
+    args = ("estimate", "mistral-7b", "-H", "a100-sxm-80gb", "--gpus", "1", "--workload", "training", "--stack", "hf",
+            "--master-dtype", "bf16", "--moment-dtype", "bf16", "--seq-len", "4096", "--global-batch-size", "4",
+            "--micro-batch-size", "4", "--recompute", "full", "--json")
+    n = count_params(load_model("mistral-7b").spec).total
+    per_gpu = {}
+    for impl in ("foreach", "fused"):
+        res = cli(*args, "--optimizer-impl", impl)
+        assert res.exit_code == 0, res.stderr
+        per_gpu[impl] = res.json()["memory"]["per_gpu_bytes"]
+        assert res.json()["workload"]["optimizer_foreach"] is (impl == "foreach")
+    fused, foreach = per_gpu["fused"], per_gpu["foreach"]
+    assert foreach["activations"] + foreach["temporary"] == pytest.approx(2 * n, rel=1e-9)  # the list
+    assert fused["total"] == pytest.approx(foreach["total"] - 2 * n + fused["activations"] + fused["temporary"], rel=1e-9)
+    spec, tm = _mistral(1, "bf16", 4)
+    wl8 = training_workload(seq_len=4096, global_batch_size=4, optimizer="adamw8bit", framework=None,
+                            flash_attention=None, dropout=False, stack=stack_rules("hf"), spec=spec)
+    assert wl8.optimizer_foreach
+    hw = topology(load_hardware("a100-sxm-80gb"), 1)
+    layout = Layout(micro_batch_size=4, recompute=Recompute.FULL)
+    with_flag = training_memory(spec, hw, layout, wl8).ranks[0].breakdown
+    without = training_memory(spec, hw, layout, replace(wl8, optimizer_foreach=False)).ranks[0].breakdown
+    assert with_flag == without  # no list for the 8-bit optimizer, whatever the stack's AdamW does
