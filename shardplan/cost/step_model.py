@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from typing import Any
 from dataclasses import replace
 
 from shardplan.cost.layout import Layout
@@ -93,17 +94,24 @@ class StepModel:
                  max_seqs: int) -> None:
         self.graph_max = 0 if wl.enforce_eager else wl.cuda_graph_max_batch
         self.graphs_for_prompt_steps = wl.graphs_for_prompt_steps
+        decode_passes: dict[tuple[int, int, bool], Any] = {}
+
+        def decode_pass(batch: int, logit_tokens: int, graphs: bool) -> Any:
+            # The eager curve's point and the head's pass without logits are the same pass at the
+            # grid points the two curves share: computed once.
+            key = (batch, logit_tokens, graphs)
+            found = decode_passes.get(key)
+            if found is None:
+                found = decode_passes[key] = pass_time(spec, hw, layout, wl, batch=batch, q_len=1, kv_len=1, decode=True,
+                                                       logit_tokens=logit_tokens, graphs=graphs)
+            return found
 
         def linear(t: int, graphs: bool) -> float:
-            b = pass_time(spec, hw, layout, wl, batch=t, q_len=1, kv_len=1, decode=True, logit_tokens=0, graphs=graphs)
+            b = decode_pass(t, 0, graphs)
             return b.total - b.attention
 
         def head(s: int) -> float:
-            with_logits = pass_time(spec, hw, layout, wl, batch=s, q_len=1, kv_len=1, decode=True, logit_tokens=s,
-                                    graphs=False)
-            without = pass_time(spec, hw, layout, wl, batch=s, q_len=1, kv_len=1, decode=True, logit_tokens=0,
-                                graphs=False)
-            return max(0.0, with_logits.total - without.total)
+            return max(0.0, decode_pass(s, s, False).total - decode_pass(s, 0, False).total)
 
         top = max(2, max_tokens + max_seqs)
         xs = _grid(top)
