@@ -27,6 +27,7 @@ PCIe (or from NVMe) behind the compute.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -208,19 +209,6 @@ def _shape_of(tp: int, cp: int, ep: int, etp: int, sp: bool, recompute: Recomput
     return Layout(tp=tp, cp=cp, ep=ep, etp=etp, sequence_parallel=sp, recompute=recompute, micro_batch_size=mbs)
 
 
-def _stage_time(
-    spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, groups: Groups, stage: int
-) -> StageTime:
-    """Forward, backward and per-micro-batch communication of one stage. Only how many layers of
-    each kind it holds matters, so stages of the same make-up share one cached computation."""
-    chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
-    st = _cached_stage_time(
-        spec, hw, _compute_shape(layout), wl, groups.tp, groups.cp, groups.ep,
-        _canonical_layers(spec, chunks), stage == 0, stage == layout.pp - 1,
-    )
-    return StageTime(stage, st.forward, st.backward, st.tp_seconds, st.ep_seconds, st.cp_seconds, st.num_layers)
-
-
 def _time_kind(spec: ModelSpec, i: int) -> tuple[bool, bool, bool]:
     """What a layer's time depends on: MoE, sliding window, linear attention (its own weights)."""
     return spec.is_moe_layer(i), spec.is_sliding_layer(i), spec.is_linear_attention_layer(i)
@@ -337,7 +325,19 @@ def _pipeline(
 ) -> tuple[list[StageTime], StageTime, float, float]:
     """Every stage's time, the slowest, the bubble and the p2p seconds of a step."""
     v = layout.virtual_stages
-    stages = [_stage_time(spec, hw, layout, wl, groups, s) for s in range(layout.pp)]
+    # Stages of the same make-up (their layers' kinds, first or last or neither) take the same
+    # time: their cached computation (`_cached_stage_time`) is looked up once per make-up, not per stage.
+    ranges = layout_stage_ranges(spec.num_layers, layout)
+    shape = _compute_shape(layout)
+    made: dict[tuple[Any, ...], StageTime] = {}
+    stages = []
+    last = layout.pp - 1
+    for s in range(layout.pp):
+        key = (_canonical_layers(spec, ranges[s]), s == 0, s == last)
+        st = made.get(key)
+        if st is None:
+            st = made[key] = _cached_stage_time(spec, hw, shape, wl, groups.tp, groups.cp, groups.ep, *key)
+        stages.append(StageTime(s, st.forward, st.backward, st.tp_seconds, st.ep_seconds, st.cp_seconds, st.num_layers))
     slowest = max(stages, key=lambda st: st.per_microbatch_seconds)
     bubble = (layout.pp - 1) / v * slowest.per_microbatch_seconds
     p2p = 0.0
