@@ -150,7 +150,8 @@ class Work:
     decode: bool
     causal: bool = True
     flash_attention: bool = True
-    dropout: bool = False
+    dropout: bool = False  # the residual branches' (hidden) dropout
+    attention_dropout: bool | None = None  # on the attention probabilities; None: as `dropout`
     act_dtype: DType = DType.BF16
     kv_dtype: DType = DType.BF16
     quantization: Quantization = Quantization.NONE
@@ -300,12 +301,13 @@ def attention_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: W
     # the stack's traffic per score (Megatron's fused softmax: QK^T writes, softmax reads and
     # writes, AV reads; an eager stack's scale, mask, upcast and cast each read and write).
     scores = work.num_seqs * heads * work.q_len * kv_len
-    per_score = work.eager_attention_bytes_per_score - (0.0 if work.dropout else EAGER_DROPOUT_BYTES_PER_SCORE)
+    score_dropout = work.dropout if work.attention_dropout is None else work.attention_dropout
+    per_score = work.eager_attention_bytes_per_score - (0.0 if score_dropout else EAGER_DROPOUT_BYTES_PER_SCORE)
     score_bytes = scores * per_score * a / 2
     share = hw.matmul_efficiency * _share(work.q_len, hw.matmul_half_dim) * _share(kv_len, hw.matmul_half_dim)
     share *= _share(d_qk, hw.matmul_half_dim)
     t_gemm = roofline(flops / (hw.peak_flops_for(work.act_dtype) * share), memory_seconds(hw, nbytes))
-    return t_gemm + memory_seconds(hw, score_bytes), flops, 3 + int(work.dropout)
+    return t_gemm + memory_seconds(hw, score_bytes), flops, 3 + int(score_dropout)
 
 
 def delta_rule_flops_per_token_per_head(key_head_dim: int, value_head_dim: int, chunk_tokens: float) -> float:

@@ -141,6 +141,17 @@ def model_states_bytes(
     return ModelStates(weights, grads, opt, temp, host, nvme)
 
 
+def dropout_kinds(spec: ModelSpec, wl: TrainingWorkload) -> tuple[bool, bool]:
+    """(on the attention probabilities, on the residual branches and embeddings) under the
+    workload's dropout: the kinds the model's config sets (OPT: attention_dropout 0.0, dropout
+    0.1); with dropout asked of a model whose config sets none, both (Korthikanti et al. 2022)."""
+    if not wl.dropout:
+        return False, False
+    if not spec.trains_with_dropout:
+        return True, True
+    return spec.attention_dropout > 0, spec.hidden_dropout > 0
+
+
 def activation_bytes_per_layer(
     spec: ModelSpec, layout: Layout, wl: TrainingWorkload, moe_layer: bool, micro_batch_size: int,
     linear_attention: bool = False,
@@ -190,7 +201,8 @@ def _activation_bytes_per_layer(
     if (layout.recompute is Recompute.SELECTIVE and wl.selective_policy == "op_level" and spec.mla is None
             and not (moe_layer and spec.moe is not None)):
         return op_level_selective_bytes(spec, layout, wl, micro_batch_size)
-    mask = DROPOUT_MASK_BYTES * sbh * rep if wl.dropout else 0.0
+    attention_dropout, hidden_dropout = dropout_kinds(spec, wl)
+    mask = DROPOUT_MASK_BYTES * sbh * rep if hidden_dropout else 0.0
     # A linear's input is saved for its weight gradient; a frozen base (LoRA) keeps it only
     # where an adapter sits on that linear (cost/finetune.py).
     kept = _saved_linear_inputs(spec, wl, moe_layer, linear_attention)
@@ -221,7 +233,7 @@ def _activation_bytes_per_layer(
         else:
             scores = heads * s * (wl.seq_len if layout.cp == 1 else s * layout.cp) * b / t
             total += a_bytes * scores
-            if wl.dropout:
+            if attention_dropout:
                 total += (DROPOUT_MASK_BYTES + a_bytes) * scores
     # MLP.
     width_factor = 3 if spec.mlp_gated else 2  # gate+up outputs and the activation output; or in/out of GeLU
@@ -729,7 +741,7 @@ def _stage_activations(
                       + (autocast_input_copies_per_layer(spec, wl, cp, b, moe, linear) if input_copies else 0.0)
                       for (moe, linear) in kinds)
     inflight_micro = inflight / len(layers)
-    if stage == 0 and wl.dropout:
+    if stage == 0 and dropout_kinds(spec, wl)[1]:
         emb = DROPOUT_MASK_BYTES * s_local * b * spec.hidden_size * rep * math.ceil(inflight_micro)
         detail["activations.embedding_dropout"] = emb
         act += emb

@@ -60,6 +60,7 @@ from shardplan.cost.layout import Layout, Offload, Recompute, layout_stage_range
 from shardplan.cost.memory_training import (
     FP32_BYTES,
     StateBytes,
+    dropout_kinds,
     frozen_base,
     optimizer_moment_bytes,
     state_bytes,
@@ -378,7 +379,7 @@ def _cached_stage_time(
     s_local = wl.seq_len / layout.cp
     b = layout.micro_batch_size
     kernel = attention_kernel(hw, wl)
-    work = _training_work(hw, wl, layout.cp, b)
+    work = _training_work(hw, wl, layout.cp, b, dropout_kinds(spec, wl))
     layer_fwd = layers_forward(spec, hw, layout, work, layers)
     attn_fwd = PassTime(attention_seconds=layer_fwd.attention_seconds, attention_flops=layer_fwd.attention_flops)
     fwd = layer_fwd
@@ -453,8 +454,11 @@ def _measured_kernel(hw: HardwareProfile, kernels: tuple[str, ...]) -> tuple[str
 
 
 @lru_cache(maxsize=4096)
-def _training_work(hw: HardwareProfile, wl: TrainingWorkload, cp: int, b: int) -> Work:
-    """What one training micro-batch's forward processes on one rank (cached: one per shape)."""
+def _training_work(hw: HardwareProfile, wl: TrainingWorkload, cp: int, b: int,
+                   dropouts: tuple[bool, bool] = (False, False)) -> Work:
+    """What one training micro-batch's forward processes on one rank (cached: one per shape);
+    `dropouts`: (attention, hidden) as `memory_training.dropout_kinds` gives them."""
+    attention_dropout, hidden_dropout = dropouts
     s_local = wl.seq_len / cp
     kernel = attention_kernel(hw, wl)
     return Work(
@@ -465,7 +469,8 @@ def _training_work(hw: HardwareProfile, wl: TrainingWorkload, cp: int, b: int) -
         decode=False,
         causal=True,
         flash_attention=wl.flash_attention,
-        dropout=wl.dropout,
+        dropout=hidden_dropout,
+        attention_dropout=attention_dropout,
         act_dtype=wl.activation_dtype,
         kv_dtype=wl.activation_dtype,
         cp=cp,
@@ -499,7 +504,10 @@ def training_assumptions(hw: HardwareProfile, wl: TrainingWorkload, spec: ModelS
               f"{wl.rope_bytes_per_element:g} per rotary element, {wl.act_bytes_per_element:g} per activation element")
     lines = [who + attn, who + ew]
     if wl.dropout:
-        lines.append(who + "dropout: on (1-byte masks kept for backward, with their elementwise passes)")
+        kinds = dropout_kinds(spec, wl) if spec is not None else (True, True)
+        where = " and ".join(n for n, on in zip(("the attention probabilities", "the residual branches"), kinds) if on)
+        lines.append(who + f"dropout: on {where or 'nothing the config sets'} (1-byte masks kept for backward, with "
+                           "their elementwise passes)")
     if wl.matmul_dtype is DType.FP8:
         lines.append(who + f"linear GEMMs in fp8 at {hw.matmul_fp8_efficiency:.0%} of the fp8 peak, with their inputs cast "
                            "(attention and the output layer in 16 bits)")

@@ -81,3 +81,29 @@ def test_under_autocast_over_fp32_weights_each_projection_saves_its_own_input_ca
     assert copies == 2 * BATCH * SEQ * HIDDEN * (2 + 1)  # two more for q/k/v, one more for gate/up
     weights = 2 * (HIDDEN * (HEADS + 2 * KV_HEADS) * (HIDDEN // HEADS) + HIDDEN * HIDDEN + 3 * HIDDEN * FFN)
     assert layer + copies + weights == pytest.approx(_saved_bytes(fp32_weights_autocast=True), rel=0.005)
+
+
+def test_dropout_p0_keeps_nothing_and_the_configs_dropout_kinds_are_counted_apart():
+    """torch's dropout at p=0 returns its input (no mask, no copy), so a model whose config sets
+    attention_dropout 0.0 and dropout 0.1 (OPT) keeps masks on the residual branches only: the
+    layer's activations lose the probabilities' mask and dropped copy (1 + 2 bytes a score)."""
+    from dataclasses import replace as dc_replace
+
+    from shardplan.cost.memory_training import dropout_kinds
+    from shardplan.verify.measure import StorageTracker
+
+    x = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
+    tracker = StorageTracker()
+    with tracker:
+        y = torch.nn.functional.dropout(x, p=0.0, training=True)
+    assert tracker.peak_total == 0 and y.data_ptr() == x.data_ptr()
+
+    both = SPEC.model_copy(update={"attention_dropout": 0.1, "hidden_dropout": 0.1})
+    hidden_only = SPEC.model_copy(update={"attention_dropout": 0.0, "hidden_dropout": 0.1})
+    wl = dc_replace(_hf_workload(), dropout=True, flash_attention=False)
+    assert dropout_kinds(both, wl) == (True, True) and dropout_kinds(hidden_only, wl) == (False, True)
+    assert dropout_kinds(SPEC, wl) == (True, True)  # --dropout on a model whose config sets none: both
+    layout = Layout(micro_batch_size=BATCH, recompute=Recompute.NONE)
+    gap = (activation_bytes_per_layer(both, layout, wl, False, BATCH)
+           - activation_bytes_per_layer(hidden_only, layout, wl, False, BATCH))
+    assert gap == BATCH * HEADS * SEQ * SEQ * (1 + 2)
