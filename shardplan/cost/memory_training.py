@@ -236,7 +236,11 @@ def _activation_bytes_per_layer(
             if attention_dropout:
                 total += (DROPOUT_MASK_BYTES + a_bytes) * scores
     # MLP.
-    width_factor = 3 if spec.mlp_gated else 2  # gate+up outputs and the activation output; or in/out of GeLU
+    # gate+up outputs and the activation output; or the input and output of GeLU. ReLU saves its
+    # output, which is also the down projection's input: one tensor (transformers' OPT layer on
+    # CPU: 2 bytes a token per intermediate unit fewer than GeLU, tests/cost/test_layer_activations_torch.py).
+    relu = not spec.mlp_gated and spec.hidden_act == "relu"
+    width_factor = 3 if spec.mlp_gated else (1 if relu else 2)
     # An eager gated MLP (act(gate) * up, unfused) keeps act(gate) too: the product saves both its
     # operands, the activation its input. A fused SwiGLU (Megatron's bias_swiglu, Inductor) keeps
     # gate and up and recomputes the activation. Counted against transformers' LlamaMLP on CPU:
@@ -265,7 +269,7 @@ def _activation_bytes_per_layer(
             total += (a_bytes * s * b * (width_factor + eager_glu) * moe.shared_intermediate_size
                       * moe.num_shared_experts / t)
     else:
-        widths = width_factor + eager_glu - (0 if kept["down"] else 1)  # the last is the down projection's input
+        widths = width_factor + eager_glu - (0 if kept["down"] or relu else 1)  # the last is the down projection's input
         total += a_bytes * s * b * widths * spec.intermediate_size / t
     if not wl.trains_base:
         total += lora_saved_bytes(spec, wl, moe_layer, s * b, linear_attention)

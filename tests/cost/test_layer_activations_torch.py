@@ -107,3 +107,43 @@ def test_dropout_p0_keeps_nothing_and_the_configs_dropout_kinds_are_counted_apar
     gap = (activation_bytes_per_layer(both, layout, wl, False, BATCH)
            - activation_bytes_per_layer(hidden_only, layout, wl, False, BATCH))
     assert gap == BATCH * HEADS * SEQ * SEQ * (1 + 2)
+
+
+def test_a_relu_mlp_keeps_one_tensor_where_gelu_keeps_two():
+    """transformers' OPT decoder layer (bf16, SDPA) saves 2 bytes a token per intermediate unit
+    fewer with ReLU than with GeLU: ReLU saves its output, which fc2 saves as its input; GeLU saves
+    its input and fc2 its output. The plain-MLP count follows the activation."""
+    from transformers import OPTConfig
+    from transformers.models.opt.modeling_opt import OPTDecoderLayer
+
+    batch, seq, hidden, ffn = 2, 128, 256, 1024
+
+    def saved(act: str) -> int:
+        cfg = OPTConfig(hidden_size=hidden, ffn_dim=ffn, num_attention_heads=4, activation_function=act, dropout=0.0,
+                        attention_dropout=0.0, attn_implementation="sdpa")
+        layer = OPTDecoderLayer(cfg, layer_idx=0).to(torch.bfloat16)
+        x = torch.randn(batch, seq, hidden, dtype=torch.bfloat16, requires_grad=True)
+        shared = {p.untyped_storage().data_ptr() for p in layer.parameters()} | {x.untyped_storage().data_ptr()}
+        kept: dict[int, int] = {}
+
+        def pack(t):  # type: ignore[no-untyped-def]
+            if t.untyped_storage().data_ptr() not in shared:
+                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            layer(x, attention_mask=None)
+        return sum(kept.values())
+
+    measured = saved("gelu") - saved("relu")
+    assert measured == 2 * batch * seq * ffn
+    spec = ModelSpec(name="opt-like", model_type="opt", vocab_size=1000, hidden_size=hidden, num_layers=1,
+                     num_attention_heads=4, intermediate_size=ffn, mlp_gated=False, hidden_act="gelu",
+                     norm_type=NormType.LAYERNORM, max_position_embeddings=2048)
+    wl = training_workload(seq_len=seq, global_batch_size=batch, optimizer="adamw", framework=None, flash_attention=None,
+                           dropout=False, stack=stack_rules("hf"), spec=spec)
+    layout = Layout(micro_batch_size=batch, recompute=Recompute.NONE)
+    relu = spec.model_copy(update={"hidden_act": "relu"})
+    predicted = (activation_bytes_per_layer(spec, layout, wl, False, batch)
+                 - activation_bytes_per_layer(relu, layout, wl, False, batch))
+    assert predicted == measured
