@@ -92,7 +92,8 @@ QloraDoubleQuantOpt = Annotated[bool, typer.Option("--qlora-double-quant/--no-ql
 PagedOptimizerOpt = Annotated[bool, typer.Option("--paged-optimizer/--no-paged-optimizer", help="Optimizer states in CUDA unified memory (bitsandbytes paged optimizers): counted on the host, paged in when used.", rich_help_panel=TRAIN)]
 MasterDtypeOpt = Annotated[Optional[str], typer.Option(
     help="The optimizer's master weights (and DeepSpeed's gradient partition): fp32 (default) or bf16 "
-         "(DeepSpeed bf16_master_weights_and_grads). Example: --stack deepspeed --master-dtype bf16 --moment-dtype bf16.",
+         "(DeepSpeed bf16_master_weights_and_grads; with --stack hf, pure bf16: a bf16-loaded model trained without "
+         "AMP, its weights their own master). Example: --stack deepspeed --master-dtype bf16 --moment-dtype bf16.",
     show_default=False, callback=lambda v: choice("--master-dtype", ["fp32", "bf16"], "dtype")(v), rich_help_panel=TRAIN)]
 MomentDtypeOpt = Annotated[Optional[str], typer.Option(
     help="Adam's moments: fp32 (default) or bf16 (DeepSpeed bf16_optimizer_states; Megatron "
