@@ -440,16 +440,25 @@ def stage_states_bytes(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl:
     return states.weights + states.gradients + states.optimizer + states.temporary
 
 
+def vocab_parallel_logits(spec: ModelSpec, wl: TrainingWorkload) -> bool:
+    """The logits stay split over tp (a vocabulary-parallel loss); a classification head's few
+    outputs are whole on every rank."""
+    return wl.loss_vocab_parallel and spec.lm_head
+
+
+def logits_per_rank(spec: ModelSpec, wl: TrainingWorkload, tokens: float, tp: int) -> float:
+    """Logits one tensor-parallel rank holds for `tokens` positions."""
+    return tokens * spec.head_outputs / (tp if vocab_parallel_logits(spec, wl) else 1)
+
+
 def loss_head_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, micro_batch_size: int) -> tuple[float, float]:
     """(bytes the loss head holds at its peak, its largest single tensor) on the last stage: the
     stack's bytes per logit over micro-batch x local sequence x vocabulary (over tp when the
     logits stay vocab-parallel)."""
-    logits = wl.seq_len / layout.cp * micro_batch_size * spec.head_outputs
+    logits = logits_per_rank(spec, wl, wl.seq_len / layout.cp * micro_batch_size, layout.tp)
     per_logit = wl.loss_bytes_per_logit
-    if wl.loss_vocab_parallel and spec.lm_head:
-        logits /= layout.tp
-        if layout.tp > 1 and wl.loss_parallel_bytes_per_logit is not None:
-            per_logit = wl.loss_parallel_bytes_per_logit  # the loss-parallel code's own tensors
+    if vocab_parallel_logits(spec, wl) and layout.tp > 1 and wl.loss_parallel_bytes_per_logit is not None:
+        per_logit = wl.loss_parallel_bytes_per_logit  # the loss-parallel code's own tensors
     if per_logit is None:  # the fp32 logits once
         per_logit = FP32_BYTES if wl.loss_fp32_logits else bytes_per_element(wl.activation_dtype)
     return per_logit * logits, wl.largest_allocation_bytes_per_logit * logits
@@ -647,8 +656,9 @@ def _stage_memory(
         spec, wl, L.tp, L.cp, L.expert_tp, L.sequence_parallel, L.recompute, L.micro_batch_size, L.pp,
         L.virtual_stages, L.pp_schedule, L.pp_embedding_as_layer, L.pp_loss_as_layer, L.pp_first_stage_layers,
         L.pp_last_stage_layers, c.num_micro, stage, wl.amp_fp32_master and wl.trains_base and L.zero_stage == 0)
-    states, states_detail = _stage_state_parts(spec, layout, wl, c, stage, list(layers))
-    step = optimizer_step_bytes(spec, layout, wl, c, stage, list(layers))
+    stage_layers = list(layers)
+    states, states_detail = _stage_state_parts(spec, layout, wl, c, stage, stage_layers)
+    step = optimizer_step_bytes(spec, layout, wl, c, stage, stage_layers)
     if step > act + states.temporary:
         # The step runs after the backward has freed the activations (and ZeRO-3's gathered
         # layers): the rank then holds its states and the step's list, and peaks there when the
@@ -792,7 +802,7 @@ def pipeline_held_outputs_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWor
     if stage < layout.pp - 1:
         rep = 1.0 / layout.tp if layout.sequence_parallel else 1.0
         return (math.ceil(chunks_in_flight) + 1) * a * s_local * b * spec.hidden_size * rep
-    logits = s_local * b * spec.head_outputs / (layout.tp if wl.loss_vocab_parallel and spec.lm_head else 1)
+    logits = logits_per_rank(spec, wl, s_local * b, layout.tp)
     # the fp32-logits-once default (no stack) already counts the logits in flight as its loss figure
     held = 2 if wl.loss_bytes_per_logit is not None else 1
     return held * a * logits  # the model's output, in the activation format

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from typing import Any
 from dataclasses import replace
 
 from shardplan.cost.layout import Layout
 from shardplan.cost.speculative import SpeculativeMethod
-from shardplan.cost.time_serving import pass_time
+from shardplan.cost.time_serving import StepBreakdown, pass_time
 from shardplan.cost.workload import InferenceWorkload, Quantization
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -94,9 +93,9 @@ class StepModel:
                  max_seqs: int) -> None:
         self.graph_max = 0 if wl.enforce_eager else wl.cuda_graph_max_batch
         self.graphs_for_prompt_steps = wl.graphs_for_prompt_steps
-        decode_passes: dict[tuple[int, int, bool], Any] = {}
+        decode_passes: dict[tuple[int, int, bool], StepBreakdown] = {}
 
-        def decode_pass(batch: int, logit_tokens: int, graphs: bool) -> Any:
+        def decode_pass(batch: int, logit_tokens: int, graphs: bool) -> StepBreakdown:
             # The eager curve's point and the head's pass without logits are the same pass at the
             # grid points the two curves share: computed once.
             key = (batch, logit_tokens, graphs)

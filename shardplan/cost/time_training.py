@@ -27,9 +27,9 @@ PCIe (or from NVMe) behind the compute.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from shardplan.cost.breakdown import SecondsBreakdown
 from shardplan.cost.comm import (
@@ -62,6 +62,7 @@ from shardplan.cost.memory_training import (
     StateBytes,
     dropout_kinds,
     frozen_base,
+    logits_per_rank,
     optimizer_moment_bytes,
     state_bytes,
     zero_shard_degrees,
@@ -389,7 +390,7 @@ def _cached_stage_time(
     if last:
         fwd = fwd + head_forward(spec, hw, layout, work, work.tokens)
         # The loss head's traffic has its own backward count, not twice the forward's.
-        logits = work.tokens * spec.head_outputs / (layout.tp if wl.loss_vocab_parallel and spec.lm_head else 1)
+        logits = logits_per_rank(spec, wl, work.tokens, layout.tp)
         loss_fwd = PassTime(memory_seconds=memory_seconds(hw, logits * wl.loss_forward_bytes_per_logit))
         loss_bwd = PassTime(memory_seconds=memory_seconds(hw, logits * wl.loss_backward_bytes_per_logit))
     bwd = _backward(fwd, wl.flash_attention, kernel[1] / kernel[2] if kernel else 1.0, wl.trains_base) + loss_bwd
@@ -454,8 +455,7 @@ def _measured_kernel(hw: HardwareProfile, kernels: tuple[str, ...]) -> tuple[str
 
 
 @lru_cache(maxsize=4096)
-def _training_work(hw: HardwareProfile, wl: TrainingWorkload, cp: int, b: int,
-                   dropouts: tuple[bool, bool] = (False, False)) -> Work:
+def _training_work(hw: HardwareProfile, wl: TrainingWorkload, cp: int, b: int, dropouts: tuple[bool, bool]) -> Work:
     """What one training micro-batch's forward processes on one rank (cached: one per shape);
     `dropouts`: (attention, hidden) as `memory_training.dropout_kinds` gives them."""
     attention_dropout, hidden_dropout = dropouts

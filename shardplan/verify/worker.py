@@ -228,15 +228,14 @@ class MasterWeights:
         self.optimizers: list[torch.optim.Optimizer] = []
 
     def step(self) -> None:
-        dtype = torch.float32
         if not self.masters:
             with torch.no_grad():
-                self.masters = [p.detach().to(dtype) for p in self.params]
+                self.masters = [p.detach().to(torch.float32) for p in self.params]
             self.optimizers = [_torch_optimizer(self.run, [m]) for m in self.masters]
         for p, master, opt in zip(self.params, self.masters, self.optimizers):
             if p.grad is None:
                 continue
-            master.grad = p.grad.to(dtype)
+            master.grad = p.grad.to(torch.float32)
             opt.step()
             master.grad = None
             with torch.no_grad():
