@@ -544,15 +544,16 @@ def head_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Wor
     a = bytes_per_element(work.act_dtype)
     h = spec.hidden_size
     n = spec.vocab_size / layout.tp if spec.lm_head else spec.num_labels  # a classification score is replicated
+    k = spec.embedding_width if spec.lm_head else h  # OPT-350m's project_out narrows the lm_head's input
     if work.quantization.is_gguf:  # a GGUF file quantizes the output matrix too (Q6_K, or Q8_0)
-        head = WeightKind("lm_head.weight", Component.LM_HEAD, (spec.vocab_size, h), Split.VOCAB)
+        head = WeightKind("lm_head.weight", Component.LM_HEAD, (spec.vocab_size, k), Split.VOCAB)
         wb = bytes_per_weight_element(head, work.quantization, work.act_dtype, spec)
         if logit_tokens <= GGML_MMVQ_MAX_TOKENS:
-            t, f = memory_seconds(hw, n * h * wb + logit_tokens * (h + n) * a), 2.0 * logit_tokens * n * h
+            t, f = memory_seconds(hw, n * k * wb + logit_tokens * (k + n) * a), 2.0 * logit_tokens * n * k
         else:
-            t, f = gemm_time(hw, logit_tokens, n, h, count=1, weight_bytes=wb, act_bytes=a, dtype=work.act_dtype)
+            t, f = gemm_time(hw, logit_tokens, n, k, count=1, weight_bytes=wb, act_bytes=a, dtype=work.act_dtype)
     else:
-        t, f = gemm_time(hw, logit_tokens, n, h, count=1, weight_bytes=a, act_bytes=a, dtype=work.act_dtype)
+        t, f = gemm_time(hw, logit_tokens, n, k, count=1, weight_bytes=a, act_bytes=a, dtype=work.act_dtype)
     norm = memory_seconds(hw, 2 * h * logit_tokens * a)
     return PassTime(matmul_seconds=t, memory_seconds=norm, kernel_seconds=2 * hw.kernel_overhead_seconds, flops=f, model_flops=f,
                     kernels=2)

@@ -408,6 +408,10 @@ def training_workload(
     from_stack.update(_finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, lora_dropout, qlora_double_quant,
                                        stack, spec, from_stack.get("matmul_dtype")))
     from_stack.update(_optimizer_dtypes(master_dtype, moment_dtype, stack, finetune, optimizer))
+    if stack is not None and stack.hf_model_code:
+        from shardplan.knowledge.model_support import hf_eager_softmax_fp32
+
+        from_stack["eager_softmax_fp32"] = hf_eager_softmax_fp32(spec, from_stack.get("amp_fp32_master", False))
     if optimizer_impl is not None:
         if optimizer_impl not in ("foreach", "fused"):
             raise ShardplanError(f"{optimizer_impl!r} is not foreach or fused", field="--optimizer-impl",

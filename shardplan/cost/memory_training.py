@@ -232,7 +232,14 @@ def _activation_bytes_per_layer(
             total += FP32_BYTES * heads * s * b / t
         else:
             scores = heads * s * (wl.seq_len if layout.cp == 1 else s * layout.cp) * b / t
-            total += a_bytes * scores
+            # The softmax's output (its backward's), and what the product with V saves: the same tensor,
+            # a 16-bit copy of an fp32 softmax output, or dropout's output with its 1-byte mask (the
+            # copy before it is then not kept). Counted against transformers' layers on CPU:
+            # tests/cost/test_layer_activations_torch.py.
+            if wl.eager_softmax_fp32:
+                total += FP32_BYTES * scores + (0.0 if attention_dropout else a_bytes * scores)
+            else:
+                total += a_bytes * scores
             if attention_dropout:
                 total += (DROPOUT_MASK_BYTES + a_bytes) * scores
     # MLP.

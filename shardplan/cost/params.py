@@ -303,13 +303,15 @@ def embedding_weights(spec: ModelSpec) -> tuple[WeightKind, ...]:
     """Weights on the first pipeline stage: token (and learned position) embeddings, and a
     multimodal model's vision tower and projector (vLLM runs the encoder on the first stage)."""
     rows = spec.vocab_size + (spec.vision.text_embedding_extra_rows if spec.vision is not None else 0)
-    w = [WeightKind("embed_tokens.weight", Component.EMBEDDING, (rows, spec.hidden_size), Split.VOCAB)]
+    w = [WeightKind("embed_tokens.weight", Component.EMBEDDING, (rows, spec.embedding_width), Split.VOCAB)]
+    if spec.embedding_width != spec.hidden_size:  # OPTDecoder.project_in
+        w += _linear("project_in", Component.EMBEDDING, spec.embedding_width, spec.hidden_size, Split.REPLICATED, False)
     if spec.position_embedding is PositionEmbedding.LEARNED:
         w.append(
             WeightKind(
                 "embed_positions.weight",
                 Component.EMBEDDING,
-                (spec.max_position_embeddings, spec.hidden_size),
+                (spec.max_position_embeddings + spec.position_embedding_offset, spec.hidden_size),
                 Split.REPLICATED,
             )
         )
@@ -324,10 +326,12 @@ def head_weights(spec: ModelSpec) -> tuple[WeightKind, ...]:
     w: list[WeightKind] = []
     if spec.final_norm:
         w += _norm("final_norm", spec.hidden_size, spec)
+    if spec.embedding_width != spec.hidden_size:  # OPTDecoder.project_out
+        w += _linear("project_out", Component.LM_HEAD, spec.hidden_size, spec.embedding_width, Split.REPLICATED, False)
     if not spec.lm_head:  # transformers *ForSequenceClassification: score = nn.Linear(hidden, num_labels, bias=False)
         w += _linear("score", Component.LM_HEAD, spec.hidden_size, spec.num_labels, Split.REPLICATED, False)
     elif not spec.tie_word_embeddings:
-        w += _linear("lm_head", Component.LM_HEAD, spec.hidden_size, spec.vocab_size, Split.VOCAB, spec.lm_head_bias)
+        w += _linear("lm_head", Component.LM_HEAD, spec.embedding_width, spec.vocab_size, Split.VOCAB, spec.lm_head_bias)
     return tuple(w)
 
 
@@ -336,7 +340,7 @@ def tied_lm_head_copy(spec: ModelSpec) -> tuple[WeightKind, ...]:
     copy of the embedding matrix as lm_head (Megatron `share_embeddings_and_output_weights`)."""
     if not spec.tie_word_embeddings:
         return ()
-    return (WeightKind("lm_head.weight", Component.LM_HEAD, (spec.vocab_size, spec.hidden_size), Split.VOCAB),)
+    return (WeightKind("lm_head.weight", Component.LM_HEAD, (spec.vocab_size, spec.embedding_width), Split.VOCAB),)
 
 
 @lru_cache(maxsize=256)

@@ -490,7 +490,8 @@ def training_assumptions(hw: HardwareProfile, wl: TrainingWorkload, spec: ModelS
     who = f"{wl.stack}: " if wl.stack else ""
     kernel = attention_kernel(hw, wl)
     if not wl.flash_attention:
-        attn = "attention: eager (unfused softmax; the score matrix is written and read)"
+        attn = ("attention: eager" + (", its softmax output kept in fp32" if wl.eager_softmax_fp32 else "")
+                + " (unfused softmax; the score matrix is written and read)")
     elif kernel:
         attn = (f"attention: {KERNEL_NAMES.get(kernel[0], kernel[0])} at {kernel[1]:.0%} of the 16-bit peak forward, "
                 f"{kernel[2]:.0%} backward on {hw.gpu_model} (profile {hw.name})")

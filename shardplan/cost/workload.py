@@ -252,6 +252,10 @@ class TrainingWorkload:
     recompute_offered: tuple[str, ...] = ("none", "selective", "full")  # what the stack can checkpoint
     amp_fp32_master: bool = False  # fp32 weights under bf16 autocast: cached bf16 copies saved for backward
     norms_fp32: bool = False  # norms upcast to fp32 and save the fp32 copy
+    # Unfused attention keeps the softmax's output in fp32 (saved by its backward) beside the 16-bit copy
+    # the product with V reads: transformers' eager attention in most families, and every family under
+    # CUDA autocast (knowledge/model_support.py hf_eager_softmax_fp32).
+    eager_softmax_fp32: bool = False
     elementwise_fused: bool = True  # norms, RoPE and SwiGLU as fused kernels (TE, or torch.compile)
     # Time per stack (knowledge/stacks/*.yaml). The fused attention kernels the stack runs, in
     # its order of preference: the first the GPU profile has a measurement for sets the

@@ -59,6 +59,27 @@ def hf_norm_readers(spec: ModelSpec) -> tuple[int, int]:
     return (2 if spec.mla is not None else 3), (2 if spec.mlp_gated else 1)
 
 
+# Families whose eager attention in transformers runs the softmax in the scores' own dtype:
+# GPT2Attention (`nn.functional.softmax(attn_weights, dim=-1)`, then `.type(value.dtype)`) and Falcon
+# (`F.softmax(..., dtype=hidden_states.dtype)`) in transformers 5.x. Every other family shardplan
+# translates keeps transformers' `eager_attention_forward` rule, `softmax(attn_weights, dim=-1,
+# dtype=torch.float32).to(query.dtype)` (modeling_llama.py, and modeling_opt.py, modeling_bloom.py,
+# modeling_gpt_neox.py, modeling_mistral.py, modeling_qwen2.py, modeling_gemma.py alike): the softmax's
+# fp32 output is what its backward saves, and the 16-bit copy is what the product with V saves.
+# (transformers 4.x's OPTAttention upcast only under fp16: "upcast to fp32 if the weights are in fp16".)
+HF_EAGER_SOFTMAX_IN_SCORES_DTYPE = frozenset({"gpt2", "falcon"})
+
+
+def hf_eager_softmax_fp32(spec: ModelSpec | None, autocast: bool) -> bool:
+    """Whether transformers' eager attention keeps an fp32 softmax output for backward: always under
+    CUDA autocast (softmax is on its fp32 list: torch docs, "Automatic Mixed Precision", CUDA ops that
+    can autocast to float32), else by the family's code (`HF_EAGER_SOFTMAX_IN_SCORES_DTYPE`); a model
+    with no family known is taken as transformers' common rule."""
+    if autocast:
+        return True
+    return spec is None or spec.model_type not in HF_EAGER_SOFTMAX_IN_SCORES_DTYPE
+
+
 # model_type -> (embedding modules, "<prefix>.{i}" of block i, modules after the blocks, block class)
 # (transformers' modeling_<type>.py: the submodule names of <Type>ForCausalLM)
 _LLAMA_LIKE = (["model.embed_tokens", "model.rotary_emb"], "model.layers.{i}", ["model.norm", "lm_head"])

@@ -630,6 +630,10 @@ class StackFile(Frozen):
         description="its data-parallel and tensor/expert collectives across nodes reach the NICs of all the group's "
                     "ranks in a node (NCCL multi-rail); false: each rank's own NIC")
     finetune: FineTuneRules = Field(description="the fine-tuning methods it offers and how it holds a frozen base")
+    hf_model_code: bool = Field(
+        False, description="it trains transformers' own modeling code, so unfused attention is transformers' eager "
+                           "attention (its softmax dtype per family: knowledge/model_support.py); false: the stack's "
+                           "own attention")
     optimizer_foreach: bool = Field(
         False, description="its default AdamW is torch's foreach implementation, whose step allocates a list the size "
                            "of the rank's optimizer states' parameters (the square roots of exp_avg_sq) at once; "
@@ -658,6 +662,8 @@ class StackFile(Frozen):
             documented.add("optimizer_dtypes")
         if self.optimizer_foreach:
             documented.add("optimizer_foreach")
+        if self.hf_model_code:
+            documented.add("hf_model_code")
         require_sources(documented, self.sources)
         if ("selective" in self.recompute) != (self.selective is not None):
             raise ValueError("selective must be set exactly when recompute offers selective")

@@ -224,6 +224,7 @@ class TrainingWorkloadSection(_Section):
     recompute_offered: list[RecomputeName] = Field(default_factory=lambda: ["none", "selective", "full"], description="the checkpointing the stack offers")
     amp_fp32_master: bool = Field(False, description="fp32 weights under bf16 autocast, with cached bf16 copies")
     norms_fp32: bool = Field(False, description="norms save an fp32 copy of their input")
+    eager_softmax_fp32: bool = Field(False, description="unfused attention keeps its softmax output in fp32")
     elementwise_fused: bool = Field(True, description="norms, RoPE and SwiGLU run as fused kernels")
     attention_kernels: list[Literal["fa2", "fa3", "cudnn"]] = Field(
         default_factory=list, description="the stack's attention kernels in order of preference; empty: the profile's")

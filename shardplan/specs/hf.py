@@ -250,6 +250,49 @@ def _gpt2(cfg: Config, name: str) -> dict[str, Any]:
     )
 
 
+def _opt(cfg: Config, name: str) -> dict[str, Any]:
+    """OPT (transformers' modeling_opt.py): LayerNorm before (do_layer_norm_before) or after each
+    block, learned positions with 2 rows beyond max_position_embeddings
+    (OPTLearnedPositionalEmbedding's offset), biases on every linear (enable_bias), a plain MLP
+    fc1/fc2 of ffn_dim, a final LayerNorm only with pre-LN, the lm_head tied and bias-free.
+    A word_embed_proj_dim other than hidden_size (OPT-350m) narrows the word embeddings and the
+    lm_head, with project_in/project_out (bias-free) between them and the blocks."""
+    hidden = _req(cfg, "hidden_size")
+    pre_ln = bool(cfg.get("do_layer_norm_before", True))
+    bias = bool(cfg.get("enable_bias", True))
+    return dict(
+        name=name,
+        model_type="opt",
+        vocab_size=_req(cfg, "vocab_size"),
+        hidden_size=hidden,
+        num_layers=_req(cfg, "num_hidden_layers"),
+        num_attention_heads=_req(cfg, "num_attention_heads"),
+        intermediate_size=_req(cfg, "ffn_dim"),
+        mlp_gated=False,
+        hidden_act=cfg.get("activation_function", "relu"),
+        mlp_bias=bias,
+        qkv_bias=bias,
+        o_bias=bias,
+        norm_type=NormType.LAYERNORM,
+        final_norm=pre_ln and not bool(cfg.get("_remove_final_layer_norm", False)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        position_embedding=PositionEmbedding.LEARNED,
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        position_embedding_offset=OPT_POSITION_OFFSET,
+        word_embed_proj_dim=cfg.get("word_embed_proj_dim") if _opt_projects_embeddings(cfg) else None,
+        dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float16"),
+    )
+
+
+OPT_POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding: "OPT is set up so that if padding_idx is specified then offset the embedding ids by 2"
+
+
+def _opt_projects_embeddings(cfg: Config) -> bool:
+    """OPT-350m's word embeddings are narrower than the blocks (project_in / project_out)."""
+    proj = cfg.get("word_embed_proj_dim")
+    return isinstance(proj, int) and proj != cfg.get("hidden_size")
+
+
 def _gpt_neox(cfg: Config, name: str) -> dict[str, Any]:
     d = _common(cfg, name, "gpt_neox")
     bias = bool(cfg.get("attention_bias", True))
@@ -377,6 +420,7 @@ TRANSLATORS: dict[str, Callable[[Config, str], dict[str, Any]]] = {
     "gemma": _gemma,
     "gemma2": _gemma2,
     "gpt2": _gpt2,
+    "opt": _opt,
     "gpt_neox": _gpt_neox,
     "falcon": _falcon,
     "phi3": _phi3,
@@ -397,6 +441,7 @@ ARCHITECTURES: dict[str, str] = {
     "GemmaForCausalLM": "gemma",
     "Gemma2ForCausalLM": "gemma2",
     "GPT2LMHeadModel": "gpt2",
+    "OPTForCausalLM": "opt",
     "GPTNeoXForCausalLM": "gpt_neox",
     "FalconForCausalLM": "falcon",
     "RWForCausalLM": "falcon",
@@ -437,7 +482,9 @@ def detect_model_type(cfg: Config) -> str:
 # no hidden dropout; Phi3Config attention_dropout=0.0, resid_pdrop=0.0, embd_pdrop=0.0).
 ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop")
 HIDDEN_DROPOUT_KEYS = ("hidden_dropout", "resid_pdrop", "embd_pdrop")
-DROPOUT_DEFAULTS = {"gpt2": (0.1, 0.1)}  # family -> (attention, hidden) when the config is silent
+FAMILY_HIDDEN_DROPOUT_KEYS = {"opt": ("dropout",)}  # OPTConfig's `dropout` is the residual branches' (and embeddings')
+# family -> (attention, hidden) when the config is silent (OPTConfig: dropout=0.1, attention_dropout=0.0)
+DROPOUT_DEFAULTS = {"gpt2": (0.1, 0.1), "opt": (0.0, 0.1)}
 
 
 def _dropouts(cfg: Config, model_type: str) -> dict[str, float]:
@@ -448,7 +495,7 @@ def _dropouts(cfg: Config, model_type: str) -> dict[str, float]:
         return float(max(values)) if values else default
 
     return {"attention_dropout": first(ATTENTION_DROPOUT_KEYS, default_attn),
-            "hidden_dropout": first(HIDDEN_DROPOUT_KEYS, default_hidden)}
+            "hidden_dropout": first(FAMILY_HIDDEN_DROPOUT_KEYS.get(model_type, HIDDEN_DROPOUT_KEYS), default_hidden)}
 
 
 def hf_config_to_spec_fields(cfg: Config, name: str) -> dict[str, Any]:

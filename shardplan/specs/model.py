@@ -255,6 +255,11 @@ class ModelSpec(StrictModel):
 
     position_embedding: PositionEmbedding = PositionEmbedding.ROPE
     max_position_embeddings: int = Field(..., gt=0, le=MAX_TOKENS)
+    word_embed_proj_dim: int | None = Field(
+        None, gt=0, le=MAX_WIDTH, description="width of the word embeddings and lm_head where it differs from "
+        "hidden_size, bridged by project_in/project_out (OPT-350m); None: hidden_size")
+    position_embedding_offset: int = Field(
+        0, ge=0, le=16, description="rows of a learned position table beyond max_position_embeddings (OPT: 2)")
     rotary_fraction: float = Field(1.0, gt=0, le=1, description="fraction of head_dim that is rotated (NeoX rotary_pct)")
     rope_theta: float | None = Field(None, gt=0)
 
@@ -345,6 +350,11 @@ class ModelSpec(StrictModel):
         return hash((self.name, self.num_layers, self.hidden_size, self.vocab_size, self.intermediate_size))
 
     # ----- derived figures -------------------------------------------------------------
+    @property
+    def embedding_width(self) -> int:
+        """Columns of the word embeddings and of the lm_head."""
+        return self.word_embed_proj_dim or self.hidden_size
+
     @property
     def head_outputs(self) -> int:
         """Logits per position: the vocabulary, or a classification head's labels."""

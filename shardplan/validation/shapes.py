@@ -9,6 +9,10 @@ _FAMILY_KEYS = {
     "gpt2": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn": "n_inner", "vocab": "vocab_size",
              "max_positions": "n_positions", "activation": "activation_function",
              "tied_embeddings": "tie_word_embeddings"},
+    "opt": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads", "ffn": "ffn_dim",
+            "vocab": "vocab_size", "max_positions": "max_position_embeddings", "activation": "activation_function",
+            "tied_embeddings": "tie_word_embeddings", "embed_proj": "word_embed_proj_dim",
+            "pre_ln": "do_layer_norm_before"},
     "falcon": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
                "ffn": "ffn_hidden_size", "vocab": "vocab_size", "max_positions": "max_position_embeddings",
                "activation": "activation", "tied_embeddings": "tie_word_embeddings", "bias": "bias"},
@@ -18,14 +22,16 @@ _LLAMA_KEYS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": 
                "head_dim": "head_dim", "max_positions": "max_position_embeddings", "activation": "hidden_act",
                "tied_embeddings": "tie_word_embeddings", "bias": "attention_bias"}
 _SHAPE_KEYS = {"layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "gated_mlp", "family", "head_dim",
-               "max_positions", "activation", "tied_embeddings", "bias", "positions", "overrides", "notes"}
+               "max_positions", "activation", "tied_embeddings", "bias", "positions", "overrides", "notes",
+               "embed_proj", "pre_ln"}
 
 
 def shape_config(shape: dict) -> dict:
     """A Hugging Face config dict for a `shape:` block, so that the model goes through the same
     translator as a config.json. `family` picks the layout (default: llama for a gated MLP; gpt2 --
     LayerNorm, learned positions, biases everywhere, plain MLP -- otherwise; falcon with
-    `positions: alibi` is BLOOM's layout: LayerNorm, ALiBi, biases, sequential residual);
+    `positions: alibi` is BLOOM's layout: LayerNorm, ALiBi, biases, sequential residual; opt takes
+    `embed_proj` (word_embed_proj_dim) and `pre_ln` (do_layer_norm_before));
     llama/qwen2/gemma take kv_heads, head_dim and `bias` (q/k/v/o bias; qwen2 has q/k/v bias only).
     What no family expresses goes in `overrides:`, ModelSpec fields set after the translation."""
     unknown = set(shape) - _SHAPE_KEYS
@@ -37,7 +43,7 @@ def shape_config(shape: dict) -> dict:
     gated = family in ("llama", "qwen2", "gemma")
     if bool(shape.get("gated_mlp", gated)) != gated and "mlp_gated" not in (shape.get("overrides") or {}):
         raise ValueError(f"shape: gated_mlp {shape.get('gated_mlp')} does not fit family {family}")
-    if family in ("gpt2", "falcon") and shape.get("kv_heads", shape["heads"]) != shape["heads"]:
+    if family in ("gpt2", "opt", "falcon") and shape.get("kv_heads", shape["heads"]) != shape["heads"]:
         raise ValueError(f"shape: family {family} has no grouped-query attention; give family llama and "
                          "overrides such as {mlp_gated: false, norm_type: layernorm, mlp_bias: true}")
     keys = _FAMILY_KEYS.get(family, _LLAMA_KEYS)

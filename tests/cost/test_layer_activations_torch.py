@@ -11,6 +11,8 @@ the MLP's input; gate, up, silu(gate) and their product, the down projection's i
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -86,7 +88,8 @@ def test_under_autocast_over_fp32_weights_each_projection_saves_its_own_input_ca
 def test_dropout_p0_keeps_nothing_and_the_configs_dropout_kinds_are_counted_apart():
     """torch's dropout at p=0 returns its input (no mask, no copy), so a model whose config sets
     attention_dropout 0.0 and dropout 0.1 (OPT) keeps masks on the residual branches only: the
-    layer's activations lose the probabilities' mask and dropped copy (1 + 2 bytes a score)."""
+    layer's activations lose the probabilities' mask (1 byte a score: under transformers' fp32 softmax
+    the dropped copy takes the place of the bf16 copy the product with V saves without dropout)."""
     from dataclasses import replace as dc_replace
 
     from shardplan.cost.memory_training import dropout_kinds
@@ -106,7 +109,10 @@ def test_dropout_p0_keeps_nothing_and_the_configs_dropout_kinds_are_counted_apar
     layout = Layout(micro_batch_size=BATCH, recompute=Recompute.NONE)
     gap = (activation_bytes_per_layer(both, layout, wl, False, BATCH)
            - activation_bytes_per_layer(hidden_only, layout, wl, False, BATCH))
-    assert gap == BATCH * HEADS * SEQ * SEQ * (1 + 2)
+    # transformers' eager softmax output is fp32 and saved either way; without attention dropout the
+    # product with V saves its bf16 copy, with it dropout's output and its 1-byte mask instead
+    assert wl.eager_softmax_fp32
+    assert gap == BATCH * HEADS * SEQ * SEQ * 1
 
 
 def test_a_relu_mlp_keeps_one_tensor_where_gelu_keeps_two():
@@ -121,19 +127,8 @@ def test_a_relu_mlp_keeps_one_tensor_where_gelu_keeps_two():
     def saved(act: str) -> int:
         cfg = OPTConfig(hidden_size=hidden, ffn_dim=ffn, num_attention_heads=4, activation_function=act, dropout=0.0,
                         attention_dropout=0.0, attn_implementation="sdpa")
-        layer = OPTDecoderLayer(cfg, layer_idx=0).to(torch.bfloat16)
         x = torch.randn(batch, seq, hidden, dtype=torch.bfloat16, requires_grad=True)
-        shared = {p.untyped_storage().data_ptr() for p in layer.parameters()} | {x.untyped_storage().data_ptr()}
-        kept: dict[int, int] = {}
-
-        def pack(t):  # type: ignore[no-untyped-def]
-            if t.untyped_storage().data_ptr() not in shared:
-                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            layer(x, attention_mask=None)
-        return sum(kept.values())
+        return _saved_by(OPTDecoderLayer(cfg, layer_idx=0).to(torch.bfloat16), x, {"attention_mask": None})
 
     measured = saved("gelu") - saved("relu")
     assert measured == 2 * batch * seq * ffn
@@ -147,3 +142,95 @@ def test_a_relu_mlp_keeps_one_tensor_where_gelu_keeps_two():
     predicted = (activation_bytes_per_layer(spec, layout, wl, False, batch)
                  - activation_bytes_per_layer(relu, layout, wl, False, batch))
     assert predicted == measured
+
+
+def _layer_saved(family: str, attn: str, dropout: float) -> int:
+    """Bytes autograd saves in one transformers decoder layer of `family` (bf16 weights, no autocast)
+    with attention `attn` (eager or sdpa) and attention dropout `dropout`."""
+    if family == "opt":
+        from transformers import OPTConfig
+        from transformers.models.opt.modeling_opt import OPTDecoderLayer
+
+        cfg = OPTConfig(hidden_size=E_HIDDEN, ffn_dim=4 * E_HIDDEN, num_attention_heads=E_HEADS, dropout=0.0,
+                        attention_dropout=dropout, attn_implementation=attn)
+        layer, kwargs = OPTDecoderLayer(cfg, layer_idx=0), {"attention_mask": None}
+    else:
+        from transformers import GPT2Config
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+        cfg = GPT2Config(n_embd=E_HIDDEN, n_head=E_HEADS, n_inner=4 * E_HIDDEN, attn_pdrop=dropout, resid_pdrop=0.0,
+                         embd_pdrop=0.0, attn_implementation=attn)
+        layer, kwargs = GPT2Block(cfg, layer_idx=0), {}
+    x = torch.randn(E_BATCH, E_SEQ, E_HIDDEN, dtype=torch.bfloat16, requires_grad=True)
+    return _saved_by(layer.to(torch.bfloat16).train(), x, kwargs)
+
+
+def _saved_by(layer, x, kwargs: dict) -> int:  # type: ignore[no-untyped-def]
+    """Bytes of the storages autograd saves for backward in `layer(x, **kwargs)`, its parameters and
+    its input aside."""
+    shared = {p.untyped_storage().data_ptr() for p in layer.parameters()} | {x.untyped_storage().data_ptr()}
+    kept: dict[int, int] = {}
+
+    def pack(t):  # type: ignore[no-untyped-def]
+        if t.untyped_storage().data_ptr() not in shared:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    torch.manual_seed(0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, **kwargs)
+    return sum(kept.values())
+
+
+E_BATCH, E_SEQ, E_HIDDEN, E_HEADS = 2, 128, 256, 4
+
+
+@pytest.mark.parametrize("family", ["opt", "gpt2"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_eager_attention_core_by_family(family, dropout):
+    """transformers' eager attention saves its softmax's output for backward: in fp32 for OPT (and
+    every family on `eager_attention_forward`: softmax(dtype=float32).to(query.dtype)), beside the bf16
+    copy that the product with V saves (with dropout: its 1-byte mask and its output instead); in bf16
+    for GPT-2, whose softmax runs in the scores' dtype. Measured as the eager layer less the same layer
+    with SDPA (which keeps the same q, k, v and attention output, and a log-sum-exp), against the
+    model's eager layer less its flash-attention layer, under the DeepSpeed stack (no autocast)."""
+    from shardplan.knowledge.model_support import hf_eager_softmax_fp32
+
+    measured = _layer_saved(family, "eager", dropout) - _layer_saved(family, "sdpa", 0.0)
+    spec = ModelSpec(name=family, model_type=family, vocab_size=1000, hidden_size=E_HIDDEN, num_layers=1,
+                     num_attention_heads=E_HEADS, intermediate_size=4 * E_HIDDEN, mlp_gated=False,
+                     hidden_act="relu" if family == "opt" else "gelu_new", norm_type=NormType.LAYERNORM,
+                     max_position_embeddings=2048, attention_dropout=dropout, hidden_dropout=0.0)
+    wl = training_workload(seq_len=E_SEQ, global_batch_size=E_BATCH, optimizer="adamw", framework=None,
+                           flash_attention=False, dropout=dropout > 0, stack=stack_rules("deepspeed"), spec=spec)
+    assert wl.eager_softmax_fp32 == hf_eager_softmax_fp32(spec, False) == (family == "opt")
+    layout = Layout(micro_batch_size=E_BATCH, recompute=Recompute.NONE)
+    predicted = (activation_bytes_per_layer(spec, layout, wl, False, E_BATCH)
+                 - activation_bytes_per_layer(spec, layout, dataclasses.replace(wl, flash_attention=True), False,
+                                              E_BATCH))
+    scores = E_BATCH * E_HEADS * E_SEQ * E_SEQ
+    # On CPU torch's dropout is `input * noise` with a noise tensor of the input's dtype (2 bytes a score,
+    # aten/src/ATen/native/Dropout.cpp _dropout_impl); CUDA's fused native_dropout keeps a 1-byte mask, as
+    # the model counts (is_fused_kernel_acceptable: CUDA, XPU, lazy and privateuse1 tensors only).
+    cpu_mask_extra = scores * (2 - 1) if dropout else 0
+    assert predicted == measured - cpu_mask_extra
+    per_score = {("opt", 0.0): 4 + 2, ("opt", 0.1): 4 + 1 + 2, ("gpt2", 0.0): 2, ("gpt2", 0.1): 2 + 1 + 2}
+    assert measured - cpu_mask_extra + 4 * E_BATCH * E_HEADS * E_SEQ == per_score[(family, dropout)] * scores
+
+
+def test_under_the_trainers_autocast_every_family_keeps_an_fp32_softmax():
+    """CUDA autocast runs softmax in fp32 (torch's AMP op list), so under the Hugging Face Trainer's AMP
+    GPT-2's eager softmax is fp32 too; pure bf16 (no autocast) leaves it to the family's code."""
+    gpt2 = ModelSpec(name="gpt2-like", model_type="gpt2", vocab_size=1000, hidden_size=256, num_layers=1,
+                     num_attention_heads=4, intermediate_size=1024, mlp_gated=False, hidden_act="gelu_new",
+                     norm_type=NormType.LAYERNORM, max_position_embeddings=1024)
+
+    def wl(**kw):  # type: ignore[no-untyped-def]
+        return training_workload(seq_len=128, global_batch_size=2, optimizer="adamw", framework=None,
+                                 flash_attention=False, dropout=False, stack=stack_rules("hf"), spec=gpt2, **kw)
+
+    assert wl().eager_softmax_fp32
+    assert not wl(master_dtype="bf16", moment_dtype="bf16").eager_softmax_fp32
+    megatron = training_workload(seq_len=128, global_batch_size=2, optimizer="adamw", framework=None,
+                                 flash_attention=False, dropout=False, stack=stack_rules("megatron"), spec=SPEC)
+    assert not megatron.eager_softmax_fp32  # Megatron's fused scale-mask-softmax writes 16 bits

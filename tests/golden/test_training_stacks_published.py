@@ -33,9 +33,6 @@ MOE = "grouped-GEMM efficiency of many small experts and token-dispatch overhead
 B200 = "the B200 profile's efficiencies are estimates, not measured"
 HF_EAGER = "HF/accelerate runs are 15-40% slower than predicted; not explained yet (per-module FSDP hooks and host overheads are candidates, not modelled)"
 
-OPT_EAGER = ("OPT's own dropouts (attention 0.0) and its ReLU MLP (one saved tensor) are counted, each measured on "
-             "transformers' layers on CPU; what is left is HF eager attention's fp32 softmax output (OPT upcasts under "
-             "fp16), about 4 bytes a score beyond the 2 counted, which the gpt2-family shape of these rows does not carry")
 KNOWN_MISSES: dict[str, dict[str, str]] = {
     # torchtitan
     "tt_2412_t1_8b_fsdp8_eager": {"tokens": GRAND_TETON},
@@ -83,10 +80,7 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
         "tokens": "as the Megatron BigScience row: the cluster is not the profile's DGX-2"},
     "ds_bf16mw_baseline_z3_4xh100": {"tokens": SMALL_STEP},
     "ds_bf16mw_bf16_master_z3_4xh100": {"tokens": SMALL_STEP},
-    "dschat_step1_sft_opt1.3b_z2_16xv100": {
-        "memory": OPT_EAGER + " (-21%)",
-        "tokens": V100},
-    "dschat_step2_rm_opt350m_z0_16xv100": {"memory": OPT_EAGER + " (-12%; and the 512-wide embedding projection)"},
+    "dschat_step1_sft_opt1.3b_z2_16xv100": {"tokens": V100},
     "mds_rebase_gpt1.3b_tp2_z0_ds_ckpt_16xv100": {"tokens": V100},
     "mds_rebase_gpt1.3b_tp2_z0_megatron_ckpt_16xv100": {"memory": "Megatron's own checkpointing keeps more than DeepSpeed's; both are 'full' here", "tokens": V100},
     "mds_rebase_gpt13b_3d_z1_128xv100": {"tokens": V100 + "; this row is the one V100 case slower in the model than measured (-14%)"},

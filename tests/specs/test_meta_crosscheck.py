@@ -123,6 +123,20 @@ SMALL = {
         model_type="gemma", vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=1, head_dim=64,
     ),
+    # OPT-1.3b's layout (pre-LN, final LayerNorm, positions offset by 2, tied head) and OPT-350m's
+    # post-LN blocks without a final LayerNorm (its narrower word embeddings aside).
+    "opt_pre_ln": dict(
+        model_type="opt", vocab_size=1000, hidden_size=128, ffn_dim=512, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=256, word_embed_proj_dim=128, do_layer_norm_before=True,
+    ),
+    "opt_post_ln": dict(
+        model_type="opt", vocab_size=1000, hidden_size=128, ffn_dim=512, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=256, word_embed_proj_dim=128, do_layer_norm_before=False,
+    ),
+    "opt_350m_style": dict(
+        model_type="opt", vocab_size=1000, hidden_size=128, ffn_dim=512, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=256, word_embed_proj_dim=64, do_layer_norm_before=False,
+    ),
     "gpt_neox_no_bias": dict(
         model_type="gpt_neox", vocab_size=1000, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
         num_attention_heads=4, attention_bias=False, rotary_pct=0.25,
