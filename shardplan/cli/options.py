@@ -105,6 +105,13 @@ OptimizerImplOpt = Annotated[Optional[str], typer.Option(
          "adamw_torch before torch 2.8; pass fused for adamw_torch_fused, its default from torch 2.8).",
     show_default=False, callback=lambda v: choice("--optimizer-impl", ["foreach", "fused"], "implementation")(v),
     rich_help_panel=TRAIN)]
+ReduceBucketSizeOpt = Annotated[Optional[str], typer.Option(
+    "--reduce-bucket-size", metavar="ELEMENTS|auto",
+    help="--stack deepspeed: zero_optimization.reduce_bucket_size, the contiguous gradient bucket every rank keeps "
+         "whole at ZeRO 1-3 (two at stages 1-2 with overlap_comm), in the 16-bit gradients' elements. Default "
+         "DeepSpeed's 5e8 (0.93 GiB in bf16); auto = hidden_size x hidden_size, as the Hugging Face Trainer fills "
+         "it in. The DeepSpeed export writes the same value. Example: --stack deepspeed --zero-stage 2 "
+         "--reduce-bucket-size 2e8.", show_default=False, rich_help_panel=TRAIN)]
 OverlapGradReduceOpt = Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)]
 
 

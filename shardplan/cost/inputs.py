@@ -347,6 +347,7 @@ def training_workload(
     master_dtype: str | None = None,
     moment_dtype: str | None = None,
     optimizer_impl: str | None = None,
+    reduce_bucket_size: str | None = None,
 ) -> TrainingWorkload:
     """The training workload from command-line values. With `stack`, what the stack fixes (its
     model-state bookkeeping, loss head, checkpointing, attention kernel, AMP, fusion) comes from
@@ -412,6 +413,10 @@ def training_workload(
         from shardplan.knowledge.model_support import hf_eager_softmax_fp32
 
         from_stack["eager_softmax_fp32"] = hf_eager_softmax_fp32(spec, from_stack.get("amp_fp32_master", False))
+    if stack is not None:
+        from_stack["zero_reduce_bucket_elements"] = stack.zero_reduce_bucket_elements
+    if reduce_bucket_size is not None:
+        from_stack["zero_reduce_bucket_elements"] = _reduce_bucket(reduce_bucket_size, stack, spec)
     if optimizer_impl is not None:
         if optimizer_impl not in ("foreach", "fused"):
             raise ShardplanError(f"{optimizer_impl!r} is not foreach or fused", field="--optimizer-impl",
@@ -428,6 +433,30 @@ def training_workload(
         overlap_grad_reduce=overlap_grad_reduce,
         **from_stack,
     )
+
+
+MAX_REDUCE_BUCKET_ELEMENTS = 10**11
+
+
+def _reduce_bucket(value: str, stack: StackFile | None, spec: ModelSpec | None) -> int:
+    """--reduce-bucket-size: DeepSpeed's zero_optimization.reduce_bucket_size in elements, or auto
+    (hidden_size x hidden_size, as the Hugging Face Trainer fills it in)."""
+    if stack is None or not stack.zero_reduce_bucket_elements:
+        raise ShardplanError("--reduce-bucket-size is DeepSpeed's ZeRO bucket", field="--reduce-bucket-size",
+                             hint="drop it, or use --stack deepspeed")
+    if value.strip().lower() == "auto":
+        if spec is None:
+            raise ShardplanError("--reduce-bucket-size auto needs the model's hidden size", field="--reduce-bucket-size",
+                                 hint="give a number of elements, e.g. 5e8")
+        return spec.hidden_size * spec.hidden_size
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number >= 1 and number == int(number) and number <= MAX_REDUCE_BUCKET_ELEMENTS):
+        raise ShardplanError(f"--reduce-bucket-size {value!r} is not a whole number of elements from 1 to 1e11, or auto",
+                             field="--reduce-bucket-size", hint="e.g. 5e8 (DeepSpeed's default), 2e8, or auto")
+    return int(number)
 
 
 def _optimizer_dtypes(master: str | None, moments: str | None, stack: StackFile | None, finetune: str,

@@ -623,6 +623,10 @@ def _stage_state_parts(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c:
         detail["gradients.unsharded_fp32_accumulation"] = FP32_BYTES * numel
         temporary = max(temporary, unsharded)
         gradients += FP32_BYTES * numel
+    buckets = zero_reduce_bucket_bytes(layout, wl)
+    if buckets:
+        detail["temporary.zero_reduce_buckets"] = buckets
+        temporary += buckets
     if wl.amp_fp32_master and wl.trains_base:
         # autocast's bf16 copy of each weight, cached for the forward and saved for backward
         copies = 2.0 * (w.dense_numel + w.expert_numel) / (c.dense_n if layout.zero_stage == 3 else 1)
@@ -630,6 +634,17 @@ def _stage_state_parts(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c:
         temporary += copies
     return ModelStates(dense.weights + expert.weights, gradients, dense.optimizer + expert.optimizer, temporary,
                        dense.host + expert.host, dense.nvme + expert.nvme), detail
+
+
+def zero_reduce_bucket_bytes(layout: Layout, wl: TrainingWorkload) -> float:
+    """DeepSpeed ZeRO's contiguous gradient bucket on every rank: the whole reduce_bucket_size in the
+    optimizer's 16-bit dtype, whatever the model's size, allocated at each backward by ZeRO-1/2 and a
+    second one with overlap_comm (stage_1_and_2.py setup_buckets), once at initialisation by ZeRO-3
+    (stage3.py); none at stage 0 (DeepSpeed's FP16/BF16 optimizers reduce without it)."""
+    if not wl.zero_reduce_bucket_elements or layout.zero_stage == 0:
+        return 0.0
+    copies = 2 if layout.zero_stage < 3 and wl.overlap_grad_reduce else 1
+    return float(copies * wl.zero_reduce_bucket_elements * bytes_per_element(wl.param_dtype))
 
 
 def optimizer_step_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c: _Common, stage: int,

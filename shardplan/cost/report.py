@@ -158,6 +158,8 @@ class TrainingWorkloadReport(Frozen):
     recompute_offered: list[str] = Field(description="the checkpointing the stack offers")
     amp_fp32_master: bool = Field(description="fp32 weights under bf16 autocast, with cached bf16 copies")
     norms_fp32: bool = Field(description="norms save an fp32 copy of their input")
+    zero_reduce_bucket_elements: int = Field(description="ZeRO's contiguous gradient bucket, elements (DeepSpeed "
+                                                         "reduce_bucket_size); 0: none")
     eager_softmax_fp32: bool = Field(description="unfused attention keeps its softmax output in fp32 (transformers' "
                                                  "eager attention by family, or under autocast)")
     elementwise_fused: bool = Field(description="norms, RoPE and SwiGLU run as fused kernels")

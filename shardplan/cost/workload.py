@@ -256,6 +256,8 @@ class TrainingWorkload:
     # the product with V reads: transformers' eager attention in most families, and every family under
     # CUDA autocast (knowledge/model_support.py hf_eager_softmax_fp32).
     eager_softmax_fp32: bool = False
+    # ZeRO's contiguous gradient bucket (DeepSpeed reduce_bucket_size, elements): 0 for stacks that keep none.
+    zero_reduce_bucket_elements: int = 0
     elementwise_fused: bool = True  # norms, RoPE and SwiGLU as fused kernels (TE, or torch.compile)
     # Time per stack (knowledge/stacks/*.yaml). The fused attention kernels the stack runs, in
     # its order of preference: the first the GPU profile has a measurement for sets the

@@ -630,6 +630,10 @@ class StackFile(Frozen):
         description="its data-parallel and tensor/expert collectives across nodes reach the NICs of all the group's "
                     "ranks in a node (NCCL multi-rail); false: each rank's own NIC")
     finetune: FineTuneRules = Field(description="the fine-tuning methods it offers and how it holds a frozen base")
+    zero_reduce_bucket_elements: int = Field(
+        0, ge=0, le=10**11, description="ZeRO's contiguous gradient bucket (DeepSpeed zero_optimization."
+        "reduce_bucket_size, elements in the 16-bit gradients' dtype): kept whole on every rank at stages 1-3, twice at "
+        "stages 1-2 with overlap_comm; 0: the stack keeps none")
     hf_model_code: bool = Field(
         False, description="it trains transformers' own modeling code, so unfused attention is transformers' eager "
                            "attention (its softmax dtype per family: knowledge/model_support.py); false: the stack's "
@@ -664,6 +668,8 @@ class StackFile(Frozen):
             documented.add("optimizer_foreach")
         if self.hf_model_code:
             documented.add("hf_model_code")
+        if self.zero_reduce_bucket_elements:
+            documented.add("zero_reduce_bucket_elements")
         require_sources(documented, self.sources)
         if ("selective" in self.recompute) != (self.selective is not None):
             raise ValueError("selective must be set exactly when recompute offers selective")

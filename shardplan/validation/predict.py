@@ -139,7 +139,9 @@ def predict_training(case: TrainingCase, corpus: Path | None = None) -> CostRepo
                            dropout=case.dropout, stack=stack_rules(case.stack), compile=case.compile,
                            matmul_dtype="fp8" if case.fp8 else None, tp_comm_overlap=case.tp_comm_overlap,
                            compile_loss=case.compile_loss, master_dtype=case.master_dtype,
-                           moment_dtype=case.moment_dtype)
+                           moment_dtype=case.moment_dtype, overlap_grad_reduce=case.overlap_comm,
+                           reduce_bucket_size=None if case.reduce_bucket_size is None else str(case.reduce_bucket_size),
+                           spec=spec)
     return estimate(spec, hw, layout, wl)
 
 

@@ -136,6 +136,7 @@ def training_row_case(stack: str, row: dict, path: Path | None = None) -> Traini
         tp_comm_overlap=bool(c.get("tp_comm_overlap")), pp_embedding_as_layer=bool(c.get("pp_embedding_as_layer")),
         pp_loss_as_layer=bool(c.get("pp_loss_as_layer")),
         master_dtype=c.get("master_dtype") or "fp32", moment_dtype=c.get("moment_dtype") or "fp32",
+        reduce_bucket_size=c.get("reduce_bucket_size"), overlap_comm=c.get("overlap_comm", True),
         measured=TrainingMeasured(peak_memory_gib=mem, memory_counter=counter, tokens_per_second_per_gpu=tps))
     return _typed(TrainingCase, path, row["id"], fields)
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from conftest import build_plan
-from shardplan.cost.layout import Layout, Offload
+from shardplan.cost.layout import Layout, Offload, Recompute
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.exporters import ExportFile, ExportOptions, export
 from shardplan.exporters.torchrun import rdzv_id
@@ -928,3 +928,23 @@ def test_every_exported_script_passes_bash_syntax_check(plan, target, kw):
         assert f.executable, f.name
         assert f.text.startswith("#!/usr/bin/env bash\n"), f.name
         bash_syntax_ok(f.text)
+
+
+@pytest.mark.parametrize("stage,copies", [(2, 2), (3, 1)])
+def test_ds_config_reduce_bucket_is_the_one_the_plan_counted(ds_config, stage, copies):
+    """A --stack deepspeed plan counts DeepSpeed's contiguous gradient bucket (two at stage 2 with
+    overlap_comm, one at stage 3) and its ds_config.json sets the same reduce_bucket_size, which
+    DeepSpeed's own config reads back."""
+    from shardplan.cost.inputs import training_workload
+    from shardplan.knowledge.load import stack_rules
+
+    spec = spec_of("llama-3.1-8b")
+    wl = training_workload(seq_len=4096, global_batch_size=512, optimizer="adamw", framework=None, flash_attention=None,
+                           dropout=False, stack=stack_rules("deepspeed"), spec=spec, reduce_bucket_size="2e8")
+    plan, report = build_plan("llama-3.1-8b", 8, Layout(dp=8, zero_stage=stage, recompute=Recompute.FULL), wl)
+    m = fitting(plan)
+    rank = report["memory"]["per_rank"][0]
+    assert rank["detail_bytes"]["temporary.zero_reduce_buckets"] == copies * 200_000_000 * 2
+    cfg = ds_config(files(m, "deepspeed")["ds_config.json"].text, 8)
+    assert cfg.zero_config.reduce_bucket_size == 200_000_000
+    assert cfg.zero_config.overlap_comm is True and cfg.zero_config.contiguous_gradients is True
