@@ -50,10 +50,14 @@ class RankMemory:
     # size, so it reserves the total plus it (training: the fp32 logits of the loss).
     largest_allocation_bytes: float = 0.0
     largest_allocation: str = ""
+    # Blocks the caching allocator holds apart from the peak's: memory freed on one stream that an
+    # allocation on another cannot reuse (FSDP's gradients, reduce-scattered on their own stream, beside
+    # the activations backward freed on the compute stream).
+    reserved_apart_bytes: float = 0.0
 
     @property
     def reserved_bytes(self) -> float:
-        return self.breakdown.total + self.largest_allocation_bytes
+        return self.breakdown.total + self.largest_allocation_bytes + self.reserved_apart_bytes
 
 
 @dataclass(frozen=True)

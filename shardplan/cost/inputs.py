@@ -415,6 +415,7 @@ def training_workload(
         from_stack["eager_softmax_fp32"] = hf_eager_softmax_fp32(spec, from_stack.get("amp_fp32_master", False))
     if stack is not None:
         from_stack["zero_reduce_bucket_elements"] = stack.zero_reduce_bucket_elements
+        from_stack["grads_allocated_in_backward"] = stack.grads_allocated_in_backward
     if reduce_bucket_size is not None:
         from_stack["zero_reduce_bucket_elements"] = _reduce_bucket(reduce_bucket_size, stack, spec)
     if optimizer_impl is not None:

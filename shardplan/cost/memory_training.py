@@ -441,10 +441,26 @@ def stage_states_bytes(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl:
     """GPU bytes of the model states (weights, gradients, optimizer states, temporaries: ZeRO-3
     gather buffers, torchtitan's unsharded stage under a pipeline, autocast's weight copies) of
     one rank of `stage`, exactly as `training_memory` counts them (`_stage_state_parts`)."""
+    return sum(stage_states_and_gradients(spec, hw, layout, wl, stage))
+
+
+def stage_states_and_gradients(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload,
+                               stage: int = 0) -> tuple[float, float]:
+    """`stage_states_bytes` split into (everything but the gradients, the gradients)."""
     c = _common(hw, layout, wl)
     layers = [i for r in layout_stage_ranges(spec.num_layers, layout)[stage] for i in r]
     states, _ = _stage_state_parts(spec, layout, wl, c, stage, layers)
-    return states.weights + states.gradients + states.optimizer + states.temporary
+    return states.weights + states.optimizer + states.temporary, states.gradients
+
+
+def total_lower_bound(activations_bound: float, states: tuple[float, float], wl: TrainingWorkload, layout: Layout,
+                      num_microbatches: int) -> float:
+    """A lower bound on a rank's total from `activation_bytes_lower_bound` and
+    `stage_states_and_gradients`: their sum, less what backward frees before the gradients exist
+    where they follow the activations (never more than the smaller of the two)."""
+    rest, gradients = states
+    overlap = min(gradients, activations_bound) if gradients_follow_activations(wl, layout, num_microbatches) else 0.0
+    return activations_bound + rest + gradients - overlap
 
 
 def vocab_parallel_logits(spec: ModelSpec, wl: TrainingWorkload) -> bool:
@@ -680,6 +696,19 @@ def _stage_memory(
         L.pp_last_stage_layers, c.num_micro, stage, wl.amp_fp32_master and wl.trains_base and L.zero_stage == 0)
     stage_layers = list(layers)
     states, states_detail = _stage_state_parts(spec, layout, wl, c, stage, stage_layers)
+    credit = 0.0
+    if gradients_follow_activations(wl, layout, c.num_micro):
+        # Backward frees each layer's activations as it allocates that layer's gradients (none are
+        # left from the step before): the rank holds all its activations at the start of backward
+        # and all its gradients at the end, beside the first layer's working set, never both whole.
+        end = _end_of_backward_activations(spec, layout, wl, stage, act_detail, len(stage_layers))
+        credit = min(states.gradients, max(0.0, act - end))
+        act -= credit
+    # Sharded gradients are reduce-scattered on a stream of their own (FSDP1 _post_backward_stream,
+    # FSDP2 reduce_scatter_stream), and the caching allocator reuses a freed block only on the stream
+    # that allocated it (c10/cuda/CUDACachingAllocator.cpp: a block pool per stream): the activations'
+    # blocks stay reserved beside the gradients'.
+    apart = credit if layout.zero_stage >= 1 else 0.0
     step = optimizer_step_bytes(spec, layout, wl, c, stage, stage_layers)
     if step > act + states.temporary:
         # The step runs after the backward has freed the activations (and ZeRO-3's gathered
@@ -699,6 +728,8 @@ def _stage_memory(
     detail: dict[str, float] = {}
     if with_detail:
         detail.update(act_detail)
+        if credit:
+            detail[FREED_BEFORE_GRADIENTS] = credit
         detail.update(states_detail)
         detail.update({f"overhead.{k}": v for k, v in c.overhead_detail.items()})
     return RankMemory(
@@ -711,7 +742,38 @@ def _stage_memory(
         nvme_bytes=states.nvme,
         largest_allocation_bytes=largest,
         largest_allocation=largest_what,
+        reserved_apart_bytes=apart,
     )
+
+
+# Activations the backward frees before the gradients that take their place exist (counted once, under
+# the gradients): `activations` is the peak less this, and verify, which reads the activations at the
+# forward's end, adds it back.
+FREED_BEFORE_GRADIENTS = "activations.freed_before_their_gradients"
+
+
+def gradients_follow_activations(wl: TrainingWorkload, layout: Layout, num_microbatches: int) -> bool:
+    """A step of one micro-batch under a stack that sets the gradients to None after each step
+    (`grads_allocated_in_backward`): backward allocates them as it frees the activations. With
+    gradient accumulation or a pipeline they persist from the first micro-batch on; under DDP
+    (ZeRO 0 over data-parallel ranks) the reducer's buckets hold a whole copy of the gradients
+    from its construction on (torch/csrc/distributed/c10d/reducer.cpp initialize_buckets), which
+    the gradients' count stands for, so nothing is freed before it."""
+    return (wl.grads_allocated_in_backward and num_microbatches == 1 and wl.trains_base
+            and (layout.zero_stage >= 1 or layout.dp == 1))
+
+
+def _end_of_backward_activations(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, stage: int,
+                                 act_detail: tuple[tuple[str, float], ...], num_layers: int) -> float:
+    """What a stage still holds of its activations when its first layer's backward runs: that layer's
+    saved tensors and, under full recomputation, the whole set its re-run forward keeps."""
+    per_layer = dict(act_detail)["activations.layers"] / max(1, num_layers)
+    if layout.recompute is not Recompute.FULL:
+        return per_layer
+    whole = dataclasses.replace(layout, recompute=Recompute.NONE)
+    kinds = chunk_layer_kinds(spec, layout_stage_ranges(spec.num_layers, layout)[stage])
+    return per_layer + max(activation_bytes_per_layer(spec, whole, wl, moe, layout.micro_batch_size, linear)
+                           for (moe, linear) in kinds)
 
 
 def autocast_input_copies_per_layer(spec: ModelSpec, wl: TrainingWorkload, cp: int, micro_batch_size: int,

@@ -162,6 +162,8 @@ class TrainingWorkloadReport(Frozen):
                                                          "reduce_bucket_size); 0: none")
     eager_softmax_fp32: bool = Field(description="unfused attention keeps its softmax output in fp32 (transformers' "
                                                  "eager attention by family, or under autocast)")
+    grads_allocated_in_backward: bool = Field(description="the gradients are allocated in backward as the activations "
+                                                          "are freed (set to None after each step)")
     elementwise_fused: bool = Field(description="norms, RoPE and SwiGLU run as fused kernels")
     attention_kernels: list[str] = Field(description="the stack's attention kernels in order of preference; "
                                                      "empty: the profile's attention efficiency")

@@ -258,6 +258,9 @@ class TrainingWorkload:
     eager_softmax_fp32: bool = False
     # ZeRO's contiguous gradient bucket (DeepSpeed reduce_bucket_size, elements): 0 for stacks that keep none.
     zero_reduce_bucket_elements: int = 0
+    # The gradients are None at the start of a step (zero_grad(set_to_none=True)): with one micro-batch
+    # a step allocates them in backward as it frees the activations.
+    grads_allocated_in_backward: bool = False
     elementwise_fused: bool = True  # norms, RoPE and SwiGLU as fused kernels (TE, or torch.compile)
     # Time per stack (knowledge/stacks/*.yaml). The fused attention kernels the stack runs, in
     # its order of preference: the first the GPU profile has a measurement for sets the

@@ -630,6 +630,10 @@ class StackFile(Frozen):
         description="its data-parallel and tensor/expert collectives across nodes reach the NICs of all the group's "
                     "ranks in a node (NCCL multi-rail); false: each rank's own NIC")
     finetune: FineTuneRules = Field(description="the fine-tuning methods it offers and how it holds a frozen base")
+    grads_allocated_in_backward: bool = Field(
+        False, description="its loop sets the gradients to None after each step (zero_grad(set_to_none=True)), so a "
+                           "step of one micro-batch allocates each gradient in backward as the activations are freed; "
+                           "false: they persist in a buffer (Megatron's main_grad, DeepSpeed's partitions)")
     zero_reduce_bucket_elements: int = Field(
         0, ge=0, le=10**11, description="ZeRO's contiguous gradient bucket (DeepSpeed zero_optimization."
         "reduce_bucket_size, elements in the 16-bit gradients' dtype): kept whole on every rank at stages 1-3, twice at "
@@ -670,6 +674,8 @@ class StackFile(Frozen):
             documented.add("hf_model_code")
         if self.zero_reduce_bucket_elements:
             documented.add("zero_reduce_bucket_elements")
+        if self.grads_allocated_in_backward:
+            documented.add("grads_allocated_in_backward")
         require_sources(documented, self.sources)
         if ("selective" in self.recompute) != (self.selective is not None):
             raise ValueError("selective must be set exactly when recompute offers selective")

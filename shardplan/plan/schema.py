@@ -227,6 +227,8 @@ class TrainingWorkloadSection(_Section):
     eager_softmax_fp32: bool = Field(False, description="unfused attention keeps its softmax output in fp32")
     zero_reduce_bucket_elements: int = Field(0, ge=0, le=10**11, description="ZeRO's contiguous gradient bucket, "
                                                                           "elements (DeepSpeed reduce_bucket_size)")
+    grads_allocated_in_backward: bool = Field(False, description="the gradients are allocated in backward as the "
+                                                                 "activations are freed")
     elementwise_fused: bool = Field(True, description="norms, RoPE and SwiGLU run as fused kernels")
     attention_kernels: list[Literal["fa2", "fa3", "cudnn"]] = Field(
         default_factory=list, description="the stack's attention kernels in order of preference; empty: the profile's")

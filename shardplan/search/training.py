@@ -15,7 +15,7 @@ terms left out (data-parallel sync, ZeRO-3 gathers, the optimizer, offload) are 
 Nodes are expanded best bound first from one heap; once the K-th best step found is below
 the smallest bound left, nothing unexpanded can enter the top K and the search stops, counting
 what it skipped. Memory prunes on the way: stage 0's activations plus the least model states
-of any ZeRO variant (`activation_bytes_lower_bound`, `stage_states_bytes`).
+of any ZeRO variant (`activation_bytes_lower_bound`, `stage_states_and_gradients`, `total_lower_bound`).
 An offloaded variant is never faster than the same ZeRO variant without offload (offload adds
 host traffic and a CPU optimizer step): where that twin fits, its value is the offloaded one's
 bound and it waits in the heap; where it does not, the offloaded one is costed with the shape.
@@ -35,8 +35,9 @@ from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
 from shardplan.cost import memo
 from shardplan.cost.memory_training import (
     activation_bytes_lower_bound,
+    stage_states_and_gradients,
+    total_lower_bound,
     exceeds_gpu_memory,
-    stage_states_bytes,
     training_memory,
 )
 from shardplan.cost.time_training import (
@@ -395,7 +396,8 @@ def _expand(
     n = hw.num_gpus
     plain, offloaded = variants(deg)
     variants = len(plain) + len(offloaded)
-    least_states: dict[int, float] = {}  # by virtual stages: states do not depend on micro-batch, SP or recompute
+    # by virtual stages: states do not depend on micro-batch, SP or recompute
+    least_states: dict[int, list[tuple[float, float]]] = {}
     for shape in shape_candidates(spec, wl, space, deg, adm):
         m = wl.global_batch_size // (shape.dp * shape.micro_batch_size)
         act = activation_bytes_lower_bound(spec, hw, shape, wl, m)
@@ -405,8 +407,9 @@ def _expand(
             continue
         v_key = shape.virtual_stages
         if v_key not in least_states:
-            least_states[v_key] = min((stage_states_bytes(spec, hw, with_variant(shape, v), wl) for v in plain), default=math.inf)
-        plain_fits = act + least_states[v_key] <= cap
+            least_states[v_key] = [stage_states_and_gradients(spec, hw, with_variant(shape, v), wl) for v in plain]
+        plain_fits = min((total_lower_bound(act, st, wl, with_variant(shape, v), m)
+                          for st, v in zip(least_states[v_key], plain)), default=math.inf) <= cap
         count = variants
         if not plain_fits:
             res.rejected["model states + activations exceed GPU memory"] += len(plain)
@@ -434,7 +437,7 @@ def _cost_variants(
     for v in variants:
         layout = with_variant(shape, v)
         res.num_evaluated += 1
-        if act + stage_states_bytes(spec, hw, layout, wl) > cap:
+        if total_lower_bound(act, stage_states_and_gradients(spec, hw, layout, wl), wl, layout, m) > cap:
             res.rejected["model states + activations exceed GPU memory"] += 1
             continue
         res.num_costed += 1

@@ -12,7 +12,7 @@ from shardplan.cost.estimate import estimate
 from shardplan.cost.report import CostReport, ServingTimeReport, TrainingTimeReport
 from shardplan.cost.layout import layout_stage_ranges
 from shardplan.cost.memory_serving import kv_bytes_per_token_per_layer_per_rank
-from shardplan.cost.memory_training import RECOMPUTED_LAYER
+from shardplan.cost.memory_training import FREED_BEFORE_GRADIENTS, RECOMPUTED_LAYER
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.units import BYTES_PER_GIB, DType, bytes_per_element
 from shardplan.verify.runspec import RunSpec
@@ -255,6 +255,9 @@ def _measured_at(rank: Any, training: bool) -> dict[str, float]:
     if later:
         out["activations"] -= later
         out[RECOMPUTED_LAYER] = later
+    # the peak counts activations freed before their gradients once, under the gradients; at the
+    # forward's end they are all there
+    out["activations"] += rank.detail_bytes.get(FREED_BEFORE_GRADIENTS, 0.0) if training else 0.0
     return out
 
 

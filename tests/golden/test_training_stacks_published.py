@@ -101,17 +101,14 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
                                               "bucket and overlap_comm: +22% as reserved, +6% as allocated with "
                                               "DeepSpeed's default 5e8 bucket twice"},
     # Hugging Face
-    "hf_fms_mistral7b_a100x2_fsdp_purebf16_bs4": {
-        "memory": "+12%: the measured peak is the optimizer step's (the same bytes at micro-batch 2 and 4), so the backward "
-                  "at micro-batch 4 peaked lower than the 4.2 GiB more activations predicted; the prediction is above"},
     "hf_fms_mistral7b_a100x2_fsdp_bf16amp_upcast_bs2": {
         "tokens": "+14% at micro-batch 2 where micro-batch 4 is +7%: FSDP1's per-layer gathers with half the compute to hide "
                   "behind; not explained"},
     "hf_liger_readme_llama3_8b_a100x8_fsdp_compile_s4096": {
         "memory": "the whole-model compile's own savings beyond the fused loss (Inductor's activation choices) are not modelled: -21%",
         "tokens": "compiled: 11% faster than the fused-elementwise model; not explained"},
-    "hf_liger_llama3_8b_a100x4_fsdp_bs32": {"memory": LIGER_PAD, "tokens": LIGER_PAD},
-    "hf_liger_llama3_8b_a100x4_fsdp_bs48": {"memory": LIGER_PAD, "tokens": LIGER_PAD},
+    "hf_liger_llama3_8b_a100x4_fsdp_bs32": {"tokens": LIGER_PAD},
+    "hf_liger_llama3_8b_a100x4_fsdp_bs48": {"tokens": LIGER_PAD},
     "hf_liger_qwen2_7b_a100x4_fsdp_bs32": {"memory": LIGER_PAD, "tokens": LIGER_PAD},
     "hf_liger_gemma_7b_a100x4_fsdp_bs32": {"memory": LIGER_PAD, "tokens": LIGER_PAD},
     "hf_blog_ds2fsdp_granite7b_a100x4_fsdp_aligned": {"tokens": HF_EAGER},

@@ -110,6 +110,37 @@ def test_bounds_never_exceed_the_full_cost():
     assert checked > 100
 
 
+@pytest.mark.parametrize("stack", ["hf", "torchtitan"])
+def test_memory_bound_never_exceeds_the_full_model_when_gradients_follow_activations(stack):
+    """With one micro-batch a step (global batch = dp x micro-batch), backward frees activations as
+    it allocates gradients, so the full model's total is below activations + states: the prune's
+    bound (`total_lower_bound`) takes that off, and stays below the full model on every layout."""
+    from shardplan.cost.inputs import training_workload
+    from shardplan.cost.memory_training import FREED_BEFORE_GRADIENTS, stage_states_and_gradients, total_lower_bound
+    from shardplan.knowledge.load import stack_rules
+
+    spec = loading.load_model("llama-3.1-8b").spec
+    hw = topology(H100, 4)
+    wl = training_workload(seq_len=4096, global_batch_size=4, optimizer="adamw", framework=None, flash_attention=None,
+                           dropout=False, stack=stack_rules(stack), spec=spec)
+    space = Space()
+    res = SearchResult(training=True, goal=Goal(Objective.STEP_TIME), gpu_counts=[4])
+    credited = checked = 0
+    for deg in degree_candidates(spec, hw, wl, space, res):
+        for shape in shape_candidates(spec, wl, space, deg):
+            m = wl.global_batch_size // (shape.dp * shape.micro_batch_size)
+            act = activation_bytes_lower_bound(spec, hw, shape, wl, m)
+            for v in state_variants(shape, hw, space)[0]:
+                layout = with_variant(shape, v)
+                tm = training_memory(spec, hw, layout, wl)
+                worst = max(r.breakdown.total for r in tm.ranks)
+                bound = total_lower_bound(act, stage_states_and_gradients(spec, hw, layout, wl), wl, layout, m)
+                assert bound <= worst * (1 + 1e-9)
+                credited += any(FREED_BEFORE_GRADIENTS in r.detail for r in tm.ranks)
+                checked += 1
+    assert checked > 20 and credited > 10  # the mechanism applied, and the bound held where it did
+
+
 def test_recomputation_only_adds_time():
     """The degrees bound takes the least recomputation allowed as the fastest."""
     spec = loading.load_model("llama-3.1-70b").spec
@@ -247,3 +278,23 @@ def test_objective_cost_uses_the_price():
     assert a.top[0].objective_value == pytest.approx(usd_per_million)
     assert objective_value(Goal(Objective.STEP_TIME), H100, 8, step, 1.0) == step
     assert math.isfinite(a.top[0].objective_value)
+
+
+@pytest.mark.parametrize("stack,gpu,gpus,gbs", [("hf", "a100-sxm-40gb", 2, 4), ("torchtitan", "a100-sxm-40gb", 4, 8),
+                                                ("deepspeed", "rtx-4090-24gb", 2, 4)])
+def test_branch_and_bound_matches_brute_force_per_stack(stack, gpu, gpus, gbs):
+    """Stacks whose steps of one micro-batch allocate the gradients as backward frees the
+    activations (hf, torchtitan), and DeepSpeed's reduce buckets: the memory prunes count both as
+    the full model does, on a tight GPU where they decide."""
+    from shardplan.cost.inputs import training_workload
+    from shardplan.knowledge.load import stack_rules
+
+    spec = loading.load_model("llama-3.1-8b").spec
+    base = loading.load_hardware(gpu)
+    hw = topology(base, gpus)
+    wl = training_workload(seq_len=2048, global_batch_size=gbs, optimizer="adamw", framework=None, flash_attention=None,
+                           dropout=False, stack=stack_rules(stack), spec=spec)
+    res = search(spec, base, wl, Space(), Goal(Objective.STEP_TIME, top_k=5, group_by_shape=False), num_gpus=gpus)
+    brute, num_fit = _brute_force(spec, hw, wl, Space(), 5)
+    assert num_fit > 0
+    assert [e.objective_value for e in res.top] == pytest.approx(brute, rel=1e-12)
