@@ -416,6 +416,7 @@ def training_workload(
     if stack is not None:
         from_stack["zero_reduce_bucket_elements"] = stack.zero_reduce_bucket_elements
         from_stack["grads_allocated_in_backward"] = stack.grads_allocated_in_backward
+        from_stack["ddp_gradient_buckets"] = stack.ddp_gradient_buckets
     if reduce_bucket_size is not None:
         from_stack["zero_reduce_bucket_elements"] = _reduce_bucket(reduce_bucket_size, stack, spec)
     if optimizer_impl is not None:

@@ -643,6 +643,11 @@ def _stage_state_parts(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c:
     if buckets:
         detail["temporary.zero_reduce_buckets"] = buckets
         temporary += buckets
+    if wl.ddp_gradient_buckets and layout.zero_stage == 0 and layout.dp > 1 and gradients:
+        # torch's DDP reducer: flat buckets covering every gradient, kept from its construction on
+        # (reducer.cpp initialize_buckets), the gradients apart from them (gradient_as_bucket_view False)
+        detail["temporary.ddp_gradient_buckets"] = gradients
+        temporary += gradients
     if wl.amp_fp32_master and wl.trains_base:
         # autocast's bf16 copy of each weight, cached for the forward and saved for backward
         copies = 2.0 * (w.dense_numel + w.expert_numel) / (c.dense_n if layout.zero_stage == 3 else 1)
@@ -710,11 +715,13 @@ def _stage_memory(
     # blocks stay reserved beside the gradients'.
     apart = credit if layout.zero_stage >= 1 else 0.0
     step = optimizer_step_bytes(spec, layout, wl, c, stage, stage_layers)
-    if step > act + states.temporary:
+    # gradient buckets stay through the step (DeepSpeed's, DDP's); the other temporaries are freed
+    freed = states.temporary - sum(states_detail.get(k, 0.0) for k in PERSISTENT_TEMPORARIES)
+    if step > act + freed:
         # The step runs after the backward has freed the activations (and ZeRO-3's gathered
         # layers): the rank then holds its states and the step's list, and peaks there when the
         # list is the larger.
-        beyond = step - act - states.temporary
+        beyond = step - act - freed
         states = dataclasses.replace(states, temporary=states.temporary + beyond)
         states_detail = {**states_detail, "temporary.optimizer_step_list": beyond}
     breakdown = MemoryBreakdown(
@@ -746,6 +753,10 @@ def _stage_memory(
     )
 
 
+# Temporaries that outlive the backward (gradient buckets), unlike gathered layers and autocast's copies.
+PERSISTENT_TEMPORARIES = ("temporary.zero_reduce_buckets", "temporary.ddp_gradient_buckets")
+
+
 # Activations the backward frees before the gradients that take their place exist (counted once, under
 # the gradients): `activations` is the peak less this, and verify, which reads the activations at the
 # forward's end, adds it back.
@@ -755,12 +766,9 @@ FREED_BEFORE_GRADIENTS = "activations.freed_before_their_gradients"
 def gradients_follow_activations(wl: TrainingWorkload, layout: Layout, num_microbatches: int) -> bool:
     """A step of one micro-batch under a stack that sets the gradients to None after each step
     (`grads_allocated_in_backward`): backward allocates them as it frees the activations. With
-    gradient accumulation or a pipeline they persist from the first micro-batch on; under DDP
-    (ZeRO 0 over data-parallel ranks) the reducer's buckets hold a whole copy of the gradients
-    from its construction on (torch/csrc/distributed/c10d/reducer.cpp initialize_buckets), which
-    the gradients' count stands for, so nothing is freed before it."""
-    return (wl.grads_allocated_in_backward and num_microbatches == 1 and wl.trains_base
-            and (layout.zero_stage >= 1 or layout.dp == 1))
+    gradient accumulation or a pipeline they persist from the first micro-batch on. (DDP's buckets
+    are apart: `temporary.ddp_gradient_buckets`.)"""
+    return wl.grads_allocated_in_backward and num_microbatches == 1 and wl.trains_base
 
 
 def _end_of_backward_activations(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, stage: int,

@@ -164,6 +164,8 @@ class TrainingWorkloadReport(Frozen):
                                                  "eager attention by family, or under autocast)")
     grads_allocated_in_backward: bool = Field(description="the gradients are allocated in backward as the activations "
                                                           "are freed (set to None after each step)")
+    ddp_gradient_buckets: bool = Field(description="DDP's reducer keeps a bucket copy of every gradient (ZeRO 0 over "
+                                                   "data-parallel ranks)")
     elementwise_fused: bool = Field(description="norms, RoPE and SwiGLU run as fused kernels")
     attention_kernels: list[str] = Field(description="the stack's attention kernels in order of preference; "
                                                      "empty: the profile's attention efficiency")

@@ -261,6 +261,8 @@ class TrainingWorkload:
     # The gradients are None at the start of a step (zero_grad(set_to_none=True)): with one micro-batch
     # a step allocates them in backward as it frees the activations.
     grads_allocated_in_backward: bool = False
+    # torch's DDP (ZeRO 0 over data-parallel ranks) keeps a bucket copy of every gradient.
+    ddp_gradient_buckets: bool = False
     elementwise_fused: bool = True  # norms, RoPE and SwiGLU as fused kernels (TE, or torch.compile)
     # Time per stack (knowledge/stacks/*.yaml). The fused attention kernels the stack runs, in
     # its order of preference: the first the GPU profile has a measurement for sets the

@@ -630,6 +630,10 @@ class StackFile(Frozen):
         description="its data-parallel and tensor/expert collectives across nodes reach the NICs of all the group's "
                     "ranks in a node (NCCL multi-rail); false: each rank's own NIC")
     finetune: FineTuneRules = Field(description="the fine-tuning methods it offers and how it holds a frozen base")
+    ddp_gradient_buckets: bool = Field(
+        False, description="over data-parallel ranks without sharding (ZeRO 0) it runs torch's DDP, whose reducer "
+                           "keeps a bucket copy of every gradient from its construction on (gradient_as_bucket_view "
+                           "False, the default)")
     grads_allocated_in_backward: bool = Field(
         False, description="its loop sets the gradients to None after each step (zero_grad(set_to_none=True)), so a "
                            "step of one micro-batch allocates each gradient in backward as the activations are freed; "
@@ -676,6 +680,8 @@ class StackFile(Frozen):
             documented.add("zero_reduce_bucket_elements")
         if self.grads_allocated_in_backward:
             documented.add("grads_allocated_in_backward")
+        if self.ddp_gradient_buckets:
+            documented.add("ddp_gradient_buckets")
         require_sources(documented, self.sources)
         if ("selective" in self.recompute) != (self.selective is not None):
             raise ValueError("selective must be set exactly when recompute offers selective")

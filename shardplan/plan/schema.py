@@ -229,6 +229,7 @@ class TrainingWorkloadSection(_Section):
                                                                           "elements (DeepSpeed reduce_bucket_size)")
     grads_allocated_in_backward: bool = Field(False, description="the gradients are allocated in backward as the "
                                                                  "activations are freed")
+    ddp_gradient_buckets: bool = Field(False, description="DDP's reducer keeps a bucket copy of every gradient")
     elementwise_fused: bool = Field(True, description="norms, RoPE and SwiGLU run as fused kernels")
     attention_kernels: list[Literal["fa2", "fa3", "cudnn"]] = Field(
         default_factory=list, description="the stack's attention kernels in order of preference; empty: the profile's")
