@@ -45,6 +45,21 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     return run
 
 
+def gloo_ranks(fn: Any, world: int = 2) -> list[Any]:
+    """Run `fn(rank, world, port, out)` in `world` spawned processes (gloo over a free local port):
+    what each put on `out`. `fn` must be a module-level function of the test module."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(fn, args=(world, port, out), nprocs=world, start_method="spawn")
+    return [out.get() for _ in range(world)]
+
+
 def validation_file(name: str) -> Path:
     path = VALIDATION / name
     if not path.is_file():

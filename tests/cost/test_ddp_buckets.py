@@ -55,17 +55,9 @@ def _rank(rank: int, world: int, port: int, out) -> None:  # type: ignore[no-unt
 
 @pytest.mark.dist
 def test_ddp_keeps_a_bucket_copy_of_every_gradient():
-    import socket
+    from conftest import gloo_ranks
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.SimpleQueue()
-    mp.start_processes(_rank, args=(2, port, out), nprocs=2, start_method="spawn")
-    params, built, grads, after = out.get()
+    params, built, grads, after = gloo_ranks(_rank)[0]
     assert built == pytest.approx(params, rel=1e-3)  # DDP() allocated buckets the size of the parameters
     assert after - built == pytest.approx(grads, rel=0.01)  # the gradients apart from them
 

@@ -98,16 +98,8 @@ def _loss_parallel_rank(rank: int, world: int, port: int, out) -> None:  # type:
 
 @pytest.mark.dist
 def test_loss_parallel_bytes_per_local_logit_at_two_ranks():
-    import socket
+    from conftest import gloo_ranks
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.SimpleQueue()
-    mp.start_processes(_loss_parallel_rank, args=(2, port, out), nprocs=2, start_method="spawn")
-    measured = [out.get() for _ in range(2)]
+    measured = gloo_ranks(_loss_parallel_rank)
     for m in measured:
         assert stack_rules("torchtitan").loss_parallel_bytes_per_logit == pytest.approx(m, abs=0.25), measured
