@@ -509,6 +509,12 @@ def training_assumptions(hw: HardwareProfile, wl: TrainingWorkload, spec: ModelS
         where = " and ".join(n for n, on in zip(("the attention probabilities", "the residual branches"), kinds) if on)
         lines.append(who + f"dropout: on {where or 'nothing the config sets'} (1-byte masks kept for backward, with "
                            "their elementwise passes)")
+    if wl.grads_allocated_in_backward:
+        lines.append(who + "gradients: set to None after each step, so with one micro-batch a step backward allocates "
+                           "them as it frees the activations (the peak holds the two together only beyond that)")
+    if wl.zero_reduce_bucket_elements:
+        lines.append(who + f"ZeRO 1-3 keep a contiguous gradient bucket of {wl.zero_reduce_bucket_elements:,} elements "
+                           "on every rank (reduce_bucket_size; twice at stages 1-2 with overlap_comm)")
     if wl.matmul_dtype is DType.FP8:
         lines.append(who + f"linear GEMMs in fp8 at {hw.matmul_fp8_efficiency:.0%} of the fp8 peak, with their inputs cast "
                            "(attention and the output layer in 16 bits)")
