@@ -453,13 +453,13 @@ def stage_states_and_gradients(spec: ModelSpec, hw: HardwareProfile, layout: Lay
     return states.weights + states.optimizer + states.temporary, states.gradients
 
 
-def total_lower_bound(activations_bound: float, states: tuple[float, float], wl: TrainingWorkload, layout: Layout,
+def total_lower_bound(activations_bound: float, states: tuple[float, float], wl: TrainingWorkload,
                       num_microbatches: int) -> float:
     """A lower bound on a rank's total from `activation_bytes_lower_bound` and
     `stage_states_and_gradients`: their sum, less what backward frees before the gradients exist
     where they follow the activations (never more than the smaller of the two)."""
     rest, gradients = states
-    overlap = min(gradients, activations_bound) if gradients_follow_activations(wl, layout, num_microbatches) else 0.0
+    overlap = min(gradients, activations_bound) if gradients_follow_activations(wl, num_microbatches) else 0.0
     return activations_bound + rest + gradients - overlap
 
 
@@ -641,12 +641,12 @@ def _stage_state_parts(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c:
         gradients += FP32_BYTES * numel
     buckets = zero_reduce_bucket_bytes(layout, wl)
     if buckets:
-        detail["temporary.zero_reduce_buckets"] = buckets
+        detail[ZERO_REDUCE_BUCKETS] = buckets
         temporary += buckets
     if wl.ddp_gradient_buckets and layout.zero_stage == 0 and layout.dp > 1 and gradients:
         # torch's DDP reducer: flat buckets covering every gradient, kept from its construction on
         # (reducer.cpp initialize_buckets), the gradients apart from them (gradient_as_bucket_view False)
-        detail["temporary.ddp_gradient_buckets"] = gradients
+        detail[DDP_GRADIENT_BUCKETS] = gradients
         temporary += gradients
     if wl.amp_fp32_master and wl.trains_base:
         # autocast's bf16 copy of each weight, cached for the forward and saved for backward
@@ -655,6 +655,10 @@ def _stage_state_parts(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, c:
         temporary += copies
     return ModelStates(dense.weights + expert.weights, gradients, dense.optimizer + expert.optimizer, temporary,
                        dense.host + expert.host, dense.nvme + expert.nvme), detail
+
+
+ZERO_REDUCE_BUCKETS = "temporary.zero_reduce_buckets"  # DeepSpeed's contiguous gradient bucket(s)
+DDP_GRADIENT_BUCKETS = "temporary.ddp_gradient_buckets"  # torch DDP's reducer buckets
 
 
 def zero_reduce_bucket_bytes(layout: Layout, wl: TrainingWorkload) -> float:
@@ -695,18 +699,19 @@ def _stage_memory(
     """One stage's rank in `training_memory` (its named detail only `with_detail`: the figures
     are the same either way, so a verdict and the full model cannot disagree)."""
     L = layout
+    input_copies = wl.amp_fp32_master and wl.trains_base and L.zero_stage == 0
     act, act_detail, largest, largest_what, layers = _stage_activations(
         spec, wl, L.tp, L.cp, L.expert_tp, L.sequence_parallel, L.recompute, L.micro_batch_size, L.pp,
         L.virtual_stages, L.pp_schedule, L.pp_embedding_as_layer, L.pp_loss_as_layer, L.pp_first_stage_layers,
-        L.pp_last_stage_layers, c.num_micro, stage, wl.amp_fp32_master and wl.trains_base and L.zero_stage == 0)
+        L.pp_last_stage_layers, c.num_micro, stage, input_copies)
     stage_layers = list(layers)
     states, states_detail = _stage_state_parts(spec, layout, wl, c, stage, stage_layers)
     credit = 0.0
-    if gradients_follow_activations(wl, layout, c.num_micro):
+    if gradients_follow_activations(wl, c.num_micro):
         # Backward frees each layer's activations as it allocates that layer's gradients (none are
         # left from the step before): the rank holds all its activations at the start of backward
         # and all its gradients at the end, beside the first layer's working set, never both whole.
-        end = _end_of_backward_activations(spec, layout, wl, stage, act_detail, len(stage_layers))
+        end = _end_of_backward_activations(spec, layout, wl, stage, act_detail, len(stage_layers), input_copies)
         credit = min(states.gradients, max(0.0, act - end))
         act -= credit
     # Sharded gradients are reduce-scattered on a stream of their own (FSDP1 _post_backward_stream,
@@ -754,7 +759,7 @@ def _stage_memory(
 
 
 # Temporaries that outlive the backward (gradient buckets), unlike gathered layers and autocast's copies.
-PERSISTENT_TEMPORARIES = ("temporary.zero_reduce_buckets", "temporary.ddp_gradient_buckets")
+PERSISTENT_TEMPORARIES = (ZERO_REDUCE_BUCKETS, DDP_GRADIENT_BUCKETS)
 
 
 # Activations the backward frees before the gradients that take their place exist (counted once, under
@@ -763,7 +768,7 @@ PERSISTENT_TEMPORARIES = ("temporary.zero_reduce_buckets", "temporary.ddp_gradie
 FREED_BEFORE_GRADIENTS = "activations.freed_before_their_gradients"
 
 
-def gradients_follow_activations(wl: TrainingWorkload, layout: Layout, num_microbatches: int) -> bool:
+def gradients_follow_activations(wl: TrainingWorkload, num_microbatches: int) -> bool:
     """A step of one micro-batch under a stack that sets the gradients to None after each step
     (`grads_allocated_in_backward`): backward allocates them as it frees the activations. With
     gradient accumulation or a pipeline they persist from the first micro-batch on. (DDP's buckets
@@ -772,16 +777,25 @@ def gradients_follow_activations(wl: TrainingWorkload, layout: Layout, num_micro
 
 
 def _end_of_backward_activations(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, stage: int,
-                                 act_detail: tuple[tuple[str, float], ...], num_layers: int) -> float:
+                                 act_detail: tuple[tuple[str, float], ...], num_layers: int,
+                                 input_copies: bool) -> float:
     """What a stage still holds of its activations when its first layer's backward runs: that layer's
     saved tensors and, under full recomputation, the whole set its re-run forward keeps."""
     per_layer = dict(act_detail)["activations.layers"] / max(1, num_layers)
     if layout.recompute is not Recompute.FULL:
         return per_layer
-    whole = dataclasses.replace(layout, recompute=Recompute.NONE)
     kinds = chunk_layer_kinds(spec, layout_stage_ranges(spec.num_layers, layout)[stage])
-    return per_layer + max(activation_bytes_per_layer(spec, whole, wl, moe, layout.micro_batch_size, linear)
-                           for (moe, linear) in kinds)
+    return per_layer + _whole_layer_bytes(spec, layout, wl, kinds, input_copies)
+
+
+def _whole_layer_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, kinds, input_copies: bool) -> float:  # type: ignore[no-untyped-def]
+    """Everything the largest layer kind of a stage saves without recomputation, with the layout's
+    parallelism: what full recomputation re-runs one layer at a time (Chen et al. 2016, Sec. 3)."""
+    whole = dataclasses.replace(layout, recompute=Recompute.NONE)
+    b = layout.micro_batch_size
+    return max(activation_bytes_per_layer(spec, whole, wl, moe, b, linear)
+               + (autocast_input_copies_per_layer(spec, wl, layout.cp, b, moe, linear) if input_copies else 0.0)
+               for (moe, linear) in kinds)
 
 
 def autocast_input_copies_per_layer(spec: ModelSpec, wl: TrainingWorkload, cp: int, micro_batch_size: int,
@@ -842,10 +856,7 @@ def _stage_activations(
         # checkpoints (Chen et al. 2016, Sec. 3: the peak is the checkpoints plus one segment's
         # activations; Korthikanti et al. 2022, Sec. 4.3). The largest layer kind of the stage
         # bounds it, with the layout's parallelism, without recomputation.
-        whole = dataclasses.replace(layout, recompute=Recompute.NONE)
-        working = max(activation_bytes_per_layer(spec, whole, wl, moe, b, linear)
-                      + (autocast_input_copies_per_layer(spec, wl, cp, b, moe, linear) if input_copies else 0.0)
-                      for (moe, linear) in kinds)
+        working = _whole_layer_bytes(spec, layout, wl, kinds, input_copies)
     inflight_micro = inflight / len(layers)
     if stage == 0 and dropout_kinds(spec, wl)[1]:
         emb = DROPOUT_MASK_BYTES * s_local * b * spec.hidden_size * rep * math.ceil(inflight_micro)

@@ -408,8 +408,7 @@ def _expand(
         v_key = shape.virtual_stages
         if v_key not in least_states:
             least_states[v_key] = [stage_states_and_gradients(spec, hw, with_variant(shape, v), wl) for v in plain]
-        plain_fits = min((total_lower_bound(act, st, wl, with_variant(shape, v), m)
-                          for st, v in zip(least_states[v_key], plain)), default=math.inf) <= cap
+        plain_fits = min((total_lower_bound(act, st, wl, m) for st in least_states[v_key]), default=math.inf) <= cap
         count = variants
         if not plain_fits:
             res.rejected["model states + activations exceed GPU memory"] += len(plain)
@@ -437,7 +436,7 @@ def _cost_variants(
     for v in variants:
         layout = with_variant(shape, v)
         res.num_evaluated += 1
-        if total_lower_bound(act, stage_states_and_gradients(spec, hw, layout, wl), wl, layout, m) > cap:
+        if total_lower_bound(act, stage_states_and_gradients(spec, hw, layout, wl), wl, m) > cap:
             res.rejected["model states + activations exceed GPU memory"] += 1
             continue
         res.num_costed += 1

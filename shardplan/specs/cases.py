@@ -118,7 +118,7 @@ class TrainingCase(_Case):
     pp_loss_as_layer: bool = False
     master_dtype: Literal["fp32", "bf16"] = "fp32"
     moment_dtype: Literal["fp32", "bf16"] = "fp32"
-    reduce_bucket_size: int | Literal["auto"] | None = Field(
+    reduce_bucket_size: Annotated[int, Field(ge=1, le=10**11)] | Literal["auto"] | None = Field(
         None, description="DeepSpeed's zero_optimization.reduce_bucket_size (elements, or auto); null: the stack's")
     overlap_comm: bool = Field(True, description="data-parallel reductions overlap the backward (DeepSpeed overlap_comm)")
     measured: TrainingMeasured

@@ -134,7 +134,7 @@ def test_memory_bound_never_exceeds_the_full_model_when_gradients_follow_activat
                 layout = with_variant(shape, v)
                 tm = training_memory(spec, hw, layout, wl)
                 worst = max(r.breakdown.total for r in tm.ranks)
-                bound = total_lower_bound(act, stage_states_and_gradients(spec, hw, layout, wl), wl, layout, m)
+                bound = total_lower_bound(act, stage_states_and_gradients(spec, hw, layout, wl), wl, m)
                 assert bound <= worst * (1 + 1e-9)
                 credited += any(FREED_BEFORE_GRADIENTS in r.detail for r in tm.ranks)
                 checked += 1
