@@ -45,10 +45,16 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     return run
 
 
+GLOO_RANKS_TIMEOUT_SECONDS = 180
+
+
 def gloo_ranks(fn: Any, world: int = 2) -> list[Any]:
     """Run `fn(rank, world, port, out)` in `world` spawned processes (gloo over a free local port):
-    what each put on `out`. `fn` must be a module-level function of the test module."""
+    what each put on `out`. `fn` must be a module-level function of the test module. A rank that
+    has not ended within GLOO_RANKS_TIMEOUT_SECONDS fails the test (its processes are ended), so a
+    stuck rank never holds the suite."""
     import socket
+    import time
 
     import torch.multiprocessing as mp
 
@@ -56,7 +62,13 @@ def gloo_ranks(fn: Any, world: int = 2) -> list[Any]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(fn, args=(world, port, out), nprocs=world, start_method="spawn")
+    ranks = mp.start_processes(fn, args=(world, port, out), nprocs=world, start_method="spawn", join=False)
+    deadline = time.monotonic() + GLOO_RANKS_TIMEOUT_SECONDS
+    while not ranks.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ranks.processes:
+                p.kill()
+            pytest.fail(f"gloo ranks still running after {GLOO_RANKS_TIMEOUT_SECONDS} s")
     return [out.get() for _ in range(world)]
 
 

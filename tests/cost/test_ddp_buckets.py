@@ -49,6 +49,8 @@ def _rank(rank: int, world: int, port: int, out) -> None:  # type: ignore[no-unt
             grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
             after = tracker.live_total - params
         out.put((params, built, grads, after))
+        del ddp  # the reducer before its process group, and both ranks done before either tears down
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
