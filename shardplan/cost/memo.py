@@ -5,7 +5,7 @@ The search takes shortcuts that change how much work it does, never what it find
     each layer kind at one representative layer (`compute.kinds_forward`); a replica's memory
     and time are costed once across the GPU counts of `--max-gpus` (`search/serving.py`);
   - training: a per-stage memory verdict before the full memory model
-    (`memory_training.exceeds_gpu_memory`).
+    (`memory_training.training_memory_unless_over_gpu`).
 `reference_path()` turns them all off, so that a test can run the search both ways in one
 process and compare the rankings (tests/search/test_search_memo.py). Pure caches of pure
 functions (`lru_cache`) stay on either way: they cannot change a result; `hash_once` below

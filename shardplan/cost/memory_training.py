@@ -694,10 +694,8 @@ def optimizer_step_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, 
 
 def _stage_memory(
     spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, c: _Common, stage: int,
-    with_detail: bool,
 ) -> RankMemory:
-    """One stage's rank in `training_memory` (its named detail only `with_detail`: the figures
-    are the same either way, so a verdict and the full model cannot disagree)."""
+    """One stage's rank in `training_memory`, with its named detail."""
     L = layout
     input_copies = wl.amp_fp32_master and wl.trains_base and L.zero_stage == 0
     act, act_detail, largest, largest_what, layers = _stage_activations(
@@ -737,13 +735,11 @@ def _stage_memory(
         temporary=states.temporary,
         overhead=c.overhead,
     )
-    detail: dict[str, float] = {}
-    if with_detail:
-        detail.update(act_detail)
-        if credit:
-            detail[FREED_BEFORE_GRADIENTS] = credit
-        detail.update(states_detail)
-        detail.update({f"overhead.{k}": v for k, v in c.overhead_detail.items()})
+    detail = dict(act_detail)
+    if credit:
+        detail[FREED_BEFORE_GRADIENTS] = credit
+    detail.update(states_detail)
+    detail.update({f"overhead.{k}": v for k, v in c.overhead_detail.items()})
     return RankMemory(
         stage=stage,
         layers=(layers[0], layers[-1]),
@@ -913,29 +909,8 @@ def pipeline_held_outputs_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWor
 
 def exceeds_gpu_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload) -> bool:
     """True when `training_memory` would reject the layout for GPU memory alone (no host RAM or
-    NVMe reason beside it), decided with the same figures stage by stage, stopping at the first
-    stage over the capacity: stage 0 (the most activations in flight) and the last (the loss
-    head) first. False: it may fit, or may also exceed the host (the full model then decides).
-    With LoRA/QLoRA only layouts that offload nothing are decided here (their host bytes are
-    zero); paged optimizer states always go to the full model."""
-    offloads = (layout.offload_optimizer is not Offload.NONE or layout.offload_params is not Offload.NONE
-                or (wl.framework is Framework.DEEPSPEED and layout.pp == 1 and layout.tp == 1))
-    if (offloads and not wl.trains_base) or (wl.paged_optimizer and not wl.trains_base):
-        return False
-    c = _common(hw, layout, wl)
-    cap = hw.memory_capacity_bytes
-    last = layout.pp - 1
-    for stage in (0, *((last,) if last else ()), *range(1, last)):
-        r = _stage_memory(spec, hw, layout, wl, c, stage, with_detail=False)
-        total = r.breakdown.total
-        if total > cap or total + r.largest_allocation_bytes > cap:
-            break
-    else:
-        return False  # fits on the GPUs
-    if offloads:
-        return not _may_exceed_host(spec, hw, layout, wl, c)
-    # nothing offloaded: zero bytes, over a capacity only if that is negative
-    return min(hw.host_memory_bytes_per_node, hw.nvme_capacity_bytes_per_node) >= 0
+    NVMe reason beside it): `training_memory_unless_over_gpu` returns None."""
+    return training_memory_unless_over_gpu(spec, hw, layout, wl) is None
 
 
 # Relative slack for the float rounding of the per-node mean over at most a few hundred stages.
@@ -979,13 +954,48 @@ def _largest_stage_numels(
 
 
 def training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload) -> TrainingMemory:
+    tm = _training_memory(spec, hw, layout, wl, verdict=False)
+    assert tm is not None  # without the verdict every stage is costed
+    return tm
+
+
+def training_memory_unless_over_gpu(spec: ModelSpec, hw: HardwareProfile, layout: Layout,
+                                    wl: TrainingWorkload) -> TrainingMemory | None:
+    """`training_memory`, or None where it would reject the layout for GPU memory alone (no host
+    RAM or NVMe reason beside it), decided with the same figures stage by stage and stopping at
+    the first stage over the capacity: stage 0 (the most activations in flight) and the last (the
+    loss head) first. A layout that fits is costed once (the search's verdict, issue 25). With
+    LoRA/QLoRA only layouts that offload nothing are decided early (their host bytes are zero);
+    paged optimizer states always take the full model."""
+    return _training_memory(spec, hw, layout, wl, verdict=True)
+
+
+def _training_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload,
+                     verdict: bool) -> TrainingMemory | None:
+    offloads = (layout.offload_optimizer is not Offload.NONE or layout.offload_params is not Offload.NONE
+                or (wl.framework is Framework.DEEPSPEED and layout.pp == 1 and layout.tp == 1))
+    if (offloads and not wl.trains_base) or (wl.paged_optimizer and not wl.trains_base):
+        verdict = False
     c = _common(hw, layout, wl)
     num_micro = c.num_micro
-    ranks: list[RankMemory] = []
+    cap = hw.memory_capacity_bytes
+    last = layout.pp - 1
+    order = (0, *((last,) if last else ()), *range(1, last)) if verdict else range(layout.pp)
+    by_stage: dict[int, RankMemory] = {}
+    for stage in order:
+        rank = _stage_memory(spec, hw, layout, wl, c, stage)
+        by_stage[stage] = rank
+        total = rank.breakdown.total
+        if verdict and (total > cap or total + rank.largest_allocation_bytes > cap):
+            if offloads:
+                if not _may_exceed_host(spec, hw, layout, wl, c):
+                    return None
+            elif min(hw.host_memory_bytes_per_node, hw.nvme_capacity_bytes_per_node) >= 0:
+                return None  # nothing offloaded: zero bytes, over a capacity only if that is negative
+            verdict = False  # the host may be over too: the full model names every reason
+    ranks = [by_stage[stage] for stage in range(layout.pp)]
     reasons: list[str] = []
-    for stage in range(layout.pp):
-        rank = _stage_memory(spec, hw, layout, wl, c, stage, with_detail=True)
-        ranks.append(rank)
+    for stage, rank in enumerate(ranks):
         breakdown, largest, largest_what = rank.breakdown, rank.largest_allocation_bytes, rank.largest_allocation
         if breakdown.total > hw.memory_capacity_bytes:
             reasons.append(

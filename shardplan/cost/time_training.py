@@ -56,7 +56,7 @@ from shardplan.cost.compute import (
 )
 from shardplan.cost.finetune import adapter_params, base_format_bytes, is_nf4_base_weight, targeted_modules
 from shardplan.cost.params import layer_kind, layer_weights
-from shardplan.cost.layout import Layout, Offload, Recompute, layout_stage_ranges
+from shardplan.cost.layout import Layout, Offload, Recompute, layout_stage_ranges, stage_layer_ranges
 from shardplan.cost.memory_training import (
     FP32_BYTES,
     StateBytes,
@@ -325,32 +325,47 @@ def step_seconds_lower_bound(
 def _pipeline(
     spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, groups: Groups, m: int
 ) -> tuple[list[StageTime], StageTime, float, float]:
-    """Every stage's time, the slowest, the bubble and the p2p seconds of a step."""
-    v = layout.virtual_stages
+    """Every stage's time, the slowest, the bubble and the p2p seconds of a step. dp, ZeRO and
+    offload do not enter: the search's bound on a shape (`pipeline_seconds`) and the step of each
+    of its state variants (`training_time`) share one computation."""
+    stages, slowest, bubble, p2p = _pipeline_of(
+        spec, hw, wl, _compute_shape(layout), layout.pp, layout.virtual_stages, layout.pp_embedding_as_layer,
+        layout.pp_loss_as_layer, layout.pp_first_stage_layers, layout.pp_last_stage_layers,
+        groups.tp, groups.cp, groups.ep, groups.pp, m)
+    return list(stages), slowest, bubble, p2p
+
+
+@lru_cache(maxsize=16384)
+def _pipeline_of(
+    spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, shape: Layout, pp: int, v: int, embedding_as_layer: bool,
+    loss_as_layer: bool, first_stage_layers: int | None, last_stage_layers: int | None, tp: Group, cp: Group, ep: Group,
+    pp_group: Group, m: int,
+) -> tuple[tuple[StageTime, ...], StageTime, float, float]:
+    """`_pipeline` on the fields it reads (`shape`: `_compute_shape`)."""
     # Stages of the same make-up (their layers' kinds, first or last or neither) take the same
     # time: their cached computation (`_cached_stage_time`) is looked up once per make-up, not per stage.
-    ranges = layout_stage_ranges(spec.num_layers, layout)
-    shape = _compute_shape(layout)
+    ranges = stage_layer_ranges(spec.num_layers, pp, v, embedding_as_layer, loss_as_layer, first_stage_layers,
+                                last_stage_layers)
     made: dict[tuple[Any, ...], StageTime] = {}
     stages = []
-    last = layout.pp - 1
-    for s in range(layout.pp):
+    last = pp - 1
+    for s in range(pp):
         key = (_canonical_layers(spec, ranges[s]), s == 0, s == last)
         st = made.get(key)
         if st is None:
-            st = made[key] = _cached_stage_time(spec, hw, shape, wl, groups.tp, groups.cp, groups.ep, *key)
+            st = made[key] = _cached_stage_time(spec, hw, shape, wl, tp, cp, ep, *key)
         stages.append(StageTime(s, st.forward, st.backward, st.tp_seconds, st.ep_seconds, st.cp_seconds, st.num_layers))
     slowest = max(stages, key=lambda st: st.per_microbatch_seconds)
-    bubble = (layout.pp - 1) / v * slowest.per_microbatch_seconds
+    bubble = (pp - 1) / v * slowest.per_microbatch_seconds
     p2p = 0.0
-    if layout.pp > 1:
+    if pp > 1:
         a = bytes_per_element(wl.activation_dtype)
-        act = layout.micro_batch_size * wl.seq_len / layout.cp * spec.hidden_size * a / layout.tp
-        p2p = 2 * m * v * collective_seconds(Collective.P2P, act, groups.pp, hw)
+        act = shape.micro_batch_size * wl.seq_len / shape.cp * spec.hidden_size * a / shape.tp
+        p2p = 2 * m * v * collective_seconds(Collective.P2P, act, pp_group, hw)
         if wl.pp_p2p_overlap and v > 1:  # batched sends beside the next chunk's compute
             busy = m * (slowest.forward.seconds + slowest.backward.seconds)
             p2p = overlapped(busy, p2p, hw) - busy
-    return stages, slowest, bubble, p2p
+    return tuple(stages), slowest, bubble, p2p
 
 
 def pipeline_seconds(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload, num_microbatches: int) -> float:

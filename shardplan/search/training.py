@@ -37,8 +37,8 @@ from shardplan.cost.memory_training import (
     activation_bytes_lower_bound,
     stage_states_and_gradients,
     total_lower_bound,
-    exceeds_gpu_memory,
     training_memory,
+    training_memory_unless_over_gpu,
 )
 from shardplan.cost.time_training import (
     shape_layers_seconds,
@@ -440,11 +440,12 @@ def _cost_variants(
             res.rejected["model states + activations exceed GPU memory"] += 1
             continue
         res.num_costed += 1
-        if verdict and exceeds_gpu_memory(spec, hw, layout, wl):
-            # The full model's own stage figures, stage by stage: most layouts here end this way.
+        # The full model stops at the first stage over the GPU (stage 0 and the last first): most
+        # layouts here end this way.
+        tm = training_memory_unless_over_gpu(spec, hw, layout, wl) if verdict else training_memory(spec, hw, layout, wl)
+        if tm is None:
             res.rejected["does not fit in GPU memory"] += 1
             continue
-        tm = training_memory(spec, hw, layout, wl)
         if not tm.fits:
             res.rejected[memory_reason(tm.reason)] += 1
             continue

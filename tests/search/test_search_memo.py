@@ -72,7 +72,14 @@ def _both(monkeypatch, case, *, num_gpus=None, max_gpus=None) -> tuple[SearchRes
 
     counted(time_serving, "_stage_pass")
     counted(serving_search, "serving_memory")
-    counted(training_search, "training_memory")
+    counted(memory_training, "_stage_memory")
+    early = training_search.training_memory_unless_over_gpu
+
+    def counted_early(*a, **k):
+        tm = early(*a, **k)
+        calls[path[0]]["stopped_over_gpu"] += tm is None
+        return tm
+    monkeypatch.setattr(training_search, "training_memory_unless_over_gpu", counted_early)
     fast = search(spec, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus)
     path[0] = "reference"
     with memo.reference_path():
@@ -118,9 +125,10 @@ def test_serving_over_gpu_counts_is_unchanged(monkeypatch):
     assert fast_calls["serving_memory"] < ref_calls["serving_memory"] / 2  # replicas costed once across counts
 
 
-# `verdict`: the per-stage verdict (exceeds_gpu_memory) decides some layouts before the full
-# model; where the model states' exact prune already rejects every layout that cannot fit
-# (Mixtral here) the two paths cost the same layouts in full.
+# `verdict`: the search's memory model stops at the first stage over the GPU
+# (training_memory_unless_over_gpu) on some layouts, so it costs no more stages than the reference
+# path, which costs every stage of every layout; where the model states' exact prune already rejects
+# every layout that cannot fit (Mixtral here) it never stops early.
 @pytest.mark.parametrize("model,hw_name,gpus,seq,gbs,stack,verdict", [
     ("llama-3.1-8b", "h100-sxm-80gb", 16, 4096, 64, DEFAULT_STACK, True),
     ("mixtral-8x7b", "h100-sxm-80gb", 32, 4096, 256, DEFAULT_STACK, False),  # MoE: expert parallelism
@@ -132,10 +140,13 @@ def test_training_is_unchanged(monkeypatch, model, hw_name, gpus, seq, gbs, stac
         monkeypatch, _training(model, hw_name, seq_len=seq, gbs=gbs, stack=stack), num_gpus=gpus)
     _same(fast, reference)
     assert fast.feasible == reference.feasible
+    assert 0 < fast_calls["_stage_memory"] <= ref_calls["_stage_memory"]
+    assert ref_calls["stopped_over_gpu"] == 0  # the reference path costs every layout in full
     if verdict:
-        assert fast_calls["training_memory"] < ref_calls["training_memory"]  # the per-stage verdict decided some
+        assert fast_calls["stopped_over_gpu"] > 0
     else:
-        assert fast_calls["training_memory"] == ref_calls["training_memory"]
+        assert fast_calls["stopped_over_gpu"] == 0
+        assert fast_calls["_stage_memory"] == ref_calls["_stage_memory"]
 
 
 def test_the_reference_switch_restores_itself_after_an_error():
@@ -160,7 +171,8 @@ def test_pass_time_field_sums_cover_every_field():
 
 
 def test_training_memory_verdict_agrees_with_the_full_model():
-    """`exceeds_gpu_memory` says True only where `training_memory` rejects for GPU memory alone."""
+    """`training_memory_unless_over_gpu` is None only where `training_memory` rejects for GPU memory
+    alone, and is `training_memory` itself everywhere else."""
     from shardplan.search.space import memory_reason, topology
     from shardplan.search.training import degree_candidates, shape_candidates, state_variants, with_variant
 
@@ -173,9 +185,13 @@ def test_training_memory_verdict_agrees_with_the_full_model():
             plain, offloaded = state_variants(shape, hwc, space)
             for v in plain + offloaded:
                 layout = with_variant(shape, v)
-                verdict = memory_training.exceeds_gpu_memory(spec, hwc, layout, wl)
+                early = memory_training.training_memory_unless_over_gpu(spec, hwc, layout, wl)
+                verdict = early is None
+                assert memory_training.exceeds_gpu_memory(spec, hwc, layout, wl) is verdict
                 tm = memory_training.training_memory(spec, hwc, layout, wl)
                 if verdict:
                     assert not tm.fits and memory_reason(tm.reason) == "does not fit in GPU memory"
+                else:
+                    assert early == tm
                 seen[(verdict, tm.fits)] += 1
     assert seen[(True, False)] > 0 and seen[(False, True)] > 0
