@@ -1,5 +1,5 @@
 """Per-case errors of the continuous-batching model against the published serving runs in
-tests/data/serving_load (issue 23): median TTFT, median TPOT and output throughput, predicted over
+shardplan/validation/corpus/serving_load (issue 23): median TTFT, median TPOT and output throughput, predicted over
 measured, for every run the model can be asked about. Run from the repository root:
 
     python benchmarks/serving_load_errors.py            # the Markdown table for BENCHMARKS.md
@@ -11,6 +11,7 @@ published row to shardplan's inputs is the golden test's (tests/golden/serving_l
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -21,17 +22,15 @@ import serving_load_cases as S  # noqa: E402
 
 
 def main() -> None:
-    rows, skipped = [], []
+    rows = []
+    skipped = [(s.id, s.reason) for s in S.skipped()]
     for c in S.cases():
-        if c.why_not_modelled:
-            skipped.append((c.id, c.why_not_modelled))
-            continue
         try:
             r = S.predict(c)
         except S.NotModelled as e:
             skipped.append((c.id, str(e)))
             continue
-        m = c.row["measured"]
+        m = c.measured
         e = S.errors(c, r)
         load = "rate inf" if c.max_concurrency is None else f"c={c.max_concurrency}"
         rows.append((c, m, r, e, load))
@@ -39,8 +38,8 @@ def main() -> None:
     print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
     for c, m, r, e, load in rows:
         print(f"| {c.id} | {c.engine} {c.engine_version} | {c.tp}x {c.hardware} | {load} | "
-              f"{r.ttft_seconds.p50 * 1e3:,.1f} / {m['median_ttft_ms']:,.1f} | {r.tpot_seconds.p50 * 1e3:,.1f} / "
-              f"{m['median_tpot_ms']:,.1f} | {r.output_tokens_per_second:,.0f} / {m['output_tokens_per_second']:,.0f} | "
+              f"{r.ttft_seconds.p50 * 1e3:,.1f} / {m.median_ttft_ms:,.1f} | {r.tpot_seconds.p50 * 1e3:,.1f} / "
+              f"{m.median_tpot_ms or math.nan:,.1f} | {r.output_tokens_per_second:,.0f} / {m.output_tokens_per_second:,.0f} | "
               f"{e['median_ttft']:+.0%} | {e['median_tpot']:+.0%} | {e['output_throughput']:+.0%} |")
     print()
     for label, keep in (("at most 16 in flight", lambda c: c.max_concurrency is not None and c.max_concurrency <= 16),

@@ -52,7 +52,7 @@ _QWEN14_DECODE = [("decode", b, c) for c in (400, 4000) for b in (1, 16, 64, 128
 _70B = [("decode", b, c) for c in (400, 4000) for b in (1, 64, 256)] + [("prefill", 8192)]
 _MOE = [("decode", b, c) for c in (400, 4000) for b in (1, 64, 256, 512)] + [("prefill", 8192)]
 CASES = [
-    ("qwen3-14b", "tests/data/serving_load/models/qwen3-14b.json", "tests/data/serving_load/models/qwen3-14b.json",
+    ("qwen3-14b", "shardplan/validation/corpus/serving_load/models/qwen3-14b.json", "shardplan/validation/corpus/serving_load/models/qwen3-14b.json",
      1, None, _QWEN14_DECODE + [("prefill", 2048), ("prefill", 8192)]),
     ("llama-3.1-70b-tp4", "meta-llama/Meta-Llama-3.1-70B", "llama-3.1-70b", 4, None, _70B),
     ("llama-3.1-70b-tp8", "meta-llama/Meta-Llama-3.1-70B", "llama-3.1-70b", 8, None, _70B),

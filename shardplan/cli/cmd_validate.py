@@ -26,7 +26,7 @@ def _stacks() -> list[str]:
 @app.command("validate")
 def validate_cmd(
     engine: Annotated[Optional[str], typer.Option(
-        help="Only the start-up logs of this engine (vllm, sglang, tgi, trtllm).",
+        help="Only the start-up logs and serving benchmark runs of this engine (vllm, sglang, tgi, trtllm).",
         callback=lambda v: choice("--engine", _engines(), "engine")(v))] = None,
     stack: Annotated[Optional[str], typer.Option(
         help="Only the training and fine-tuning runs of this stack (megatron, torchtitan, deepspeed, hf).",
@@ -37,9 +37,10 @@ def validate_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """How close the cost model comes to measured runs. Runs every case shardplan ships (engine
-    start-up logs, training runs per stack, LoRA/QLoRA peaks, each with its source), or your own
-    with --cases, and prints per engine generation or stack and per quantity (KV capacity, peak
-    memory, tokens/s, the start-or-refuse verdict) the number of cases, the mean, median,
+    start-up logs, training runs per stack, LoRA/QLoRA peaks, vLLM and SGLang serving benchmark
+    runs, each with its source), or your own with --cases, and prints per engine generation or
+    stack and per quantity (KV capacity, peak memory, tokens/s, the start-or-refuse verdict; for
+    serving runs, by regime, the median TTFT, median TPOT and output tokens/s) the number of cases, the mean, median,
     90th-percentile and largest |error|, and the worst case with its source. The 90th percentile
     is the band that estimate, recommend and capacity print beside their figures.
     Example: shardplan validate --engine vllm; shardplan validate --cases my-runs.yaml --cases-table"""

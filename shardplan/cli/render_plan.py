@@ -9,6 +9,7 @@ from rich.table import Table
 
 from shardplan import units
 from shardplan.cli.render_common import breakdown_table, console, file_written, fitted_table, fmt_count, fmt_gib, fmt_seconds
+from shardplan.cost.accuracy import band_cases
 from shardplan.cost.report import CostReport, FitAtBandEdge, LoadReport, PredictionBand, TrainingMemoryReport, TrainingTimeReport
 from shardplan.plan.schema import DeploymentManifest, ServingTime
 from shardplan.search.explain import describe
@@ -93,7 +94,7 @@ def estimate_report(r: CostReport) -> None:
             console.print(f"NVMe for offloaded states: {fmt_gib(mem.nvme_offload_bytes_per_node)} per node")
     _time_report(r)
     if r.load is not None:
-        load_table(r.load)
+        load_table(r.load, r.bands)
     if r.fits and r.fit_at_band_edge is not None:
         console.print(_verdict(r.fit_at_band_edge))
     elif r.fits:
@@ -102,8 +103,9 @@ def estimate_report(r: CostReport) -> None:
         console.print(f"[red]does not fit[/red]: {r.reason}")
 
 
-def load_table(ld: LoadReport) -> None:
-    """The plan under traffic: latency percentiles and throughputs (cost/serving_load.py)."""
+def load_table(ld: LoadReport, bands: list[PredictionBand] | None = None) -> None:
+    """The plan under traffic: latency percentiles and throughputs (cost/serving_load.py), and the
+    measured error band of the medians and the output throughput where `bands` has them."""
     offered = (f"{ld.request_rate:g} req/s" if ld.request_rate is not None else "all at once") + (
         f", at most {ld.max_concurrency} in flight" if ld.max_concurrency is not None else "")
     console.print(f"Under traffic: {ld.num_requests:,} requests ({ld.lengths} lengths, mean {ld.mean_input_tokens:,.0f} in / "
@@ -120,6 +122,25 @@ def load_table(ld: LoadReport) -> None:
                   f"{ld.request_throughput_per_second:,.2f} req/s; sustains up to {ld.saturation_request_rate:,.2f} req/s: "
                   f"{state}; peak {ld.peak_running} running, {ld.mean_decode_batch:,.1f} decoding a step, "
                   f"{ld.num_preemptions} preempted per replica")
+    line = load_band_line(bands)
+    if line:
+        console.print(line, markup=False, highlight=False)
+
+
+_LOAD_NAMES = {"ttft_p50": "median TTFT", "tpot_p50": "median TPOT", "output_tokens_per_second": "output tokens/s"}
+
+
+def load_band_line(bands: list[PredictionBand] | None) -> str:
+    """'measured error (shardplan validate): median TTFT ±86.2% (mean -75%), ... over 6 vLLM V1 ...
+    serving benchmark runs below saturation'; '' without load bands."""
+    found = [b for b in bands or [] if b.quantity in _LOAD_NAMES]
+    if not found:
+        return ""
+    if any(b.band_abs_error is None for b in found):
+        return f"measured error: {found[0].note}"
+    parts = [f"{_LOAD_NAMES[b.quantity]} ±{100 * b.band_abs_error:.0f}% (mean {100 * (b.mean_signed_error or 0):+.0f}%)"
+             for b in found]
+    return f"measured error of the model under traffic ({band_cases(found[0])}, `shardplan validate`): {', '.join(parts)}"
 
 
 def _time_report(r: CostReport) -> None:
@@ -221,6 +242,9 @@ def _pick_band(e: RecommendEntry) -> None:
     else:
         verdict = "[green]fits[/green] at the band's edge"
     console.print(f"#1: {figure}{escape(_band(e.bands, edge.quantity))}; {verdict}", soft_wrap=True)
+    line = load_band_line(e.bands)
+    if line:
+        console.print(f"#1: {line}", soft_wrap=True, markup=False, highlight=False)
 
 
 def _pareto_table(points: list[ParetoPoint]) -> Table:

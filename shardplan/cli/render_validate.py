@@ -7,7 +7,8 @@ from shardplan.cli.render_common import console, fitted_table
 from shardplan.tasks.validate import ValidateResult
 
 QUANTITY_NAMES = {"kv_capacity": "KV capacity", "peak_memory": "peak memory", "tokens_per_second": "tokens/s",
-                  "start_verdict": "start/refuse"}
+                  "start_verdict": "start/refuse", "ttft_p50": "median TTFT", "tpot_p50": "median TPOT",
+                  "output_tokens_per_second": "output tokens/s"}
 
 
 def _versions(v: list[str]) -> str:
@@ -33,8 +34,8 @@ def validate_report(r: ValidateResult, *, cases_table: bool) -> None:
         rows.append([g.group, _versions(g.versions), QUANTITY_NAMES[g.quantity], str(g.num_cases), *stats, worst])
     console.print(fitted_table(
         f"shardplan against {r.num_cases} measured cases ({r.corpus}): |predicted / measured - 1|", cols, rows,
-        caption="leans: the mean signed error (above 0: optimistic, the prediction above the measurement); "
-                "--json has each worst case's source"))
+        caption="leans: the mean signed error (above 0: the prediction above the measurement, optimistic for "
+                "capacities and throughputs, pessimistic for latencies); --json has each worst case's source"))
     if cases_table:
         ccols = [("case", "left", 0), ("group", "left", 2), ("quantity", "left", 1), ("measured", "right", 0),
                  ("predicted", "right", 0), ("error", "right", 0)]
@@ -52,4 +53,6 @@ def _fmt(value: float, quantity: str) -> str:
         return f"{value / units.BYTES_PER_GIB:.2f} GiB"
     if quantity == "start_verdict":
         return "started" if value else "refused"
+    if quantity in ("ttft_p50", "tpot_p50"):
+        return f"{value * 1e3:,.1f} ms"
     return f"{value:,.0f}"

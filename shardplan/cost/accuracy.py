@@ -6,7 +6,10 @@ loads and passes in; this module only looks them up and applies them, so cost/ s
 
 Which band a prediction carries:
   serving   KV capacity, the cases of the workload's engine generation ('vLLM V1' for vLLM
-            0.21.0: `knowledge.load.engine_generation`); none without an engine version
+            0.21.0: `knowledge.load.engine_generation`); none without an engine version. Under
+            traffic (the report's `load`), also the median TTFT, the median TPOT and the output
+            tokens/s, from the generation's serving benchmark runs in the same regime: saturated
+            (requests wait in the engine's queue) or below saturation
   training  peak memory and tokens/s per GPU, the cases of the stack ('torchtitan'); with
             LoRA / QLoRA, peak memory from the stack's fine-tuning cases ('hf qlora')
 
@@ -33,8 +36,18 @@ from shardplan.knowledge.schema import BandsFile, ErrorBand
 from shardplan.units import BYTES_PER_GIB
 
 # What one case of each corpus is, in the notes.
-_CASE_WORDS = {"engine_log": "start-up logs", "training": "runs", "finetune": "runs"}
-_QUANTITY_WORDS = {"kv_capacity": "KV capacity", "peak_memory": "peak memory", "tokens_per_second": "tokens/s"}
+_CASE_WORDS = {"engine_log": "start-up logs", "training": "runs", "finetune": "runs", "serving_load": "serving benchmark runs"}
+_QUANTITY_WORDS = {"kv_capacity": "KV capacity", "peak_memory": "peak memory", "tokens_per_second": "tokens/s",
+                   "ttft_p50": "median TTFT", "tpot_p50": "median TPOT", "output_tokens_per_second": "output tokens/s"}
+# The figures under traffic that carry a band, and the regimes their cases are grouped by
+# (validation/predict.py decides a case's regime as an estimate decides its own: cost.traffic.is_saturated).
+LOAD_QUANTITIES = ("ttft_p50", "tpot_p50", "output_tokens_per_second")
+SATURATED, BELOW_SATURATION = "saturated", "below saturation"
+
+
+def load_group(engine_generation: str, saturated: bool) -> str:
+    """'vLLM V1, saturated': the group of a serving benchmark run, or of an estimate under traffic."""
+    return f"{engine_generation}, {SATURATED if saturated else BELOW_SATURATION}"
 
 
 def _pct(fraction: float) -> str:
@@ -62,7 +75,15 @@ def _cases(kind: str, group: str, versions: list[str], num_cases: int, measured_
     span = "" if not versions else f" {versions[0]}" if len(versions) == 1 else f" {versions[0]}-{versions[-1]}"
     words = _CASE_WORDS[kind] if num_cases != 1 else _CASE_WORDS[kind].removesuffix("s")
     where = "" if measured_on is None else f" measured on this profile ({measured_on})"
+    if kind == "serving_load" and ", " in group:  # 'vLLM V1, saturated': the regime after the runs
+        generation, regime = group.split(", ", 1)
+        return f"{num_cases} {generation}{span} {words} {regime}{where}"
     return f"{num_cases} {group}{span} {words}{where}"
+
+
+def band_cases(band: PredictionBand) -> str:
+    """'p90 of 6 vLLM V1 0.10.2-0.11.0 serving benchmark runs below saturation': what a known band is over."""
+    return f"p{band.percentile} of {_cases(band.kind, band.group, band.versions, band.num_cases, band.measured_on)}"
 
 
 def prediction_band(bands: BandsFile, quantity: str, kind: str, group: str | None,
@@ -86,12 +107,14 @@ def prediction_band(bands: BandsFile, quantity: str, kind: str, group: str | Non
                               percentile=bands.percentile, mean_signed_error=None, num_cases=0, versions=[],
                               note=f"no measured cases for {what}: band unknown")
     versions = list(found.versions)
+    # Under traffic the model leans one way (TTFT low): the mean signed error says which.
+    lean = f"; mean {100 * found.mean_signed_error:+.0f}%" if found.kind == "serving_load" else ""
     return PredictionBand(
         quantity=found.quantity, kind=found.kind, group=found.group, band_abs_error=found.band_abs_error,
         percentile=bands.percentile, mean_signed_error=found.mean_signed_error, num_cases=found.num_cases,
         versions=versions,
         note=f"±{_pct(found.band_abs_error)} (p{bands.percentile} of "
-             f"{_cases(found.kind, found.group, versions, found.num_cases)})")
+             f"{_cases(found.kind, found.group, versions, found.num_cases)}{lean})")
 
 
 def training_group(stack: str | None, finetune: str) -> tuple[str, str | None]:
@@ -113,10 +136,16 @@ def training_bands(bands: BandsFile, stack: str | None, finetune: str,
 
 
 def serving_bands(bands: BandsFile, engine_generation: str | None, engine: str,
-                  own: ProfileBands | None = None) -> list[PredictionBand]:
-    """KV capacity of the engine generation's start-up logs."""
-    return [prediction_band(bands, "kv_capacity", "engine_log", engine_generation,
-                            f"{engine} without a version", own)]
+                  own: ProfileBands | None = None, saturated: bool | None = None) -> list[PredictionBand]:
+    """KV capacity of the engine generation's start-up logs; under traffic (`saturated` given: the
+    load's regime) then the median TTFT, median TPOT and output tokens/s of its serving runs in
+    that regime."""
+    found = [prediction_band(bands, "kv_capacity", "engine_log", engine_generation, f"{engine} without a version", own)]
+    if saturated is not None:
+        group = None if engine_generation is None else load_group(engine_generation, saturated)
+        found += [prediction_band(bands, q, "serving_load", group, f"{engine} without a version", own)
+                  for q in LOAD_QUANTITIES]
+    return found
 
 
 def memory_fits_at_edge(peak_bytes: float, capacity_bytes: float, band_abs_error: float | None) -> bool:
@@ -183,10 +212,12 @@ def with_bands(report: CostReport, bands: BandsFile, *, engine_generation: str |
     if w.kind == "training":
         found = training_bands(bands, w.stack, w.finetune, own)
     else:
-        found = serving_bands(bands, engine_generation, w.engine, own)
+        found = serving_bands(bands, engine_generation, w.engine, own,
+                              saturated=None if report.load is None else report.load.saturated)
     verdict = fit_at_band_edge(report, found[0])
     return report.model_copy(update={"bands": found, "fit_at_band_edge": verdict})
 
 
-__all__ = ["ProfileBands", "fit_at_band_edge", "kv_holds_at_edge", "memory_fits_at_edge", "prediction_band", "serving_bands",
-           "training_bands", "training_group", "with_bands"]
+__all__ = ["BELOW_SATURATION", "LOAD_QUANTITIES", "ProfileBands", "SATURATED", "band_cases", "fit_at_band_edge", "kv_holds_at_edge",
+           "load_group", "memory_fits_at_edge", "prediction_band", "serving_bands", "training_bands", "training_group",
+           "with_bands"]

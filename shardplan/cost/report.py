@@ -11,6 +11,8 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
+from shardplan.knowledge.schema import BandKind, BandQuantity
+
 Pair = Annotated[tuple[int, int], Field(description="[first, last], both inclusive")]
 
 
@@ -325,10 +327,12 @@ class PredictionBand(Frozen):
     """How far the model's prediction of one quantity fell from measurements of the same engine
     generation or stack (`shardplan validate`; `knowledge/bands.yaml`)."""
 
-    quantity: Literal["kv_capacity", "peak_memory", "tokens_per_second"] = Field(
-        description="the predicted quantity: KV capacity (tokens), peak memory (bytes), tokens/s per GPU")
-    kind: Literal["engine_log", "training", "finetune"] = Field(description="the corpus whose cases set the band")
-    group: str = Field(description="the engine generation, the stack, or the stack and fine-tuning method")
+    quantity: BandQuantity = Field(
+        description="the predicted quantity: KV capacity (tokens), peak memory (bytes), tokens/s per GPU; under "
+                    "traffic (`load`) the median TTFT and TPOT and the output tokens/s")
+    kind: BandKind = Field(description="the corpus whose cases set the band")
+    group: str = Field(description="the engine generation (under traffic with the regime: 'vLLM V1, saturated'), "
+                                   "the stack, or the stack and fine-tuning method")
     band_abs_error: float | None = Field(description="the percentile of |predicted / measured - 1| over the group's "
                                                      "cases, fraction; null: no measured case, band unknown")
     percentile: int = Field(description="which percentile band_abs_error is (nearest rank)")

@@ -44,6 +44,17 @@ class LoadFigures:
     tokens_per_decode_step: float = 1.0
 
 
+# Sequence-slot refills the saturation run spans (load_figures).
+SATURATION_GENERATIONS = 4
+
+
+def _mean_tokens(wl: InferenceWorkload, load: ServingLoad) -> float:
+    """A request's mean prompt and output tokens: what it holds in the cache when it ends."""
+    if load.lengths is None:
+        return float(wl.input_len + wl.output_len)
+    return load.lengths.mean_input_tokens + load.lengths.mean_output_tokens
+
+
 def requests_for(wl: InferenceWorkload, load: ServingLoad, num: int) -> tuple[tuple[int, int], ...]:
     """(prompt, output) tokens of `num` requests: drawn from the load's lengths, or the workload's."""
     if load.lengths is None:
@@ -67,14 +78,19 @@ def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infer
     traffic = Traffic(requests=reqs, request_rate_per_second=rate, poisson=load.poisson, max_concurrency=conc,
                       prefix_cache_hit_fraction=load.prefix_cache_hit_fraction, seed=load.seed)
     result = simulate(step, sched, traffic)
-    if math.isinf(rate) and conc is None:
+    # The saturation rate is read off a burst long enough to refill every sequence slot several
+    # times: a burst the engine runs in one go (every request admitted at once, identical lengths
+    # finishing together) has no steady stretch to read it from.
+    slots = min(wl.max_num_seqs, kv.sequences_held(_mean_tokens(wl, load)) if isinstance(kv, KvAccount)
+                else int(kv // max(1.0, _mean_tokens(wl, load))))
+    n_capacity = min(STEADY_REQUESTS_MAX, max(num, SATURATION_GENERATIONS * max(1, slots)))
+    if math.isinf(rate) and conc is None and n_capacity <= num:
         capacity = result.steady_request_throughput_per_second
     else:
-        capacity = simulate(step, sched, replace(traffic, request_rate_per_second=math.inf,
-                                                 max_concurrency=None)).steady_request_throughput_per_second
-    saturated = rate >= capacity  # inf: every request waits for the engine
-    if conc is not None:
-        saturated = result.peak_running < min(conc, num) or (math.isfinite(rate) and rate >= capacity)
+        capacity = simulate(step, sched, replace(
+            traffic, requests=requests_for(wl, load, n_capacity) if n_capacity > num else reqs,
+            request_rate_per_second=math.inf, max_concurrency=None)).steady_request_throughput_per_second
+    saturated = is_saturated(rate, conc, num, result.peak_running, capacity)
     out = result.output_tokens_per_second * replicas
     return LoadFigures(
         replica=result, num_replicas=replicas, request_rate_per_replica=rate, concurrency_per_replica=conc,
@@ -83,6 +99,15 @@ def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infer
         output_tokens_per_second=out, total_tokens_per_second=result.total_tokens_per_second * replicas,
         output_tokens_per_second_per_gpu=out / layout.world_size, tokens_per_decode_step=step.tokens_per_decode_step,
     )
+
+
+def is_saturated(rate: float, concurrency: int | None, num_requests: int, peak_running: int, capacity: float) -> bool:
+    """Whether requests wait in the engine's queue (module docstring): a rate at or above the
+    replica's saturation rate `capacity` (inf: every request waits for the engine); with a client
+    concurrency cap, also when the engine never ran all the clients' requests at once."""
+    if concurrency is not None:
+        return peak_running < min(concurrency, num_requests) or (math.isfinite(rate) and rate >= capacity)
+    return rate >= capacity
 
 
 @dataclass(frozen=True)

@@ -695,18 +695,22 @@ __all__ += ["CompiledLoss", "EagerElementwise", "FineTuneRules", "StackFile"]
 
 # --- Measured error bands (knowledge/bands.yaml, written by `python -m shardplan.validation.bands`) ---
 
-BandQuantity = Literal["kv_capacity", "peak_memory", "tokens_per_second"]
+BandQuantity = Literal["kv_capacity", "peak_memory", "tokens_per_second", "ttft_p50", "tpot_p50",
+                       "output_tokens_per_second"]
+BandKind = Literal["engine_log", "training", "finetune", "serving_load"]
 
 
 class ErrorBand(Frozen):
     """How far the cost model's prediction of one quantity fell from the measurement, over the
     shipped cases of one engine generation or training stack (`shardplan validate`'s figures)."""
 
-    kind: Literal["engine_log", "training", "finetune"] = Field(description="the corpus the cases come from")
-    group: str = Field(min_length=1, description="the engine generation ('vLLM V1'), the stack ('torchtitan') or "
-                                                 "the stack and fine-tuning method ('hf lora')")
-    quantity: BandQuantity = Field(description="the predicted quantity: KV capacity (tokens), peak memory (bytes) "
-                                               "or tokens per second per GPU")
+    kind: BandKind = Field(description="the corpus the cases come from")
+    group: str = Field(min_length=1, description="the engine generation ('vLLM V1'), with a serving run's regime "
+                                                 "('vLLM V1, saturated'), the stack ('torchtitan') or the stack and "
+                                                 "fine-tuning method ('hf lora')")
+    quantity: BandQuantity = Field(description="the predicted quantity: KV capacity (tokens), peak memory (bytes), "
+                                               "tokens per second per GPU; under traffic the median TTFT and TPOT "
+                                               "(seconds) and the output tokens per second")
     versions: tuple[str, ...] = Field(description="the engine versions of the cases, oldest first (empty for stacks)")
     num_cases: int = Field(ge=1, description="cases measured (count)")
     band_abs_error: float = Field(ge=0, description="the percentile of |predicted / measured - 1|, fraction "
@@ -736,7 +740,7 @@ class BandsFile(Frozen):
         return next((b for b in self.bands if (b.kind, b.group, b.quantity) == (kind, group, quantity)), None)
 
 
-__all__ += ["BandQuantity", "BandsFile", "ErrorBand"]
+__all__ += ["BandKind", "BandQuantity", "BandsFile", "ErrorBand"]
 
 
 # --- Prometheus series names by exporter and version (knowledge/metrics.yaml, read by `shardplan watch`) ---

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from shardplan.cost.layout import Offload, PipelineSchedule, Recompute
 from shardplan.cost.params import Split
 from shardplan.cost.workload import Framework, Optimizer, Quantization
+from shardplan.knowledge.schema import BandKind, BandQuantity
 from shardplan.units import DType
 
 SCHEMA_VERSION: int = 1
@@ -390,9 +391,10 @@ class KvCacheSection(_Section):
 class BandSection(_Section):
     """The measured error band of one predicted figure (`shardplan validate`; knowledge/bands.yaml)."""
 
-    quantity: Literal["kv_capacity", "peak_memory", "tokens_per_second"] = Field(description="the predicted figure")
-    kind: Literal["engine_log", "training", "finetune"] = Field(description="the corpus whose cases set the band")
-    group: str = Field(description="the engine generation, the stack, or the stack and fine-tuning method")
+    quantity: BandQuantity = Field(description="the predicted figure")
+    kind: BandKind = Field(description="the corpus whose cases set the band")
+    group: str = Field(description="the engine generation (under traffic with the regime), the stack, or the stack "
+                                   "and fine-tuning method")
     band_abs_error: float | None = Field(ge=0, description="the percentile of |predicted / measured - 1|, fraction; "
                                                            "null: no measured case, band unknown")
     percentile: int = Field(ge=1, le=100, description="which percentile (nearest rank)")

@@ -1,14 +1,17 @@
 """Measured cases: a real run's inputs and what it measured, typed, so that the cost model can
 predict the same run and be judged against it.
 
-Three kinds, each the shape of one published corpus shardplan ships (and the schema of a user's
+Four kinds, each the shape of one published corpus shardplan ships (and the schema of a user's
 `--cases` file):
 
 - `engine_log`: a serving engine's start-up (vLLM, SGLang, TGI, TensorRT-LLM) and the KV-cache
   capacity it printed, or its refusal to start;
 - `training`: a training step of a stack (torchtitan, Megatron, DeepSpeed, Hugging Face) with its
   peak memory and/or tokens per second per GPU;
-- `finetune`: a LoRA / QLoRA run's peak memory.
+- `finetune`: a LoRA / QLoRA run's peak memory;
+- `serving_load`: a serving benchmark's run (vLLM's `bench serve` / `benchmark_serving`, SGLang's
+  `bench_serving`) on vLLM or SGLang: the traffic the clients sent and the median TTFT, median
+  TPOT and output throughput they reported.
 
 Units are in the field names (`_gib`, `_bytes`, `_per_second`); a flag left out takes the
 engine's or the stack's default, as `estimate` does.
@@ -157,14 +160,60 @@ class FineTuneCase(_Case):
         return self
 
 
+class ServingLoadMeasured(StrictModel):
+    """What a serving benchmark's result block reports."""
+
+    median_ttft_ms: float = Field(..., gt=0, le=1e9, description="Median TTFT (ms)")
+    median_tpot_ms: float | None = Field(None, gt=0, le=1e8, description="Median TPOT (ms); absent: one-token outputs")
+    output_tokens_per_second: float = Field(..., gt=0, le=1e9, description="Output token throughput (tok/s)")
+
+
+class ServingLoadCase(_Case):
+    """One benchmark run against one engine deployment: the deployment as `estimate` takes it
+    (model, GPU, engine and version, its flags, tp/pp/ep, the checkpoint's weight format) and the
+    traffic as the client sent it. `dataset` random: vLLM's client sends every prompt at
+    `input_len` (outputs end at EOS unless ignore_eos: their mean is the run's own), SGLang's
+    (`client: sglang`) draws prompts and outputs from U[1, len]; sharegpt: the bundled histogram of
+    vLLM's first-turn ShareGPT sampling. Either way the lengths are scaled to the run's token
+    totals, which the result block prints."""
+
+    kind: Literal["serving_load"] = "serving_load"
+    model: str = Field(..., min_length=1, max_length=500)
+    engine: Literal["vllm", "sglang"]
+    engine_version: str = Field(..., min_length=1, max_length=40)
+    tp: Positive = 1
+    pp: Positive = 1
+    ep: Positive = 1
+    flags: EngineFlags = EngineFlags()
+    quantization: Literal["fp8", "int8", "int4", "awq", "gptq"] | None = Field(
+        None, description="the served checkpoint's weight format; absent: the model's own dtype")
+    client: Literal["vllm", "sglang"] = Field("vllm", description="whose benchmark client sent the requests")
+    dataset: Literal["random", "sharegpt"]
+    input_len: Positive | None = Field(None, description="random: the prompt length asked for (tokens)")
+    output_len: Positive | None = Field(None, description="random: the output length asked for (tokens)")
+    num_requests: Positive = Field(..., description="Successful requests")
+    total_input_tokens: Annotated[int, Field(ge=1, le=10**11)]
+    total_output_tokens: Annotated[int, Field(ge=1, le=10**11)]
+    max_concurrency: Positive | None = Field(None, description="the client's cap on requests in flight; absent: none")
+    request_rate_per_second: float | None = Field(
+        None, gt=0, le=1e6, description="Poisson arrivals at this rate; absent: every request at once (rate inf)")
+    measured: ServingLoadMeasured
+
+    @model_validator(mode="after")
+    def _lengths(self) -> "ServingLoadCase":
+        if self.dataset == "random" and self.client == "sglang" and (self.input_len is None or self.output_len is None):
+            raise ValueError("SGLang's random dataset draws lengths up to input_len and output_len: give both")
+        return self
+
+
 def _kind(value: Any) -> Any:
     return value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
 
 
 Case = Annotated[Union[Annotated[EngineLogCase, Tag("engine_log")], Annotated[TrainingCase, Tag("training")],
-                       Annotated[FineTuneCase, Tag("finetune")]],
+                       Annotated[FineTuneCase, Tag("finetune")], Annotated[ServingLoadCase, Tag("serving_load")]],
                  Discriminator(_kind, custom_error_type="kind",
-                               custom_error_message="kind must be engine_log, training or finetune")]
+                               custom_error_message="kind must be engine_log, training, finetune or serving_load")]
 
 
 class CaseFile(StrictModel):
@@ -182,4 +231,5 @@ class CaseFile(StrictModel):
         return self
 
 
-__all__ = ["Case", "CaseFile", "EngineFlags", "EngineLogCase", "FineTuneCase", "TrainingCase", "TrainingMeasured"]
+__all__ = ["Case", "CaseFile", "EngineFlags", "EngineLogCase", "FineTuneCase", "ServingLoadCase", "ServingLoadMeasured",
+           "TrainingCase", "TrainingMeasured"]

@@ -80,7 +80,8 @@ def goal_at_edge(goal: Goal, workload: InferenceWorkload | TrainingWorkload, hw:
     bands = workload_bands(workload, hw)
     band = bands[0].band_abs_error
     # Ties: plans whose ranked figure is within its own measured band of the pick's (training:
-    # tokens/s per stack; serving has no band on its time figures yet, so only equal values tie).
+    # tokens/s per stack; serving: only equal values tie, as its output tokens/s band measures whole
+    # deployments against their benchmarks, ±18-237% by engine and regime, not one layout against another).
     speed = next((b.band_abs_error for b in bands if b.quantity == "tokens_per_second"), None)
     if isinstance(workload, TrainingWorkload):
         return replace(goal, peak_memory_band_fraction=band, strict_fit=strict_fit, tie_band_fraction=speed)

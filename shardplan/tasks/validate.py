@@ -1,5 +1,5 @@
 """`shardplan validate`: the cost model against every measured case shardplan ships (engine
-start-up logs, training runs per stack, LoRA/QLoRA peaks), or against a user's own cases
+start-up logs, training runs per stack, LoRA/QLoRA peaks, serving benchmark runs), or against a user's own cases
 (`--cases FILE`), with the error statistics per engine generation or stack and quantity. The
 bands that predictions carry (`knowledge/bands.yaml`) are these statistics over the shipped
 corpus."""
@@ -13,21 +13,24 @@ from pydantic import Field, ValidationError
 from shardplan.errors import ShardplanError
 from shardplan.specs.loading import load_hardware, read_structured, validation_error
 from shardplan.tasks._results import Result
-from shardplan.specs.cases import Case, CaseFile, EngineLogCase
+from shardplan.specs.cases import Case, CaseFile, EngineLogCase, ServingLoadCase
 from shardplan.validation.predict import Comparison, compare
 from shardplan.validation.shipped import CORPUS_DIR, shipped_cases
 from shardplan.validation.stats import BAND_PERCENTILE, group_stats
 
 UNITS = {"kv_capacity": "tokens", "peak_memory": "bytes", "tokens_per_second": "tokens_per_second_per_gpu",
-         "start_verdict": "started (1) or refused (0)"}
+         "start_verdict": "started (1) or refused (0)", "ttft_p50": "seconds", "tpot_p50": "seconds",
+         "output_tokens_per_second": "tokens_per_second"}
 
 
 class CaseRow(Result):
     case_id: str
     source: str
-    kind: str = Field(description="engine_log, training or finetune")
-    group: str = Field(description="the engine generation, or the stack (and fine-tuning method)")
-    quantity: str = Field(description="kv_capacity, peak_memory, tokens_per_second or start_verdict")
+    kind: str = Field(description="engine_log, training, finetune or serving_load")
+    group: str = Field(description="the engine generation (a serving run's with its regime), or the stack (and "
+                                   "fine-tuning method)")
+    quantity: str = Field(description="kv_capacity, peak_memory, tokens_per_second, start_verdict; serving runs: "
+                                      "ttft_p50, tpot_p50, output_tokens_per_second")
     unit: str = Field(description="the unit of measured and predicted")
     measured: float
     predicted: float
@@ -83,7 +86,7 @@ def read_case_file(path: Path) -> list[Case]:
 def _keep(case: Case, engine: str | None, stack: str | None) -> bool:
     if engine is None and stack is None:
         return True
-    if isinstance(case, EngineLogCase):
+    if isinstance(case, (EngineLogCase, ServingLoadCase)):
         return engine is not None and case.engine == engine
     return stack is not None and case.stack == stack
 

@@ -2,8 +2,8 @@
 `shardplan/knowledge/bands.yaml`.
 
 Each band is `shardplan validate`'s p90 of |predicted / measured - 1| for one engine generation
-(KV capacity), training stack (peak memory, tokens/s) or stack and fine-tuning method (peak
-memory), over the shipped measured cases (`validation/corpus`, each row with its source). The
+(KV capacity; under traffic, by regime: median TTFT, median TPOT, output tokens/s), training stack
+(peak memory, tokens/s) or stack and fine-tuning method (peak memory), over the shipped measured cases (`validation/corpus`, each row with its source). The
 file is data the estimate reads (`knowledge.load.bands_file`), not something to edit: a change
 to the cost model or the corpus that moves the errors must regenerate it with
 
@@ -29,7 +29,7 @@ from shardplan.validation.shipped import CORPUS_DIR, shipped_cases
 from shardplan.validation.stats import BAND_PERCENTILE, group_stats
 
 COMMAND = "python -m shardplan.validation.bands"
-BANDED = ("kv_capacity", "peak_memory", "tokens_per_second")
+BANDED = ("kv_capacity", "peak_memory", "tokens_per_second", "ttft_p50", "tpot_p50", "output_tokens_per_second")
 DECIMALS = 6  # fractions to 1e-6: finer is float noise (the test compares within it)
 
 

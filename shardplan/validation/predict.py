@@ -7,15 +7,22 @@ row is predicted with its stack's rules; peak memory is compared by the counter 
 printed (the allocated total for `torch.cuda.max_memory_allocated`, the caching allocator's
 reserved peak for nvidia-smi and reserved figures). A fine-tuning row likewise, and a "capacity"
 row (the longest sequence that fit on the device) compares the predicted reserved peak at that
-length with the device's memory.
+length with the device's memory. A serving benchmark run is one replica under the run's traffic
+(`cost.serving_load.serve_traffic`, the KV cache from the engine's start-up arithmetic), its
+median TTFT, median TPOT and output throughput compared in the group of its engine generation and
+of its regime: saturated (requests wait in the engine's queue: rate inf, or more clients than the
+engine runs at once), or below saturation (`cost.traffic.is_saturated`, as an estimate decides it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardplan.cost.accuracy import load_group
 from shardplan.cost.estimate import estimate
 from shardplan.cost.inputs import inference_workload, training_workload
 from shardplan.cost.layout import Layout, PipelineSchedule, Recompute
@@ -26,7 +33,7 @@ from shardplan.specs.cluster import cluster
 from shardplan.specs.loading import load_hardware, load_model, model_from_data
 from shardplan.specs.model import ModelSpec
 from shardplan.units import BYTES_PER_GIB
-from shardplan.specs.cases import Case, EngineLogCase, FineTuneCase, TrainingCase
+from shardplan.specs.cases import Case, EngineLogCase, FineTuneCase, ServingLoadCase, TrainingCase
 
 # Loaded checkpoint formats as the engines name them -> shardplan's weight formats.
 QUANTIZATION = {None: None, "fp8": "fp8", "compressed-tensors": "fp8", "gptq_marlin": "int4", "awq_marlin": "int4",
@@ -42,10 +49,10 @@ class Comparison:
 
     case_id: str
     source: str
-    kind: str  # engine_log, training, finetune
-    group: str  # the engine generation, or the stack (and the fine-tuning method)
-    version: str | None  # the engine version of an engine log
-    quantity: str  # kv_capacity, peak_memory, tokens_per_second, start_verdict
+    kind: str  # engine_log, training, finetune, serving_load
+    group: str  # the engine generation (and a serving run's regime), or the stack (and the fine-tuning method)
+    version: str | None  # the engine version of an engine log or a serving run
+    quantity: str  # kv_capacity, peak_memory, tokens_per_second, start_verdict, ttft_p50, tpot_p50, output_tokens_per_second
     measured: float
     predicted: float
 
@@ -158,6 +165,70 @@ def predict_finetune(case: FineTuneCase, corpus: Path | None = None) -> CostRepo
     return estimate(spec, hw, layout, wl)
 
 
+def _scaled(lengths: list[int], total: int) -> list[int]:
+    s = sum(lengths)
+    return [max(1, round(x * total / s)) for x in lengths] if s else lengths
+
+
+def serving_load_requests(case: ServingLoadCase, seed: int = 0) -> tuple[tuple[int, int], ...]:
+    """(prompt, output) tokens of each request the run's client sent (`ServingLoadCase`), scaled to
+    the run's token totals: the lengths are a property of the traffic, not of the engine's speed."""
+    n = case.num_requests
+    if case.dataset == "sharegpt":
+        from shardplan.specs.lengths import load_lengths
+
+        pairs = load_lengths("sharegpt").sample(n, seed)
+        ins, outs = [p for p, _ in pairs], [o for _, o in pairs]
+    elif case.client == "sglang":  # sample_random_requests: U[1, len] for prompts and outputs
+        assert case.input_len is not None and case.output_len is not None  # the schema requires them
+        rng = random.Random(seed)
+        ins = [rng.randint(1, case.input_len) for _ in range(n)]
+        outs = [rng.randint(1, case.output_len) for _ in range(n)]
+    else:
+        ins = [case.total_input_tokens // n] * n
+        outs = [case.total_output_tokens // n] * n
+    return tuple(zip(_scaled(ins, case.total_input_tokens), _scaled(outs, case.total_output_tokens)))
+
+
+def serving_load_inputs(case: ServingLoadCase, corpus: Path | None = None):
+    """(spec, hw, layout, workload, traffic) of a serving run, as a user would ask for it."""
+    from shardplan.cost.serving_load import Traffic
+
+    spec = _model(case.model, corpus)
+    hw = _profile(case.hardware, corpus)
+    f = case.flags
+    wl = inference_workload(
+        engine=engine_rules(case.engine, case.engine_version), hw=hw, model_max_len=spec.max_position_embeddings,
+        max_model_len=f.max_model_len, max_num_seqs=f.max_num_seqs, max_num_batched_tokens=f.max_num_batched_tokens,
+        gpu_memory_utilization=f.gpu_memory_utilization, block_size=None, kv_cache_dtype=None, weight_dtype=None,
+        quantization=case.quantization, enforce_eager=bool(f.enforce_eager), input_len=1024, output_len=128,
+        batch_size=None, checkpoint_expert_format=spec.expert_dtype)
+    traffic = Traffic(requests=serving_load_requests(case), max_concurrency=case.max_concurrency,
+                      request_rate_per_second=math.inf if case.request_rate_per_second is None
+                      else case.request_rate_per_second)
+    return spec, hw, Layout(tp=case.tp, pp=case.pp, dp=1, ep=case.ep), wl, traffic
+
+
+def predict_serving_load(case: ServingLoadCase, corpus: Path | None = None):
+    """The run's LoadResult and whether the replica is saturated under it. Raises ShardplanError
+    where the deployment does not start as shardplan sizes it (nothing to compare)."""
+    from shardplan.cost.memory_serving import serving_memory
+    from shardplan.cost.serving_load import serve_traffic
+    from shardplan.cost.traffic import is_saturated
+
+    spec, hw, layout, wl, traffic = serving_load_inputs(case, corpus)
+    sm = serving_memory(spec, hw, layout, wl)
+    if not sm.fits:
+        raise ShardplanError(f"does not start as shardplan sizes it: {sm.reason}")
+    result = serve_traffic(spec, hw, layout, wl, traffic, kv=sm.kv_account)
+    rate, conc = traffic.request_rate_per_second, traffic.max_concurrency
+    capacity = (result.steady_request_throughput_per_second if math.isinf(rate) else
+                serve_traffic(spec, hw, layout, wl, dataclasses.replace(traffic, request_rate_per_second=math.inf,
+                                                                        max_concurrency=None),
+                              kv=sm.kv_account).steady_request_throughput_per_second)
+    return result, is_saturated(rate, conc, len(traffic.requests), result.peak_running, capacity)
+
+
 def _peak(report: CostReport, counter: str) -> float:
     """The predicted peak by the counter the source printed, bytes, on the rank that peaks."""
     rank = max(report.memory.per_rank, key=lambda r: r.reserved_bytes)
@@ -191,6 +262,19 @@ def compare(case: Case, corpus: Path | None = None) -> list[Comparison]:
             out.append(Comparison(**group, quantity="tokens_per_second", measured=m.tokens_per_second_per_gpu,
                                   predicted=rep.time.tokens_per_second_per_gpu))
         return out
+    if isinstance(case, ServingLoadCase):
+        rules = engine_rules(case.engine, case.engine_version)
+        result, saturated = predict_serving_load(case, corpus)
+        group = dict(base, group=load_group(rules.era.generation, saturated), version=rules.version)
+        m = case.measured
+        out = [Comparison(**group, quantity="ttft_p50", measured=m.median_ttft_ms / 1e3,
+                          predicted=result.ttft_seconds.p50)]
+        if m.median_tpot_ms is not None and result.tpot_seconds.p50 == result.tpot_seconds.p50:  # NaN: no TPOT
+            out.append(Comparison(**group, quantity="tpot_p50", measured=m.median_tpot_ms / 1e3,
+                                  predicted=result.tpot_seconds.p50))
+        out.append(Comparison(**group, quantity="output_tokens_per_second", measured=m.output_tokens_per_second,
+                              predicted=result.output_tokens_per_second))
+        return out
     rep = predict_finetune(case, corpus)
     group = dict(base, group=f"{case.stack} {case.finetune}", version=None)
     if case.counter == "capacity":  # the run filled the device: its memory is what was measured
@@ -201,5 +285,6 @@ def compare(case: Case, corpus: Path | None = None) -> list[Comparison]:
                        predicted=_peak(rep, case.counter))]
 
 
-__all__ = ["Comparison", "QUANTIZATION", "compare", "engine_log_inputs", "logged_device_gib", "predict_engine_log", "predict_finetune",
-           "predict_training"]
+__all__ = ["Comparison", "QUANTIZATION", "compare", "engine_log_inputs", "logged_device_gib",
+           "predict_engine_log", "predict_finetune", "predict_serving_load", "predict_training", "serving_load_inputs",
+           "serving_load_requests"]

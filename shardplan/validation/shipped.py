@@ -3,7 +3,9 @@
 Each corpus keeps its measurements as published, with their sources: engine start-up logs
 (`engine_logs/index.yaml`: a `case:` block per log), training measurements per stack
 (`training_stacks/<stack>.yaml`: a `case:` and the `measured:` figures as the source printed
-them) and LoRA/QLoRA peaks (`finetune/lora_memory.yaml`). Rows without a complete case (a model
+them), LoRA/QLoRA peaks (`finetune/lora_memory.yaml`) and serving benchmark runs
+(`serving_load/*.yaml`: each run's result block quoted, its deployment and traffic as fields; the
+configs of the models shardplan does not bundle in `serving_load/models`). Rows without a complete case (a model
 or a GPU shardplan does not have, or a figure that is not a measurement) are listed as skipped
 with the reason, never dropped silently.
 """
@@ -25,6 +27,8 @@ from shardplan.specs.cases import (
     EngineFlags,
     EngineLogCase,
     FineTuneCase,
+    ServingLoadCase,
+    ServingLoadMeasured,
     TrainingCase,
     TrainingMeasured,
 )
@@ -169,12 +173,107 @@ def finetune_cases(corpus: Path = CORPUS_DIR) -> tuple[list[Case], list[Skipped]
     return cases, skipped
 
 
+SERVING_LOAD_FILES = ("gpustack_performance_lab.yaml", "sglang_cookbook.yaml", "vllm_recipes_and_github_threads.yaml")
+# The GPUs the runs name -> shardplan's profiles.
+SERVING_GPUS = {
+    "NVIDIA H100 SXM (80GB)": "h100-sxm-80gb",
+    "NVIDIA H200 SXM (141GB)": "h200-sxm-141gb",
+    "NVIDIA B200": "b200-sxm-180gb",
+    "NVIDIA A100 80GB": "a100-sxm-80gb",
+    "NVIDIA A100 (memory size not stated)": "a100-sxm-80gb",
+}
+# Engine flags the model reads (as EngineFlags, or as the layout: enable_expert_parallel puts the
+# experts over the tensor-parallel ranks; guided decoding is off in these runs' requests); a run with
+# any other flag is listed as skipped, never judged.
+SERVING_FLAGS = {"max_model_len", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "gpu_memory_utilization"}
+SERVING_LAYOUT_FLAGS = {"enable_expert_parallel", "guided_decoding_backend"}
+# Bundled model specs for the runs whose config is not in serving_load/models.
+SERVING_BUNDLED = {"meta-llama/Llama-3.1-70B": "llama-3.1-70b", "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3",
+                   "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3-235b-a22b"}
+
+
+def _engine_version(text: str) -> str | None:
+    """'v0.11.0' -> '0.11.0', '0.5.5.post1' -> '0.5.5'; None when the run names no release."""
+    parts = str(text).split()[0].lstrip("v").split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:3] if p):
+        return None
+    return ".".join(p for p in parts[:3] if p.isdigit())
+
+
+def _serving_model(row: dict, models: Path) -> str | None:
+    """A bundled name, or the config in `models` named like the served checkpoint (relative to the corpus)."""
+    hf = row["hf_id"]
+    if hf in SERVING_BUNDLED:
+        return SERVING_BUNDLED[hf]
+    names = {f.stem.lower(): f for f in models.glob("*.json")} if models.is_dir() else {}
+    for candidate in (str(row.get("served_checkpoint") or hf).split("/")[-1].lower(), hf.split("/")[-1].lower()):
+        if candidate in names:
+            return f"{models.parent.name}/{models.name}/{names[candidate].name}"
+    return None
+
+
+def _serving_client(row: dict) -> str:
+    """SGLang's bench_serving sent the requests (the cookbook's commands), else vLLM's client."""
+    command = str(row.get("benchmark_command", ""))
+    sglang = "vllm bench" not in command and "benchmark_serving" not in command and "sglang" in command
+    return "sglang" if sglang else "vllm"
+
+
+def serving_load_row_case(row: dict, corpus: Path = CORPUS_DIR, path: Path | None = None) -> ServingLoadCase | Skipped:
+    """One published serving run as a case, or why the model is not asked about it."""
+    if not row.get("golden_suitable"):
+        return Skipped(row["id"], f"not a complete run: {row.get('golden_unsuitable_reason') or 'see its note'}")
+    flags = dict(row.get("engine_flags") or {})
+    extra = sorted(set(flags) - SERVING_FLAGS - SERVING_LAYOUT_FLAGS)
+    if extra:
+        return Skipped(row["id"], f"flags not modelled: {', '.join(extra)}")
+    model = _serving_model(row, corpus / "serving_load" / "models")
+    if model is None:
+        return Skipped(row["id"], f"no config for {row['hf_id']} in serving_load/models")
+    hardware = SERVING_GPUS.get(row["gpu"])
+    if hardware is None:
+        return Skipped(row["id"], f"no profile for {row['gpu']}")
+    version = _engine_version(row["engine_version"])
+    if version is None:
+        return Skipped(row["id"], "engine version not stated")
+    if (row.get("dp") or 1) > 1:
+        return Skipped(row["id"], "data-parallel attention not modelled")
+    tp = int(row["tp"])
+    quant = (row.get("quantization") or "").lower()
+    m = row["measured"]
+    rate = row.get("request_rate")
+    return _typed(ServingLoadCase, path, row["id"], dict(
+        id=row["id"], source=_source(row["source"]), model=model, hardware=hardware, gpus=tp * int(row.get("pp") or 1),
+        engine=row["engine"], engine_version=version, tp=tp, pp=int(row.get("pp") or 1),
+        ep=tp if flags.get("enable_expert_parallel") else int(row.get("ep") or 1),
+        flags=EngineFlags(**{k: v for k, v in flags.items() if k in SERVING_FLAGS}),
+        quantization="fp8" if quant.startswith("fp8") else "awq" if quant.startswith("awq") else None,
+        client=_serving_client(row), dataset=row["dataset"], input_len=row.get("input_len"),
+        output_len=row.get("output_len"), num_requests=int(m["successful_requests"]),
+        total_input_tokens=int(m["total_input_tokens"]), total_output_tokens=int(m["total_generated_tokens"]),
+        max_concurrency=row.get("max_concurrency"),
+        request_rate_per_second=None if rate in (None, "inf") else float(rate),
+        measured=ServingLoadMeasured(median_ttft_ms=m["median_ttft_ms"], median_tpot_ms=m.get("median_tpot_ms"),
+                                     output_tokens_per_second=m["output_tokens_per_second"])))
+
+
+def serving_load_cases(corpus: Path = CORPUS_DIR) -> tuple[list[Case], list[Skipped]]:
+    cases: list[Case] = []
+    skipped: list[Skipped] = []
+    for name in SERVING_LOAD_FILES:
+        path = corpus / "serving_load" / name
+        for row in read_structured(path)["runs"]:
+            got = serving_load_row_case(row, corpus, path)
+            (skipped if isinstance(got, Skipped) else cases).append(got)
+    return cases, skipped
+
+
 def shipped_cases(corpus: Path = CORPUS_DIR) -> tuple[list[Case], list[Skipped]]:
-    """Every shipped case, engine logs first, then training per stack, then fine-tuning."""
+    """Every shipped case: engine logs, training per stack, fine-tuning, serving benchmark runs."""
     cases: list[Case] = []
     skipped: list[Skipped] = []
     reader: Callable[[Path], tuple[list[Case], list[Skipped]]]
-    for reader in (engine_log_cases, training_cases, finetune_cases):
+    for reader in (engine_log_cases, training_cases, finetune_cases, serving_load_cases):
         got, left = reader(corpus)
         cases += got
         skipped += left
@@ -188,5 +287,6 @@ def _typed(kind: type, path: Path | None, row_id: str, fields: dict) -> Any:
         raise validation_error(e, f"{path or 'corpus'} (row {row_id})") from None
 
 
-__all__ = ["CORPUS_DIR", "STACKS", "Skipped", "compiled", "engine_log_cases", "finetune_cases", "memory_gib",
-           "shipped_cases", "tokens_per_second_per_gpu", "training_cases", "training_row_case"]
+__all__ = ["CORPUS_DIR", "SERVING_GPUS", "STACKS", "Skipped", "compiled", "engine_log_cases", "finetune_cases", "memory_gib",
+           "serving_load_cases", "serving_load_row_case", "shipped_cases", "tokens_per_second_per_gpu", "training_cases",
+           "training_row_case"]

@@ -152,8 +152,14 @@ def test_the_manifest_records_the_bands_and_old_plans_still_read_back(cli, tmp_p
     plan = tmp_path / "plan.yaml"
     _json(cli("recommend", "llama-3.1-8b", "--gpus", "1", "-o", str(plan), "--json"))
     data = yaml.safe_load(plan.read_text())
-    (kv,) = data["predicted"]["bands"]
+    kv, *under = data["predicted"]["bands"]
     assert (kv["group"], kv["band_abs_error"]) == ("vLLM V1", _band("engine_log", "vLLM V1", "kv_capacity").band_abs_error)
+    # the plan is judged under traffic (goodput within the SLA): its figures there carry their bands too
+    assert [b["quantity"] for b in under] == ["ttft_p50", "tpot_p50", "output_tokens_per_second"]
+    assert {b["group"] for b in under} <= {"vLLM V1, below saturation", "vLLM V1, saturated"}
+    text = " ".join(cli("recommend", "llama-3.1-8b", "--gpus", "1").stdout.split())
+    assert (f"#1: measured error of the model under traffic (p90 of {under[0]['num_cases']} vLLM V1 "
+            f"{under[0]['versions'][0]}-{under[0]['versions'][-1]} serving benchmark runs") in text
     assert data["predicted"]["fit_at_band_edge"]["verdict"] == "fits"
     assert load_manifest(plan).predicted.bands[0].group == "vLLM V1"
     del data["predicted"]["bands"], data["predicted"]["fit_at_band_edge"]  # a plan written before bands
@@ -166,3 +172,28 @@ def test_the_manifest_records_the_bands_and_old_plans_still_read_back(cli, tmp_p
 def test_capacity_rows_carry_the_verdict(cli):
     d = _json(cli("capacity", "llama-3.1-8b", "--json"))
     assert all(r["fit_at_band_edge"]["verdict"] in ("fits", "tight") for r in d["formats"] if r["min_num_gpus"])
+
+
+@pytest.mark.parametrize("load,regime", [
+    (("--request-rate", "2"), "below saturation"),  # far below what 8 replicas sustain
+    (("--request-rate", "inf", "--num-prompts", "2000"), "saturated"),  # every request at once waits in the queue
+])
+def test_figures_under_traffic_carry_their_engine_and_regimes_band(cli, load, regime):
+    d = _json(cli("estimate", "llama-3.1-8b", "--engine-version", "0.11.0", *load, "--json"))
+    assert d["load"]["saturated"] is (regime == "saturated")
+    kv, *under = d["bands"]
+    assert kv["quantity"] == "kv_capacity"  # "fits" is still decided on the KV capacity's band
+    assert [b["quantity"] for b in under] == ["ttft_p50", "tpot_p50", "output_tokens_per_second"]
+    for b in under:
+        shipped = _band("serving_load", f"vLLM V1, {regime}", b["quantity"])
+        assert (b["kind"], b["group"]) == ("serving_load", f"vLLM V1, {regime}")
+        assert (b["band_abs_error"], b["mean_signed_error"], b["num_cases"]) == (
+            shipped.band_abs_error, shipped.mean_signed_error, shipped.num_cases)
+        assert b["num_cases"] >= 5 and b["versions"] == list(shipped.versions)
+    ttft = under[0]
+    out = cli("estimate", "llama-3.1-8b", "--engine-version", "0.11.0", *load)
+    assert out.exit_code == 0
+    text = " ".join(out.stdout.split())
+    assert (f"serving benchmark runs {regime}, `shardplan validate`): median TTFT ±{100 * ttft['band_abs_error']:.0f}% "
+            f"(mean {100 * ttft['mean_signed_error']:+.0f}%)") in text
+

@@ -49,6 +49,24 @@ def test_a_rate_above_what_the_plan_sustains_is_saturated_and_queues(cli):
     assert hot["ttft_seconds"]["p90"] > 10 * calm["load"]["ttft_seconds"]["p90"]
 
 
+@pytest.mark.parametrize("lengths", [(), ("--dataset-lengths", "sharegpt")])
+def test_the_saturation_rate_does_not_depend_on_how_many_requests_are_simulated(cli, lengths):
+    """A burst the engine runs in one go (50 identical requests, all admitted at once, finishing together)
+    has no steady stretch to read a rate from: the saturation run refills every sequence slot several
+    times whatever --num-prompts is (a 50-request estimate said 985 req/s, 1000 requests 40 req/s)."""
+    caps = [_ok(cli("estimate", "llama-3.1-8b", "--gpus", "1", "--request-rate", "2", "--num-prompts", str(n),
+                    *lengths, "--json"))["load"]["saturation_request_rate"] for n in (50, 1000)]
+    assert caps[0] == pytest.approx(caps[1], rel=0.05)
+    if lengths:
+        return
+    # Identical requests: a queue that grows is the check. Just below the rate it stays short, just above
+    # it grows for as long as requests arrive.
+    below, above = (_ok(cli("estimate", "llama-3.1-8b", "--gpus", "1", "--request-rate", repr(f * caps[1]),
+                            "--num-prompts", "3000", "--json"))["load"] for f in (0.8, 1.25))
+    assert not below["saturated"] and above["saturated"]
+    assert above["ttft_seconds"]["p90"] > 20 * below["ttft_seconds"]["p90"]
+
+
 def test_replicas_split_the_traffic(cli):
     one = _ok(cli("estimate", "llama-3.1-8b", "--gpus", "1", "--request-rate", "3", "--num-prompts", "300", "--json"))
     two = _ok(cli("estimate", "llama-3.1-8b", "--gpus", "2", "--request-rate", "6", "--num-prompts", "600", "--json"))

@@ -13,7 +13,7 @@ from shardplan.cost.weights import MXFP4_BYTES_PER_ELEMENT
 from shardplan.specs.loading import load_model
 from shardplan.units import BYTES_PER_GIB
 
-GPT_OSS = str(REPO / "tests" / "data" / "serving_load" / "models" / "gpt-oss-120b.json")
+GPT_OSS = str(REPO / "shardplan" / "validation" / "corpus" / "serving_load" / "models" / "gpt-oss-120b.json")
 
 
 def _ok(res):
@@ -64,7 +64,7 @@ def test_vllm_on_an_h100_pads_the_experts_for_marlin_and_refuses_the_full_contex
 
 def test_gpt_oss_120b_serves_on_one_80gb_gpu_at_a_32k_context(cli):
     """OpenAI: gpt-oss-120b "runs efficiently on a single 80 GB GPU" (https://openai.com/index/introducing-gpt-oss/);
-    GPUStack served it on one H100 with vLLM 0.10.2 at --max-model-len 32768 (tests/data/serving_load)."""
+    GPUStack served it on one H100 with vLLM 0.10.2 at --max-model-len 32768 (shardplan/validation/corpus/serving_load)."""
     d = _ok(cli("estimate", GPT_OSS, "-H", "h100-sxm-80gb", "--gpus", "1", "--engine", "vllm",
                 "--engine-version", "0.10.2", "--max-model-len", "32768", "--json"))
     assert d["fits"] and d["workload"]["quantization"] == "mxfp4_marlin"

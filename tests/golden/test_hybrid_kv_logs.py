@@ -14,7 +14,6 @@ The rule of vLLM before 0.9.1 (every layer holding the whole sequence) misses ev
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml
@@ -28,7 +27,6 @@ from shardplan.specs.model import LayerType
 from shardplan.validation.shipped import CORPUS_DIR
 
 LOGS = CORPUS_DIR / "engine_logs" / "sliding_window_logs.yaml"
-REPO = Path(__file__).resolve().parents[2]
 GIB = 1024**3
 
 # id -> the mechanism the rules lack (the miss is asserted, so a fix shows up). The MedGemma 27B log
@@ -49,7 +47,7 @@ def _gemma3_27b():
 def _spec(ref: str):
     if ref == "gemma-3-27b":
         return _gemma3_27b()
-    return load_model(str((REPO if ref.startswith("tests/") else CORPUS_DIR) / ref)).spec
+    return load_model(str(CORPUS_DIR / ref)).spec
 
 
 def _checks():

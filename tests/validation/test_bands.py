@@ -46,7 +46,10 @@ def test_each_band_is_the_p90_of_validates_own_case_errors():
     result = validate()
     shipped = bands_file()
     for kind, group, quantity in [("engine_log", "vLLM V1", "kv_capacity"), ("training", "torchtitan", "peak_memory"),
-                                  ("training", "megatron", "tokens_per_second"), ("finetune", "hf qlora", "peak_memory")]:
+                                  ("training", "megatron", "tokens_per_second"), ("finetune", "hf qlora", "peak_memory"),
+                                  ("serving_load", "vLLM V1, saturated", "ttft_p50"),
+                                  ("serving_load", "SGLang, below saturation", "tpot_p50"),
+                                  ("serving_load", "vLLM V1, below saturation", "output_tokens_per_second")]:
         errors = [abs(c.error) for c in result.cases if (c.kind, c.group, c.quantity) == (kind, group, quantity)]
         band = shipped.band(kind, group, quantity)
         assert band is not None and band.num_cases == len(errors) > 0
@@ -55,7 +58,8 @@ def test_each_band_is_the_p90_of_validates_own_case_errors():
         assert band.band_abs_error == pytest.approx(nearest_rank(errors, 90), abs=2e-6)
     # start-or-refuse verdicts are not bands
     assert all(b.quantity != "start_verdict" for b in shipped.bands)
-    assert {b.quantity for b in shipped.bands} == {"kv_capacity", "peak_memory", "tokens_per_second"}
+    assert {b.quantity for b in shipped.bands} == {"kv_capacity", "peak_memory", "tokens_per_second", "ttft_p50",
+                                                   "tpot_p50", "output_tokens_per_second"}
 
 
 def test_main_writes_the_file_that_reads_back(tmp_path):

@@ -181,3 +181,107 @@ def test_the_shipped_corpus_lives_in_the_package():
     """`pip install .` ships the cases: they sit inside the package, not only in tests/."""
     assert CORPUS_DIR.is_relative_to(REPO / "shardplan")
     assert (CORPUS_DIR / "engine_logs" / "index.yaml").is_file()
+
+
+# Serving benchmark runs (shardplan/validation/corpus/serving_load): the SGLang cookbook's Llama 3.1 70B
+# on 8 A100s at 64 clients (sgl-cookbook-llama3.1-05, its result block in sglang_cookbook.yaml) and
+# GPUStack's Qwen3-14B on one H100, 1000 ShareGPT requests at once (gpustack-qwen3-14b-h100-vllm-00).
+COOKBOOK = dict(kind="serving_load", id="llama70b-a100-c64", source="https://github.com/sgl-project/sgl-cookbook "
+                "(docs/autoregressive/Llama/Llama3.1.md#L567)", model="llama-3.1-70b", hardware="a100-sxm-80gb",
+                gpus=8, engine="sglang", engine_version="0.5.6", tp=8, client="sglang", dataset="random", input_len=8000,
+                output_len=1000, num_requests=320, total_input_tokens=1273893, total_output_tokens=170000,
+                max_concurrency=64, measured=dict(median_ttft_ms=616.38, median_tpot_ms=82.85,
+                                                  output_tokens_per_second=788.27))
+BURST = dict(kind="serving_load", id="qwen3-14b-h100-burst", source="https://github.com/gpustack/gpustack "
+             "(docs/performance-lab/qwen3-14b/h100.md#L89)", model="models/qwen3-14b.json", hardware="h100-sxm-80gb",
+             gpus=1, engine="vllm", engine_version="0.11.0", dataset="sharegpt", num_requests=1000,
+             total_input_tokens=217393, total_output_tokens=201648,
+             measured=dict(median_ttft_ms=21872.31, median_tpot_ms=117.46, output_tokens_per_second=3173.92))
+
+
+def _scaled(lengths, total):
+    s = sum(lengths)
+    return [max(1, round(x * total / s)) for x in lengths]
+
+
+def _serving_by_hand(model, hw_name, tp, engine, version, requests, conc):
+    """One replica under the run's traffic, built here without shardplan.validation."""
+    from shardplan.cost.memory_serving import serving_memory
+    from shardplan.cost.serving_load import Traffic, serve_traffic
+
+    spec = load_model(model).spec
+    hw = load_hardware(hw_name)
+    wl = inference_workload(max_model_len=None, max_num_seqs=None, max_num_batched_tokens=None,
+                            gpu_memory_utilization=None, block_size=None, kv_cache_dtype=None, weight_dtype=None,
+                            quantization=None, enforce_eager=False, input_len=1024, output_len=128, batch_size=None,
+                            engine=engine_rules(engine, version), hw=hw, model_max_len=spec.max_position_embeddings,
+                            checkpoint_expert_format=spec.expert_dtype)
+    layout = Layout(tp=tp)
+    kv = serving_memory(spec, hw, layout, wl).kv_account
+    return serve_traffic(spec, hw, layout, wl, Traffic(requests=requests, max_concurrency=conc), kv=kv)
+
+
+def test_user_serving_runs_match_an_independent_recomputation(cli, tmp_path):
+    import random
+
+    from shardplan.specs.lengths import load_lengths
+
+    (tmp_path / "models").mkdir()
+    src = CORPUS_DIR / "serving_load" / "models" / "qwen3-14b.json"
+    (tmp_path / "models" / "qwen3-14b.json").write_bytes(src.read_bytes())
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({"cases": [COOKBOOK, BURST]}))
+    r = cli("validate", "--cases", path, "--json")
+    assert r.exit_code == 0, r.stderr
+    out = r.json()
+    got = {(c["case_id"], c["quantity"]): c for c in out["cases"]}
+
+    rng = random.Random(0)  # SGLang's bench_serving random dataset: U[1, len] for prompts and outputs
+    ins = [rng.randint(1, 8000) for _ in range(320)]
+    outs = [rng.randint(1, 1000) for _ in range(320)]
+    reqs = tuple(zip(_scaled(ins, 1273893), _scaled(outs, 170000)))
+    want = _serving_by_hand("llama-3.1-70b", "a100-sxm-80gb", 8, "sglang", "0.5.6", reqs, 64)
+    assert got[("llama70b-a100-c64", "ttft_p50")]["predicted"] == pytest.approx(want.ttft_seconds.p50, rel=1e-12)
+    assert got[("llama70b-a100-c64", "ttft_p50")]["measured"] == pytest.approx(0.61638)
+    assert got[("llama70b-a100-c64", "tpot_p50")]["error"] == pytest.approx(
+        want.tpot_seconds.p50 / 0.08285 - 1, abs=1e-12)
+    assert got[("llama70b-a100-c64", "output_tokens_per_second")]["error"] == pytest.approx(
+        want.output_tokens_per_second / 788.27 - 1, abs=1e-12)
+    # 64 clients, every one running at once: below saturation
+    assert want.peak_running == 64
+    assert got[("llama70b-a100-c64", "ttft_p50")]["group"] == "SGLang, below saturation"
+
+    pairs = load_lengths("sharegpt").sample(1000, 0)
+    reqs = tuple(zip(_scaled([p for p, _ in pairs], 217393), _scaled([o for _, o in pairs], 201648)))
+    want = _serving_by_hand(str(src), "h100-sxm-80gb", 1, "vllm", "0.11.0", reqs, None)
+    burst = got[("qwen3-14b-h100-burst", "output_tokens_per_second")]
+    assert burst["predicted"] == pytest.approx(want.output_tokens_per_second, rel=1e-12)
+    assert burst["group"] == "vLLM V1, saturated" and burst["unit"] == "tokens_per_second"
+    assert got[("qwen3-14b-h100-burst", "ttft_p50")]["unit"] == "seconds"
+    groups = {(g["group"], g["quantity"]): g for g in out["groups"]}
+    assert groups[("vLLM V1, saturated", "tpot_p50")]["versions"] == ["0.11.0"]
+
+
+def test_shipped_serving_runs_are_judged_by_engine_and_regime(cli):
+    r = cli("validate", "--engine", "sglang", "--json")
+    assert r.exit_code == 0, r.stderr
+    out = r.json()
+    groups = {(g["group"], g["quantity"]) for g in out["groups"]}
+    for regime in ("below saturation", "saturated"):
+        for q in ("ttft_p50", "tpot_p50", "output_tokens_per_second"):
+            assert (f"SGLang, {regime}", q) in groups
+    assert not any(g.startswith("vLLM") for g, _ in groups)
+    runs = {c["case_id"] for c in out["cases"] if c["kind"] == "serving_load"}
+    assert len(runs) >= 30
+    # the runs with a flag the model does not read are listed with the reason, never judged
+    reasons = {s["case_id"]: s["reason"] for s in out["skipped"]}
+    assert "attention_backend" in reasons["gpustack-qwen3-14b-h100-sglang-05"]
+    assert "gpustack-qwen3-14b-h100-sglang-05" not in runs
+
+
+def test_a_serving_run_without_its_lengths_is_one_line(cli, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"cases": [{k: v for k, v in COOKBOOK.items() if k != "input_len"}]}))
+    r = cli("validate", "--cases", path)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and str(path) in lines[0] and "input_len" in lines[0], r.stderr
