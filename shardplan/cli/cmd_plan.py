@@ -184,7 +184,9 @@ def estimate(
     serving: time to first token, time per output token, throughput and the best batch;
     training: step time, tokens/s per GPU, MFU/HFU, and where the time goes. With
     --request-rate or --concurrency, serving under that traffic too: the engine's continuous
-    batching simulated, TTFT/TPOT/e2e percentiles and the rate the plan sustains, e.g.
+    batching simulated, TTFT/TPOT/e2e percentiles and the rate the plan sustains, with how far
+    the model's medians fell from published vLLM/SGLang benchmarks in the same regime
+    (`shardplan validate`), e.g.
     shardplan estimate llama-3.1-8b --gpus 1 --request-rate 4 --dataset-lengths sharegpt
 
     Exit 0 when it fits, 3 when it does not (the report is still printed), 2 for a layout
