@@ -236,6 +236,10 @@ def _size_for_rate(spec, hw, engine: str, engine_version: Optional[str], limit: 
     with render_common.progress("sizing replicas for the rate"):
         result = size_for_rate(spec, hw, replace(wl, load=load), rate=load.request_rate_per_second, sla=sla,
                                formats=tuple(formats), max_gpus=limit)
+    if result.at_rate is not None:
+        from shardplan.tasks._bands import load_bands
+
+        result = result.model_copy(update={"bands": load_bands(wl, hw, result.at_rate.saturated)})
     render_common.emit(result.model_dump(mode="json"), o["json_out"], lambda _: render_capacity.sizing_report(result))
     if not result.found:
         raise typer.Exit(EXIT_DOES_NOT_FIT)

@@ -9,7 +9,7 @@ from shardplan import units
 
 from rich.table import Table
 
-from shardplan.cli.render_common import console, fitted_table, fmt_gib, fmt_seconds
+from shardplan.cli.render_common import console, fitted_table, fmt_gib, fmt_seconds, load_band_line
 from shardplan.tasks.capacity import FormatRow, ServingCapacity, TrainingCapacity, TrainingRow
 
 
@@ -119,3 +119,6 @@ def sizing_report(r: Any) -> None:
         line += (f"; at {r.request_rate:g} req/s p{a.p} TTFT {a.ttft_seconds * 1e3:,.0f} ms, p{a.p} TPOT "
                  f"{a.tpot_seconds * 1e3:,.1f} ms, {a.output_tokens_per_second_per_gpu:,.0f} output tokens/s per GPU")
     console.print(line)
+    band = load_band_line(r.bands)
+    if band:
+        console.print(band, markup=False, highlight=False)

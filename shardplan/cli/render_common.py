@@ -208,3 +208,21 @@ def fitted_table(title: str, columns: list[tuple[str, str, int]], rows: list[lis
     for row in rows:
         t.add_row(*[row[i] for i in keep])
     return t
+
+
+_LOAD_NAMES = {"ttft_p50": "median TTFT", "tpot_p50": "median TPOT", "output_tokens_per_second": "output tokens/s"}
+
+
+def load_band_line(bands: list[Any] | None) -> str:
+    """'measured error (shardplan validate): median TTFT ±86.2% (mean -75%), ... over 6 vLLM V1 ...
+    serving benchmark runs below saturation'; '' without load bands."""
+    from shardplan.cost.accuracy import band_cases
+
+    found = [b for b in bands or [] if b.quantity in _LOAD_NAMES]
+    if not found:
+        return ""
+    if any(b.band_abs_error is None for b in found):
+        return f"measured error: {found[0].note}"
+    parts = [f"{_LOAD_NAMES[b.quantity]} ±{100 * b.band_abs_error:.0f}% (mean {100 * (b.mean_signed_error or 0):+.0f}%)"
+             for b in found]
+    return f"measured error of the model under traffic ({band_cases(found[0])}, `shardplan validate`): {', '.join(parts)}"

@@ -8,8 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from shardplan import units
-from shardplan.cli.render_common import breakdown_table, console, file_written, fitted_table, fmt_count, fmt_gib, fmt_seconds
-from shardplan.cost.accuracy import band_cases
+from shardplan.cli.render_common import breakdown_table, load_band_line, console, file_written, fitted_table, fmt_count, fmt_gib, fmt_seconds
 from shardplan.cost.report import CostReport, FitAtBandEdge, LoadReport, PredictionBand, TrainingMemoryReport, TrainingTimeReport
 from shardplan.plan.schema import DeploymentManifest, ServingTime
 from shardplan.search.explain import describe
@@ -125,22 +124,6 @@ def load_table(ld: LoadReport, bands: list[PredictionBand] | None = None) -> Non
     line = load_band_line(bands)
     if line:
         console.print(line, markup=False, highlight=False)
-
-
-_LOAD_NAMES = {"ttft_p50": "median TTFT", "tpot_p50": "median TPOT", "output_tokens_per_second": "output tokens/s"}
-
-
-def load_band_line(bands: list[PredictionBand] | None) -> str:
-    """'measured error (shardplan validate): median TTFT ±86.2% (mean -75%), ... over 6 vLLM V1 ...
-    serving benchmark runs below saturation'; '' without load bands."""
-    found = [b for b in bands or [] if b.quantity in _LOAD_NAMES]
-    if not found:
-        return ""
-    if any(b.band_abs_error is None for b in found):
-        return f"measured error: {found[0].note}"
-    parts = [f"{_LOAD_NAMES[b.quantity]} ±{100 * b.band_abs_error:.0f}% (mean {100 * (b.mean_signed_error or 0):+.0f}%)"
-             for b in found]
-    return f"measured error of the model under traffic ({band_cases(found[0])}, `shardplan validate`): {', '.join(parts)}"
 
 
 def _time_report(r: CostReport) -> None:

@@ -73,6 +73,13 @@ def workload_bands(workload: InferenceWorkload | TrainingWorkload, hw: HardwareP
     return accuracy.serving_bands(bands_file(), generation, workload.engine, own)
 
 
+def load_bands(workload: InferenceWorkload, hw: HardwareProfile, saturated: bool) -> list[PredictionBand]:
+    """The bands of a serving plan's figures under traffic in its regime (median TTFT, median TPOT,
+    output tokens/s), without the KV capacity's."""
+    generation = engine_generation(workload.engine, workload.engine_version)
+    return accuracy.serving_bands(bands_file(), generation, workload.engine, profile_bands(hw), saturated=saturated)[1:]
+
+
 def goal_at_edge(goal: Goal, workload: InferenceWorkload | TrainingWorkload, hw: HardwareProfile, *,
                  strict_fit: bool) -> Goal:
     """`goal` with the band the search applies where it decides fit: tight plans rank after
@@ -88,4 +95,4 @@ def goal_at_edge(goal: Goal, workload: InferenceWorkload | TrainingWorkload, hw:
     return replace(goal, kv_capacity_band_fraction=band, strict_fit=strict_fit)
 
 
-__all__ = ["banded", "goal_at_edge", "profile_bands", "workload_bands"]
+__all__ = ["banded", "goal_at_edge", "load_bands", "profile_bands", "workload_bands"]

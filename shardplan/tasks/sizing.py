@@ -20,6 +20,7 @@ from pydantic import Field
 
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import serving_memory
+from shardplan.cost.report import PredictionBand
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.traffic import SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_rate, latency_floor, load_figures
 from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
@@ -52,6 +53,8 @@ class LatencyAtRate(Result):
     ttft_seconds: float = Field(description="TTFT at that percentile, at the asked rate")
     tpot_seconds: float = Field(description="TPOT at that percentile, at the asked rate")
     output_tokens_per_second_per_gpu: float = Field(description="goodput over the plan's GPUs")
+    saturated: bool = Field(description="whether requests wait in the engine's queue at the asked rate "
+                                        "(which regime's measured band the figures carry)")
 
 
 class SlaSizing(Result):
@@ -69,6 +72,9 @@ class SlaSizing(Result):
     rows: list[SizingRow] = Field(description="every replica shape tried, fewest GPUs first")
     best: SizingRow | None = Field(description="the answer: the fewest GPUs; null: no shape meets the SLA")
     at_rate: LatencyAtRate | None = Field(description="the answer's latency and goodput at the asked rate")
+    bands: list[PredictionBand] | None = Field(
+        None, description="the measured error band of the answer's median TTFT, median TPOT and output tokens/s: "
+                          "published benchmark runs of the engine generation in the answer's regime (`shardplan validate`)")
 
     @property
     def found(self) -> bool:
@@ -147,7 +153,8 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
         key = f"p{sla.percentile}"
         at_rate = LatencyAtRate(p=sla.percentile, ttft_seconds=getattr(f.replica.ttft_seconds, key),
                                 tpot_seconds=getattr(f.replica.tpot_seconds, key),
-                                output_tokens_per_second_per_gpu=f.output_tokens_per_second_per_gpu)
+                                output_tokens_per_second_per_gpu=f.output_tokens_per_second_per_gpu,
+                                saturated=f.saturated)
     return SlaSizing(
         model=spec.name, hardware=hw.name, request_rate=rate, max_ttft_seconds=sla.max_ttft_seconds,
         max_tpot_seconds=sla.max_tpot_seconds, slo_percentile=sla.percentile,

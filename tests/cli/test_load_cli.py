@@ -174,6 +174,14 @@ def test_capacity_sizes_gpus_for_a_rate_within_the_sla(cli):
     assert a["ttft_seconds"] <= 1.0 and a["tpot_seconds"] <= 0.05
     served = [r["num_gpus"] for r in d["rows"] if r["num_gpus"] is not None]
     assert b["num_gpus"] == min(served)
+    # the answer's figures at the rate carry the measured band of their engine generation and regime
+    from shardplan.knowledge.load import bands_file
+
+    regime = "saturated" if a["saturated"] else "below saturation"
+    assert [(x["quantity"], x["group"]) for x in d["bands"]] == [
+        (q, f"vLLM V1, {regime}") for q in ("ttft_p50", "tpot_p50", "output_tokens_per_second")]
+    assert d["bands"][0]["band_abs_error"] == bands_file().band("serving_load", f"vLLM V1, {regime}",
+                                                                 "ttft_p50").band_abs_error
     more = _ok(cli("capacity", "llama-3.1-70b", "--request-rate", "48", "--max-ttft-ms", "1000", "--max-tpot-ms", "50",
                    "--input-len", "2000", "--output-len", "300", "--json"))
     assert more["best"]["num_gpus"] > b["num_gpus"]
