@@ -34,20 +34,23 @@ def main() -> None:
         e = S.errors(c, r)
         load = "rate inf" if c.max_concurrency is None else f"c={c.max_concurrency}"
         rows.append((c, m, r, e, load))
-    print("| run | engine | GPUs | load | median TTFT ms (pred / meas) | median TPOT ms | output tok/s | err TTFT | err TPOT | err tok/s |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| run | engine | GPUs | load | median TTFT ms (pred / meas) | median TPOT ms | median ITL ms | output tok/s "
+          "| err TTFT | err TPOT | err ITL | err tok/s |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c, m, r, e, load in rows:
         print(f"| {c.id} | {c.engine} {c.engine_version} | {c.tp}x {c.hardware} | {load} | "
               f"{r.ttft_seconds.p50 * 1e3:,.1f} / {m.median_ttft_ms:,.1f} | {r.tpot_seconds.p50 * 1e3:,.1f} / "
-              f"{m.median_tpot_ms or math.nan:,.1f} | {r.output_tokens_per_second:,.0f} / {m.output_tokens_per_second:,.0f} | "
-              f"{e['median_ttft']:+.0%} | {e['median_tpot']:+.0%} | {e['output_throughput']:+.0%} |")
+              f"{m.median_tpot_ms or math.nan:,.1f} | "
+              f"{(r.itl_seconds.p50 * 1e3) if r.itl_seconds is not None else math.nan:,.1f} / {m.median_itl_ms or math.nan:,.1f} | "
+              f"{r.output_tokens_per_second:,.0f} / {m.output_tokens_per_second:,.0f} | "
+              f"{e['median_ttft']:+.0%} | {e['median_tpot']:+.0%} | {e['median_itl']:+.0%} | {e['output_throughput']:+.0%} |")
     print()
     for label, keep in (("at most 16 in flight", lambda c: c.max_concurrency is not None and c.max_concurrency <= 16),
                         ("saturation (more in flight, or rate inf)", lambda c: not (c.max_concurrency is not None
                                                                                    and c.max_concurrency <= 16))):
         sel = [x for x in rows if keep(x[0])]
         parts = []
-        for k, name, tol in (("median_ttft", "TTFT", 0.20), ("median_tpot", "TPOT", 0.20),
+        for k, name, tol in (("median_ttft", "TTFT", 0.20), ("median_tpot", "TPOT", 0.20), ("median_itl", "ITL", 0.20),
                              ("output_throughput", "output tok/s", 0.15)):
             v = [abs(x[3][k]) for x in sel if x[3][k] == x[3][k]]
             if v:

@@ -210,7 +210,8 @@ def fitted_table(title: str, columns: list[tuple[str, str, int]], rows: list[lis
     return t
 
 
-_LOAD_NAMES = {"ttft_p50": "median TTFT", "tpot_p50": "median TPOT", "output_tokens_per_second": "output tokens/s"}
+_LOAD_NAMES = {"ttft_p50": "median TTFT", "tpot_p50": "median TPOT", "itl_p50": "median ITL",
+               "output_tokens_per_second": "output tokens/s"}
 
 
 def load_band_line(bands: list[Any] | None) -> str:

@@ -113,8 +113,10 @@ def load_table(ld: LoadReport, bands: list[PredictionBand] | None = None) -> Non
     t = Table(title_justify="left")
     for c in ("", "mean", "p50", "p90", "p99"):
         t.add_column(c, justify="right" if c else "left")
-    for name, pct in (("TTFT", ld.ttft_seconds), ("TPOT", ld.tpot_seconds), ("end-to-end", ld.e2e_seconds)):
-        t.add_row(name, *[fmt_seconds(getattr(pct, k)) for k in ("mean", "p50", "p90", "p99")])
+    for name, pct in (("TTFT", ld.ttft_seconds), ("TPOT", ld.tpot_seconds), ("ITL", ld.itl_seconds),
+                      ("end-to-end", ld.e2e_seconds)):
+        if pct is not None:
+            t.add_row(name, *[fmt_seconds(getattr(pct, k)) for k in ("mean", "p50", "p90", "p99")])
     console.print(t)
     state = "[red]saturated[/red]" if ld.saturated else "not saturated"
     console.print(f"{ld.output_tokens_per_second:,.0f} output tokens/s ({ld.output_tokens_per_second_per_gpu:,.0f} per GPU), "

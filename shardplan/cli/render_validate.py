@@ -7,7 +7,7 @@ from shardplan.cli.render_common import console, fitted_table
 from shardplan.tasks.validate import ValidateResult
 
 QUANTITY_NAMES = {"kv_capacity": "KV capacity", "peak_memory": "peak memory", "tokens_per_second": "tokens/s",
-                  "start_verdict": "start/refuse", "ttft_p50": "median TTFT", "tpot_p50": "median TPOT",
+                  "start_verdict": "start/refuse", "ttft_p50": "median TTFT", "tpot_p50": "median TPOT", "itl_p50": "median ITL",
                   "output_tokens_per_second": "output tokens/s"}
 
 
@@ -53,6 +53,6 @@ def _fmt(value: float, quantity: str) -> str:
         return f"{value / units.BYTES_PER_GIB:.2f} GiB"
     if quantity == "start_verdict":
         return "started" if value else "refused"
-    if quantity in ("ttft_p50", "tpot_p50"):
+    if quantity in ("ttft_p50", "tpot_p50", "itl_p50"):
         return f"{value * 1e3:,.1f} ms"
     return f"{value:,.0f}"

@@ -156,7 +156,7 @@ def estimate(
 
 
 def _load(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: Any) -> LoadReport:
-    f = load_figures(spec, hw, layout, wl, sm.kv_account)
+    f = load_figures(spec, hw, layout, wl, sm.kv_account, itl=True)
     r, load = f.replica, wl.load
     assert load is not None  # checked by the caller
     reqs = requests_for(wl, load, max(1, r.num_requests))
@@ -167,6 +167,7 @@ def _load(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWor
         prefix_cache_hit=load.prefix_cache_hit_fraction, num_replicas=f.num_replicas,
         ttft_seconds=LatencyPercentiles(**vars(r.ttft_seconds)), tpot_seconds=LatencyPercentiles(**vars(r.tpot_seconds)),
         e2e_seconds=LatencyPercentiles(**vars(r.e2e_seconds)),
+        itl_seconds=LatencyPercentiles(**vars(r.itl_seconds)) if r.itl_seconds is not None else None,
         request_throughput_per_second=f.request_throughput_per_second, output_tokens_per_second=f.output_tokens_per_second,
         output_tokens_per_second_per_gpu=f.output_tokens_per_second_per_gpu, total_tokens_per_second=f.total_tokens_per_second,
         saturation_request_rate=f.saturation_request_rate_per_second, saturated=f.saturated, num_steps=r.num_steps,

@@ -383,6 +383,9 @@ class LoadReport(Frozen):
     ttft_seconds: LatencyPercentiles = Field(description="time to first token from sending")
     tpot_seconds: LatencyPercentiles = Field(description="time per output token after the first, per request")
     e2e_seconds: LatencyPercentiles = Field(description="end-to-end latency from sending")
+    itl_seconds: LatencyPercentiles | None = Field(
+        None, description="inter-token latency: the gaps between a request's successive tokens over all requests, "
+                          "as the benchmark clients' ITL figures")
     request_throughput_per_second: float = Field(description="requests completed per second, all replicas")
     output_tokens_per_second: float = Field(description="output tokens per second, all replicas")
     output_tokens_per_second_per_gpu: float = Field(description="output tokens per second over all the plan's GPUs")

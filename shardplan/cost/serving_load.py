@@ -113,6 +113,9 @@ class LoadResult:
     # rate the replica keeps up once running, without the ramp at the start and the drain at the end
     steady_request_throughput_per_second: float
     mean_decode_batch: float  # decoding requests per step that had any
+    # The gaps between a request's successive tokens over all requests, as the clients' ITL (inter-token
+    # latency) figures are; None unless the simulation was asked for them (`simulate(itl=True)`).
+    itl_seconds: Percentiles | None = None
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -123,6 +126,36 @@ def percentile(sorted_values: list[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def weighted_percentile(pairs: list[tuple[float, int]], q: float) -> float:
+    """`percentile` of the values each repeated by its count, without expanding them: (value,
+    count) pairs, any order."""
+    if not pairs:
+        return math.nan
+    ordered = sorted(pairs)
+    total = sum(c for _, c in ordered)
+    pos = (total - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, total - 1)
+    lo_v = hi_v = math.nan
+    seen = 0
+    for v, c in ordered:
+        if seen <= lo < seen + c:
+            lo_v = v
+        if seen <= hi < seen + c:
+            hi_v = v
+            break
+        seen += c
+    return lo_v + (hi_v - lo_v) * (pos - lo)
+
+
+def _weighted_summary(pairs: list[tuple[float, int]]) -> Percentiles:
+    total = sum(c for _, c in pairs)
+    if not total:
+        return Percentiles(math.nan, math.nan, math.nan, math.nan)
+    return Percentiles(sum(v * c for v, c in pairs) / total, weighted_percentile(pairs, 50),
+                       weighted_percentile(pairs, 90), weighted_percentile(pairs, 99))
 
 
 def _summary(values: list[float]) -> Percentiles:
@@ -196,10 +229,14 @@ class GiveUp:
     tpot_seconds: float | None
 
 
-def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp | None = None) -> LoadResult:
+def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp | None = None,
+             itl: bool = False) -> LoadResult:
     """Run every request of `traffic` through the scheduler; figures as the benchmark clients give
     them. With `give_up`, SlaBroken as soon as the SLA's percentile is certainly broken (a search
-    needs the verdict only, and a load past what the replica sustains would queue for long)."""
+    needs the verdict only, and a load past what the replica sustains would queue for long). With
+    `itl`, the inter-token gaps too: each decode step gives each of its decoding requests a gap
+    from the end of the last step that gave decode tokens (a prompt-only step between them, as
+    SGLang runs them, lengthens it) to its own end."""
     n = len(traffic.requests)
     broken = 0
     per_step = model.tokens_per_decode_step
@@ -244,6 +281,20 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     cross_heap: list[tuple[int, int, int]] = []
 
     last_free = 0.0  # when a concurrency slot last freed: a capped client sends its next request then
+    gaps: list[tuple[float, int]] | None = [] if itl else None  # (inter-token gap, requests that had it)
+    joined: list[float] = []  # first-token times of the requests that started decoding since the last decode step
+    last_decode_end = 0.0
+
+    def record_gaps(decoders: int, since: float) -> float:
+        """A decode step ending now gives each of its `decoders` a token: the ones that joined since
+        the last decode step a gap from their first token, the others from that step's end."""
+        assert gaps is not None
+        for t in joined:
+            gaps.append((now - t, 1))
+        if decoders > len(joined):
+            gaps.append((now - since, decoders - len(joined)))
+        joined.clear()
+        return now
     # What the inner loop reads, read once.
     requests, first_token_sent = traffic.requests, traffic.first_token_sent
     ttft_limit = give_up.ttft_seconds if give_up is not None else None
@@ -319,6 +370,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             finish(r, t)
             return
         decoding += 1
+        if gaps is not None and r.generated == 1:
+            joined.append(t)
         # Each decode step yields per_step tokens (1, or E with speculative decoding).
         heapq.heappush(finish_heap, (decode_steps + math.ceil((r.output - r.generated) / per_step - 1e-9), r.epoch, r.i))
         if windowed and r.prompt + r.generated - 1 < window:
@@ -436,6 +489,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                 while (decode_steps + 1 < stop and now < nxt
                        and used + slide + decoding + charge * inside <= capacity):
                     now += fixed + a_kv * used + per_seq
+                    if gaps is not None:
+                        last_decode_end = record_gaps(decoding, last_decode_end)
                     decode_steps += 1
                     used += grow
                     slide += slide_grow
@@ -444,6 +499,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             else:
                 while decode_steps + 1 < stop and now < nxt and used + decoding <= capacity:
                     now += fixed + a_kv * used + per_seq
+                    if gaps is not None:
+                        last_decode_end = record_gaps(decoding, last_decode_end)
                     decode_steps += 1
                     used += grow
                     remaining_out -= grow
@@ -534,6 +591,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             r.computed += c
             used += c
         if step_decoding:
+            if gaps is not None:
+                last_decode_end = record_gaps(step_decoding, last_decode_end)
             decode_steps += 1
             used += step_decoding * per_step
             remaining_out -= step_decoding * per_step
@@ -590,6 +649,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         num_refused=refused,
         peak_running=peak,
         mean_decode_batch=decode_batch_sum / decode_steps if decode_steps else 0.0,
+        itl_seconds=_weighted_summary(gaps) if gaps is not None else None,
     )
 
 
@@ -605,10 +665,10 @@ def scheduler_for(wl: InferenceWorkload, kv: KvAccount | int) -> Scheduler:
                      window_charge=kv.window_charge)
 
 def serve_traffic(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, traffic: Traffic,
-                  kv: KvAccount | int | None = None) -> LoadResult:
+                  kv: KvAccount | int | None = None, itl: bool = False) -> LoadResult:
     """One replica of `layout` serving `traffic` under its engine's scheduler (None: the KV cache
     from the engine's start-up arithmetic, `serving_memory`)."""
     if kv is None:
         kv = serving_memory(spec, hw, layout, wl).kv_account
     model = StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
-    return simulate(model, scheduler_for(wl, kv), traffic)
+    return simulate(model, scheduler_for(wl, kv), traffic, itl=itl)

@@ -63,8 +63,8 @@ def requests_for(wl: InferenceWorkload, load: ServingLoad, num: int) -> tuple[tu
 
 
 def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, kv: KvAccount | int,
-                 *, model: StepModel | None = None) -> LoadFigures:
-    """The plan of `layout` under `wl.load` (which must be set)."""
+                 *, model: StepModel | None = None, itl: bool = False) -> LoadFigures:
+    """The plan of `layout` under `wl.load` (which must be set); with `itl`, its inter-token gaps too."""
     load = wl.load
     if load is None:
         raise ValueError("the workload carries no load")  # a caller's bug
@@ -77,7 +77,7 @@ def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infer
     sched = scheduler_for(wl, kv)
     traffic = Traffic(requests=reqs, request_rate_per_second=rate, poisson=load.poisson, max_concurrency=conc,
                       prefix_cache_hit_fraction=load.prefix_cache_hit_fraction, seed=load.seed)
-    result = simulate(step, sched, traffic)
+    result = simulate(step, sched, traffic, itl=itl)
     # The saturation rate is read off a burst long enough to refill every sequence slot several
     # times: a burst the engine runs in one go (every request admitted at once, identical lengths
     # finishing together) has no steady stretch to read it from.

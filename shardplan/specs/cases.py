@@ -165,6 +165,7 @@ class ServingLoadMeasured(StrictModel):
 
     median_ttft_ms: float = Field(..., gt=0, le=1e9, description="Median TTFT (ms)")
     median_tpot_ms: float | None = Field(None, gt=0, le=1e8, description="Median TPOT (ms); absent: one-token outputs")
+    median_itl_ms: float | None = Field(None, gt=0, le=1e8, description="Median ITL (ms); absent: not reported")
     output_tokens_per_second: float = Field(..., gt=0, le=1e9, description="Output token throughput (tok/s)")
 
 

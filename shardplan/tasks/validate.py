@@ -19,7 +19,7 @@ from shardplan.validation.shipped import CORPUS_DIR, shipped_cases
 from shardplan.validation.stats import BAND_PERCENTILE, group_stats
 
 UNITS = {"kv_capacity": "tokens", "peak_memory": "bytes", "tokens_per_second": "tokens_per_second_per_gpu",
-         "start_verdict": "started (1) or refused (0)", "ttft_p50": "seconds", "tpot_p50": "seconds",
+         "start_verdict": "started (1) or refused (0)", "ttft_p50": "seconds", "tpot_p50": "seconds", "itl_p50": "seconds",
          "output_tokens_per_second": "tokens_per_second"}
 
 

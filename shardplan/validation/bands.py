@@ -29,7 +29,7 @@ from shardplan.validation.shipped import CORPUS_DIR, shipped_cases
 from shardplan.validation.stats import BAND_PERCENTILE, group_stats
 
 COMMAND = "python -m shardplan.validation.bands"
-BANDED = ("kv_capacity", "peak_memory", "tokens_per_second", "ttft_p50", "tpot_p50", "output_tokens_per_second")
+BANDED = ("kv_capacity", "peak_memory", "tokens_per_second", "ttft_p50", "tpot_p50", "itl_p50", "output_tokens_per_second")
 DECIMALS = 6  # fractions to 1e-6: finer is float noise (the test compares within it)
 
 

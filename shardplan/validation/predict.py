@@ -9,7 +9,7 @@ reserved peak for nvidia-smi and reserved figures). A fine-tuning row likewise, 
 row (the longest sequence that fit on the device) compares the predicted reserved peak at that
 length with the device's memory. A serving benchmark run is one replica under the run's traffic
 (`cost.serving_load.serve_traffic`, the KV cache from the engine's start-up arithmetic), its
-median TTFT, median TPOT and output throughput compared in the group of its engine generation and
+median TTFT, median TPOT, median ITL (where the run reports it) and output throughput compared in the group of its engine generation and
 of its regime: saturated (requests wait in the engine's queue: rate inf, or more clients than the
 engine runs at once), or below saturation (`cost.traffic.is_saturated`, as an estimate decides it).
 """
@@ -220,7 +220,7 @@ def predict_serving_load(case: ServingLoadCase, corpus: Path | None = None):
     sm = serving_memory(spec, hw, layout, wl)
     if not sm.fits:
         raise ShardplanError(f"does not start as shardplan sizes it: {sm.reason}")
-    result = serve_traffic(spec, hw, layout, wl, traffic, kv=sm.kv_account)
+    result = serve_traffic(spec, hw, layout, wl, traffic, kv=sm.kv_account, itl=True)
     rate, conc = traffic.request_rate_per_second, traffic.max_concurrency
     capacity = (result.steady_request_throughput_per_second if math.isinf(rate) else
                 serve_traffic(spec, hw, layout, wl, dataclasses.replace(traffic, request_rate_per_second=math.inf,
@@ -272,6 +272,9 @@ def compare(case: Case, corpus: Path | None = None) -> list[Comparison]:
         if m.median_tpot_ms is not None and result.tpot_seconds.p50 == result.tpot_seconds.p50:  # NaN: no TPOT
             out.append(Comparison(**group, quantity="tpot_p50", measured=m.median_tpot_ms / 1e3,
                                   predicted=result.tpot_seconds.p50))
+        if m.median_itl_ms is not None and result.itl_seconds is not None and result.itl_seconds.p50 == result.itl_seconds.p50:
+            out.append(Comparison(**group, quantity="itl_p50", measured=m.median_itl_ms / 1e3,
+                                  predicted=result.itl_seconds.p50))
         out.append(Comparison(**group, quantity="output_tokens_per_second", measured=m.output_tokens_per_second,
                               predicted=result.output_tokens_per_second))
         return out

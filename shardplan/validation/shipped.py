@@ -254,6 +254,7 @@ def serving_load_row_case(row: dict, corpus: Path = CORPUS_DIR, path: Path | Non
         max_concurrency=row.get("max_concurrency"),
         request_rate_per_second=None if rate in (None, "inf") else float(rate),
         measured=ServingLoadMeasured(median_ttft_ms=m["median_ttft_ms"], median_tpot_ms=m.get("median_tpot_ms"),
+                                     median_itl_ms=m.get("median_itl_ms"),
                                      output_tokens_per_second=m["output_tokens_per_second"])))
 
 

@@ -155,7 +155,7 @@ def test_the_manifest_records_the_bands_and_old_plans_still_read_back(cli, tmp_p
     kv, *under = data["predicted"]["bands"]
     assert (kv["group"], kv["band_abs_error"]) == ("vLLM V1", _band("engine_log", "vLLM V1", "kv_capacity").band_abs_error)
     # the plan is judged under traffic (goodput within the SLA): its figures there carry their bands too
-    assert [b["quantity"] for b in under] == ["ttft_p50", "tpot_p50", "output_tokens_per_second"]
+    assert [b["quantity"] for b in under] == ["ttft_p50", "tpot_p50", "itl_p50", "output_tokens_per_second"]
     assert {b["group"] for b in under} <= {"vLLM V1, below saturation", "vLLM V1, saturated"}
     text = " ".join(cli("recommend", "llama-3.1-8b", "--gpus", "1").stdout.split())
     assert (f"#1: measured error of the model under traffic (p90 of {under[0]['num_cases']} vLLM V1 "
@@ -183,7 +183,7 @@ def test_figures_under_traffic_carry_their_engine_and_regimes_band(cli, load, re
     assert d["load"]["saturated"] is (regime == "saturated")
     kv, *under = d["bands"]
     assert kv["quantity"] == "kv_capacity"  # "fits" is still decided on the KV capacity's band
-    assert [b["quantity"] for b in under] == ["ttft_p50", "tpot_p50", "output_tokens_per_second"]
+    assert [b["quantity"] for b in under] == ["ttft_p50", "tpot_p50", "itl_p50", "output_tokens_per_second"]
     for b in under:
         shipped = _band("serving_load", f"vLLM V1, {regime}", b["quantity"])
         assert (b["kind"], b["group"]) == ("serving_load", f"vLLM V1, {regime}")

@@ -179,7 +179,7 @@ def test_capacity_sizes_gpus_for_a_rate_within_the_sla(cli):
 
     regime = "saturated" if a["saturated"] else "below saturation"
     assert [(x["quantity"], x["group"]) for x in d["bands"]] == [
-        (q, f"vLLM V1, {regime}") for q in ("ttft_p50", "tpot_p50", "output_tokens_per_second")]
+        (q, f"vLLM V1, {regime}") for q in ("ttft_p50", "tpot_p50", "itl_p50", "output_tokens_per_second")]
     assert d["bands"][0]["band_abs_error"] == bands_file().band("serving_load", f"vLLM V1, {regime}",
                                                                  "ttft_p50").band_abs_error
     more = _ok(cli("capacity", "llama-3.1-70b", "--request-rate", "48", "--max-ttft-ms", "1000", "--max-tpot-ms", "50",

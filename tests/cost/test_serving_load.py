@@ -222,3 +222,33 @@ def test_speculative_decoding_yields_leviathans_expected_tokens_per_step():
     assert results[0.8].tpot_seconds.p50 < 0.7 * plain.tpot_seconds.p50
     assert results[0.05].tpot_seconds.p50 > plain.tpot_seconds.p50
     assert all(r.num_requests == 60 for r in (plain, *results.values()))
+
+
+def test_weighted_percentile_is_the_percentile_of_the_values_repeated():
+    from shardplan.cost.serving_load import weighted_percentile
+
+    pairs = [(0.5, 3), (0.1, 1), (0.9, 2), (0.3, 4)]
+    flat = sorted(v for v, c in pairs for _ in range(c))
+    for q in (0, 10, 37, 50, 90, 99, 100):
+        assert weighted_percentile(pairs, q) == pytest.approx(percentile(flat, q), abs=1e-15)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_inter_token_gaps_add_up_to_each_requests_decode_time(engine):
+    """Each request's gaps run from its first token to its last, so their mean over all gaps is
+    sum(e2e - TTFT) / sum(outputs - 1) whatever the interleaving: vLLM's mixed steps, or SGLang's
+    prompt-only steps that stall every decode (a gap across one is a decode step and a prefill)."""
+    wl = _wl(engine)
+    reqs = tuple((300 + 71 * i % 1700, 40 + 23 * i % 300) for i in range(120))
+    r = serve_traffic(SPEC, H100, ONE, wl, Traffic(requests=reqs, request_rate_per_second=6.0, seed=5), itl=True)
+    assert r.num_preemptions == 0 and r.num_refused == 0
+    n = len(reqs)
+    decode_seconds = n * (r.e2e_seconds.mean - r.ttft_seconds.mean)
+    assert r.itl_seconds.mean == pytest.approx(decode_seconds / (sum(o for _, o in reqs) - n), rel=1e-9)
+    assert r.itl_seconds.p50 <= r.itl_seconds.p90 <= r.itl_seconds.p99
+    step = _model(wl).seconds(tokens=1, sampled=1, decoding=1, kv_tokens=300, prompt_units=0, prompt_step=False)
+    assert r.itl_seconds.p50 >= step  # no gap is shorter than a decode step alone
+    if engine == "sglang":  # prompt-only steps: a gap across one is much longer than a decode step
+        assert r.itl_seconds.p99 > 3 * r.itl_seconds.p50
+    # the search's simulations leave them out
+    assert serve_traffic(SPEC, H100, ONE, wl, Traffic(requests=reqs[:5])).itl_seconds is None

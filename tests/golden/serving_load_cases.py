@@ -50,10 +50,12 @@ def is_moe(case: ServingLoadCase) -> bool:
 
 
 def errors(case: ServingLoadCase, result: Any) -> dict[str, float]:
-    """Relative errors (predicted / measured - 1) of the three judged figures (NaN: the run has no TPOT)."""
+    """Relative errors (predicted / measured - 1) of the judged figures (NaN: the run has no TPOT or ITL)."""
     m = case.measured
     return {
         "median_ttft": result.ttft_seconds.p50 * 1e3 / m.median_ttft_ms - 1,
         "median_tpot": result.tpot_seconds.p50 * 1e3 / m.median_tpot_ms - 1 if m.median_tpot_ms else float("nan"),
+        "median_itl": (result.itl_seconds.p50 * 1e3 / m.median_itl_ms - 1
+                       if m.median_itl_ms and result.itl_seconds is not None else float("nan")),
         "output_throughput": result.output_tokens_per_second / m.output_tokens_per_second - 1,
     }

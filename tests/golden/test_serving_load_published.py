@@ -101,7 +101,7 @@ def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
     runs alone 0.51 -> 0.26; before SGLang's eager prefill was costed by the ops of each layer's kind
     (MLA, MoE, block FP8: knowledge/engines/sglang.yaml python_ops_per_layer_parts) TTFT was 0.53.
     """
-    errors: dict[str, list[float]] = {"median_ttft": [], "median_tpot": [], "output_throughput": []}
+    errors: dict[str, list[float]] = {"median_ttft": [], "median_tpot": [], "median_itl": [], "output_throughput": []}
     for c in S.cases():
         try:
             e = S.errors(c, S.predict(c))
@@ -114,3 +114,6 @@ def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
     assert statistics.median(errors["median_tpot"]) <= 0.20
     assert statistics.median(errors["median_ttft"]) <= 0.46
     assert statistics.median(errors["output_throughput"]) <= 0.15
+    # The gaps between tokens (71 runs print a median ITL): the step times at the batches the runs
+    # decode at, less the queueing and the prompt stalls that TPOT also holds. 0.155 when added.
+    assert len(errors["median_itl"]) >= 60 and statistics.median(errors["median_itl"]) <= 0.16

@@ -190,7 +190,7 @@ COOKBOOK = dict(kind="serving_load", id="llama70b-a100-c64", source="https://git
                 "(docs/autoregressive/Llama/Llama3.1.md#L567)", model="llama-3.1-70b", hardware="a100-sxm-80gb",
                 gpus=8, engine="sglang", engine_version="0.5.6", tp=8, client="sglang", dataset="random", input_len=8000,
                 output_len=1000, num_requests=320, total_input_tokens=1273893, total_output_tokens=170000,
-                max_concurrency=64, measured=dict(median_ttft_ms=616.38, median_tpot_ms=82.85,
+                max_concurrency=64, measured=dict(median_ttft_ms=616.38, median_tpot_ms=82.85, median_itl_ms=34.12,
                                                   output_tokens_per_second=788.27))
 BURST = dict(kind="serving_load", id="qwen3-14b-h100-burst", source="https://github.com/gpustack/gpustack "
              "(docs/performance-lab/qwen3-14b/h100.md#L89)", model="models/qwen3-14b.json", hardware="h100-sxm-80gb",
@@ -218,7 +218,7 @@ def _serving_by_hand(model, hw_name, tp, engine, version, requests, conc):
                             checkpoint_expert_format=spec.expert_dtype)
     layout = Layout(tp=tp)
     kv = serving_memory(spec, hw, layout, wl).kv_account
-    return serve_traffic(spec, hw, layout, wl, Traffic(requests=requests, max_concurrency=conc), kv=kv)
+    return serve_traffic(spec, hw, layout, wl, Traffic(requests=requests, max_concurrency=conc), kv=kv, itl=True)
 
 
 def test_user_serving_runs_match_an_independent_recomputation(cli, tmp_path):
@@ -247,6 +247,8 @@ def test_user_serving_runs_match_an_independent_recomputation(cli, tmp_path):
         want.tpot_seconds.p50 / 0.08285 - 1, abs=1e-12)
     assert got[("llama70b-a100-c64", "output_tokens_per_second")]["error"] == pytest.approx(
         want.output_tokens_per_second / 788.27 - 1, abs=1e-12)
+    assert got[("llama70b-a100-c64", "itl_p50")]["predicted"] == pytest.approx(want.itl_seconds.p50, rel=1e-12)
+    assert ("qwen3-14b-h100-burst", "itl_p50") not in got  # its block's median ITL is not in the case
     # 64 clients, every one running at once: below saturation
     assert want.peak_running == 64
     assert got[("llama70b-a100-c64", "ttft_p50")]["group"] == "SGLang, below saturation"
