@@ -192,7 +192,8 @@ class ServingLoadCase(_Case):
     dataset: Literal["random", "sharegpt"]
     input_len: Positive | None = Field(None, description="random: the prompt length asked for (tokens)")
     output_len: Positive | None = Field(None, description="random: the output length asked for (tokens)")
-    num_requests: Positive = Field(..., description="Successful requests")
+    num_requests: Annotated[int, Field(gt=0, le=100_000)] = Field(
+        ..., description="Successful requests (at most 100,000: each is simulated)")
     total_input_tokens: Annotated[int, Field(ge=1, le=10**11)]
     total_output_tokens: Annotated[int, Field(ge=1, le=10**11)]
     max_concurrency: Positive | None = Field(None, description="the client's cap on requests in flight; absent: none")

@@ -217,10 +217,20 @@ def predict_serving_load(case: ServingLoadCase, corpus: Path | None = None):
     from shardplan.cost.traffic import is_saturated
 
     spec, hw, layout, wl, traffic = serving_load_inputs(case, corpus)
+    longest = max(p + o for p, o in traffic.requests)
+    context = wl.max_model_len or spec.max_position_embeddings
+    if longest > context:
+        raise ShardplanError(f"its requests reach {longest:,} tokens, past max_model_len {context:,}: the engine "
+                             "would refuse them", field="total_input_tokens",
+                             hint="check the token totals and num_requests, or set flags.max_model_len")
     sm = serving_memory(spec, hw, layout, wl)
     if not sm.fits:
         raise ShardplanError(f"does not start as shardplan sizes it: {sm.reason}")
     result = serve_traffic(spec, hw, layout, wl, traffic, kv=sm.kv_account, itl=True)
+    if result.num_refused:
+        raise ShardplanError(f"{result.num_refused:,} of its {len(traffic.requests):,} requests are longer than the KV "
+                             "cache holds: the engine would refuse them", field="total_input_tokens",
+                             hint="check the token totals and num_requests")
     rate, conc = traffic.request_rate_per_second, traffic.max_concurrency
     capacity = (result.steady_request_throughput_per_second if math.isinf(rate) else
                 serve_traffic(spec, hw, layout, wl, dataclasses.replace(traffic, request_rate_per_second=math.inf,

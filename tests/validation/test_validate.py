@@ -287,3 +287,16 @@ def test_a_serving_run_without_its_lengths_is_one_line(cli, tmp_path):
     r = cli("validate", "--cases", path)
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and str(path) in lines[0] and "input_len" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"num_requests": 1_000_000}, "num_requests"),  # each request is simulated: bounded work
+    ({"total_input_tokens": 10**11}, "past max_model_len"),  # prompts the engine would refuse
+    ({"measured": {"median_ttft_ms": float("nan"), "output_tokens_per_second": 1.0}}, "median_ttft_ms"),
+])
+def test_a_hostile_serving_run_is_one_line_exit_2(cli, tmp_path, change, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"cases": [{**COOKBOOK, **change}]}))
+    r = cli("validate", "--cases", path)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and str(path) in lines[0] and words in lines[0], r.stderr
