@@ -7,9 +7,9 @@ loads and passes in; this module only looks them up and applies them, so cost/ s
 Which band a prediction carries:
   serving   KV capacity, the cases of the workload's engine generation ('vLLM V1' for vLLM
             0.21.0: `knowledge.load.engine_generation`); none without an engine version. Under
-            traffic (the report's `load`), also the median TTFT, the median TPOT and the output
-            tokens/s, from the generation's serving benchmark runs in the same regime: saturated
-            (requests wait in the engine's queue) or below saturation
+            traffic (the report's `load`), also the median TTFT, TPOT and ITL and the output tokens/s,
+            from the generation's serving benchmark runs in the same regime: saturated (requests
+            wait in the engine's queue) or below saturation
   training  peak memory and tokens/s per GPU, the cases of the stack ('torchtitan'); with
             LoRA / QLoRA, peak memory from the stack's fine-tuning cases ('hf qlora')
 
@@ -139,8 +139,8 @@ def training_bands(bands: BandsFile, stack: str | None, finetune: str,
 def serving_bands(bands: BandsFile, engine_generation: str | None, engine: str,
                   own: ProfileBands | None = None, saturated: bool | None = None) -> list[PredictionBand]:
     """KV capacity of the engine generation's start-up logs; under traffic (`saturated` given: the
-    load's regime) then the median TTFT, median TPOT and output tokens/s of its serving runs in
-    that regime."""
+    load's regime) then the median TTFT, TPOT and ITL and the output tokens/s of its serving runs
+    in that regime (LOAD_QUANTITIES)."""
     found = [prediction_band(bands, "kv_capacity", "engine_log", engine_generation, f"{engine} without a version", own)]
     if saturated is not None:
         group = None if engine_generation is None else load_group(engine_generation, saturated)

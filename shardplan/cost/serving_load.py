@@ -236,7 +236,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     needs the verdict only, and a load past what the replica sustains would queue for long). With
     `itl`, the inter-token gaps too: each decode step gives each of its decoding requests a gap
     from the end of the last step that gave decode tokens (a prompt-only step between them, as
-    SGLang runs them, lengthens it) to its own end."""
+    SGLang runs them, lengthens it) to its own end, or from its first token if it has just begun
+    decoding (a preempted request's wait to be recomputed is not in its gaps)."""
     n = len(traffic.requests)
     broken = 0
     per_step = model.tokens_per_decode_step

@@ -74,7 +74,7 @@ def workload_bands(workload: InferenceWorkload | TrainingWorkload, hw: HardwareP
 
 
 def load_bands(workload: InferenceWorkload, hw: HardwareProfile, saturated: bool) -> list[PredictionBand]:
-    """The bands of a serving plan's figures under traffic in its regime (median TTFT, median TPOT,
+    """The bands of a serving plan's figures under traffic in its regime (median TTFT, TPOT and ITL,
     output tokens/s), without the KV capacity's."""
     generation = engine_generation(workload.engine, workload.engine_version)
     return accuracy.serving_bands(bands_file(), generation, workload.engine, profile_bands(hw), saturated=saturated)[1:]

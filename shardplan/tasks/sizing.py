@@ -73,7 +73,7 @@ class SlaSizing(Result):
     best: SizingRow | None = Field(description="the answer: the fewest GPUs; null: no shape meets the SLA")
     at_rate: LatencyAtRate | None = Field(description="the answer's latency and goodput at the asked rate")
     bands: list[PredictionBand] | None = Field(
-        None, description="the measured error band of the answer's median TTFT, median TPOT and output tokens/s: "
+        None, description="the measured error band of the answer's median TTFT, TPOT and ITL and output tokens/s: "
                           "published benchmark runs of the engine generation in the answer's regime (`shardplan validate`)")
 
     @property

@@ -9,9 +9,10 @@ reserved peak for nvidia-smi and reserved figures). A fine-tuning row likewise, 
 row (the longest sequence that fit on the device) compares the predicted reserved peak at that
 length with the device's memory. A serving benchmark run is one replica under the run's traffic
 (`cost.serving_load.serve_traffic`, the KV cache from the engine's start-up arithmetic), its
-median TTFT, median TPOT, median ITL (where the run reports it) and output throughput compared in the group of its engine generation and
-of its regime: saturated (requests wait in the engine's queue: rate inf, or more clients than the
-engine runs at once), or below saturation (`cost.traffic.is_saturated`, as an estimate decides it).
+median TTFT, TPOT and ITL (where the run reports them) and output throughput compared in the
+group of its engine generation and of its regime: saturated (requests wait in the engine's
+queue: rate inf, or more clients than the engine runs at once), or below saturation
+(`cost.traffic.is_saturated`, as an estimate decides it).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class Comparison:
     kind: str  # engine_log, training, finetune, serving_load
     group: str  # the engine generation (and a serving run's regime), or the stack (and the fine-tuning method)
     version: str | None  # the engine version of an engine log or a serving run
-    quantity: str  # kv_capacity, peak_memory, tokens_per_second, start_verdict, ttft_p50, tpot_p50, output_tokens_per_second
+    quantity: str  # kv_capacity, peak_memory, tokens_per_second, start_verdict; ttft_p50, tpot_p50, itl_p50,
+    #                output_tokens_per_second (serving runs)
     measured: float
     predicted: float
 
@@ -210,8 +212,9 @@ def serving_load_inputs(case: ServingLoadCase, corpus: Path | None = None):
 
 
 def predict_serving_load(case: ServingLoadCase, corpus: Path | None = None):
-    """The run's LoadResult and whether the replica is saturated under it. Raises ShardplanError
-    where the deployment does not start as shardplan sizes it (nothing to compare)."""
+    """The run's LoadResult (with its inter-token gaps) and whether the replica is saturated under
+    it. Raises ShardplanError where the deployment does not start as shardplan sizes it, or the
+    engine would refuse the run's requests (nothing to compare)."""
     from shardplan.cost.memory_serving import serving_memory
     from shardplan.cost.serving_load import serve_traffic
     from shardplan.cost.traffic import is_saturated
@@ -282,9 +285,9 @@ def compare(case: Case, corpus: Path | None = None) -> list[Comparison]:
         if m.median_tpot_ms is not None and result.tpot_seconds.p50 == result.tpot_seconds.p50:  # NaN: no TPOT
             out.append(Comparison(**group, quantity="tpot_p50", measured=m.median_tpot_ms / 1e3,
                                   predicted=result.tpot_seconds.p50))
-        if m.median_itl_ms is not None and result.itl_seconds is not None and result.itl_seconds.p50 == result.itl_seconds.p50:
-            out.append(Comparison(**group, quantity="itl_p50", measured=m.median_itl_ms / 1e3,
-                                  predicted=result.itl_seconds.p50))
+        itl = result.itl_seconds
+        if m.median_itl_ms is not None and itl is not None and itl.p50 == itl.p50:  # NaN: no decode step
+            out.append(Comparison(**group, quantity="itl_p50", measured=m.median_itl_ms / 1e3, predicted=itl.p50))
         out.append(Comparison(**group, quantity="output_tokens_per_second", measured=m.output_tokens_per_second,
                               predicted=result.output_tokens_per_second))
         return out

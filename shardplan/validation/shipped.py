@@ -5,9 +5,9 @@ Each corpus keeps its measurements as published, with their sources: engine star
 (`training_stacks/<stack>.yaml`: a `case:` and the `measured:` figures as the source printed
 them), LoRA/QLoRA peaks (`finetune/lora_memory.yaml`) and serving benchmark runs
 (`serving_load/*.yaml`: each run's result block quoted, its deployment and traffic as fields; the
-configs of the models shardplan does not bundle in `serving_load/models`). Rows without a complete case (a model
-or a GPU shardplan does not have, or a figure that is not a measurement) are listed as skipped
-with the reason, never dropped silently.
+configs of the models shardplan does not bundle in `serving_load/models`). Rows without a
+complete case (a model or a GPU shardplan does not have, or a figure that is not a measurement)
+are listed as skipped with the reason, never dropped silently.
 """
 
 from __future__ import annotations
