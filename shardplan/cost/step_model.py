@@ -26,6 +26,7 @@ them (vLLM V1's piecewise graphs: `graphs_for_prompt_steps`).
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -154,6 +155,16 @@ class StepModel:
                 self._draft = StepModel(sp.draft, hw, Layout(tp=layout.tp), plain, max_tokens, max_seqs)
             elif sp.method is SpeculativeMethod.MTP:
                 self._mtp_layers = 1.0 / max(1, spec.num_layers)
+
+    def least_seconds_per_token(self) -> float:
+        """No step takes less than this per token it carries: every step of T tokens takes at least
+        linear(T), the curve it is read off (replayed graphs or not), and each linear piece of a
+        curve divided by T is monotone in T, so its least value is at a grid point."""
+        least = math.inf
+        for curve in (self._eager, self._graphs):
+            for i, x in enumerate(curve.xs):
+                least = min(least, curve._y(i) / x)
+        return least
 
     def _proposal_seconds(self, decoding: int, kv_tokens: float) -> float:
         if self.width == 1 or decoding <= 0:
