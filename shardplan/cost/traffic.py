@@ -247,7 +247,8 @@ def token_rate_bound(step: StepModel, load: ServingLoad, mean_input_tokens: floa
     decoding verifies at least one position a token it yields), and no step takes less than
     `StepModel.least_seconds_per_token` per token it carries."""
     tokens = mean_input_tokens * (1 - load.prefix_cache_hit_fraction) + mean_output_tokens
-    return 1.0 / (step.least_seconds_per_token() * max(1.0, tokens))
+    least = step.least_seconds_per_token()
+    return 1.0 / (least * max(1.0, tokens)) if least > 0 else math.inf
 
 
 def latency_floor(step: StepModel, wl: InferenceWorkload, mean_input_tokens: float) -> tuple[float, float]:
