@@ -222,8 +222,17 @@ def load_band_line(bands: list[Any] | None) -> str:
     found = [b for b in bands or [] if b.quantity in _LOAD_NAMES]
     if not found:
         return ""
-    if any(b.band_abs_error is None for b in found):
-        return f"measured error: {found[0].note}"
-    parts = [f"{_LOAD_NAMES[b.quantity]} ±{100 * b.band_abs_error:.0f}% (mean {100 * (b.mean_signed_error or 0):+.0f}%)"
-             for b in found]
-    return f"measured error of the model under traffic ({band_cases(found[0])}, `shardplan validate`): {', '.join(parts)}"
+    # by the cases each band is over (a calibrated profile's own runs may measure only some figures)
+    groups: dict[str, list[str]] = {}
+    unknown = []
+    for b in found:
+        if b.band_abs_error is None:
+            unknown.append(f"{_LOAD_NAMES[b.quantity]}: {b.note}")
+            continue
+        groups.setdefault(band_cases(b), []).append(
+            f"{_LOAD_NAMES[b.quantity]} ±{100 * b.band_abs_error:.0f}% (mean {100 * (b.mean_signed_error or 0):+.0f}%)")
+    if len(groups) == 1 and not unknown:
+        (cases, parts), = groups.items()
+        return f"measured error of the model under traffic ({cases}, `shardplan validate`): {', '.join(parts)}"
+    segments = [f"{', '.join(parts)} ({cases})" for cases, parts in groups.items()] + unknown
+    return f"measured error of the model under traffic (`shardplan validate`): {'; '.join(segments)}"

@@ -200,7 +200,7 @@ def _unit_exponentials(seed: int, n: int) -> list[float]:
 
 class _Request:
     __slots__ = ("i", "prompt", "output", "sent", "computed", "target", "generated", "first_token", "decode_from",
-                 "generated_at_decode", "done", "epoch", "inside")
+                 "generated_at_decode", "done", "epoch", "inside", "last_token")
 
     def __init__(self, i: int, prompt: int, output: int, sent: float) -> None:
         self.i, self.prompt, self.output, self.sent = i, prompt, output, sent
@@ -213,6 +213,7 @@ class _Request:
         self.done = math.nan
         self.epoch = 0  # bumped by each preemption: heap entries of an older epoch are stale
         self.inside = False  # decoding with fewer tokens than the sliding window holds (its window groups grow)
+        self.last_token = math.nan  # when the client last got a token from it (kept for the gaps when it was preempted)
 
 
 class SlaBroken(Exception):
@@ -236,8 +237,9 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     needs the verdict only, and a load past what the replica sustains would queue for long). With
     `itl`, the inter-token gaps too: each decode step gives each of its decoding requests a gap
     from the end of the last step that gave decode tokens (a prompt-only step between them, as
-    SGLang runs them, lengthens it) to its own end, or from its first token if it has just begun
-    decoding (a preempted request's wait to be recomputed is not in its gaps)."""
+    SGLang runs them, lengthens it) to its own end, or from its last token if it has just begun
+    decoding again; a preempted request's recompute ends with a token whose gap holds its wait, as
+    the client sees it."""
     n = len(traffic.requests)
     broken = 0
     per_step = model.tokens_per_decode_step
@@ -283,14 +285,14 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
 
     last_free = 0.0  # when a concurrency slot last freed: a capped client sends its next request then
     gaps: list[tuple[float, int]] | None = [] if itl else None  # (inter-token gap, requests that had it)
-    joined: list[float] = []  # first-token times of the requests that started decoding since the last decode step
+    joined: dict[int, float] = {}  # requests that (re)started decoding since the last decode step: the time they did
     last_decode_end = 0.0
 
     def record_gaps(decoders: int, since: float) -> float:
         """A decode step ending now gives each of its `decoders` a token: the ones that joined since
         the last decode step a gap from their first token, the others from that step's end."""
         assert gaps is not None
-        for t in joined:
+        for t in joined.values():
             gaps.append((now - t, 1))
         if decoders > len(joined):
             gaps.append((now - since, decoders - len(joined)))
@@ -312,6 +314,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             r = _Request(next_send, p, max(1, o), max(arrivals[next_send], last_free))
             if first_token_sent and r.output > 1:
                 r.generated, r.first_token = 1, r.sent
+                r.last_token = r.sent
                 first_tokens += 1
             reqs.append(r)
             waiting.append(r)
@@ -335,6 +338,9 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             release(r, r.prompt + r.generated_at_decode - 1 + grown)
             r.generated = min(r.output - 1, r.generated_at_decode + int(grown))
             decoding -= 1
+            if gaps is not None:
+                # its last token came at its first decode run's start, or at the last decode step's end
+                r.last_token = joined.pop(r.i) if r.i in joined else last_decode_end
         remaining_out -= out_left(r)
         r.epoch += 1
         r.computed = 0
@@ -371,8 +377,10 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             finish(r, t)
             return
         decoding += 1
-        if gaps is not None and r.generated == 1:
-            joined.append(t)
+        if gaps is not None:
+            if r.generated > 1:  # recomputed after a preemption, or its first token came from a prefill pool
+                gaps.append((t - r.last_token, 1))
+            joined[r.i] = t
         # Each decode step yields per_step tokens (1, or E with speculative decoding).
         heapq.heappush(finish_heap, (decode_steps + math.ceil((r.output - r.generated) / per_step - 1e-9), r.epoch, r.i))
         if windowed and r.prompt + r.generated - 1 < window:

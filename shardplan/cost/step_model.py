@@ -158,12 +158,21 @@ class StepModel:
 
     def least_seconds_per_token(self) -> float:
         """No step takes less than this per token it carries: every step of T tokens takes at least
-        linear(T), the curve it is read off (replayed graphs or not), and each linear piece of a
-        curve divided by T is monotone in T, so its least value is at a grid point."""
+        linear(T), the curve it is read off (replayed graphs up to graph_max, else eager), and each
+        linear piece of a curve divided by T is monotone in T, so its least value is at a grid point
+        or at an end: graph_max for the graphs (read past their last grid point), and for the eager
+        curve, which a step with speculative drafts can run past, the last piece's slope (what
+        linear(T) / T tends to)."""
         least = math.inf
         for curve in (self._eager, self._graphs):
             for i, x in enumerate(curve.xs):
                 least = min(least, curve._y(i) / x)
+        if self.graph_max > self._graphs.xs[-1]:
+            least = min(least, self._graphs.at(self.graph_max) / self.graph_max)
+        xs = self._eager.xs
+        if len(xs) > 1:
+            slope = (self._eager._y(len(xs) - 1) - self._eager._y(len(xs) - 2)) / (xs[-1] - xs[-2])
+            least = min(least, max(0.0, slope))
         return least
 
     def _proposal_seconds(self, decoding: int, kv_tokens: float) -> float:

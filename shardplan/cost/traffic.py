@@ -16,11 +16,12 @@ its queue).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import KvAccount
-from shardplan.cost.serving_load import GiveUp, LoadResult, SlaBroken, Traffic, scheduler_for, simulate
+from shardplan.cost.serving_load import GiveUp, LoadResult, Scheduler, SlaBroken, Traffic, scheduler_for, simulate
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.workload import InferenceWorkload, ServingLoad
 from shardplan.specs.hardware import HardwareProfile
@@ -78,18 +79,8 @@ def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infer
     traffic = Traffic(requests=reqs, request_rate_per_second=rate, poisson=load.poisson, max_concurrency=conc,
                       prefix_cache_hit_fraction=load.prefix_cache_hit_fraction, seed=load.seed)
     result = simulate(step, sched, traffic, itl=itl)
-    # The saturation rate is read off a burst long enough to refill every sequence slot several
-    # times: a burst the engine runs in one go (every request admitted at once, identical lengths
-    # finishing together) has no steady stretch to read it from.
-    slots = min(wl.max_num_seqs, kv.sequences_held(_mean_tokens(wl, load)) if isinstance(kv, KvAccount)
-                else int(kv // max(1.0, _mean_tokens(wl, load))))
-    n_capacity = min(STEADY_REQUESTS_MAX, max(num, SATURATION_GENERATIONS * max(1, slots)))
-    if math.isinf(rate) and conc is None and n_capacity <= num:
-        capacity = result.steady_request_throughput_per_second
-    else:
-        capacity = simulate(step, sched, replace(
-            traffic, requests=requests_for(wl, load, n_capacity) if n_capacity > num else reqs,
-            request_rate_per_second=math.inf, max_concurrency=None)).steady_request_throughput_per_second
+    capacity = saturation_rate(step, sched, traffic, sequence_slots(wl, kv, _mean_tokens(wl, load)), result,
+                               draw=lambda k: requests_for(wl, load, k))
     saturated = is_saturated(rate, conc, num, result.peak_running, capacity)
     out = result.output_tokens_per_second * replicas
     return LoadFigures(
@@ -99,6 +90,35 @@ def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infer
         output_tokens_per_second=out, total_tokens_per_second=result.total_tokens_per_second * replicas,
         output_tokens_per_second_per_gpu=out / layout.world_size, tokens_per_decode_step=step.tokens_per_decode_step,
     )
+
+
+def sequence_slots(wl: InferenceWorkload, kv: KvAccount | int, mean_tokens: float) -> int:
+    """Requests of `mean_tokens` a replica runs at once: its sequence limit, or what its cache holds."""
+    held = kv.sequences_held(mean_tokens) if isinstance(kv, KvAccount) else int(kv // max(1.0, mean_tokens))
+    return max(1, min(wl.max_num_seqs, held))
+
+
+def saturation_rate(step: StepModel, sched: Scheduler, traffic: Traffic, slots: int, result: LoadResult | None = None,
+                    draw: Callable[[int], tuple[tuple[int, int], ...]] | None = None) -> float:
+    """The highest request rate the replica sustains with a bounded queue (module docstring), for
+    `traffic`'s requests: the steady throughput of all of them at once, cycled to refill every one
+    of `slots` sequence slots SATURATION_GENERATIONS times. A burst the engine runs in one go
+    (every request admitted at once, identical lengths finishing together) has no steady stretch to
+    read it from: 50 requests of Llama 3.1 8B on an H100 said 985 req/s, 1,000 said 40, this 30.3.
+    `result`: `traffic`'s own run, reused where it is already such a burst. `draw(n)`: n requests
+    from the traffic's lengths (a dataset's distribution: a small sample cycled is not it); without
+    it, `traffic`'s own requests are cycled (a published run's sample)."""
+    n = len(traffic.requests)
+    n_capacity = min(STEADY_REQUESTS_MAX, max(n, SATURATION_GENERATIONS * slots))
+    if (result is not None and n_capacity <= n and math.isinf(traffic.request_rate_per_second)
+            and traffic.max_concurrency is None):
+        return result.steady_request_throughput_per_second
+    if n_capacity <= n:
+        reqs = traffic.requests
+    else:
+        reqs = draw(n_capacity) if draw is not None else tuple(traffic.requests[i % n] for i in range(n_capacity))
+    burst = replace(traffic, requests=reqs, request_rate_per_second=math.inf, max_concurrency=None)
+    return simulate(step, sched, burst).steady_request_throughput_per_second
 
 
 def is_saturated(rate: float, concurrency: int | None, num_requests: int, peak_running: int, capacity: float) -> bool:
@@ -202,7 +222,8 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
     sched = scheduler_for(wl, kv)
     # The rate it keeps up with every request waiting (its steady state, not the ramp and the drain
     # of a finite run): above it the queue, and with it TTFT, grows without bound.
-    cap = simulate(step, sched, _traffic(wl, load, num_requests, rate=math.inf, conc=None)).steady_request_throughput_per_second
+    burst = _traffic(wl, load, num_requests, rate=math.inf, conc=None)
+    cap = simulate(step, sched, burst).steady_request_throughput_per_second
     if cap <= 0:
         return None
     mean_in = wl.input_len if load.lengths is None else load.lengths.mean_input_tokens
@@ -211,7 +232,7 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
     # steady stretch, and its "steady" rate can be many times what the replica sustains (DeepSeek-V3
     # on 16 H200s: 129 req/s from 600 requests, where the SLA held at 4 and broke at 8): the bisection
     # then resolves the rate to a fraction of it. No load runs faster than its tokens allow.
-    lo, hi, best = 0.0, min(cap, token_rate_bound(step, load, mean_in, mean_out)), None
+    lo, hi, best = 0.0, min(cap, token_rate_bound(step, load, burst.requests)), None
     # Enough requests for the run to reach its steady state at each rate: Little's law puts
     # rate x latency requests in flight there, so the arrivals must span several latencies (at
     # least the latency of a request alone), or a short run never fills and looks faster.
@@ -241,12 +262,24 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
     return best
 
 
-def token_rate_bound(step: StepModel, load: ServingLoad, mean_input_tokens: float, mean_output_tokens: float) -> float:
-    """Requests per second one replica cannot exceed under any load: every prompt token not found in
-    the prefix cache and every output token passes through the layers in some step (speculative
-    decoding verifies at least one position a token it yields), and no step takes less than
-    `StepModel.least_seconds_per_token` per token it carries."""
-    tokens = mean_input_tokens * (1 - load.prefix_cache_hit_fraction) + mean_output_tokens
+# Drawn lengths: the bound is read off one sample's mean tokens a request, and the runs draw samples of
+# other sizes, whose means differ (ShareGPT's vLLM sampling: within 1% from 1,000 requests up): this slack.
+DRAWN_LENGTHS_SLACK = 0.05
+
+
+def token_rate_bound(step: StepModel, load: ServingLoad, requests: tuple[tuple[int, int], ...]) -> float:
+    """Requests per second one replica cannot exceed under any load of these requests: every prompt
+    token not found in the prefix cache passes through the layers in some step, and every output
+    token but the first, which the prompt's last step samples (speculative decoding verifies at
+    least one position a token it yields), and no step takes less than
+    `StepModel.least_seconds_per_token` per token it carries. With drawn lengths, less a slack for
+    the other samples' means (DRAWN_LENGTHS_SLACK)."""
+    if not requests:
+        return math.inf
+    hit = load.prefix_cache_hit_fraction
+    tokens = sum(p * (1 - hit) + max(0, o - 1) for p, o in requests) / len(requests)
+    if load.lengths is not None:
+        tokens *= 1 - DRAWN_LENGTHS_SLACK
     least = step.least_seconds_per_token()
     return 1.0 / (least * max(1.0, tokens)) if least > 0 else math.inf
 

@@ -216,8 +216,9 @@ def predict_serving_load(case: ServingLoadCase, corpus: Path | None = None):
     it. Raises ShardplanError where the deployment does not start as shardplan sizes it, or the
     engine would refuse the run's requests (nothing to compare)."""
     from shardplan.cost.memory_serving import serving_memory
-    from shardplan.cost.serving_load import serve_traffic
-    from shardplan.cost.traffic import is_saturated
+    from shardplan.cost.serving_load import scheduler_for, simulate
+    from shardplan.cost.step_model import StepModel
+    from shardplan.cost.traffic import is_saturated, saturation_rate, sequence_slots
 
     spec, hw, layout, wl, traffic = serving_load_inputs(case, corpus)
     longest = max(p + o for p, o in traffic.requests)
@@ -229,17 +230,18 @@ def predict_serving_load(case: ServingLoadCase, corpus: Path | None = None):
     sm = serving_memory(spec, hw, layout, wl)
     if not sm.fits:
         raise ShardplanError(f"does not start as shardplan sizes it: {sm.reason}")
-    result = serve_traffic(spec, hw, layout, wl, traffic, kv=sm.kv_account, itl=True)
+    step = StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
+    sched = scheduler_for(wl, sm.kv_account)
+    result = simulate(step, sched, traffic, itl=True)
     if result.num_refused:
         raise ShardplanError(f"{result.num_refused:,} of its {len(traffic.requests):,} requests are longer than the KV "
                              "cache holds: the engine would refuse them", field="total_input_tokens",
                              hint="check the token totals and num_requests")
-    rate, conc = traffic.request_rate_per_second, traffic.max_concurrency
-    capacity = (result.steady_request_throughput_per_second if math.isinf(rate) else
-                serve_traffic(spec, hw, layout, wl, dataclasses.replace(traffic, request_rate_per_second=math.inf,
-                                                                        max_concurrency=None),
-                              kv=sm.kv_account).steady_request_throughput_per_second)
-    return result, is_saturated(rate, conc, len(traffic.requests), result.peak_running, capacity)
+    n = len(traffic.requests)
+    slots = sequence_slots(wl, sm.kv_account, sum(p + o for p, o in traffic.requests) / n)
+    capacity = saturation_rate(step, sched, traffic, slots, result)  # as an estimate reads its own
+    return result, is_saturated(traffic.request_rate_per_second, traffic.max_concurrency, n, result.peak_running,
+                                capacity)
 
 
 def _peak(report: CostReport, counter: str) -> float:

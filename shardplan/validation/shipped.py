@@ -193,11 +193,10 @@ SERVING_BUNDLED = {"meta-llama/Llama-3.1-70B": "llama-3.1-70b", "deepseek-ai/Dee
 
 
 def _engine_version(text: str) -> str | None:
-    """'v0.11.0' -> '0.11.0', '0.5.5.post1' -> '0.5.5'; None when the run names no release."""
-    parts = str(text).split()[0].lstrip("v").split(".")
-    if len(parts) < 2 or not all(p.isdigit() for p in parts[:3] if p):
-        return None
-    return ".".join(p for p in parts[:3] if p.isdigit())
+    """'v0.11.0' -> '0.11.0', '0.5.5.post1' -> '0.5.5', '0.5.3rc0' -> '0.5.3' (a release candidate
+    runs its release's rules); None when the run names no release."""
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)?(?:rc\d+|\.post\d+)?$", str(text).split()[0])
+    return ".".join(g for g in m.groups() if g is not None) if m else None
 
 
 def _serving_model(row: dict, models: Path) -> str | None:

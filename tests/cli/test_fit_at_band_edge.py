@@ -197,3 +197,26 @@ def test_figures_under_traffic_carry_their_engine_and_regimes_band(cli, load, re
     assert (f"serving benchmark runs {regime}, `shardplan validate`): median TTFT ±{100 * ttft['band_abs_error']:.0f}% "
             f"(mean {100 * ttft['mean_signed_error']:+.0f}%)") in text
 
+
+
+def test_the_band_line_names_the_cases_of_each_figure_when_they_differ():
+    """A calibrated profile's own serving runs may measure only some figures under traffic, and a
+    figure may have no measured case: each is named with the cases it is over, none hidden."""
+    from shardplan.cli.render_common import load_band_line
+    from shardplan.cost.report import PredictionBand
+
+    def band(q, err, on=None):
+        return PredictionBand(quantity=q, kind="serving_load", group="vLLM V1, saturated", band_abs_error=err,
+                              percentile=90, mean_signed_error=None if err is None else -0.1,
+                              num_cases=0 if err is None else 5, versions=[] if err is None else ["0.11.0"],
+                              measured_on=on, note="no measured cases for vllm: band unknown" if err is None else "")
+
+    same = load_band_line([band("ttft_p50", 0.5), band("tpot_p50", 0.2)])
+    assert same == ("measured error of the model under traffic (p90 of 5 vLLM V1 0.11.0 serving benchmark runs "
+                    "saturated, `shardplan validate`): median TTFT ±50% (mean -10%), median TPOT ±20% (mean -10%)")
+    mixed = load_band_line([band("ttft_p50", 0.5, on="my-hw"), band("tpot_p50", 0.2), band("itl_p50", None)])
+    assert "median TTFT ±50% (mean -10%) (p90 of 5 vLLM V1 0.11.0 serving benchmark runs saturated measured on this " \
+           "profile (my-hw))" in mixed
+    assert "median TPOT ±20% (mean -10%) (p90 of 5 vLLM V1 0.11.0 serving benchmark runs saturated)" in mixed
+    assert "median ITL: no measured cases for vllm: band unknown" in mixed
+    assert load_band_line([]) == ""

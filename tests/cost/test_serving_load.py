@@ -233,15 +233,22 @@ def test_weighted_percentile_is_the_percentile_of_the_values_repeated():
         assert weighted_percentile(pairs, q) == pytest.approx(percentile(flat, q), abs=1e-15)
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_inter_token_gaps_add_up_to_each_requests_decode_time(engine):
+@pytest.mark.parametrize("engine,kv,first_token_sent", [
+    ("vllm", None, False), ("sglang", None, False),
+    ("vllm", 4_000, False),  # a small cache: requests are preempted and recomputed
+    ("vllm", None, True),  # a decode pool: each request's first token came from a prefill pool when it was sent
+])
+def test_inter_token_gaps_add_up_to_each_requests_decode_time(engine, kv, first_token_sent):
     """Each request's gaps run from its first token to its last, so their mean over all gaps is
-    sum(e2e - TTFT) / sum(outputs - 1) whatever the interleaving: vLLM's mixed steps, or SGLang's
-    prompt-only steps that stall every decode (a gap across one is a decode step and a prefill)."""
+    sum(e2e - TTFT) / sum(outputs - 1) whatever the interleaving: vLLM's mixed steps, SGLang's
+    prompt-only steps that stall every decode (a gap across one is a decode step and a prefill), a
+    preempted request's wait for its recompute (one gap, as the client sees it)."""
     wl = _wl(engine)
     reqs = tuple((300 + 71 * i % 1700, 40 + 23 * i % 300) for i in range(120))
-    r = serve_traffic(SPEC, H100, ONE, wl, Traffic(requests=reqs, request_rate_per_second=6.0, seed=5), itl=True)
-    assert r.num_preemptions == 0 and r.num_refused == 0
+    cache = kv if kv is not None else serving_memory(SPEC, H100, ONE, wl).kv_account
+    r = simulate(_model(wl), scheduler_for(wl, cache), Traffic(requests=reqs, request_rate_per_second=6.0, seed=5,
+                                                               first_token_sent=first_token_sent), itl=True)
+    assert r.num_refused == 0 and (r.num_preemptions > 0) == (kv is not None)
     n = len(reqs)
     decode_seconds = n * (r.e2e_seconds.mean - r.ttft_seconds.mean)
     assert r.itl_seconds.mean == pytest.approx(decode_seconds / (sum(o for _, o in reqs) - n), rel=1e-9)
@@ -268,7 +275,7 @@ def test_the_best_rate_is_resolved_finely_when_the_burst_runs_in_one_go():
     model = _model(wl)
     sched = scheduler_for(wl, kv)
     burst = simulate(model, sched, _traffic(wl, ServingLoad(), 100, rate=math.inf, conc=None))
-    bound = token_rate_bound(model, ServingLoad(), wl.input_len, wl.output_len)
+    bound = token_rate_bound(model, ServingLoad(), ((wl.input_len, wl.output_len),) * 100)
     assert burst.peak_running == 100 and burst.steady_request_throughput_per_second > 3 * bound  # the trap
     sla = Sla(max_ttft_seconds=None, max_tpot_seconds=0.012, percentile=90)
     point = best_rate(model, wl, kv, sla, 100)
@@ -279,15 +286,19 @@ def test_the_best_rate_is_resolved_finely_when_the_burst_runs_in_one_go():
 
 
 def test_no_load_runs_faster_than_its_tokens_allow():
-    """token_rate_bound: a burst's whole-run request rate (ramp and drain included) stays under it."""
+    """token_rate_bound: a burst's whole-run request rate (ramp and drain included) stays under it,
+    tiny requests too (their first output token comes from the prompt's step: a 1-token output adds
+    no position; counting it put the bound 10% under what 8-token prompts ran at)."""
     from shardplan.cost.traffic import _traffic, token_rate_bound
     from shardplan.cost.workload import ServingLoad
 
     for engine in ("vllm", "sglang"):
-        wl = _wl(engine)
-        kv = serving_memory(SPEC, H100, ONE, wl).kv_capacity_tokens
-        model = _model(wl)
-        r = simulate(model, scheduler_for(wl, kv), _traffic(wl, ServingLoad(), 2000, rate=math.inf, conc=None))
-        bound = token_rate_bound(model, ServingLoad(), wl.input_len, wl.output_len)
-        assert r.request_throughput_per_second <= bound
+        for prompt, out in ((8, 1), (8, 2), (32, 2), (1024, 128)):
+            wl = _wl(engine, input_len=prompt, output_len=out)
+            kv = serving_memory(SPEC, H100, ONE, wl).kv_capacity_tokens
+            model = _model(wl)
+            burst = _traffic(wl, ServingLoad(), 5000, rate=math.inf, conc=None)
+            r = simulate(model, scheduler_for(wl, kv), burst)
+            bound = token_rate_bound(model, ServingLoad(), burst.requests)
+            assert r.request_throughput_per_second <= bound, (engine, prompt, out)
         assert r.request_throughput_per_second > 0.3 * bound  # and it is not a vacuous bound

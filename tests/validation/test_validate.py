@@ -300,3 +300,25 @@ def test_a_hostile_serving_run_is_one_line_exit_2(cli, tmp_path, change, words):
     r = cli("validate", "--cases", path)
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and str(path) in lines[0] and words in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("rate", [20.0, 40.0])
+def test_a_finite_rate_run_lands_in_the_regime_an_estimate_gives_its_load(cli, tmp_path, rate):
+    """validate sizes a run's saturation burst as an estimate sizes its own (cost.traffic.saturation_rate):
+    a burst of the run's 100 requests, which one H100 runs in one go, would put the 8B's saturation
+    at hundreds of requests a second and every finite rate below saturation."""
+    case = dict(kind="serving_load", id="r", source="constructed", model="llama-3.1-8b", hardware="h100-sxm-80gb",
+                gpus=1, engine="vllm", engine_version="0.11.0", dataset="random", input_len=1024, output_len=128,
+                num_requests=100, total_input_tokens=102400, total_output_tokens=12800, request_rate_per_second=rate,
+                measured=dict(median_ttft_ms=50.0, median_tpot_ms=10.0, output_tokens_per_second=1000.0))
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({"cases": [case]}))
+    r = cli("validate", "--cases", path, "--json")
+    assert r.exit_code == 0, r.stderr
+    group = {c["group"] for c in r.json()["cases"]}
+    est = cli("estimate", "llama-3.1-8b", "--gpus", "1", "--engine-version", "0.11.0", "--request-rate", repr(rate),
+              "--num-prompts", "100", "--input-len", "1024", "--output-len", "128", "--json")
+    assert est.exit_code == 0, est.stderr
+    saturated = est.json()["load"]["saturated"]
+    assert group == {"vLLM V1, saturated" if saturated else "vLLM V1, below saturation"}
+    assert saturated is (rate == 40.0)  # the 8B sustains about 30 requests a second on one H100
