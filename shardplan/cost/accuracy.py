@@ -37,9 +37,6 @@ from shardplan.units import BYTES_PER_GIB
 
 # What one case of each corpus is, in the notes.
 _CASE_WORDS = {"engine_log": "start-up logs", "training": "runs", "finetune": "runs", "serving_load": "serving benchmark runs"}
-_QUANTITY_WORDS = {"kv_capacity": "KV capacity", "peak_memory": "peak memory", "tokens_per_second": "tokens/s",
-                   "ttft_p50": "median TTFT", "tpot_p50": "median TPOT", "itl_p50": "median ITL",
-                   "output_tokens_per_second": "output tokens/s"}
 # The figures under traffic that carry a band, and the regimes their cases are grouped by
 # (validation/predict.py decides a case's regime as an estimate decides its own: cost.traffic.is_saturated).
 LOAD_QUANTITIES = ("ttft_p50", "tpot_p50", "itl_p50", "output_tokens_per_second")

@@ -907,12 +907,6 @@ def pipeline_held_outputs_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWor
     return held * a * logits  # the model's output, in the activation format
 
 
-def exceeds_gpu_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: TrainingWorkload) -> bool:
-    """True when `training_memory` would reject the layout for GPU memory alone (no host RAM or
-    NVMe reason beside it): `training_memory_unless_over_gpu` returns None."""
-    return training_memory_unless_over_gpu(spec, hw, layout, wl) is None
-
-
 # Relative slack for the float rounding of the per-node mean over at most a few hundred stages.
 _MEAN_ROUNDING = 1e-9
 

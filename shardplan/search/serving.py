@@ -19,7 +19,8 @@ from shardplan.cost.layout import Layout, Offload
 from shardplan.cost.memory_serving import KvAccount, ServingMemory, serving_memory
 from shardplan.cost.time_serving import ServingTime, pass_time, serving_time
 from shardplan.cost.step_model import StepModel
-from shardplan.cost.traffic import SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_rate, latency_floor, load_figures
+from shardplan.cost.traffic import (SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_rate, latency_floor, load_figures,
+                                   sequence_slots)
 from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
 from shardplan.search.targets import serving_refusal
 from shardplan.search.space import (
@@ -432,7 +433,7 @@ def _goodput(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inference
         elif open_loop:
             mean_ctx = max(1, wl.input_len + wl.output_len if load.lengths is None else
                            load.lengths.mean_input_tokens + load.lengths.mean_output_tokens)
-            slots = max(1, min(wl.max_num_seqs, sm.kv_account.sequences_held(mean_ctx)))
+            slots = sequence_slots(wl, sm.kv_account, mean_ctx)
             n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
             point = best_rate(step, wl, sm.kv_account, sla, n)
             if point is None:

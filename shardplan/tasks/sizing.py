@@ -22,7 +22,8 @@ from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.report import PredictionBand
 from shardplan.cost.step_model import StepModel
-from shardplan.cost.traffic import SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_rate, latency_floor, load_figures
+from shardplan.cost.traffic import (SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_rate, latency_floor, load_figures,
+                                   sequence_slots)
 from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
 from shardplan.search.space import Space, check_layout, divisors, tp_choices
 from shardplan.specs.hardware import HardwareProfile
@@ -126,7 +127,7 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
                 rows.append(SizingRow(**base, max_request_rate_per_replica=None, replicas=None, num_gpus=None,
                                       reason=f"one request alone takes TTFT {ttft * 1e3:,.0f} ms, TPOT {tpot * 1e3:,.1f} ms"))
                 continue
-            slots = max(1, min(wq.max_num_seqs, sm.kv_account.sequences_held(mean_in + mean_out)))
+            slots = sequence_slots(wq, sm.kv_account, mean_in + mean_out)
             n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
             point = best_rate(step, wq, sm.kv_account, sla, n)
             if point is None:
