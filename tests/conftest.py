@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
             main()
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            gc.unfreeze()  # main() freezes what a command made, for a process about to exit
         out, err = capsys.readouterr()
         return CliResult(code, out, err)
 

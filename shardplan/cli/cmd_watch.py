@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -55,6 +56,7 @@ def watch_cmd(
     live = Live(console=console, auto_refresh=False) if (console.is_terminal and not json_out and not once) else None
     last = None
     done = 0
+    gc.enable()  # it runs until stopped: the collector main() turned off for a short command runs again
     try:
         if live is not None:
             live.start()

@@ -303,6 +303,12 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     ttft_limit = give_up.ttft_seconds if give_up is not None else None
     tpot_limit = give_up.tpot_seconds if give_up is not None else None
     seconds = model.seconds
+    # `seconds` without its call where the step's composition was seen before (one token a decode step):
+    # the same terms summed in the same order.
+    fixed_of = model.fixed_by_composition if model.width == 1 else {}
+    graph_max, graphs_prompt = model.graph_max, model.graphs_for_prompt_steps
+    a_kv, a_seq, a_prompt = model.kv_seconds_per_token, model.seconds_per_decoding_seq, model.prompt_seconds_per_unit
+    quiet_terms: dict[int, tuple[float, float, float]] = {}  # decoding requests -> model.decode_terms
     mixed, static = sched.schedule == "mixed", sched.schedule == "static"
     max_seqs, chunked, reserve = sched.max_num_seqs, sched.chunked_prefill, sched.admission is not None
     first_tokens = late = 0  # requests with a first token; requests sent more than the TTFT limit ago
@@ -358,10 +364,6 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             if r.inside:
                 r.inside = False
                 inside -= 1
-
-    def admit_cost(r: _Request) -> int:
-        """Tokens the prompt (or its recompute) adds to the cache on its first chunk: prefix hits too."""
-        return int(hit * r.prompt) if r.epoch == 0 and r.computed == 0 else 0
 
     def sampled_done(r: _Request, t: float) -> None:
         """The step ending at `t` computed the last of `r`'s target: it samples a token."""
@@ -426,7 +428,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         nonlocal used, remaining_out, slide, step_held
         while waiting and left > 0 and len(running) < max_seqs:
             r = waiting[0]
-            start = admit_cost(r)
+            # What its first chunk adds to the cache besides the chunk: its prefix-cache hits (none on a recompute).
+            start = int(hit * r.prompt) if r.epoch == 0 and r.computed == 0 else 0
             need = r.target - r.computed - start
             c = min(need, left) if chunked else need
             if c > left:
@@ -485,7 +488,10 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             # order), without its per-step scheduling.
             stop = finish_heap[0][0] if finish_heap else decode_steps + 1
             nxt = arrivals[next_send] if next_send < n and in_flight < cap else math.inf
-            fixed, a_kv, per_seq = model.decode_terms(decoding)
+            terms = quiet_terms.get(decoding)
+            if terms is None:
+                terms = quiet_terms[decoding] = model.decode_terms(decoding)
+            fixed, kv_coef, per_seq = terms
             grow = decoding * per_step
             taken = 0
             if windowed:
@@ -497,7 +503,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                 slide_grow = charge * inside * per_step
                 while (decode_steps + 1 < stop and now < nxt
                        and used + slide + decoding + charge * inside <= capacity):
-                    now += fixed + a_kv * used + per_seq
+                    now += fixed + kv_coef * used + per_seq
                     if gaps is not None:
                         last_decode_end = record_gaps(decoding, last_decode_end)
                     decode_steps += 1
@@ -507,7 +513,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                     taken += 1
             else:
                 while decode_steps + 1 < stop and now < nxt and used + decoding <= capacity:
-                    now += fixed + a_kv * used + per_seq
+                    now += fixed + kv_coef * used + per_seq
                     if gaps is not None:
                         last_decode_end = record_gaps(decoding, last_decode_end)
                     decode_steps += 1
@@ -589,8 +595,13 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         tokens += step_decoding
         completing = [r for r, c in chunks if r.computed + c >= r.target] if chunks else ()
         kv_read = (used - sum(r.computed for r in prefilling) if prefilling else used) if step_decoding else 0
-        dt = seconds(tokens=tokens, sampled=step_decoding + len(completing), decoding=step_decoding,
-                           kv_tokens=kv_read, prompt_units=prompt_units, prompt_step=bool(chunks))
+        sampled = step_decoding + len(completing)
+        fixed = fixed_of.get((tokens, sampled, tokens <= graph_max and (not chunks or graphs_prompt)))
+        if fixed is None:
+            dt = seconds(tokens=tokens, sampled=sampled, decoding=step_decoding, kv_tokens=kv_read,
+                         prompt_units=prompt_units, prompt_step=bool(chunks))
+        else:
+            dt = fixed + a_kv * kv_read + a_seq * step_decoding + a_prompt * prompt_units
         now += dt
         steps += 1
         peak = max(peak, len(running))

@@ -119,7 +119,9 @@ class StepModel:
         gx = [t for t in xs if t <= self.graph_max] or [1]
         self._graphs = _Curve(gx, lambda t: linear(t, bool(self.graph_max)))
         self._head = _Curve(_grid(max(2, max_seqs)), head)
-        self._fixed: dict[tuple[int, int, bool], float] = {}
+        # linear(T) + head(S) by (T, S, whether graphs replay), filled by `seconds` and `decode_terms`: a
+        # simulation that finds a composition here may add the other terms itself, as `seconds` does.
+        self.fixed_by_composition: dict[tuple[int, int, bool], float] = {}
 
         d = max(1, min(KV_PROBE_SEQS, max_seqs))
 
@@ -195,9 +197,9 @@ class StepModel:
         assert self.width == 1, "speculative steps have proposal terms"
         graphs = decoding <= self.graph_max
         key = (decoding, decoding, graphs)
-        fixed = self._fixed.get(key)
+        fixed = self.fixed_by_composition.get(key)
         if fixed is None:
-            fixed = self._fixed[key] = (self._graphs if graphs else self._eager).at(decoding) + self._head.at(decoding)
+            fixed = self.fixed_by_composition[key] = (self._graphs if graphs else self._eager).at(decoding) + self._head.at(decoding)
         return fixed, self.kv_seconds_per_token, self.seconds_per_decoding_seq * decoding
 
     def seconds(self, *, tokens: int, sampled: int, decoding: int, kv_tokens: float, prompt_units: float,
@@ -212,9 +214,9 @@ class StepModel:
         # linear(T) + head(S) is kept by (T, S, graphs): a simulation asks for the same few thousand
         # compositions hundreds of thousands of times; the sum below is evaluated in the same order.
         key = (tokens, sampled, graphs)
-        fixed = self._fixed.get(key)
+        fixed = self.fixed_by_composition.get(key)
         if fixed is None:
-            fixed = self._fixed[key] = (self._graphs if graphs else self._eager).at(tokens) + self._head.at(sampled)
+            fixed = self.fixed_by_composition[key] = (self._graphs if graphs else self._eager).at(tokens) + self._head.at(sampled)
         step = (fixed + self.kv_seconds_per_token * kv_tokens
                 + self.seconds_per_decoding_seq * decoding + self.prompt_seconds_per_unit * prompt_units)
         # Without drafts the proposal term is 0.0, and adding 0.0 to a sum of non-negative terms leaves it as it is.

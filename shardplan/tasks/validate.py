@@ -99,7 +99,9 @@ def validate(*, engine: str | None = None, stack: str | None = None, cases_file:
         cases, skipped, label, base = read_case_file(cases_file), [], str(cases_file), cases_file.parent
     else:
         cases, left = shipped_cases(corpus)
-        skipped = [LeftOut(case_id=s.id, reason=s.reason) for s in left]
+        skipped = [LeftOut(case_id=s.id, reason=s.reason) for s in left
+                   if (engine is None and stack is None) or (engine is not None and s.engine == engine)
+                   or (stack is not None and s.stack == stack)]
         label, base = "shipped", corpus
     comparisons: list[Comparison] = []
     for case in cases:

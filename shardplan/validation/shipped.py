@@ -41,6 +41,9 @@ STACKS = ("megatron", "torchtitan", "deepspeed", "hf")
 class Skipped:
     id: str
     reason: str
+    # The run's engine, or the training stack, where the row names one (`validate --engine/--stack` filter on them).
+    engine: str | None = None
+    stack: str | None = None
 
 
 def _source(value: Any) -> str:
@@ -59,7 +62,8 @@ def engine_log_cases(corpus: Path = CORPUS_DIR) -> tuple[list[Case], list[Skippe
     for entry in read_structured(path):
         c = entry.get("case") or {}
         if not (c.get("hardware") and c.get("engine_version") and c.get("flags_known", True)):
-            skipped.append(Skipped(entry["id"], "the log lacks the GPU, the engine version or the flags"))
+            skipped.append(Skipped(entry["id"], "the log lacks the GPU, the engine version or the flags",
+                                   engine=c.get("engine") or entry.get("engine")))
             continue
         cases.append(_typed(EngineLogCase, path, entry["id"], dict(
             id=entry["id"], source=_source(entry["source"]), model=c["model"], hardware=c["hardware"],
@@ -122,11 +126,12 @@ def training_row_case(stack: str, row: dict, path: Path | None = None) -> Traini
         "closest_hardware_profile")
     has_model = isinstance(model, str) or (model is None and isinstance(c.get("shape"), dict))
     if not (has_model and hardware and c.get("gpus") and c.get("micro_batch") and c.get("seq_len")):
-        return Skipped(row["id"], "the row lacks the model, the GPU profile, the batch or the sequence length")
+        return Skipped(row["id"], "the row lacks the model, the GPU profile, the batch or the sequence length",
+                       stack=stack)
     mem, counter = memory_gib(row.get("measured") or {})
     tps = tokens_per_second_per_gpu(row)
     if mem is None and tps is None:
-        return Skipped(row["id"], "no memory or throughput figure")
+        return Skipped(row["id"], "no memory or throughput figure", stack=stack)
     tp = c.get("tp") or 1
     fields = dict(
         id=row["id"], source=_source(row["source"]), model=model, shape=c.get("shape") if model is None else None,
@@ -221,22 +226,23 @@ def _serving_client(row: dict) -> str:
 def serving_load_row_case(row: dict, corpus: Path = CORPUS_DIR, path: Path | None = None) -> ServingLoadCase | Skipped:
     """One published serving run as a case, or why the model is not asked about it."""
     if not row.get("golden_suitable"):
-        return Skipped(row["id"], f"not a complete run: {row.get('golden_unsuitable_reason') or 'see its note'}")
+        return Skipped(row["id"], f"not a complete run: {row.get('golden_unsuitable_reason') or 'see its note'}",
+                       engine=row.get("engine"))
     flags = dict(row.get("engine_flags") or {})
     extra = sorted(set(flags) - SERVING_FLAGS - SERVING_LAYOUT_FLAGS)
     if extra:
-        return Skipped(row["id"], f"flags not modelled: {', '.join(extra)}")
+        return Skipped(row["id"], f"flags not modelled: {', '.join(extra)}", engine=row.get("engine"))
     model = _serving_model(row, corpus / "serving_load" / "models")
     if model is None:
-        return Skipped(row["id"], f"no config for {row['hf_id']} in serving_load/models")
+        return Skipped(row["id"], f"no config for {row['hf_id']} in serving_load/models", engine=row.get("engine"))
     hardware = SERVING_GPUS.get(row["gpu"])
     if hardware is None:
-        return Skipped(row["id"], f"no profile for {row['gpu']}")
+        return Skipped(row["id"], f"no profile for {row['gpu']}", engine=row.get("engine"))
     version = _engine_version(row["engine_version"])
     if version is None:
-        return Skipped(row["id"], "engine version not stated")
+        return Skipped(row["id"], "engine version not stated", engine=row.get("engine"))
     if (row.get("dp") or 1) > 1:
-        return Skipped(row["id"], "data-parallel attention not modelled")
+        return Skipped(row["id"], "data-parallel attention not modelled", engine=row.get("engine"))
     tp = int(row["tp"])
     quant = (row.get("quantization") or "").lower()
     m = row["measured"]

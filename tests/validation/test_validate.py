@@ -146,6 +146,21 @@ def test_filters_and_the_table(cli):
     assert {g["group"] for g in r.json()["groups"]} == {"hf", "hf lora", "hf qlora"}
 
 
+def test_a_filtered_run_lists_only_its_own_rows_left_out(cli):
+    """--engine/--stack name the rows of that engine or stack left out, not the whole corpus's."""
+    left = {}
+    for flag, name in (("--engine", "sglang"), ("--engine", "vllm"), ("--stack", "hf"), (None, None)):
+        r = cli("validate", *((flag, name) if flag else ()), "--json")
+        assert r.exit_code == 0, r.stderr
+        left[name] = {s["case_id"] for s in r.json()["skipped"]}
+    # rows whose ids the corpus files give them (a vLLM log without its GPU, SGLang's unsuitable runs, an HF OOM row)
+    assert "vllm_v1_kvfp8_100k_started" in left["vllm"] and "vllm_v1_kvfp8_100k_started" not in left["sglang"]
+    assert "gpustack-qwen3-8b-h100-latency-sglang-03" in left["sglang"] - left["vllm"]
+    assert "hf_liger_llama3_8b_a100x4_fsdp_bs64_oom" in left["hf"] - left["sglang"] - left["vllm"]
+    assert not left["sglang"] & left["vllm"]
+    assert left["sglang"] | left["vllm"] | left["hf"] < left[None]
+
+
 @pytest.mark.parametrize("body,words", [
     ({"cases": [{k: v for k, v in TITAN.items() if k != "seq_len"}]}, "seq_len"),
     ({"cases": [{**TITAN, "measured": {"peak_memory_gb": 80}}]}, "peak_memory_gb"),
