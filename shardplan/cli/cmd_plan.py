@@ -344,7 +344,9 @@ def recommend(
     Serving ranks by goodput by default: output tokens/s per GPU from requests within the SLA
     (p90 TTFT 1 s, TPOT 50 ms unless --max-ttft-ms/--max-tpot-ms), the engine's continuous
     batching simulated at the highest rate each plan sustains (or at --request-rate), and says
-    whether separate prefill and decode pools would do better. Example:
+    whether separate prefill and decode pools would do better. The simulations run on forked
+    worker processes too where the machine has more cores (SHARDPLAN_SEARCH_WORKERS=N, 0 for one
+    core; the answer is the same). Example:
     shardplan recommend llama-3.1-70b --gpus 8 --request-rate 6 --max-ttft-ms 800 --max-tpot-ms 60"""
     from shardplan.cost.inputs import offload_pair
     from shardplan.search import Goal, Objective, Space

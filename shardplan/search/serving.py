@@ -22,6 +22,7 @@ from shardplan.cost.step_model import StepModel
 from shardplan.cost.traffic import (SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_rate, latency_floor, load_figures,
                                    sequence_slots)
 from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
+from shardplan.search.ahead import SKIPPED, in_order, search_workers
 from shardplan.search.targets import serving_refusal
 from shardplan.search.space import (
     TIGHT,
@@ -294,7 +295,9 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
                             memo: Memo | None) -> None:
     """Cost the goodput points of one GPU count, the highest bound first; once the count has a
     plan, a point whose bound cannot reach the top K is left out (counted as such). Exact: the bound
-    (`_goodput_bound`) is never below what the simulation finds."""
+    (`_goodput_bound`) is never below what the simulation finds. Forked workers (search/ahead.py)
+    simulate the next points while this process simulates one; each verdict is applied at its turn,
+    so the plans, their order and the counts are those of one process."""
     if not pending:
         return
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
@@ -309,19 +312,47 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
     bounds = [(BOUND_MARGIN * _goodput_bound(spec, hw, layout, wlq, sla, memo) / (layout.tp * layout.pp), i)
               for i, (layout, wlq, sm, tight) in enumerate(pending)]
     count = pending[0][0].world_size
-    for bound, i in sorted(bounds, key=lambda x: (-x[0], x[1])):
-        layout, wlq, sm, tight = pending[i]
-        here = [e for e in res.feasible if e.num_gpus == count]
+    order = sorted(bounds, key=lambda x: (-x[0], x[1]))
+
+    def need() -> float | None:
+        """The goodput per GPU a point's bound must reach once this count has a plan: the top K's last."""
+        if not any(e.num_gpus == count for e in res.feasible):
+            return None
         best = sorted(-e.objective_value for e in res.feasible)[::-1][:goal.top_k]
-        if here and len(best) >= goal.top_k and bound < best[-1]:
+        return best[-1] if len(best) >= goal.top_k else None
+
+    def found_for(i: int) -> Any:
+        layout, wlq, sm, _ = pending[i]
+        return _goodput_found(spec, hw, layout, wlq, sm, goal, memo)
+
+    floor = [need()]  # updated after each point: `keep` reads it
+    by_index = {i: bound for bound, i in order}
+
+    def keep(i: int) -> bool:
+        return floor[0] is None or by_index[i] >= floor[0]
+
+    def worth(i: int) -> bool:
+        """Not a memo hit (a verdict costed at another GPU count): those are not worth a worker."""
+        return memo is None or _looked_up(memo, _goodput_memo_key(hw, pending[i][0], pending[i][1], goal))[0] is None
+
+    workers = search_workers() if sum(1 for _, i in order if worth(i)) >= AHEAD_MIN_POINTS else 0
+    for i, found in in_order([i for _, i in order], found_for, workers, keep, worth):
+        layout, wlq, sm, tight = pending[i]
+        if found is SKIPPED:
             res.num_candidates += 1
             res.num_evaluated += 1
             res.rejected[BOUNDED_OUT] += 1
             continue
-        _goodput(spec, hw, layout, wlq, sm, goal, res, tight, memo)
+        if memo is not None:  # a worker's verdict, kept as this process's own would be
+            _, store = _looked_up(memo, key := _goodput_memo_key(hw, layout, wlq, goal))
+            if store and key not in memo:
+                memo[key] = found
+        _goodput(spec, hw, layout, wlq, sm, goal, res, tight, memo, found)
+        floor[0] = need()
 
 
 BOUNDED_OUT = "cannot reach the top plans: even its bound on goodput is lower"
+AHEAD_MIN_POINTS = 4  # fewer points to simulate at one GPU count than this: no workers (their start costs more)
 BOUND_MARGIN = 1.05
 
 
@@ -409,19 +440,24 @@ def _goodput_key(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload) -> 
     return ("goodput", k[0] if offloads else None, k[1], k[2], k[4] if offloads else None, k[5])
 
 
-def _goodput(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: _ReplicaMemory,
-             goal: Goal, res: SearchResult, tight: bool, memo: Memo | None) -> None:
-    """One replica under continuous batching (cost/traffic.py): at the load's rate or concurrency,
-    split over the dp replicas, or, with neither, at the highest rate it sustains within the SLA.
-    One point per replica; its workload carries the load it was judged at, so the plan's estimate
-    (and its manifest) shows the same traffic."""
-    res.num_candidates += 1
-    res.num_evaluated += 1
+def _goodput_memo_key(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, goal: Goal) -> tuple[Any, ...]:
+    """What a replica's verdict under traffic depends on: its figures (`_goodput_key`), the SLA,
+    and with a fixed rate or concurrency the replicas it is split over."""
+    load = wl.load or ServingLoad()
+    open_loop = load.max_concurrency is None and math.isinf(load.request_rate_per_second)
+    return (_goodput_key(hw, layout, wl), Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile),
+            None if open_loop else layout.dp)
+
+
+def _goodput_found(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: _ReplicaMemory,
+                   goal: Goal, memo: Memo | None) -> tuple[str | None, float | None, Any, int | None]:
+    """What `_goodput` judges a replica by, a pure function of the replica, the load and the SLA
+    (memoised): (why it fails or None, its rate per replica, its LoadResult or its latency floors,
+    the requests simulated)."""
     load = wl.load or ServingLoad()
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
-    replicas = layout.dp
     open_loop = load.max_concurrency is None and math.isinf(load.request_rate_per_second)
-    key = (_goodput_key(hw, layout, wl), sla, None if open_loop else replicas) if memo is not None else None
+    key = _goodput_memo_key(hw, layout, wl, goal) if memo is not None else None
     found, store = _looked_up(memo, key)
     if found is None:
         step = _step_model(spec, hw, layout, wl, memo)
@@ -447,6 +483,24 @@ def _goodput(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inference
             found = (bad, figures.request_rate_per_replica, figures.replica, None)
         if store:
             memo[key] = found  # type: ignore[index]
+    return found
+
+
+def _goodput(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: _ReplicaMemory,
+             goal: Goal, res: SearchResult, tight: bool, memo: Memo | None, found: Any = None) -> None:
+    """One replica under continuous batching (cost/traffic.py): at the load's rate or concurrency,
+    split over the dp replicas, or, with neither, at the highest rate it sustains within the SLA.
+    One point per replica; its workload carries the load it was judged at, so the plan's estimate
+    (and its manifest) shows the same traffic. `found`: what `_goodput_found` gives for it, where
+    that was computed already (by a worker, search/ahead.py)."""
+    res.num_candidates += 1
+    res.num_evaluated += 1
+    load = wl.load or ServingLoad()
+    sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
+    replicas = layout.dp
+    open_loop = load.max_concurrency is None and math.isinf(load.request_rate_per_second)
+    if found is None:
+        found = _goodput_found(spec, hw, layout, wl, sm, goal, memo)
     res.num_costed += 1
     res.num_steps += 1
     if found[0] is not None:

@@ -18,6 +18,7 @@ from shardplan.plan.schema import DisaggregationSection, PoolSection
 from shardplan.cost.inputs import offload_pair
 from shardplan.search import Goal, Objective, SearchResult, Space, search
 from shardplan.search import explain
+from shardplan.search.ahead import in_order, search_workers
 from shardplan.search.results import (BestAtGpuCount, DisaggregatedComparison, EngineFallback, RecommendResult,
                                       SearchBudget, Suggestion)
 from shardplan.cost.disaggregated import best_disaggregated
@@ -106,7 +107,20 @@ def recommend(
         goal = replace(goal, max_ttft_seconds=None, max_tpot_seconds=None, sla_defaulted=False)
         res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, progress=progress)
     runs_on = RunsOn(spec)
-    top = [explain.entry(spec, e, goal, i + 1, lambda r: banded(r, hw)) for i, e in enumerate(res.top)]
+    compare_split = bool(res.top and isinstance(workload, InferenceWorkload) and goal.objective is Objective.GOODPUT
+                         and num_gpus and num_gpus > 1 and compare_disaggregated)
+
+    def part(i: int) -> Any:
+        """The i-th top plan's estimate, or (past them) the disaggregated comparison of the pick."""
+        if i < len(res.top):
+            return explain.entry(spec, res.top[i], goal, i + 1, lambda r: banded(r, hw))
+        return _disaggregated(spec, res.top[0], workload, goal, num_gpus or 0, hw)
+
+    # Under traffic each estimate simulates its plan again: forked workers take some (search/ahead.py).
+    parts = list(range(len(res.top) + compare_split))
+    under_load = isinstance(workload, InferenceWorkload) and workload.load is not None
+    done = [got for _, got in in_order(parts, part, search_workers() if under_load else 0)]
+    top = done[:len(res.top)]
     top = [t.model_copy(update={"runs_on": runs_on.of(e.hw, e.layout, e.workload)}) for t, e in zip(top, res.top)]
     binding = explain.binding_constraint(top[0], goal) if top else None
     gap = explain.gap(top[0], top[1]) if len(top) > 1 else None
@@ -144,10 +158,7 @@ def recommend(
             and 1 < num_gpus < hw.gpus_per_node and workload.offload_targets and space.allow_offload
             and space.offload is None):
         suggestions += _fewer_gpus_by_offload(spec, hw, workload, space, goal)
-    disaggregated = None
-    if (res.top and isinstance(workload, InferenceWorkload) and goal.objective is Objective.GOODPUT and num_gpus
-            and num_gpus > 1 and compare_disaggregated):
-        disaggregated = _disaggregated(spec, res.top[0], workload, goal, num_gpus, hw)
+    disaggregated = done[len(res.top)] if compare_split else None
     manifest = None
     if manifest_path is not None and res.top:
         best = res.top[0]

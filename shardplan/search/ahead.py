@@ -1,0 +1,165 @@
+"""Work ahead of an in-order search on the machine's other cores.
+
+The serving search costs its points one by one in a fixed order (the highest bound first), and
+whether it costs a point at all depends on the points before it (a point whose bound cannot
+reach the top plans is left out). Costing a point is a pure function of the point: its
+simulation reads nothing the search changes. So while the search costs one point, forked
+worker processes cost the next ones it is likely to want; the search then takes their answers
+in its own order and applies each exactly as if it had costed it itself, and drops an answer
+for a point it leaves out. The results, their order and every count are those of the search on
+one core (tests/search/test_ahead.py compares the two); only the wall time changes.
+
+Workers are forked (Linux), so they start with the search's state and receive only a point's
+index. `SHARDPLAN_SEARCH_WORKERS` sets how many (0: none, one core); by default one fewer than
+the cores this process may run on, at most MAX_WORKERS. Where fork is not available, or a
+worker fails, the search costs the point itself.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from multiprocessing.pool import AsyncResult
+from typing import Any
+
+from shardplan.errors import ShardplanError
+
+WORKERS_ENV = "SHARDPLAN_SEARCH_WORKERS"
+MAX_WORKERS = 7
+
+# The task of the pool being started: set before the fork, so that each worker inherits it.
+_TASK: Callable[[int], Any] | None = None
+
+
+def search_workers() -> int:
+    """How many worker processes a search may fork (module docstring)."""
+    raw = os.environ.get(WORKERS_ENV)
+    if raw is not None and raw.strip() != "":
+        try:
+            wanted = int(raw)
+        except ValueError:
+            raise ShardplanError(f"{WORKERS_ENV}={raw!r} is not a whole number", field=WORKERS_ENV,
+                                 hint="set it to 0 (no workers) or a count of worker processes") from None
+        if wanted < 0:
+            raise ShardplanError(f"{WORKERS_ENV}={raw!r} is negative", field=WORKERS_ENV,
+                                 hint="set it to 0 (no workers) or a count of worker processes")
+        return min(wanted, MAX_WORKERS) if _can_fork() else 0
+    if not _can_fork():
+        return 0
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(0, min(MAX_WORKERS, cores - 1))
+
+
+def _can_fork() -> bool:
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+
+
+def _worker_start() -> None:
+    """Ctrl-C is the search's to handle (it stops the workers): a worker ignores it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run(i: int) -> tuple[bool, Any]:
+    try:
+        assert _TASK is not None
+        return True, _TASK(i)
+    except BaseException:  # noqa: BLE001 - the search costs the point itself and raises what it raises
+        return False, None
+
+
+SKIPPED = object()  # `in_order`'s answer for an index its `keep` left out
+QUEUED_PER_WORKER = 2  # indices given to each worker at a time: the next waits in its queue, so it never idles
+
+
+def in_order(indices: list[int], task: Callable[[int], Any], workers: int, keep: Callable[[int], bool] | None = None,
+             worth: Callable[[int], bool] | None = None) -> Iterator[tuple[int, Any]]:
+    """(i, task(i)) for each index in the order given, or (i, SKIPPED) where `keep(i)` is false when
+    its turn comes; the consumer may change what `keep` answers between items (a search's top plans
+    after each point), as long as an index it leaves out stays left out. Up to `workers` forked
+    processes compute the indices after the current one that `keep` still takes and `worth` says
+    are worth a worker (not a memo hit), and this process computes a later one while a worker has
+    the current one; each index is computed once, and an answer is used only at its turn."""
+    keep = keep or (lambda i: True)
+    worth = worth or (lambda i: True)
+    ahead = None
+    if workers > 0 and sum(1 for i in indices if worth(i)) >= 2:
+        try:
+            ahead = Ahead(task, workers)
+        except (OSError, ImportError):  # no processes or semaphores to be had here: one core
+            ahead = None
+    if ahead is None:
+        for i in indices:
+            yield (i, task(i)) if keep(i) else (i, SKIPPED)
+        return
+    done: dict[int, Any] = {}  # answers this process computed ahead of their turn
+    with ahead:
+        for pos, i in enumerate(indices):
+            if not keep(i):
+                ahead.drop(i)
+                done.pop(i, None)
+                yield i, SKIPPED
+                continue
+            while i not in done:
+                later = [j for j in indices[pos + 1:] if j not in done and not ahead.started(j) and worth(j) and keep(j)]
+                while later and ahead.running() < QUEUED_PER_WORKER * workers:
+                    ahead.start(later.pop(0))
+                if not ahead.started(i):
+                    done[i] = task(i)
+                elif ahead.ready(i) or not later:
+                    ok, got = ahead.take(i)
+                    done[i] = got if ok else task(i)
+                else:
+                    j = later.pop(0)
+                    done[j] = task(j)
+            yield i, done.pop(i)
+
+
+class Ahead:
+    """Forked workers that compute `task(i)` for indices given to them, answers kept by index."""
+
+    def __init__(self, task: Callable[[int], Any], workers: int) -> None:
+        global _TASK
+        _TASK = task
+        try:
+            self._pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_start)
+        finally:
+            _TASK = None  # the workers have their copy; nothing else forks with it
+        self.workers = workers
+        self._started: dict[int, AsyncResult] = {}
+
+    def running(self) -> int:
+        """Indices given to the workers whose answers have not come back."""
+        return sum(1 for r in self._started.values() if not r.ready())
+
+    def start(self, i: int) -> None:
+        self._started[i] = self._pool.apply_async(_run, (i,))
+
+    def started(self, i: int) -> bool:
+        return i in self._started
+
+    def ready(self, i: int) -> bool:
+        return self._started[i].ready()
+
+    def take(self, i: int) -> tuple[bool, Any]:
+        """(True, the answer) once the worker has it (waits for it); (False, None) if it failed."""
+        return self._started.pop(i).get()
+
+    def drop(self, i: int) -> None:
+        self._started.pop(i, None)
+
+    def close(self) -> None:
+        """Stop the workers at once: answers nobody took are not wanted."""
+        self._pool.terminate()
+        self._pool.join()
+
+    def __enter__(self) -> Ahead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
