@@ -97,6 +97,9 @@ def verify_cmd(
     differ, 5 when the load or generation fails, 2 for a checkpoint that is missing or not the
     plan's model, a plan that is not an offloaded transformers serving plan, or an offload folder
     that cannot be written."""
+    import gc
+
+    gc.enable()  # a rank trains for many steps: the collector main() turns off for short commands runs again
     from shardplan.cli import render_common, render_verify
 
     if checkpoint is not None:

@@ -18,9 +18,9 @@ from dataclasses import replace
 from typing import Any, Iterator
 
 from shardplan.cost import memo
+from shardplan.search.ahead import search_workers
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import ShardplanError
-from shardplan.search.serving import pareto_front, search_serving
 from shardplan.search.space import (
     SERVING_OBJECTIVES,
     TRAINING_OBJECTIVES,
@@ -148,6 +148,9 @@ def _search(
     first_fit: bool,
 ) -> SearchResult:
     training = isinstance(workload, TrainingWorkload)
+    search_workers()  # a bad SHARDPLAN_SEARCH_WORKERS is an error whichever search would read it
+    if not training:  # a training search does not load the serving search (nor its simulation's imports)
+        from shardplan.search.serving import pareto_front, search_serving
     allowed = TRAINING_OBJECTIVES if training else SERVING_OBJECTIVES
     if goal.objective not in allowed:
         raise ShardplanError(

@@ -12,7 +12,7 @@ one core (tests/search/test_ahead.py compares the two); only the wall time chang
 Workers are forked (Linux), so they start with the search's state and receive only a point's
 index. `SHARDPLAN_SEARCH_WORKERS` sets how many (0: none, one core); by default one fewer than
 the cores this process may run on, at most MAX_WORKERS. Where fork is not available, or a
-worker fails, the search costs the point itself.
+worker fails or dies, the search costs the point itself.
 """
 
 from __future__ import annotations
@@ -30,8 +30,11 @@ from shardplan.errors import ShardplanError
 WORKERS_ENV = "SHARDPLAN_SEARCH_WORKERS"
 MAX_WORKERS = 7
 
-# The task of the pool being started: set before the fork, so that each worker inherits it.
+# A worker's task: each worker sets it from its pool's start arguments, which a forked process
+# inherits as they are (nothing shared between two pools started at once in two threads).
 _TASK: Callable[[int], Any] | None = None
+# How often a wait for a worker's answer looks whether a worker died (its answer would never come).
+LIVENESS_SECONDS = 0.25
 
 
 def search_workers() -> int:
@@ -60,9 +63,17 @@ def _can_fork() -> bool:
     return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
 
 
-def _worker_start() -> None:
-    """Ctrl-C is the search's to handle (it stops the workers): a worker ignores it."""
+def _worker_start(task: Callable[[int], Any]) -> None:
+    """In a worker: its task. Ctrl-C is the search's to handle (it stops the workers), so a worker
+    ignores it; and it writes nothing: a worker whose search was killed (SIGTERM to that process
+    alone) finds its pipe closed when it answers, and ends there without a traceback."""
+    global _TASK
+    _TASK = task
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 2)
+    os.close(quiet)
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the worker's for its life
 
 
 def _run(i: int) -> tuple[bool, Any]:
@@ -71,6 +82,13 @@ def _run(i: int) -> tuple[bool, Any]:
         return True, _TASK(i)
     except BaseException:  # noqa: BLE001 - the search costs the point itself and raises what it raises
         return False, None
+
+
+class _Raised:
+    """An exception this process met computing an index ahead of its turn, raised at that turn."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
 SKIPPED = object()  # `in_order`'s answer for an index its `keep` left out
@@ -98,6 +116,23 @@ def in_order(indices: list[int], task: Callable[[int], Any], workers: int, keep:
             yield (i, task(i)) if keep(i) else (i, SKIPPED)
         return
     done: dict[int, Any] = {}  # answers this process computed ahead of their turn
+
+    def ahead_of_turn(j: int) -> Any:
+        try:
+            return task(j)
+        except Exception as e:  # noqa: BLE001 - raised at j's turn, if j is not left out by then
+            return _Raised(e)
+
+    def upcoming(pos: int, most: int) -> list[int]:
+        """Up to `most` of the indices after position `pos` that are still to be computed."""
+        found: list[int] = []
+        for j in indices[pos + 1:]:
+            if len(found) >= most:
+                break
+            if j not in done and not ahead.started(j) and worth(j) and keep(j):
+                found.append(j)
+        return found
+
     with ahead:
         for pos, i in enumerate(indices):
             if not keep(i):
@@ -106,39 +141,46 @@ def in_order(indices: list[int], task: Callable[[int], Any], workers: int, keep:
                 yield i, SKIPPED
                 continue
             while i not in done:
-                later = [j for j in indices[pos + 1:] if j not in done and not ahead.started(j) and worth(j) and keep(j)]
-                while later and ahead.running() < QUEUED_PER_WORKER * workers:
-                    ahead.start(later.pop(0))
+                later = upcoming(pos, ahead.free() + 1)  # for the idle workers, and one for this process
+                for j in later[:ahead.free()]:
+                    ahead.start(j)
+                later = [j for j in later if not ahead.started(j)]
                 if not ahead.started(i):
                     done[i] = task(i)
                 elif ahead.ready(i) or not later:
                     ok, got = ahead.take(i)
                     done[i] = got if ok else task(i)
                 else:
-                    j = later.pop(0)
-                    done[j] = task(j)
-            yield i, done.pop(i)
+                    done[later[0]] = ahead_of_turn(later[0])
+            got = done.pop(i)
+            if isinstance(got, _Raised):
+                raise got.error
+            yield i, got
 
 
 class Ahead:
-    """Forked workers that compute `task(i)` for indices given to them, answers kept by index."""
+    """Forked workers that compute `task(i)` for indices given to them, answers kept by index. If a
+    worker dies (killed, out of memory), the answers still owed are not waited for: `take` says
+    they failed, and nothing more is given to the workers."""
 
     def __init__(self, task: Callable[[int], Any], workers: int) -> None:
-        global _TASK
-        _TASK = task
-        try:
-            self._pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_start)
-        finally:
-            _TASK = None  # the workers have their copy; nothing else forks with it
+        before = {p.pid for p in multiprocessing.active_children()}
+        self._pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_start, initargs=(task,))
+        self._pids = {p.pid for p in multiprocessing.active_children()} - before  # this pool's workers
         self.workers = workers
         self._started: dict[int, AsyncResult] = {}
+        self.broken = False
 
-    def running(self) -> int:
-        """Indices given to the workers whose answers have not come back."""
+    def _running(self) -> int:
         return sum(1 for r in self._started.values() if not r.ready())
 
+    def free(self) -> int:
+        """How many more indices the workers may be given now (QUEUED_PER_WORKER each)."""
+        return 0 if self.broken else max(0, QUEUED_PER_WORKER * self.workers - self._running())
+
     def start(self, i: int) -> None:
-        self._started[i] = self._pool.apply_async(_run, (i,))
+        if not self.broken:
+            self._started[i] = self._pool.apply_async(_run, (i,))
 
     def started(self, i: int) -> bool:
         return i in self._started
@@ -147,8 +189,15 @@ class Ahead:
         return self._started[i].ready()
 
     def take(self, i: int) -> tuple[bool, Any]:
-        """(True, the answer) once the worker has it (waits for it); (False, None) if it failed."""
-        return self._started.pop(i).get()
+        """(True, the answer) once the worker has it (waits for it); (False, None) if it failed or
+        a worker died meanwhile."""
+        r = self._started.pop(i)
+        while not r.ready():
+            if self.broken or not self._pids <= {p.pid for p in multiprocessing.active_children()}:
+                self.broken = True  # the pool replaces a dead worker, but what it held is lost
+                return False, None
+            r.wait(LIVENESS_SECONDS)
+        return r.get()
 
     def drop(self, i: int) -> None:
         self._started.pop(i, None)

@@ -13,8 +13,6 @@ from shardplan.cost.estimate import estimate, plan_report
 from shardplan.cost.layout import PipelineSchedule, Recompute
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
 from shardplan.errors import ShardplanError
-from shardplan.plan.manifest import build_manifest, write_manifest
-from shardplan.plan.schema import DisaggregationSection, PoolSection
 from shardplan.cost.inputs import offload_pair
 from shardplan.search import Goal, Objective, SearchResult, Space, search
 from shardplan.search import explain
@@ -161,6 +159,9 @@ def recommend(
     disaggregated = done[len(res.top)] if compare_split else None
     manifest = None
     if manifest_path is not None and res.top:
+        from shardplan.plan.manifest import build_manifest, write_manifest  # only a plan written needs them
+        from shardplan.plan.schema import DisaggregationSection, PoolSection
+
         best = res.top[0]
         report = banded(estimate(spec, best.hw, best.layout, best.workload), best.hw)
         summary: dict[str, Any] = {"num_candidates": res.num_candidates, "num_evaluated": res.num_evaluated,

@@ -83,10 +83,69 @@ def test_a_failed_worker_answer_is_computed_here(started):
     assert started[0] > 0
 
 
+def _dies_in_a_worker(i: int) -> int:
+    if os.getpid() != PARENT and i == 2:
+        os._exit(1)  # killed, out of memory: the pool never answers for it
+    return i + 100
+
+
+def test_a_dead_worker_is_not_waited_for(started):
+    """A worker that dies takes its point with it; the search costs it itself and goes on."""
+    global PARENT
+    PARENT = os.getpid()
+    assert [a for _, a in ahead.in_order(list(range(8)), _dies_in_a_worker, workers=1)] == [100 + i for i in range(8)]
+    assert started[0] > 0
+
+
+def _raises_for_3(i: int) -> int:
+    if i == 3:
+        raise ValueError("point 3 cannot be costed")
+    return i
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_error_ahead_of_its_turn_is_raised_at_its_turn_only(workers):
+    """An index computed early that raises: nothing if it is left out when its turn comes, and the
+    error at its turn otherwise, as on one core."""
+    skip3 = list(ahead.in_order(list(range(6)), _raises_for_3, workers, keep=lambda i: i != 3))
+    assert [a for _, a in skip3] == [0, 1, 2, ahead.SKIPPED, 4, 5]
+    seen = []
+    with pytest.raises(ValueError, match="point 3"):
+        for i, a in ahead.in_order(list(range(6)), _raises_for_3, workers):
+            seen.append(a)
+    assert seen == [0, 1, 2]
+
+
+def _negate(i: int) -> int:
+    return -i
+
+
+def test_two_searches_in_two_threads_keep_their_own_tasks():
+    """Each pool's workers get their task from the pool's own start arguments."""
+    import threading
+
+    out: dict[str, list] = {}
+
+    def run(name, task):
+        out[name] = [a for _, a in ahead.in_order(list(range(40)), task, workers=2)]
+    threads = [threading.Thread(target=run, args=(name, task)) for name, task in
+               (("square", _square_with_pid), ("negate", _negate))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [a[0] for a in out["square"]] == [i * i for i in range(40)]
+    assert out["negate"] == [-i for i in range(40)]
+
+
+@pytest.mark.parametrize("args", [
+    ("recommend", "llama-3.1-8b", "--gpus", "2", "--json"),
+    ("recommend", "llama-3.1-8b", "--gpus", "2", "--workload", "training", "--json"),  # no worker would run
+])
 @pytest.mark.parametrize("value,words", [("two", "whole number"), ("-1", "negative")])
-def test_bad_worker_count_is_one_line(cli, monkeypatch, value, words):
+def test_bad_worker_count_is_one_line(cli, monkeypatch, args, value, words):
     monkeypatch.setenv(ahead.WORKERS_ENV, value)
-    r = cli("recommend", "llama-3.1-8b", "--gpus", "2", "--json")
+    r = cli(*args)
     assert r.exit_code == 2 and words in r.stderr and ahead.WORKERS_ENV in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 

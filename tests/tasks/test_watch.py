@@ -6,6 +6,7 @@ server on 127.0.0.1. Where a test changes a recorded page it says which value.""
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import math
 import socket
@@ -49,6 +50,7 @@ def recommend(path: Path, *args: str) -> Path:
         assert e.code in (0, None), (args, e.code)
     finally:
         sys.argv = argv
+        gc.unfreeze()  # main() freezes what a command made, for a process about to exit
     return path
 
 
