@@ -10,6 +10,11 @@ import sys
 import traceback
 from typing import Any
 
+# pydantic looks for plugins in every installed distribution's entry points the first time it
+# builds a model (a few ms here, tens in a large ML environment); the command line uses none.
+# A value the user set stays.
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
 try:  # newer typer carries its own copy of click
     from typer._click.exceptions import ClickException
     from typer.exceptions import Abort
