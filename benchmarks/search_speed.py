@@ -5,6 +5,7 @@ repository root:
 
     python benchmarks/search_speed.py            # median of 5 fresh processes per command
     python benchmarks/search_speed.py --runs 1   # a quick look
+    python benchmarks/search_speed.py --compare-workers   # one process against the forked workers
 
 Each command runs as a whole process (`python -m shardplan ...`, no warm caches): the wall time
 covers Python start-up, imports, loading, the search, the explanation and the top plans'
@@ -57,9 +58,9 @@ def _digest(d: dict) -> tuple[str, str]:
     return hashlib.sha256(results.encode()).hexdigest()[:10], hashlib.sha256(counts.encode()).hexdigest()[:10]
 
 
-def _run(args: str) -> tuple[float, dict | None]:
+def _run(args: str, env: dict[str, str] | None = None) -> tuple[float, dict | None]:
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "shardplan", *args.split()], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "shardplan", *args.split()], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     if out.returncode not in (0, 3):  # 3: nothing fits (a result, not an error)
         raise SystemExit(f"shardplan {args} exited {out.returncode}: {out.stderr.strip()}")
@@ -80,8 +81,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="fresh processes per command (the median is shown)")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
+    parser.add_argument("--compare-workers", action="store_true",
+                        help="each search with SHARDPLAN_SEARCH_WORKERS=0 (one process) and as it is, runs "
+                             "alternating, with both results digests (they must be equal)")
     opts = parser.parse_args()
     _compile_bytecode()
+    if opts.compare_workers:
+        return _compare_workers(opts)
     print("| command | median wall s | min-max s | target s | met | search s | evaluated | costed "
           "| GPU counts unsearched | results digest | counts digest |")
     print("|---|---:|---:|---:|---|---:|---:|---:|---|---|---|")
@@ -104,6 +110,31 @@ def main() -> int:
         print(f"| {name} | {med:.2f} | {min(walls):.2f}-{max(walls):.2f} | {target:g} | {met} "
               f"| {d['elapsed_seconds']:.2f} | {d['num_evaluated']:,} | {d['num_costed']:,} | {left} | {res} | {cnt} |",
               flush=True)
+    return 0
+
+
+def _compare_workers(opts: argparse.Namespace) -> int:
+    """One process against the default workers (search/ahead.py), alternating runs so that the
+    machine's drift falls on both alike; the digests show the answers are the same."""
+    import os
+
+    one = {**os.environ, "SHARDPLAN_SEARCH_WORKERS": "0"}
+    default = {k: v for k, v in os.environ.items() if k != "SHARDPLAN_SEARCH_WORKERS"}
+    print("| command | one process: median wall s | with workers: median wall s | speed-up | digests equal |")
+    print("|---|---:|---:|---:|---|")
+    for name, args, _ in CASES:
+        if opts.only not in name or "--json" not in args:
+            continue
+        walls: dict[str, list[float]] = {"one": [], "default": []}
+        digests: set[tuple[str, str]] = set()
+        for _ in range(opts.runs):
+            for key, env in (("one", one), ("default", default)):
+                wall, d = _run(args, env)
+                walls[key].append(wall)
+                assert d is not None
+                digests.add(_digest(d))
+        a, b = statistics.median(walls["one"]), statistics.median(walls["default"])
+        print(f"| {name} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {'yes' if len(digests) == 1 else 'NO'} |", flush=True)
     return 0
 
 
