@@ -287,3 +287,9 @@ def layout_stage_ranges(num_layers: int, layout: Layout) -> tuple[tuple[range, .
     """`stage_layer_ranges` for a layout, its uneven-split options included."""
     return stage_layer_ranges(num_layers, layout.pp, layout.virtual_stages, layout.pp_embedding_as_layer,
                               layout.pp_loss_as_layer, layout.pp_first_stage_layers, layout.pp_last_stage_layers)
+
+
+@lru_cache(maxsize=4096)
+def flat_layers(chunks: tuple[range, ...]) -> tuple[int, ...]:
+    """A stage's layers: its chunks (one range each, from `layout_stage_ranges`) laid end to end."""
+    return tuple(i for r in chunks for i in r)

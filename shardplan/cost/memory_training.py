@@ -19,7 +19,7 @@ from functools import lru_cache
 
 from shardplan.cost.breakdown import MemoryBreakdown, RankMemory
 from shardplan.cost.finetune import adapter_params, base_format_bytes, is_nf4_base_weight, targeted_modules
-from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, layout_stage_ranges
+from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute, flat_layers, layout_stage_ranges
 from shardplan.cost.params import WeightKind, block_weights, chunk_layer_kinds, layer_kinds
 from shardplan.cost.weights import StageWeights, numel_per_rank, stage_tensors, stage_weights
 from shardplan.cost.workload import Framework, Optimizer, Quantization, TrainingWorkload
@@ -815,6 +815,16 @@ def autocast_input_copies_per_layer(spec: ModelSpec, wl: TrainingWorkload, cp: i
 RECOMPUTED_LAYER = "activations.recomputed_layer"
 
 
+@lru_cache(maxsize=4096)
+def _activation_layout(tp: int, cp: int, etp: int, sp: bool, recompute: Recompute, b: int, pp: int,
+                       virtual_stages: int, schedule: PipelineSchedule, embedding_as_layer: bool,
+                       loss_as_layer: bool, first: int | None, last: int | None) -> Layout:
+    """The layout of the fields a stage's activations read (one for every stage of a shape)."""
+    return Layout(tp=tp, cp=cp, etp=etp, sequence_parallel=sp, recompute=recompute, micro_batch_size=b, pp=pp,
+                  virtual_stages=virtual_stages, pp_schedule=schedule, pp_embedding_as_layer=embedding_as_layer,
+                  pp_loss_as_layer=loss_as_layer, pp_first_stage_layers=first, pp_last_stage_layers=last)
+
+
 @lru_cache(maxsize=65536)
 def _stage_activations(
     spec: ModelSpec, wl: TrainingWorkload, tp: int, cp: int, etp: int, sp: bool, recompute: Recompute, b: int, pp: int,
@@ -826,13 +836,12 @@ def _stage_activations(
     so the many state variants of one shape share them; `input_copies` (autocast over fp32
     weights, which only ZeRO 0 computes with) adds what each linear saves of its own input cast
     (`autocast_input_copies_per_layer`): without it the figure is a lower bound for every variant."""
-    layout = Layout(tp=tp, cp=cp, etp=etp, sequence_parallel=sp, recompute=recompute, micro_batch_size=b, pp=pp,
-                    virtual_stages=virtual_stages, pp_schedule=schedule, pp_embedding_as_layer=embedding_as_layer,
-                    pp_loss_as_layer=loss_as_layer, pp_first_stage_layers=first, pp_last_stage_layers=last)
+    layout = _activation_layout(tp, cp, etp, sp, recompute, b, pp, virtual_stages, schedule, embedding_as_layer,
+                                loss_as_layer, first, last)
     rep = 1.0 / layout.tp if layout.sequence_parallel else 1.0
     s_local = wl.seq_len / layout.cp
     chunks = layout_stage_ranges(spec.num_layers, layout)[stage]
-    layers = tuple(i for r in chunks for i in r)
+    layers = flat_layers(chunks)
     kinds = chunk_layer_kinds(spec, chunks)
     per_layer_avg = sum(num * activation_bytes_per_layer(spec, layout, wl, moe, b, linear)
                         for (moe, linear), num in kinds.items()) / len(layers)

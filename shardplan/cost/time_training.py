@@ -56,7 +56,7 @@ from shardplan.cost.compute import (
 )
 from shardplan.cost.finetune import adapter_params, base_format_bytes, is_nf4_base_weight, targeted_modules
 from shardplan.cost.params import layer_kind, layer_weights
-from shardplan.cost.layout import Layout, Offload, Recompute, layout_stage_ranges, stage_layer_ranges
+from shardplan.cost.layout import Layout, Offload, Recompute, flat_layers, layout_stage_ranges, stage_layer_ranges
 from shardplan.cost.memory_training import (
     FP32_BYTES,
     StateBytes,
@@ -276,11 +276,6 @@ def _per_kind_seconds(
                          group(tp, 1, gpn), group(cp, tp, gpn), group(ep, etp, gpn))
 
 
-@lru_cache(maxsize=4096)
-def _flat_layers(chunks: tuple[range, ...]) -> tuple[int, ...]:
-    return tuple(i for r in chunks for i in r)
-
-
 @lru_cache(maxsize=256)
 def _all_kind_counts(spec: ModelSpec) -> dict[tuple[bool, bool, bool], int]:
     return _kind_counts(spec, tuple(range(spec.num_layers)))
@@ -312,7 +307,7 @@ def step_seconds_lower_bound(
     of the slowest stage, which is at least stage 0's layers and at least the mean stage's; every
     other term of the step is non-negative. dp, ZeRO and offload do not change it, so one bound
     serves all their variants; with v = the most virtual stages allowed it bounds every v."""
-    stage0 = _flat_layers(layout_stage_ranges(spec.num_layers, layout)[0])
+    stage0 = flat_layers(layout_stage_ranges(spec.num_layers, layout)[0])
     fields = (spec, hw, wl, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.sequence_parallel,
               layout.recompute, layout.micro_batch_size)
     # Stage 0's layers are summed here, not cached: each (pp, virtual stages) has its own, so a
