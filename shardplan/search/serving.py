@@ -303,9 +303,28 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
     load = pending[0][1].load or ServingLoad()
     open_loop = load.max_concurrency is None and math.isinf(load.request_rate_per_second)
-    if not open_loop:
-        for layout, wlq, sm, tight in pending:
-            _goodput(spec, hw, layout, wlq, sm, goal, res, tight, memo)
+
+    def found_for(i: int) -> Any:
+        layout, wlq, sm, _ = pending[i]
+        return _goodput_found(spec, hw, layout, wlq, sm, goal, memo)
+
+    def worth(i: int) -> bool:
+        """Not a memo hit (a verdict costed at another GPU count): those are not worth a worker."""
+        return memo is None or _looked_up(memo, _goodput_memo_key(hw, pending[i][0], pending[i][1], goal))[0] is None
+
+    def apply(i: int, found: Any) -> None:
+        layout, wlq, sm, tight = pending[i]
+        if memo is not None:  # a worker's verdict, kept as this process's own would be
+            _, store = _looked_up(memo, key := _goodput_memo_key(hw, layout, wlq, goal))
+            if store and key not in memo:
+                memo[key] = found
+        _goodput(spec, hw, layout, wlq, sm, goal, res, tight, memo, found)
+
+    if not open_loop:  # at the load's own rate or concurrency: every point, in order
+        indices = list(range(len(pending)))
+        workers = search_workers() if sum(1 for i in indices if worth(i)) >= AHEAD_MIN_POINTS else 0
+        for i, found in in_order(indices, found_for, workers, worth=worth):
+            apply(i, found)
         return
     # Per GPU of the replica (the dp replicas each carry as much); 5% above the bound, for the step
     # model's interpolation between the points it reads off pass_time.
@@ -321,33 +340,20 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
         best = sorted(-e.objective_value for e in res.feasible)[::-1][:goal.top_k]
         return best[-1] if len(best) >= goal.top_k else None
 
-    def found_for(i: int) -> Any:
-        layout, wlq, sm, _ = pending[i]
-        return _goodput_found(spec, hw, layout, wlq, sm, goal, memo)
-
     floor = [need()]  # updated after each point: `keep` reads it
     by_index = {i: bound for bound, i in order}
 
     def keep(i: int) -> bool:
         return floor[0] is None or by_index[i] >= floor[0]
 
-    def worth(i: int) -> bool:
-        """Not a memo hit (a verdict costed at another GPU count): those are not worth a worker."""
-        return memo is None or _looked_up(memo, _goodput_memo_key(hw, pending[i][0], pending[i][1], goal))[0] is None
-
     workers = search_workers() if sum(1 for _, i in order if worth(i)) >= AHEAD_MIN_POINTS else 0
     for i, found in in_order([i for _, i in order], found_for, workers, keep, worth):
-        layout, wlq, sm, tight = pending[i]
         if found is SKIPPED:
             res.num_candidates += 1
             res.num_evaluated += 1
             res.rejected[BOUNDED_OUT] += 1
             continue
-        if memo is not None:  # a worker's verdict, kept as this process's own would be
-            _, store = _looked_up(memo, key := _goodput_memo_key(hw, layout, wlq, goal))
-            if store and key not in memo:
-                memo[key] = found
-        _goodput(spec, hw, layout, wlq, sm, goal, res, tight, memo, found)
+        apply(i, found)
         floor[0] = need()
 
 

@@ -162,7 +162,7 @@ def test_worker_count_setting(monkeypatch):
         ahead.search_workers()
 
 
-def _goodput_case(model: str, formats: tuple[str, ...], lengths: str | None = None):
+def _goodput_case(model: str, formats: tuple[str, ...], rate: float | None = None):
     spec = load_model(model).spec
     hw = load_hardware("h100-sxm-80gb")
     wl = inputs.inference_workload(
@@ -170,7 +170,7 @@ def _goodput_case(model: str, formats: tuple[str, ...], lengths: str | None = No
         max_model_len=8192, max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=None,
         block_size=None, kv_cache_dtype=None, weight_dtype=None, quantization=None, enforce_eager=False,
         input_len=1024, output_len=128, batch_size=None)
-    wl = replace(wl, load=ServingLoad())
+    wl = replace(wl, load=ServingLoad() if rate is None else ServingLoad(request_rate_per_second=rate, num_requests=200))
     space = replace(Space(), quantizations=(Quantization.NONE, *map(Quantization, formats)),
                     kv_cache_dtypes=(wl.kv_cache_dtype,))
     goal = Goal(Objective.GOODPUT, top_k=5, max_ttft_seconds=1.0, max_tpot_seconds=0.05, slo_percentile=90)
@@ -184,12 +184,13 @@ def _view(res: SearchResult) -> tuple:
             dict(res.rejected), dict(res.invalid), dict(res.sla_floor_seconds))
 
 
-@pytest.mark.parametrize("model,formats,max_gpus", [
-    ("llama-3.1-70b", ("fp8", "int4"), 8),  # several counts, bounded-out points, memo hits across counts
-    ("qwen3-30b-a3b", ("fp8",), 4),  # MoE
+@pytest.mark.parametrize("model,formats,max_gpus,rate", [
+    ("llama-3.1-70b", ("fp8", "int4"), 8, None),  # several counts, bounded-out points, memo hits across counts
+    ("qwen3-30b-a3b", ("fp8",), 4, None),  # MoE
+    ("llama-3.1-70b", ("fp8", "int4"), 8, 6.0),  # at a given rate: every point, in order
 ])
-def test_goodput_search_with_workers_equals_one_core(monkeypatch, started, model, formats, max_gpus):
-    case = _goodput_case(model, formats)
+def test_goodput_search_with_workers_equals_one_core(monkeypatch, started, model, formats, max_gpus, rate):
+    case = _goodput_case(model, formats, rate)
     monkeypatch.setenv(ahead.WORKERS_ENV, "0")
     one = search(*case, max_gpus=max_gpus)
     assert started[0] == 0
