@@ -197,7 +197,10 @@ class Ahead:
                 self.broken = True  # the pool replaces a dead worker, but what it held is lost
                 return False, None
             r.wait(LIVENESS_SECONDS)
-        return r.get()
+        try:
+            return r.get()
+        except Exception:  # noqa: BLE001 - an answer that could not come back (not picklable): computed here
+            return False, None
 
     def drop(self, i: int) -> None:
         self._started.pop(i, None)

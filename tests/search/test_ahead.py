@@ -97,6 +97,19 @@ def test_a_dead_worker_is_not_waited_for(started):
     assert started[0] > 0
 
 
+def _unpicklable_in_a_worker(i: int):
+    if os.getpid() != PARENT:
+        return lambda: i  # a worker's answer that cannot be sent back
+    return i
+
+
+def test_an_answer_that_cannot_come_back_is_computed_here(started):
+    global PARENT
+    PARENT = os.getpid()
+    assert [a for _, a in ahead.in_order(list(range(6)), _unpicklable_in_a_worker, workers=1)] == list(range(6))
+    assert started[0] > 0
+
+
 def _raises_for_3(i: int) -> int:
     if i == 3:
         raise ValueError("point 3 cannot be costed")
