@@ -113,6 +113,7 @@ def replan_cmd(
     from shardplan.cli import render_common, render_deploy
     from shardplan.plan.manifest import load_manifest
     from shardplan.plan.readback import plan_hardware
+    from shardplan.search.ahead import search_workers
     from shardplan.specs import cluster
     from shardplan.tasks.replan import replan
 
@@ -129,7 +130,8 @@ def replan_cmd(
         result = replan(old, source=str(plan), hw=hw, num_gpus=n, margin=margin, top_k=top_k,
                         objective=objective.value if objective else None, manifest_path=output, moves_path=moves,
                         progress=progress, lost_nodes=dead_nodes, lost_ranks=dead_ranks, checkpoint=from_checkpoint,
-                        prefer_fast_recovery=prefer_fast_recovery, min_capacity=min_capacity, target=target)
+                        prefer_fast_recovery=prefer_fast_recovery, min_capacity=min_capacity, target=target,
+                        workers=search_workers())
     render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_deploy.replan_report)
     render_deploy.replan_files_written(result)
     if result.chosen is None or (result.rollout is not None and not result.rollout.keeps_floor):

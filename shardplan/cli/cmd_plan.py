@@ -350,6 +350,7 @@ def recommend(
     shardplan recommend llama-3.1-70b --gpus 8 --request-rate 6 --max-ttft-ms 800 --max-tpot-ms 60"""
     from shardplan.cost.inputs import offload_pair
     from shardplan.search import Goal, Objective, Space
+    from shardplan.search.ahead import search_workers
     from shardplan.specs import cluster, loading
     from shardplan.cli.targets import engine_and_stack, given, with_export
     from shardplan.tasks.recommend import recommend as run_recommend
@@ -407,7 +408,7 @@ def recommend(
         sequence_parallel=sequence_parallel, recompute=recompute, pp_schedule=pp_schedule,
         virtual_stages=virtual_stages, micro_batch_size=micro_batch_size,
         offload=offload_pair(offload.value) if offload else None,
-        allow_cross_node_tp=allow_cross_node_tp, allow_offload=allow_offload,
+        allow_cross_node_tp=allow_cross_node_tp, allow_offload=allow_offload, workers=search_workers(),
     )
     if not training:
         space = replace(space, quantizations=(wl.quantization,), kv_cache_dtypes=(wl.kv_cache_dtype,))

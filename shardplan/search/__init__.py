@@ -18,7 +18,6 @@ from dataclasses import replace
 from typing import Any, Iterator
 
 from shardplan.cost import memo
-from shardplan.search.ahead import search_workers
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import ShardplanError
 from shardplan.search.space import (
@@ -148,7 +147,6 @@ def _search(
     first_fit: bool,
 ) -> SearchResult:
     training = isinstance(workload, TrainingWorkload)
-    search_workers()  # a bad SHARDPLAN_SEARCH_WORKERS is an error whichever search would read it
     if not training:  # a training search does not load the serving search (nor its simulation's imports)
         from shardplan.search.serving import pareto_front, search_serving
     allowed = TRAINING_OBJECTIVES if training else SERVING_OBJECTIVES

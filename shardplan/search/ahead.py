@@ -10,9 +10,12 @@ for a point it leaves out. The results, their order and every count are those of
 one core (tests/search/test_ahead.py compares the two); only the wall time changes.
 
 Workers are forked (Linux), so they start with the search's state and receive only a point's
-index. `SHARDPLAN_SEARCH_WORKERS` sets how many (0: none, one core); by default one fewer than
-the cores this process may run on, at most MAX_WORKERS. Where fork is not available, or a
-worker fails or dies, the search costs the point itself.
+index. How many is the caller's to say (`Space.workers`; 0, the default, runs everything in this
+process): the command line gives `search_workers()`, which `SHARDPLAN_SEARCH_WORKERS` sets (0:
+one core) and otherwise is one fewer than the cores this process may run on, at most
+MAX_WORKERS. Where fork is not available, or a worker fails or dies, the search costs the point
+itself. The pool is this module's alone: the search hands it a pure function of an index and
+reads the answers back in its own order.
 """
 
 from __future__ import annotations
@@ -106,7 +109,7 @@ def in_order(indices: list[int], task: Callable[[int], Any], workers: int, keep:
     keep = keep or (lambda i: True)
     worth = worth or (lambda i: True)
     ahead = None
-    if workers > 0 and sum(1 for i in indices if worth(i)) >= 2:
+    if workers > 0 and _can_fork() and sum(1 for i in indices if worth(i)) >= 2:
         try:
             ahead = Ahead(task, workers)
         except (OSError, ImportError):  # no processes or semaphores to be had here: one core

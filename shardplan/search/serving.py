@@ -22,7 +22,7 @@ from shardplan.cost.step_model import StepModel
 from shardplan.cost.traffic import (SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_rate, latency_floor, load_figures,
                                    sequence_slots)
 from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
-from shardplan.search.ahead import SKIPPED, in_order, search_workers
+from shardplan.search.ahead import SKIPPED, in_order
 from shardplan.search.targets import serving_refusal
 from shardplan.search.space import (
     TIGHT,
@@ -288,16 +288,16 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
             if wlb is None:
                 wlb = with_batch[(id(wlq), b)] = replace(wlq, batch_size=b)
             res.feasible.append(Evaluated(layout, wlb, hw, serving_objective(goal, figures), key, figures, tight))
-    _goodput_in_bound_order(spec, hw, pending, goal, res, memo)
+    _goodput_in_bound_order(spec, hw, pending, goal, res, memo, space.workers)
 
 
 def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[Any], goal: Goal, res: SearchResult,
-                            memo: Memo | None) -> None:
+                            memo: Memo | None, workers: int = 0) -> None:
     """Cost the goodput points of one GPU count, the highest bound first; once the count has a
     plan, a point whose bound cannot reach the top K is left out (counted as such). Exact: the bound
-    (`_goodput_bound`) is never below what the simulation finds. Forked workers (search/ahead.py)
-    simulate the next points while this process simulates one; each verdict is applied at its turn,
-    so the plans, their order and the counts are those of one process."""
+    (`_goodput_bound`) is never below what the simulation finds. `workers` forked processes
+    (search/ahead.py) simulate the next points while this one simulates one; each verdict is
+    applied at its turn, so the plans, their order and the counts are those of one process."""
     if not pending:
         return
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
@@ -322,8 +322,8 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
 
     if not open_loop:  # at the load's own rate or concurrency: every point, in order
         indices = list(range(len(pending)))
-        workers = search_workers() if sum(1 for i in indices if worth(i)) >= AHEAD_MIN_POINTS else 0
-        for i, found in in_order(indices, found_for, workers, worth=worth):
+        ahead = workers if sum(1 for i in indices if worth(i)) >= AHEAD_MIN_POINTS else 0
+        for i, found in in_order(indices, found_for, ahead, worth=worth):
             apply(i, found)
         return
     # Per GPU of the replica (the dp replicas each carry as much); 5% above the bound, for the step
@@ -346,8 +346,8 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
     def keep(i: int) -> bool:
         return floor[0] is None or by_index[i] >= floor[0]
 
-    workers = search_workers() if sum(1 for _, i in order if worth(i)) >= AHEAD_MIN_POINTS else 0
-    for i, found in in_order([i for _, i in order], found_for, workers, keep, worth):
+    ahead = workers if sum(1 for _, i in order if worth(i)) >= AHEAD_MIN_POINTS else 0
+    for i, found in in_order([i for _, i in order], found_for, ahead, keep, worth):
         if found is SKIPPED:
             res.num_candidates += 1
             res.num_evaluated += 1

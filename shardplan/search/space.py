@@ -112,6 +112,10 @@ class Space:
     # What the plans must run on (knowledge/targets.yaml): a --target's rules, or a stack's own
     # runtime rules; None: every layout that can exist (search/targets.py).
     rules: TargetRules | None = None
+    # How the search runs, not what it finds (as max_search_steps): forked worker processes that
+    # simulate serving points ahead of their turn (search/ahead.py); 0: this process alone. Every
+    # value gives the same plans, order and counts. The command line sets it (`search_workers()`).
+    workers: int = 0
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from shardplan.errors import ShardplanError
 from shardplan.cost.inputs import offload_pair
 from shardplan.search import Goal, Objective, SearchResult, Space, search
 from shardplan.search import explain
-from shardplan.search.ahead import in_order, search_workers
+from shardplan.search.ahead import in_order
 from shardplan.search.results import (BestAtGpuCount, DisaggregatedComparison, EngineFallback, RecommendResult,
                                       SearchBudget, Suggestion)
 from shardplan.cost.disaggregated import best_disaggregated
@@ -117,7 +117,7 @@ def recommend(
     # Under traffic each estimate simulates its plan again: forked workers take some (search/ahead.py).
     parts = list(range(len(res.top) + compare_split))
     under_load = isinstance(workload, InferenceWorkload) and workload.load is not None
-    done = [got for _, got in in_order(parts, part, search_workers() if under_load else 0)]
+    done = [got for _, got in in_order(parts, part, space.workers if under_load else 0)]
     top = done[:len(res.top)]
     top = [t.model_copy(update={"runs_on": runs_on.of(e.hw, e.layout, e.workload)}) for t, e in zip(top, res.top)]
     binding = explain.binding_constraint(top[0], goal) if top else None

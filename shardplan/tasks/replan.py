@@ -235,7 +235,7 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
            moves_path: Path | None = None, progress: Progress | None = None, lost_nodes: Iterable[int] = (),
            lost_ranks: Iterable[int] = (), checkpoint: Path | None = None,
            prefer_fast_recovery: bool = False, min_capacity: float | None = None,
-           target: str | None = None) -> ReplanResult:
+           target: str | None = None, workers: int = 0) -> ReplanResult:
     """What `shardplan replan --json` prints; writes the chosen manifest and its move list when
     paths are given. Raises ShardplanError (exit 2) for bad input, UnrecoverableError (exit 3)
     when slices only lost ranks held have no checkpoint to come from; `chosen` is None when
@@ -244,7 +244,8 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
     folder (headers only are read). `min_capacity`: serving only, the share of the old plan's
     rate the rollout keeps (None: the highest any order keeps); `rollout.keeps_floor` is false
     when no order keeps it (the CLI exits 3). `target`: only layouts it runs (and verify checks),
-    for a plan made with its engine or stack (tasks/_targets.py)."""
+    for a plan made with its engine or stack (tasks/_targets.py). `workers`: the search's worker
+    processes (`Space.workers`)."""
     if not 0 <= margin < 1:
         raise ShardplanError(f"margin {margin} is not a fraction in [0, 1)", field="--margin", hint="e.g. 0.05")
     check_min_capacity(old, min_capacity)
@@ -262,7 +263,7 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
                 group_by_shape=False)
     if target is not None:
         check_target(target, spec, hw, workload, plan=source)
-    space = Space(rules=search_rules(target, spec, workload))
+    space = Space(rules=search_rules(target, spec, workload), workers=workers)
     if isinstance(workload, InferenceWorkload):
         space = replace(space, quantizations=(workload.quantization,), kv_cache_dtypes=(workload.kv_cache_dtype,))
     res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, progress=progress)

@@ -202,13 +202,11 @@ def _view(res: SearchResult) -> tuple:
     ("qwen3-30b-a3b", ("fp8",), 4, None),  # MoE
     ("llama-3.1-70b", ("fp8", "int4"), 8, 6.0),  # at a given rate: every point, in order
 ])
-def test_goodput_search_with_workers_equals_one_core(monkeypatch, started, model, formats, max_gpus, rate):
-    case = _goodput_case(model, formats, rate)
-    monkeypatch.setenv(ahead.WORKERS_ENV, "0")
-    one = search(*case, max_gpus=max_gpus)
+def test_goodput_search_with_workers_equals_one_core(started, model, formats, max_gpus, rate):
+    spec, hw, wl, space, goal = _goodput_case(model, formats, rate)
+    one = search(spec, hw, wl, space, goal, max_gpus=max_gpus)  # Space.workers 0: this process alone
     assert started[0] == 0
-    monkeypatch.setenv(ahead.WORKERS_ENV, "1")
-    two = search(*case, max_gpus=max_gpus)
+    two = search(spec, hw, wl, replace(space, workers=1), goal, max_gpus=max_gpus)
     assert started[0] > 0
     assert one.top and _view(one) == _view(two)
 
