@@ -302,3 +302,28 @@ def test_no_load_runs_faster_than_its_tokens_allow():
             bound = token_rate_bound(model, ServingLoad(), burst.requests)
             assert r.request_throughput_per_second <= bound, (engine, prompt, out)
         assert r.request_throughput_per_second > 0.3 * bound  # and it is not a vacuous bound
+
+
+class _KeepsNothing(dict):
+    """A composition store that never holds one: every step goes through StepModel.seconds."""
+
+    def get(self, key, default=None):
+        return default
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_kept_composition_adds_the_same_terms_as_seconds(engine):
+    """`simulate` adds a seen composition's other terms itself (StepModel.fixed_by_composition): the
+    same run with every step through `seconds` gives the same result, bit for bit (decode, prompt
+    and mixed steps, inside and past the graphs' batch, preemptions). A term added to `seconds`
+    fails this until simulate adds it too."""
+    wl = _wl(engine)
+    kv = serving_memory(SPEC, H100, ONE, wl).kv_account
+    for lengths in ((256, 64), (512, 32)), tuple((200 + 37 * (i % 50), 20 + 11 * (i % 17)) for i in range(50)):
+        traffic = Traffic(requests=tuple(lengths[i % len(lengths)] for i in range(400)), request_rate_per_second=60.0,
+                          seed=3)
+        kept, plain = _model(wl), _model(wl)
+        plain.fixed_by_composition = _KeepsNothing()
+        a = simulate(kept, scheduler_for(wl, kv), traffic, itl=True)
+        b = simulate(plain, scheduler_for(wl, kv), traffic, itl=True)
+        assert a == b and a.num_steps > 200 and len(kept.fixed_by_composition) > 10
