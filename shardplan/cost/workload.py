@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -89,6 +90,11 @@ class ServingLoad:
     # Speculative decoding's acceptance rate: the chance each drafted token is accepted (it depends
     # on the data); with the workload's speculative setup it shapes the decode steps (cost/step_model.py).
     spec_acceptance_rate: float | None = None
+
+    @property
+    def open_loop(self) -> bool:
+        """No rate and no concurrency given: each plan is judged at the most it sustains."""
+        return self.max_concurrency is None and math.isinf(self.request_rate_per_second)
 
 
 @hash_once

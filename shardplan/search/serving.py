@@ -301,8 +301,8 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
     if not pending:
         return
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
-    load = pending[0][1].load or ServingLoad()
-    open_loop = load.max_concurrency is None and math.isinf(load.request_rate_per_second)
+    open_loop = (pending[0][1].load or ServingLoad()).open_loop
+    keys = [_goodput_memo_key(hw, layout, wlq, goal) for layout, wlq, _, _ in pending]
 
     def found_for(i: int) -> Any:
         layout, wlq, sm, _ = pending[i]
@@ -310,15 +310,14 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
 
     def worth(i: int) -> bool:
         """Not a memo hit (a verdict costed at another GPU count): those are not worth a worker."""
-        return memo is None or _looked_up(memo, _goodput_memo_key(hw, pending[i][0], pending[i][1], goal))[0] is None
+        return _looked_up(memo, keys[i])[0] is None
 
     def apply(i: int, found: Any) -> None:
         layout, wlq, sm, tight = pending[i]
-        if memo is not None:  # a worker's verdict, kept as this process's own would be
-            _, store = _looked_up(memo, key := _goodput_memo_key(hw, layout, wlq, goal))
-            if store and key not in memo:
-                memo[key] = found
-        _goodput(spec, hw, layout, wlq, sm, goal, res, tight, memo, found)
+        _, store = _looked_up(memo, keys[i])
+        if store and keys[i] not in memo:  # a worker's verdict, kept as this process's own would be
+            memo[keys[i]] = found  # type: ignore[index]
+        _goodput(hw, layout, wlq, sm, goal, res, tight, found)
 
     if not open_loop:  # at the load's own rate or concurrency: every point, in order
         indices = list(range(len(pending)))
@@ -449,10 +448,8 @@ def _goodput_key(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload) -> 
 def _goodput_memo_key(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, goal: Goal) -> tuple[Any, ...]:
     """What a replica's verdict under traffic depends on: its figures (`_goodput_key`), the SLA,
     and with a fixed rate or concurrency the replicas it is split over."""
-    load = wl.load or ServingLoad()
-    open_loop = load.max_concurrency is None and math.isinf(load.request_rate_per_second)
     return (_goodput_key(hw, layout, wl), Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile),
-            None if open_loop else layout.dp)
+            None if (wl.load or ServingLoad()).open_loop else layout.dp)
 
 
 def _goodput_found(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: _ReplicaMemory,
@@ -462,7 +459,7 @@ def _goodput_found(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     the requests simulated)."""
     load = wl.load or ServingLoad()
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
-    open_loop = load.max_concurrency is None and math.isinf(load.request_rate_per_second)
+    open_loop = load.open_loop
     key = _goodput_memo_key(hw, layout, wl, goal) if memo is not None else None
     found, store = _looked_up(memo, key)
     if found is None:
@@ -492,21 +489,19 @@ def _goodput_found(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     return found
 
 
-def _goodput(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: _ReplicaMemory,
-             goal: Goal, res: SearchResult, tight: bool, memo: Memo | None, found: Any = None) -> None:
+def _goodput(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: _ReplicaMemory, goal: Goal,
+             res: SearchResult, tight: bool, found: tuple[str | None, float | None, Any, int | None]) -> None:
     """One replica under continuous batching (cost/traffic.py): at the load's rate or concurrency,
     split over the dp replicas, or, with neither, at the highest rate it sustains within the SLA.
     One point per replica; its workload carries the load it was judged at, so the plan's estimate
-    (and its manifest) shows the same traffic. `found`: what `_goodput_found` gives for it, where
-    that was computed already (by a worker, search/ahead.py)."""
+    (and its manifest) shows the same traffic. `found`: its verdict (`_goodput_found`, computed
+    here or by a worker, search/ahead.py)."""
     res.num_candidates += 1
     res.num_evaluated += 1
     load = wl.load or ServingLoad()
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
     replicas = layout.dp
-    open_loop = load.max_concurrency is None and math.isinf(load.request_rate_per_second)
-    if found is None:
-        found = _goodput_found(spec, hw, layout, wl, sm, goal, memo)
+    open_loop = load.open_loop
     res.num_costed += 1
     res.num_steps += 1
     if found[0] is not None:

@@ -271,7 +271,7 @@ def _disaggregated(spec: Any, top: Any, workload: InferenceWorkload, goal: Goal,
     """The best split into prefill and decode pools of the pick's GPUs, in the pick's formats and
     traffic (without a rate: each pool at the most it sustains within its part of the SLA)."""
     load = workload.load
-    if load is None or not math.isinf(load.request_rate_per_second) or load.max_concurrency is not None:
+    if load is None or not load.open_loop:
         return None  # a given rate or concurrency: the comparison is at the most each sustains
     wl = replace(top.workload, load=load, batch_size=None)
     gpn = min(top.hw.gpus_per_node, num_gpus)
