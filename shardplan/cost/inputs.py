@@ -148,6 +148,7 @@ def inference_workload(
     checkpoint_expert_format: str | None = None,
     mla: bool = False,
     sliding_window: bool = False,
+    overlap_scheduling: bool | None = None,
 ) -> InferenceWorkload:
     """The serving workload from command-line values. With `engine` (and the `hw` and model
     context it runs), what is left out (None) takes that engine version's default for this
@@ -159,7 +160,9 @@ def inference_workload(
     ship in (ModelSpec.expert_dtype, gpt-oss: mxfp4); an engine that runs it as shipped plans it so
     unless another format is asked for. `mla`: the model's attention is MLA (SGLang's reserve for
     prefill CUDA graphs differs). `sliding_window`: some of its layers attend within a window (how
-    the engine version caches them is stated with the answer)."""
+    the engine version caches them is stated with the answer). `overlap_scheduling`: the next step's
+    batch is formed while a step runs (vLLM --async-scheduling, SGLang without
+    --disable-overlap-schedule); None: the engine version's default."""
     if images_per_prompt is not None and not 1 <= images_per_prompt <= MAX_SEQUENCES:
         raise ShardplanError(f"must be from 1 to {MAX_SEQUENCES}", field="--limit-mm-per-prompt", hint="e.g. 1")
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
@@ -241,6 +244,9 @@ def inference_workload(
                             era.admission.initial_ratio, era.admission.min_ratio_factor, era.admission.decay_steps,
                             era.admission.clip_output_tokens),
                         admit_after_preemption=era.admit_after_preemption,
+                        batches_in_flight=era.batches_in_flight if overlap_scheduling is None
+                        else 2 if overlap_scheduling else 1,
+                        batches_in_flight_pp1_only=era.batches_in_flight_pp1_only,
                         hybrid_kv_cache=era.hybrid_kv_cache, kv_tokens_reported=era.kv_tokens_reported,
                         sliding_window_in_flight_batches=era.sliding_window_in_flight_batches)
         note = _sliding_window_note(engine, max_num_batched_tokens) if sliding_window else None

@@ -22,6 +22,15 @@ Admission: while fewer than max_num_seqs run and the cache holds the prompt's ne
 an admission reserve (SGLang's new_token_ratio, TensorRT-LLM's GUARANTEED_NO_EVICT), only if the
 cache also holds ratio x the outputs still to come of it and of every running request.
 
+What a step's batch can hold: the requests the scheduler had when it formed the batch. A busy
+engine does not wait for a request in transit, so one sent while a step runs (a capped client's
+next request, sent when the last one's final token arrives, at a step's end) misses the batch
+formed as that step began. The engine forms a batch when the step before it ends, or, with
+`batches_in_flight` 2, when the step before it starts (the next batch is formed and launched while
+the GPU runs the current one: SGLang's overlap scheduler, vLLM's async scheduling), so a request
+sent during a step waits for that step and the one already formed. An idle engine wakes for the
+first request it gets.
+
 A step's time is `StepModel.seconds` of its composition (cost/step_model.py). The client's clock
 starts when a request is sent: TTFT ends with the step that samples its first token; TPOT is
 (end-to-end - TTFT) / (output - 1), as vLLM's and SGLang's benchmark clients report it.
@@ -85,6 +94,9 @@ class Scheduler:
     # (memory_serving.KvAccount: vLLM's sliding-window groups beside its full-attention ones).
     window_tokens: int = 0
     window_charge: float = 0.0
+    # When a step's batch is formed: 1, when the step before it ends; 2, when the step before it starts
+    # (the batch is formed while that step runs: SGLang's overlap scheduler, vLLM's async scheduling).
+    batches_in_flight: int = 1
 
 
 @dataclass(frozen=True)
@@ -283,7 +295,9 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     step_held = 0.0  # what this step has allocated so far (decode slots, prompt chunks): admissions see the rest
     cross_heap: list[tuple[int, int, int]] = []
 
-    last_free = 0.0  # when a concurrency slot last freed: a capped client sends its next request then
+    # When a full client last got a slot back: a request that arrived while every slot was taken is
+    # sent then; one that arrived with a slot free was sent as it arrived.
+    last_free = 0.0
     gaps: list[tuple[float, int]] | None = [] if itl else None  # (inter-token gap, requests that had it)
     joined: dict[int, float] = {}  # requests that (re)started decoding since the last decode step: the time they did
     last_decode_end = 0.0
@@ -408,18 +422,20 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         # added (its reserve was drawn down by the same steps).
         release(r, r.prompt + r.generated_at_decode - 1 + per_step * (decode_steps - r.decode_from))
         finished += 1
+        if in_flight == cap:
+            last_free = t
         in_flight -= 1
-        last_free = t
 
     def refuse(r: _Request) -> None:
         """A request the engine can never hold (prompt past the cache or the unchunked budget)."""
         nonlocal finished, in_flight, refused, last_free
         finished += 1
         refused += 1
+        if in_flight == cap:
+            last_free = now
         in_flight -= 1
-        last_free = now
 
-    def admit_waiting(left: int, chunks: list[tuple[_Request, int]]) -> None:
+    def admit_waiting(left: int, chunks: list[tuple[_Request, int]], visible_before: float) -> None:
         """Admit waiting requests in order while the budget, the sequence limit and the cache allow,
         each with its first prompt chunk (prefix hits already held). The cache, less what this step
         already allocated (`step_held`), must hold the chunk, its prefix hits and its sliding-window
@@ -428,6 +444,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         nonlocal used, remaining_out, slide, step_held
         while waiting and left > 0 and len(running) < max_seqs:
             r = waiting[0]
+            if r.sent >= visible_before:  # sent after the batch was formed (requests wait in the order sent)
+                break
             # What its first chunk adds to the cache besides the chunk: its prefix-cache hits (none on a recompute).
             start = int(hit * r.prompt) if r.epoch == 0 and r.computed == 0 else 0
             need = r.target - r.computed - start
@@ -454,6 +472,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             left -= c
             step_held += c + (charge * (min(start + c, window) - min(start, window)) if windowed else 0.0)
 
+    ahead = sched.batches_in_flight > 1
+    last_start = 0.0  # when the last step began
     quiet_ok = model.width == 1  # speculative steps add the drafts' passes: stepped one by one
     # An earlier verdict on the TTFT limit: a request sent more than the limit ago that has no first
     # token yet will break it when it gets one. Requests are sent in order, each no earlier than the
@@ -503,6 +523,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                 slide_grow = charge * inside * per_step
                 while (decode_steps + 1 < stop and now < nxt
                        and used + slide + decoding + charge * inside <= capacity):
+                    last_start = now
                     now += fixed + kv_coef * used + per_seq
                     if gaps is not None:
                         last_decode_end = record_gaps(decoding, last_decode_end)
@@ -513,6 +534,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                     taken += 1
             else:
                 while decode_steps + 1 < stop and now < nxt and used + decoding <= capacity:
+                    last_start = now
                     now += fixed + kv_coef * used + per_seq
                     if gaps is not None:
                         last_decode_end = record_gaps(decoding, last_decode_end)
@@ -533,6 +555,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         prompt_units = 0.0
         tokens = 0
         step_decoding = 0
+        # Requests sent from this time on came after the step's batch was formed (module docstring).
+        visible_before = math.inf if not running else last_start if ahead else now
         if mixed:
             preempted = False
             while decoding and used + slide + decoding + charge * inside > capacity and preempt_last():
@@ -552,7 +576,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                 left -= c
                 step_held += c + grown
             if waiting and (sched.admit_after_preemption or not preempted):
-                admit_waiting(left, chunks)
+                admit_waiting(left, chunks, visible_before)
         elif static or sched.schedule == "prefill_first":
             static_busy = static and bool(running) and not prefilling
             step_held = 0.0
@@ -565,7 +589,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                     chunks.append((r, c))
                     left -= c
                     step_held += c
-                admit_waiting(left, chunks)
+                admit_waiting(left, chunks, visible_before)
             if not chunks:
                 while decoding and used + slide + decoding + charge * inside > capacity and preempt_last():
                     if reserve:
@@ -602,6 +626,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                          prompt_units=prompt_units, prompt_step=bool(chunks))
         else:
             dt = fixed + a_kv * kv_read + a_seq * step_decoding + a_prompt * prompt_units
+        last_start = now
         now += dt
         steps += 1
         peak = max(peak, len(running))
@@ -673,8 +698,9 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     )
 
 
-def scheduler_for(wl: InferenceWorkload, kv: KvAccount | int) -> Scheduler:
-    """The engine's scheduler for a replica whose cache is `kv` (an int: that many tokens, each costing one)."""
+def scheduler_for(wl: InferenceWorkload, kv: KvAccount | int, pp: int = 1) -> Scheduler:
+    """The engine's scheduler for a replica of `pp` pipeline stages whose cache is `kv` (an int: that many
+    tokens, each costing one)."""
     if not isinstance(kv, KvAccount):
         kv = KvAccount(kv)
     # Without chunked prefill prompts go whole and first (vLLM V0 _schedule_default, SGLang with -1).
@@ -682,7 +708,8 @@ def scheduler_for(wl: InferenceWorkload, kv: KvAccount | int) -> Scheduler:
     return Scheduler(schedule=schedule, max_num_seqs=wl.max_num_seqs, max_num_batched_tokens=wl.max_num_batched_tokens,
                      chunked_prefill=wl.chunked_prefill, kv_capacity_tokens=kv.capacity_tokens, admission=wl.admission,
                      admit_after_preemption=wl.admit_after_preemption, window_tokens=kv.window_tokens,
-                     window_charge=kv.window_charge)
+                     window_charge=kv.window_charge,
+                     batches_in_flight=1 if pp > 1 and wl.batches_in_flight_pp1_only else wl.batches_in_flight)
 
 def serve_traffic(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, traffic: Traffic,
                   kv: KvAccount | int | None = None, itl: bool = False) -> LoadResult:
@@ -691,4 +718,4 @@ def serve_traffic(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infe
     if kv is None:
         kv = serving_memory(spec, hw, layout, wl).kv_account
     model = StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
-    return simulate(model, scheduler_for(wl, kv), traffic, itl=itl)
+    return simulate(model, scheduler_for(wl, kv, layout.pp), traffic, itl=itl)

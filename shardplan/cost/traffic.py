@@ -75,7 +75,7 @@ def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infer
     rate = load.request_rate_per_second / replicas  # spread evenly over the replicas (module docstring)
     conc = None if load.max_concurrency is None else max(1, math.ceil(load.max_concurrency / replicas))
     step = model or StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
-    sched = scheduler_for(wl, kv)
+    sched = scheduler_for(wl, kv, layout.pp)
     traffic = Traffic(requests=reqs, request_rate_per_second=rate, poisson=load.poisson, max_concurrency=conc,
                       prefix_cache_hit_fraction=load.prefix_cache_hit_fraction, seed=load.seed)
     result = simulate(step, sched, traffic, itl=itl)
@@ -190,7 +190,7 @@ def best_concurrency(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int
     the SLA, found by bisection (latency grows with the requests in flight); None when even one
     request at a time breaks it."""
     load = wl.load or ServingLoad()
-    sched = scheduler_for(wl, kv)
+    sched = scheduler_for(wl, kv, step.pp)
 
     def run(c: int) -> LoadResult:
         n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, SEARCH_REQUESTS_PER_SLOT * c))
@@ -219,7 +219,7 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
     """The highest request rate one replica sustains within the SLA (Poisson or even arrivals as
     the load says), by bisection below its saturation rate; None when none does."""
     load = wl.load or ServingLoad()
-    sched = scheduler_for(wl, kv)
+    sched = scheduler_for(wl, kv, step.pp)
     # The rate it keeps up with every request waiting (its steady state, not the ramp and the drain
     # of a finite run): above it the queue, and with it TTFT, grows without bound.
     burst = _traffic(wl, load, num_requests, rate=math.inf, conc=None)

@@ -191,6 +191,10 @@ class InferenceWorkload:
     graphs_for_prompt_steps: bool = False
     admission: tuple[float, float, int, int] | None = None
     admit_after_preemption: bool = True  # False: a step that preempted admits no waiting request (vLLM V1)
+    # 2: the next step's batch is formed while the current step runs (SGLang's overlap scheduler, vLLM's
+    # async scheduling), so a request that arrives during a step waits for the one already formed too.
+    batches_in_flight: int = 1
+    batches_in_flight_pp1_only: bool = False  # vLLM: pipeline parallelism turns async scheduling off
     # vLLM V1's hybrid KV cache manager (knowledge/engines/vllm.yaml hybrid_kv_cache; cost/memory_serving.py):
     # sliding-window layers hold only their window's blocks per request; and what the logged
     # "GPU KV cache size" counts: "blocks" (blocks per KV cache group x block_size) or "concurrency"

@@ -266,6 +266,14 @@ class EngineEra(Frozen):
         True, description="a step that preempted a running request still admits waiting ones (vLLM V0 "
                           "_schedule_chunked_prefill schedules new prefills after preemptions); false: it admits "
                           "none until a step runs without preempting (vLLM V1 Scheduler.schedule)")
+    batches_in_flight: int = Field(
+        1, ge=1, le=2, description="when the scheduler forms a step's batch: 1, when the step before it ends; 2, while "
+                                   "the step before it runs (SGLang's overlap scheduler, vLLM's async scheduling, "
+                                   "TensorRT-LLM's overlap scheduler), so a request that arrives during a step waits for "
+                                   "the batch already formed too (cost/serving_load.py)")
+    batches_in_flight_pp1_only: bool = Field(
+        False, description="the engine forms one batch at a time under pipeline parallelism (vLLM turns async "
+                           "scheduling off when pp > 1)")
     hybrid_kv_cache: bool = Field(
         False, description="the engine caches a model's sliding-window layers apart, each only for its window: vLLM "
                            "V1's hybrid KV cache manager (full-attention and sliding-window layers form KV cache groups "
@@ -307,6 +315,10 @@ class EngineEra(Frozen):
             documented.add("admission")
         if not self.admit_after_preemption:
             documented.add("admit_after_preemption")
+        if self.batches_in_flight != 1:
+            documented.add("batches_in_flight")
+        if self.batches_in_flight_pp1_only:
+            documented.add("batches_in_flight_pp1_only")
         if self.hybrid_kv_cache:
             documented.add("hybrid_kv_cache")
         if self.kv_tokens_reported != "blocks":

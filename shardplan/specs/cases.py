@@ -49,7 +49,9 @@ class EngineFlags(StrictModel):
     limit_mm_per_prompt: Positive | None = Field(None, description="images per prompt the profiling pass assumes")
     quantization: str | None = Field(None, max_length=40, description="vLLM --quantization (fp8, awq, gptq, ...)")
     kv_cache_dtype: str | None = Field(None, max_length=40)
+    async_scheduling: bool | None = Field(None, description="vLLM --async-scheduling")
     # SGLang
+    disable_overlap_schedule: bool | None = None
     mem_fraction_static: float | None = Field(None, gt=0, le=1)
     context_length: Positive | None = None
     chunked_prefill_size: Positive | None = None

@@ -204,7 +204,9 @@ def serving_load_inputs(case: ServingLoadCase, corpus: Path | None = None):
         max_model_len=f.max_model_len, max_num_seqs=f.max_num_seqs, max_num_batched_tokens=f.max_num_batched_tokens,
         gpu_memory_utilization=f.gpu_memory_utilization, block_size=None, kv_cache_dtype=None, weight_dtype=None,
         quantization=case.quantization, enforce_eager=bool(f.enforce_eager), input_len=1024, output_len=128,
-        batch_size=None, checkpoint_expert_format=spec.expert_dtype)
+        batch_size=None, checkpoint_expert_format=spec.expert_dtype,
+        overlap_scheduling=f.async_scheduling if f.async_scheduling is not None
+        else None if f.disable_overlap_schedule is None else not f.disable_overlap_schedule)
     traffic = Traffic(requests=serving_load_requests(case), max_concurrency=case.max_concurrency,
                       request_rate_per_second=math.inf if case.request_rate_per_second is None
                       else case.request_rate_per_second)
@@ -231,7 +233,7 @@ def predict_serving_load(case: ServingLoadCase, corpus: Path | None = None):
     if not sm.fits:
         raise ShardplanError(f"does not start as shardplan sizes it: {sm.reason}")
     step = StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
-    sched = scheduler_for(wl, sm.kv_account)
+    sched = scheduler_for(wl, sm.kv_account, layout.pp)
     result = simulate(step, sched, traffic, itl=True)
     if result.num_refused:
         raise ShardplanError(f"{result.num_refused:,} of its {len(traffic.requests):,} requests are longer than the KV "

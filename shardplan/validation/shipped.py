@@ -190,7 +190,8 @@ SERVING_GPUS = {
 # Engine flags the model reads (as EngineFlags, or as the layout: enable_expert_parallel puts the
 # experts over the tensor-parallel ranks; guided decoding is off in these runs' requests); a run with
 # any other flag is listed as skipped, never judged.
-SERVING_FLAGS = {"max_model_len", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "gpu_memory_utilization"}
+SERVING_FLAGS = {"max_model_len", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "gpu_memory_utilization",
+                 "async_scheduling", "disable_overlap_schedule"}
 SERVING_LAYOUT_FLAGS = {"enable_expert_parallel", "guided_decoding_backend"}
 # Bundled model specs for the runs whose config is not in serving_load/models.
 SERVING_BUNDLED = {"meta-llama/Llama-3.1-70B": "llama-3.1-70b", "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3",

@@ -89,19 +89,21 @@ def test_known_misses_still_miss(case):
 
 def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
     """Every modelled run, saturation included: the median absolute error of each figure, bounded
-    where it stands today so that it can only shrink: over all 71 runs TTFT 0.43, TPOT 0.19,
-    output throughput 0.14. TPOT was 0.18 before a step's admissions saw what the same step had
-    already allocated (vLLM's allocate_slots and SGLang's PrefillAdder take blocks as they go; the
-    simulation had checked each chunk against the cache as the step began, so a step could admit
-    past it and preempt next) and gpt-oss's sliding-window groups took their share of the cache
-    (vLLM's hybrid KV cache manager): fewer spurious preemptions made some saturated runs' decode
-    batches, and their TPOT, smaller (65 runs before gpt-oss-120b's MXFP4 experts let its six vLLM runs start:
-    TTFT 0.42, TPOT 0.16, throughput 0.125). Before ShareGPT's lengths were vLLM's first-turn sampling
-    (right-skewed outputs set how long a 1000-request burst drains) throughput was 0.19, the saturated
-    runs alone 0.51 -> 0.26; before SGLang's eager prefill was costed by the ops of each layer's kind
-    (MLA, MoE, block FP8: knowledge/engines/sglang.yaml python_ops_per_layer_parts) TTFT was 0.53.
+    where it stands today so that it can only shrink. Over the 72 runs modelled before vLLM's
+    --async-scheduling was read: TTFT 0.36, TPOT 0.19, output throughput 0.14, ITL 0.156. TTFT was
+    0.43 before a request sent while a step runs waited for the batch formed without it (a capped
+    client's next request arrives as a step ends; SGLang's overlap scheduler forms the next batch
+    while a step runs: cost/serving_load.py). TPOT was 0.18 before a step's admissions saw what the
+    same step had already allocated (vLLM's allocate_slots and SGLang's PrefillAdder take blocks as
+    they go) and gpt-oss's sliding-window groups took their share of the cache (vLLM's hybrid KV
+    cache manager); before ShareGPT's lengths were vLLM's first-turn sampling throughput was 0.19;
+    before SGLang's eager prefill was costed by the ops of each layer's kind TTFT was 0.53.
+    With the nine gpt-oss-120b runs on vLLM 0.10.2 with --async-scheduling (one H100, seven of them
+    saturated, where the other gpt-oss runs miss too) the 81 runs stand at TTFT 0.41, TPOT 0.22,
+    ITL 0.17, output throughput 0.175.
     """
-    errors: dict[str, list[float]] = {"median_ttft": [], "median_tpot": [], "median_itl": [], "output_throughput": []}
+    every: dict[str, list[float]] = {"median_ttft": [], "median_tpot": [], "median_itl": [], "output_throughput": []}
+    earlier: dict[str, list[float]] = {k: [] for k in every}
     for c in S.cases():
         try:
             e = S.errors(c, S.predict(c))
@@ -109,11 +111,17 @@ def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
             continue
         for k, v in e.items():
             if v == v:  # NaN: the run has no such figure
-                errors[k].append(abs(v))
-    assert len(errors["output_throughput"]) >= 60
-    assert statistics.median(errors["median_tpot"]) <= 0.20
-    assert statistics.median(errors["median_ttft"]) <= 0.46
-    assert statistics.median(errors["output_throughput"]) <= 0.15
-    # The gaps between tokens (71 runs print a median ITL): the step times at the batches the runs
-    # decode at, less the queueing and the prompt stalls that TPOT also holds. 0.155 when added.
-    assert len(errors["median_itl"]) >= 60 and statistics.median(errors["median_itl"]) <= 0.16
+                every[k].append(abs(v))
+                if c.flags.async_scheduling is None:
+                    earlier[k].append(abs(v))
+    assert len(earlier["output_throughput"]) >= 72 and len(every["output_throughput"]) >= 81
+    assert statistics.median(earlier["median_tpot"]) <= 0.20
+    assert statistics.median(earlier["median_ttft"]) <= 0.36
+    assert statistics.median(earlier["output_throughput"]) <= 0.15
+    # The gaps between tokens: the step times at the batches the runs decode at, less the queueing
+    # and the prompt stalls that TPOT also holds. 0.155 when added.
+    assert len(earlier["median_itl"]) >= 60 and statistics.median(earlier["median_itl"]) <= 0.16
+    assert statistics.median(every["median_ttft"]) <= 0.41
+    assert statistics.median(every["median_tpot"]) <= 0.22
+    assert statistics.median(every["median_itl"]) <= 0.17
+    assert statistics.median(every["output_throughput"]) <= 0.175

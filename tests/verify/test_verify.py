@@ -38,7 +38,7 @@ TEST_STEPS = 2
 
 def _verify(cli, plan: Path, tmp_path: Path, *extra: str):
     report = tmp_path / "report.json"
-    res = cli("verify", str(plan), "--report", str(report), "--timeout", "120", "--steps", str(TEST_STEPS), *extra)
+    res = cli("verify", str(plan), "--report", str(report), "--timeout", "300", "--steps", str(TEST_STEPS), *extra)
     return res, json.loads(report.read_text()) if report.is_file() else None
 
 
