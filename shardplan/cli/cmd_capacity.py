@@ -22,6 +22,7 @@ from shardplan.cli.options import (
     SpeculativeMethodOpt,
     SpeculativeModelOpt,
     ChunkedPrefillOpt,
+    OverlapSchedulingOpt,
     EngineOpt,
     EngineVersionOpt,
     SEARCH,
@@ -83,6 +84,7 @@ def capacity(
     engine: EngineOpt = "vllm",
     engine_version: EngineVersionOpt = None,
     enable_chunked_prefill: ChunkedPrefillOpt = None,
+    overlap_scheduling: OverlapSchedulingOpt = None,
     speculative_model: SpeculativeModelOpt = None,
     speculative_method: SpeculativeMethodOpt = None,
     num_speculative_tokens: NumSpeculativeTokensOpt = None,
@@ -168,7 +170,7 @@ def capacity(
         wl_s = options.inference_workload(
             engine=rules, hw=hw, model_max_len=loaded.spec.max_position_embeddings,
             speculative=speculative_from_options(loaded.spec, speculative_model, speculative_method, num_speculative_tokens),
-            enable_chunked_prefill=enable_chunked_prefill, max_model_len=context, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=enable_chunked_prefill, overlap_scheduling=overlap_scheduling, max_model_len=context, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
             weight_dtype=None, quantization=None, enforce_eager=enforce_eager, input_len=1024, output_len=128, batch_size=None,
             vision=loaded.spec.vision, encoder_decoder=loaded.spec.num_cross_attention_layers > 0,
@@ -204,7 +206,7 @@ def _size_for_rate(spec, hw, engine: str, engine_version: Optional[str], limit: 
     rules = engine_rules(engine, engine_version)
     wl = options.inference_workload(
         engine=rules, hw=hw, model_max_len=spec.max_position_embeddings, enable_chunked_prefill=o["enable_chunked_prefill"],
-        max_model_len=o["context"], max_num_seqs=o["max_num_seqs"], max_num_batched_tokens=o["max_num_batched_tokens"],
+        overlap_scheduling=o["overlap_scheduling"], max_model_len=o["context"], max_num_seqs=o["max_num_seqs"], max_num_batched_tokens=o["max_num_batched_tokens"],
         gpu_memory_utilization=o["gpu_memory_utilization"], block_size=o["block_size"], kv_cache_dtype=o["kv_cache_dtype"],
         weight_dtype=None, quantization=None, enforce_eager=o["enforce_eager"], input_len=o["input_len"],
         output_len=o["output_len"], batch_size=None, vision=spec.vision,

@@ -34,6 +34,7 @@ from shardplan.cli.options import (
     SpeculativeMethodOpt,
     SpeculativeModelOpt,
     ChunkedPrefillOpt,
+    OverlapSchedulingOpt,
     LimitMmPerPromptOpt,
     EngineOpt,
     EngineVersionOpt,
@@ -134,6 +135,7 @@ def estimate(
     engine: EngineOpt = "vllm",
     engine_version: EngineVersionOpt = None,
     enable_chunked_prefill: ChunkedPrefillOpt = None,
+    overlap_scheduling: OverlapSchedulingOpt = None,
     limit_mm_per_prompt: LimitMmPerPromptOpt = None,
     speculative_model: SpeculativeModelOpt = None,
     speculative_method: SpeculativeMethodOpt = None,
@@ -296,6 +298,7 @@ def recommend(
     engine: EngineOpt = "vllm",
     engine_version: EngineVersionOpt = None,
     enable_chunked_prefill: ChunkedPrefillOpt = None,
+    overlap_scheduling: OverlapSchedulingOpt = None,
     limit_mm_per_prompt: LimitMmPerPromptOpt = None,
     speculative_model: SpeculativeModelOpt = None,
     speculative_method: SpeculativeMethodOpt = None,
@@ -552,7 +555,7 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
     q = o["quantization"]
     wl = options.inference_workload(
         engine=engine_rules(o["engine"], o["engine_version"]), hw=o["hw"], model_max_len=o["loaded"].spec.max_position_embeddings,
-        enable_chunked_prefill=o["enable_chunked_prefill"],
+        enable_chunked_prefill=o["enable_chunked_prefill"], overlap_scheduling=o["overlap_scheduling"],
         speculative=speculative_from_options(o["loaded"].spec, o["speculative_model"], o["speculative_method"],
                                              o["num_speculative_tokens"]),
         max_model_len=o["max_model_len"], max_num_seqs=o["max_num_seqs"], max_num_batched_tokens=o["max_num_batched_tokens"],

@@ -238,6 +238,12 @@ ChunkedPrefillOpt = Annotated[Optional[bool], typer.Option(
     "--enable-chunked-prefill/--no-enable-chunked-prefill",
     help="vLLM V0: chunked prefill on or off (default: the version's rule, e.g. on above a 32K context).",
     show_default=False, rich_help_panel=SERVE)]
+OverlapSchedulingOpt = Annotated[Optional[bool], typer.Option(
+    "--overlap-scheduling/--no-overlap-scheduling",
+    help="Form the next step's batch while a step runs (vLLM --async-scheduling, default from 0.14 except with "
+         "pp > 1; SGLang's overlap scheduler, off with --disable-overlap-schedule): a request that arrives during a "
+         "step then waits for two. Default: the engine version's rule; exports pass the flag that sets it.",
+    show_default=False, rich_help_panel=SERVE)]
 
 
 def speculative_from_options(spec, speculative_model: str | None, speculative_method: str | None,

@@ -163,6 +163,15 @@ def inference_workload(
     the engine version caches them is stated with the answer). `overlap_scheduling`: the next step's
     batch is formed while a step runs (vLLM --async-scheduling, SGLang without
     --disable-overlap-schedule); None: the engine version's default."""
+    if overlap_scheduling is not None and engine is not None:
+        switch = engine.overlap_switch
+        if switch is None:
+            raise ShardplanError(f"{engine.label} has no switch for it: it forms each step's batch "
+                                 f"{'while the step before runs' if engine.era.batches_in_flight > 1 else 'when the step before ends'}",
+                                 field="--overlap-scheduling", hint="leave it out, or pick an engine version that has one")
+        if overlap_scheduling and switch.on_flag is None and engine.era.batches_in_flight == 1:
+            raise ShardplanError(f"{engine.label} has no flag that turns it on", field="--overlap-scheduling",
+                                 hint="leave it out")
     if images_per_prompt is not None and not 1 <= images_per_prompt <= MAX_SEQUENCES:
         raise ShardplanError(f"must be from 1 to {MAX_SEQUENCES}", field="--limit-mm-per-prompt", hint="e.g. 1")
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:

@@ -391,6 +391,31 @@ def _newest_rules(engine: str) -> str | None:
         return None
 
 
+def overlap_args(ctx: ExportContext, engine: str) -> list[Arg]:
+    """The flag that makes `engine` form its batches as the plan was costed (workload.batches_in_flight,
+    cost/serving_load.py) where that differs from its version's default: vLLM's --async-scheduling
+    or --no-async-scheduling, SGLang's --disable-overlap-schedule (knowledge/engines/*.yaml
+    overlap_switch). None for a plan made for another engine or no version."""
+    from shardplan.knowledge.load import engine_rules
+
+    m = ctx.manifest
+    wl = m.workload
+    if not isinstance(wl, InferenceWorkloadSection) or wl.engine != engine or wl.engine_version is None:
+        return []
+    try:
+        rules = engine_rules(engine, wl.engine_version)
+    except ShardplanError:  # a version shardplan has no rules for (a plan edited by hand): its default is unknown
+        return []
+    pipelined = m.layout.pp > 1
+    planned = 1 if pipelined and wl.batches_in_flight_pp1_only else wl.batches_in_flight
+    default = 1 if pipelined and rules.era.batches_in_flight_pp1_only else rules.era.batches_in_flight
+    switch = rules.overlap_switch
+    if planned == default or switch is None:
+        return []
+    flag = switch.on_flag if planned > 1 else switch.off_flag
+    return [(flag, None)] if flag else []
+
+
 def engine_flags(ctx: ExportContext, engine: str) -> ChosenFlags:
     """The flag list of `engine`'s serving command for this export: `export --engine-version` when
     given, else the plan's `workload.engine_version` when the plan was made for this engine with an

@@ -27,6 +27,7 @@ import math
 
 from shardplan.exporters.base import (
     Arg,
+    overlap_args,
     ChosenFlags,
     ExportContext,
     ExportFile,
@@ -130,6 +131,7 @@ def server_args(ctx: ExportContext, *, data_parallel: int, port: int, nnodes: in
     args += [("max-running-requests", wl.max_num_seqs * k), ("chunked-prefill-size", wl.max_num_batched_tokens * k)]
     if wl.enforce_eager:
         args += eager_args(table)
+    args += overlap_args(ctx, TARGET)
     if wl.speculative is not None:
         args += speculative_args(wl.speculative)
     args += [("host", "0.0.0.0"), ("port", port)]

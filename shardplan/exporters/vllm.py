@@ -39,6 +39,7 @@ import math
 
 from shardplan.exporters import k8s_objects as k8s
 from shardplan.exporters.base import (
+    overlap_args,
     memory_utilization as base_memory_utilization,
     GIB,
     checked_word,
@@ -169,6 +170,7 @@ def serve_args(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool =
     args += [("max-num-seqs", wl.max_num_seqs), ("max-num-batched-tokens", wl.max_num_batched_tokens)]
     if wl.enforce_eager:
         args.append(("enforce-eager", None))
+    args += overlap_args(ctx, TARGET)
     if wl.speculative is not None:
         args.append(("speculative-config", speculative_config(wl.speculative, flags(ctx).table.version)))
     args.append(("port", port))

@@ -467,6 +467,23 @@ class CheckpointFormat(BaseModel):
         return self
 
 
+class OverlapSwitch(BaseModel):
+    """The command-line flag that turns the engine's overlap of scheduling with the GPU on or off
+    (EngineEra.batches_in_flight), from the release that has it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    on_flag: str | None = Field(description="the flag that turns it on (vLLM --async-scheduling); null: none does")
+    off_flag: str = Field(description="the flag that turns it off")
+    min_version: str = Field(description="first release with the switch")
+    source: str = Field(description="where the flags and their first release come from")
+
+    @model_validator(mode="after")
+    def _check(self) -> "OverlapSwitch":
+        parse_version(self.min_version)
+        return self
+
+
 class EngineFile(Frozen):
     """`knowledge/engines/<engine>.yaml`."""
 
@@ -488,6 +505,8 @@ class EngineFile(Frozen):
     checkpoint_formats: list[CheckpointFormat] = Field(
         default_factory=list, description="formats a checkpoint ships in that the engine runs as they are, from a "
                                           "version on (gpt-oss's MXFP4 experts); a model in one is planned in it")
+    overlap_switch: OverlapSwitch | None = Field(
+        None, description="the flags that set whether it forms the next batch while a step runs; none: it has none")
     kv_block_formats: list[Literal["q8_0", "q4_0"]] = Field(
         default_factory=list, description="ggml block formats its KV cache takes (--kv-cache-dtype q8_0|q4_0); "
                                           "none: only the float formats")
@@ -522,6 +541,7 @@ class EngineRules(Frozen):
     weight_formats: tuple[str, ...] = ("fp8", "int8", "int4", "awq", "gptq")  # quantized formats it loads
     checkpoint_formats: tuple[CheckpointFormat, ...] = ()  # formats it runs as a checkpoint ships them, at this version
     kv_block_formats: tuple[str, ...] = ()  # ggml block formats its KV cache takes (llama.cpp: q8_0, q4_0)
+    overlap_switch: OverlapSwitch | None = None  # its flags for overlap scheduling, where this version has them
     kv_block_formats_source: str = ""  # the rule, with its source, printed as an assumption when one is used
 
     @property
@@ -536,6 +556,7 @@ class EngineRules(Frozen):
 
 
 __all__ = ["CaptureSizeRange", "DeviceDefault", "EngineEra", "EngineFile", "EngineRules", "MultimodalEra", "OffloadEra",
+           "OverlapSwitch",
            "PrefillGraphReserve", "ReservedMemory", "TpDefault",
            "parse_version"]
 

@@ -147,6 +147,21 @@ def test_a_capped_clients_next_request_waits_for_the_batches_formed_before_it_wa
         simulate(model, sched, alone).ttft_seconds.p50)
 
 
+def test_an_uncapped_clients_request_is_timed_from_when_it_arrives():
+    """Without a concurrency cap nothing holds a request back: its TTFT runs from its arrival, also
+    when another request finished in the step it arrived during (the simulation had sent it then)."""
+    wl = _wl("vllm", "0.11.0")
+    model, sched = _model(wl), scheduler_for(wl, 400_000)
+    prompt = model.seconds(tokens=100, sampled=1, decoding=0, kv_tokens=0, prompt_units=100 * 101 / 2, prompt_step=True)
+    decode = model.seconds(tokens=1, sampled=1, decoding=1, kv_tokens=100, prompt_units=0, prompt_step=False)
+    # The first request's last token comes from the decode step after its prompt; the second arrives halfway through it.
+    arrives = prompt + decode / 2
+    traffic = Traffic(requests=((100, 2), (100, 2)), request_rate_per_second=1 / arrives, poisson=False)
+    r = simulate(model, sched, traffic)
+    second = (prompt + decode) + prompt - arrives  # waits for the step's end, then its own prompt step
+    assert r.ttft_seconds.mean == pytest.approx((prompt + second) / 2, rel=1e-9)
+
+
 def test_vllm_turns_async_scheduling_off_under_pipeline_parallelism():
     wl = _wl("vllm")
     assert scheduler_for(wl, 100_000, pp=1).batches_in_flight == 2
