@@ -301,6 +301,11 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
                      f"logit ({era.sources['sampler_bytes_per_logit']})")
     notes.append(f"{rules.label}: {era.step_overhead_us:g} µs of host work per step the GPU waits for "
                  f"({era.sources['step_overhead_us']})")
+    if era.batches_in_flight > 1:
+        unless = " unless pp > 1" if era.batches_in_flight_pp1_only else ""
+        off = "--no-overlap-scheduling to plan without; " if rules.overlap_switch is not None else ""
+        notes.append(f"{rules.label}: forms the next step's batch while a step runs{unless}, so under load a request "
+                     f"that arrives during a step waits for two ({off}{era.sources['batches_in_flight']})")
     return ServingDefaults(
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         chunked_prefill=chunked, gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,

@@ -257,7 +257,9 @@ def inference_workload(
                         else 2 if overlap_scheduling else 1,
                         batches_in_flight_pp1_only=era.batches_in_flight_pp1_only,
                         hybrid_kv_cache=era.hybrid_kv_cache, kv_tokens_reported=era.kv_tokens_reported,
-                        sliding_window_in_flight_batches=era.sliding_window_in_flight_batches)
+                        # vLLM's sliding-window groups hold max_concurrent_batches chunks: one without async scheduling
+                        sliding_window_in_flight_batches=1 if overlap_scheduling is False
+                        else era.sliding_window_in_flight_batches)
         note = _sliding_window_note(engine, max_num_batched_tokens) if sliding_window else None
         if note is not None:
             switches["assumptions"] = tuple(d.assumptions) + (note,)

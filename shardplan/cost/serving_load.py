@@ -435,7 +435,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             last_free = now
         in_flight -= 1
 
-    def admit_waiting(left: int, chunks: list[tuple[_Request, int]], visible_before: float) -> None:
+    def admit_waiting(left: int, chunks: list[tuple[_Request, int]], formed: float, woke: bool) -> None:
         """Admit waiting requests in order while the budget, the sequence limit and the cache allow,
         each with its first prompt chunk (prefix hits already held). The cache, less what this step
         already allocated (`step_held`), must hold the chunk, its prefix hits and its sliding-window
@@ -444,7 +444,9 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         nonlocal used, remaining_out, slide, step_held
         while waiting and left > 0 and len(running) < max_seqs:
             r = waiting[0]
-            if r.sent >= visible_before:  # sent after the batch was formed (requests wait in the order sent)
+            # Sent after the batch was formed (new requests wait in the order sent, behind the preempted
+            # ones, which the scheduler already holds): at that instant only if the engine woke for it.
+            if r.epoch == 0 and (r.sent > formed or (r.sent == formed and not woke)):
                 break
             # What its first chunk adds to the cache besides the chunk: its prefix-cache hits (none on a recompute).
             start = int(hit * r.prompt) if r.epoch == 0 and r.computed == 0 else 0
@@ -474,6 +476,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
 
     ahead = sched.batches_in_flight > 1
     last_start = 0.0  # when the last step began
+    last_woke = False  # whether the engine was idle as it began (it formed that step's batch, and with
+    # batches_in_flight 2 the next one, from every request sent by then)
     quiet_ok = model.width == 1  # speculative steps add the drafts' passes: stepped one by one
     # An earlier verdict on the TTFT limit: a request sent more than the limit ago that has no first
     # token yet will break it when it gets one. Requests are sent in order, each no earlier than the
@@ -545,6 +549,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                     if reserve:
                         ratio = max(ratio - decay, floor)
             if taken:
+                last_woke = False  # its steps began with requests running
                 steps += taken
                 decode_batch_sum += decoding * taken
                 peak = max(peak, len(running))
@@ -556,7 +561,11 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         tokens = 0
         step_decoding = 0
         # Requests sent from this time on came after the step's batch was formed (module docstring).
-        visible_before = math.inf if not running else last_start if ahead else now
+        woke = not running
+        if woke or not ahead:
+            formed, formed_woke = now, woke
+        else:
+            formed, formed_woke = last_start, last_woke
         if mixed:
             preempted = False
             while decoding and used + slide + decoding + charge * inside > capacity and preempt_last():
@@ -576,7 +585,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                 left -= c
                 step_held += c + grown
             if waiting and (sched.admit_after_preemption or not preempted):
-                admit_waiting(left, chunks, visible_before)
+                admit_waiting(left, chunks, formed, formed_woke)
         elif static or sched.schedule == "prefill_first":
             static_busy = static and bool(running) and not prefilling
             step_held = 0.0
@@ -589,7 +598,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                     chunks.append((r, c))
                     left -= c
                     step_held += c
-                admit_waiting(left, chunks, visible_before)
+                admit_waiting(left, chunks, formed, formed_woke)
             if not chunks:
                 while decoding and used + slide + decoding + charge * inside > capacity and preempt_last():
                     if reserve:
@@ -626,7 +635,7 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
                          prompt_units=prompt_units, prompt_step=bool(chunks))
         else:
             dt = fixed + a_kv * kv_read + a_seq * step_decoding + a_prompt * prompt_units
-        last_start = now
+        last_start, last_woke = now, woke
         now += dt
         steps += 1
         peak = max(peak, len(running))

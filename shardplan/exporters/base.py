@@ -400,10 +400,11 @@ def overlap_args(ctx: ExportContext, engine: str) -> list[Arg]:
 
     m = ctx.manifest
     wl = m.workload
-    if not isinstance(wl, InferenceWorkloadSection) or wl.engine != engine or wl.engine_version is None:
+    if not isinstance(wl, InferenceWorkloadSection) or wl.engine != engine or wl.engine_version is None \
+            or wl.batches_in_flight is None:  # a plan written before it was recorded: the version's default
         return []
-    try:
-        rules = engine_rules(engine, wl.engine_version)
+    try:  # the release the export is for: `export --engine-version`, else the plan's
+        rules = engine_rules(engine, ctx.options.engine_version or wl.engine_version)
     except ShardplanError:  # a version shardplan has no rules for (a plan edited by hand): its default is unknown
         return []
     pipelined = m.layout.pp > 1

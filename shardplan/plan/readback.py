@@ -115,6 +115,8 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
     kv = w["kv_cache_dtype"]
     # Lists in the manifest are tuples in the cost model's frozen (hashable, cached) workload.
     w = {k: tuple(v) if isinstance(v, list) else v for k, v in w.items()}
+    if w.get("batches_in_flight") is None:  # written before it was recorded: costed with one batch at a time
+        w["batches_in_flight"] = 1
     return InferenceWorkload(**{**w, "speculative": plan_speculative(m), "kv_cache_dtype": DType(kv) if kv else None,
                                 "activation_dtype": DType(w["activation_dtype"]),
                                 "quantization": Quantization(w["quantization"]),

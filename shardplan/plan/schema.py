@@ -188,9 +188,10 @@ class InferenceWorkloadSection(_Section):
     admission: list[float] | None = Field(None, description="admission reserve: initial ratio, floor factor, decay steps, "
                                                             "output clip in tokens; null: none")
     admit_after_preemption: bool = Field(True, description="a step that preempted still admits waiting requests (false: vLLM V1)")
-    batches_in_flight: int = Field(1, ge=1, le=2, description="2: the next step's batch is formed while a step runs "
-                                                              "(overlap or async scheduling)")
-    batches_in_flight_pp1_only: bool = Field(False, description="pipeline parallelism turns that off (vLLM)")
+    batches_in_flight: int | None = Field(None, ge=1, le=2, description="2: the next step's batch was formed while a "
+                                          "step ran (overlap or async scheduling); null: a plan written before this "
+                                          "was recorded, costed with 1, exported without a flag")
+    batches_in_flight_pp1_only: bool = Field(False, description="pipeline parallelism turns that off (vLLM, SGLang)")
     hybrid_kv_cache: bool = Field(False, description="sliding-window layers hold only their window's KV blocks per request "
                                                      "(vLLM V1's hybrid KV cache manager)")
     kv_tokens_reported: Literal["blocks", "concurrency"] = Field(

@@ -147,6 +147,23 @@ def test_a_capped_clients_next_request_waits_for_the_batches_formed_before_it_wa
         simulate(model, sched, alone).ttft_seconds.p50)
 
 
+def test_requests_an_idle_engine_woke_for_fill_both_batches_it_forms_and_a_preempted_one_stays_seen():
+    """Three prompts sent together to an idle engine whose budget holds two: with the next batch formed
+    as the first step starts, the third was already there, so its TTFT is the same either way. And a
+    request preempted right after the wake is back at the head of the queue, held by the scheduler: it
+    is recomputed, not refused (a cache of 1000 tokens for a 1000-token prompt and 5 outputs, with
+    admissions after a preemption, as TensorRT-LLM and vLLM V0 allow)."""
+    wl = _wl("vllm", "0.11.0")
+    model = _model(wl)
+    sched = replace(scheduler_for(wl, 400_000), max_num_batched_tokens=1024)
+    burst = Traffic(requests=((512, 20),) * 3)
+    one, two = (simulate(model, replace(sched, batches_in_flight=b), burst) for b in (1, 2))
+    assert two.ttft_seconds == one.ttft_seconds and two.num_steps == one.num_steps
+    tight = replace(scheduler_for(wl, 1000), batches_in_flight=2, admit_after_preemption=True)
+    r = simulate(model, tight, Traffic(requests=((1000, 5),)))
+    assert r.num_preemptions > 0 and r.num_refused == 0 and r.num_requests == 1
+
+
 def test_an_uncapped_clients_request_is_timed_from_when_it_arrives():
     """Without a concurrency cap nothing holds a request back: its TTFT runs from its arrival, also
     when another request finished in the step it arrived during (the simulation had sent it then)."""
@@ -162,11 +179,12 @@ def test_an_uncapped_clients_request_is_timed_from_when_it_arrives():
     assert r.ttft_seconds.mean == pytest.approx((prompt + second) / 2, rel=1e-9)
 
 
-def test_vllm_turns_async_scheduling_off_under_pipeline_parallelism():
+def test_vllm_and_sglang_form_one_batch_at_a_time_under_pipeline_parallelism():
     wl = _wl("vllm")
     assert scheduler_for(wl, 100_000, pp=1).batches_in_flight == 2
     assert scheduler_for(wl, 100_000, pp=2).batches_in_flight == 1
-    assert scheduler_for(_wl("sglang"), 100_000, pp=2).batches_in_flight == 2
+    assert scheduler_for(_wl("sglang"), 100_000, pp=2).batches_in_flight == 1  # SGLang turns its overlap off too
+    assert scheduler_for(_wl("vllm", "0.11.0", overlap_scheduling=True), 100_000, pp=2).batches_in_flight == 1
     assert scheduler_for(_wl("vllm", "0.11.0", overlap_scheduling=True), 100_000).batches_in_flight == 2
     assert scheduler_for(_wl("sglang", overlap_scheduling=False), 100_000).batches_in_flight == 1
 

@@ -82,3 +82,24 @@ def test_an_engine_without_the_switch_refuses_it_in_one_line(cli, extra, says):
     assert res.exit_code == EXIT_BAD_INPUT
     assert says in res.stderr and "--overlap-scheduling" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+def test_a_plan_written_before_the_setting_was_recorded_exports_without_a_flag(cli, tmp_path):
+    """Its engine ran the version's default, whatever that is; re-costed, it is read with one batch at a time."""
+    from shardplan.plan.readback import plan_workload
+
+    m = _plan(cli, tmp_path, "--no-overlap-scheduling")
+    old = m.model_copy(update={"workload": m.workload.model_copy(update={"batches_in_flight": None})})
+    for args in _engine_args(old, "vllm", "vllm"):
+        assert not [a for a in args if "async-scheduling" in a]
+    assert plan_workload(old).batches_in_flight == 1
+
+
+def test_an_export_for_another_release_passes_what_that_release_needs(cli, tmp_path):
+    """A plan costed on vLLM 0.11.0 (one batch at a time) exported for 0.33.0, which schedules ahead by
+    default: the export turns that off."""
+    m = _plan(cli, tmp_path, "--engine-version", "0.11.0")
+    texts = {f.name: f.text for f in export(m, "vllm", options=ExportOptions(plan_file="plan.yaml",
+                                                                            engine_version="0.33.0"))}
+    commands = [args for text in texts.values() for table, args in engine_commands(text) if table == "vllm"]
+    assert commands and all("--no-async-scheduling" in args for args in commands)
