@@ -123,6 +123,22 @@ def _check_encoder_decoder(engine: EngineRules) -> None:
             hint=f"give --engine-version {ENCODER_DECODER_LAST_VLLM} (or older), whose V0 rules shardplan models")
 
 
+def _batches_in_flight(engine: EngineRules, overlap_scheduling: bool | None, speculative: Speculative | None) -> int:
+    """2 where the engine forms the next step's batch while a step runs (its version's default, or
+    --overlap-scheduling), 1 where it does not or where the speculative method keeps it from it."""
+    era = engine.era
+    allowed = era.batches_in_flight_speculative
+    if speculative is not None and allowed is not None and speculative.method.value not in allowed:
+        if overlap_scheduling:
+            raise ShardplanError(f"{engine.label} does not form batches ahead with {speculative.method.value} "
+                                 f"speculative decoding ({era.sources['batches_in_flight_speculative']})",
+                                 field="--overlap-scheduling", hint="leave it out")
+        return 1
+    if overlap_scheduling is None:
+        return era.batches_in_flight
+    return 2 if overlap_scheduling else 1
+
+
 def inference_workload(
     *,
     max_model_len: int | None,
@@ -253,8 +269,7 @@ def inference_workload(
                             era.admission.initial_ratio, era.admission.min_ratio_factor, era.admission.decay_steps,
                             era.admission.clip_output_tokens),
                         admit_after_preemption=era.admit_after_preemption,
-                        batches_in_flight=era.batches_in_flight if overlap_scheduling is None
-                        else 2 if overlap_scheduling else 1,
+                        batches_in_flight=_batches_in_flight(engine, overlap_scheduling, speculative),
                         batches_in_flight_pp1_only=era.batches_in_flight_pp1_only,
                         hybrid_kv_cache=era.hybrid_kv_cache, kv_tokens_reported=era.kv_tokens_reported,
                         # vLLM's sliding-window groups hold max_concurrent_batches chunks: one without async scheduling

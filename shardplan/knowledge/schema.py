@@ -274,6 +274,9 @@ class EngineEra(Frozen):
     batches_in_flight_pp1_only: bool = Field(
         False, description="the engine forms one batch at a time under pipeline parallelism (vLLM turns async "
                            "scheduling off when pp > 1)")
+    batches_in_flight_speculative: list[Literal["draft_model", "mtp", "ngram"]] | None = Field(
+        None, description="the speculative methods it still forms batches ahead with; another one makes it form one "
+                          "batch at a time (vLLM's async scheduling takes EAGLE and MTP only); null: every method")
     hybrid_kv_cache: bool = Field(
         False, description="the engine caches a model's sliding-window layers apart, each only for its window: vLLM "
                            "V1's hybrid KV cache manager (full-attention and sliding-window layers form KV cache groups "
@@ -319,6 +322,8 @@ class EngineEra(Frozen):
             documented.add("batches_in_flight")
         if self.batches_in_flight_pp1_only:
             documented.add("batches_in_flight_pp1_only")
+        if self.batches_in_flight_speculative is not None:
+            documented.add("batches_in_flight_speculative")
         if self.hybrid_kv_cache:
             documented.add("hybrid_kv_cache")
         if self.kv_tokens_reported != "blocks":

@@ -103,3 +103,17 @@ def test_an_export_for_another_release_passes_what_that_release_needs(cli, tmp_p
                                                                             engine_version="0.33.0"))}
     commands = [args for text in texts.values() for table, args in engine_commands(text) if table == "vllm"]
     assert commands and all("--no-async-scheduling" in args for args in commands)
+
+
+@pytest.mark.parametrize("extra,batches", [
+    (("--speculative-method", "ngram", "--num-speculative-tokens", "3"), 1),
+    (("--speculative-model", "llama-3.2-1b", "--num-speculative-tokens", "3"), 1),
+    ((), 2),
+], ids=["ngram", "draft-model", "none"])
+def test_vllm_schedules_ahead_only_without_a_draft_model_or_ngram_lookup(cli, extra, batches):
+    res = cli("estimate", "llama-3.1-8b", "-H", "h100-sxm-80gb", "--gpus", "1", *extra, "--json")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["workload"]["batches_in_flight"] == batches
+    if batches == 1:
+        asked = cli("estimate", "llama-3.1-8b", "-H", "h100-sxm-80gb", "--gpus", "1", *extra, "--overlap-scheduling")
+        assert asked.exit_code == EXIT_BAD_INPUT and "does not form batches ahead" in asked.stderr
