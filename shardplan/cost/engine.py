@@ -144,6 +144,11 @@ def prefill_graphs_reserve(rules: EngineRules, prefill_tokens: int, context_toke
     return mib, off_for_pp, f"{rules.label}: prefill CUDA graphs on by default{pp}: {what} in the reserve ({source})"
 
 
+# How the engine notes name its default of forming the next batch while a step runs (a plan that
+# overrides it replaces the line: cost/inputs.py).
+OVERLAP_NOTE = "forms the next step's batch while a step runs"
+
+
 def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: int | None,
                     model_max_len: int | None = None, multimodal: bool = False, max_num_seqs: int | None = None,
                     max_num_batched_tokens: int | None = None, gpu_memory_utilization: float | None = None,
@@ -304,7 +309,7 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
     if era.batches_in_flight > 1:
         unless = " unless pp > 1" if era.batches_in_flight_pp1_only else ""
         off = "--no-overlap-scheduling to plan without; " if rules.overlap_switch is not None else ""
-        notes.append(f"{rules.label}: forms the next step's batch while a step runs{unless}, so under load a request "
+        notes.append(f"{rules.label}: {OVERLAP_NOTE}{unless}, so under load a request "
                      f"that arrives during a step waits for two ({off}{era.sources['batches_in_flight']})")
     return ServingDefaults(
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

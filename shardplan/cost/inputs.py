@@ -10,7 +10,7 @@ from shardplan.cost.finetune import ALL_LINEAR, LORA_MODULES, BaseFormat, FineTu
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, ServingLoad, TrainingWorkload
 from shardplan.errors import LayoutError, ShardplanError
-from shardplan.cost.engine import resolve_serving
+from shardplan.cost.engine import OVERLAP_NOTE, resolve_serving
 from shardplan.cost import speculative as spec_decode
 from shardplan.cost.speculative import Speculative, SpeculativeMethod
 from shardplan.knowledge.schema import EngineRules, StackFile, parse_version
@@ -278,6 +278,15 @@ def inference_workload(
         note = _sliding_window_note(engine, max_num_batched_tokens) if sliding_window else None
         if note is not None:
             switches["assumptions"] = tuple(d.assumptions) + (note,)
+        if switches["batches_in_flight"] != engine.era.batches_in_flight:
+            # The version's default (its line among the engine notes) is not what this plan runs.
+            why = "--overlap-scheduling" if overlap_scheduling else (
+                "--no-overlap-scheduling" if overlap_scheduling is False
+                else f"{speculative.method.value if speculative else ''} speculative decoding")
+            how = ("forms the next step's batch while a step runs" if switches["batches_in_flight"] > 1
+                   else "forms each step's batch when the step before ends")
+            kept = tuple(a for a in switches.get("assumptions", d.assumptions) if OVERLAP_NOTE not in a)
+            switches["assumptions"] = kept + (f"{engine.label}: {how} ({why}), not its default",)
         if engine.offload is not None:
             o = engine.offload
             switches.update(offload_mode=o.mode, offload_gpu_layers=o.gpu_layers, offload_overlap=o.overlap,

@@ -117,3 +117,17 @@ def test_vllm_schedules_ahead_only_without_a_draft_model_or_ngram_lookup(cli, ex
     if batches == 1:
         asked = cli("estimate", "llama-3.1-8b", "-H", "h100-sxm-80gb", "--gpus", "1", *extra, "--overlap-scheduling")
         assert asked.exit_code == EXIT_BAD_INPUT and "does not form batches ahead" in asked.stderr
+
+
+@pytest.mark.parametrize("extra,line", [
+    ((), "vLLM 0.33.0: forms the next step's batch while a step runs unless pp > 1"),
+    (("--no-overlap-scheduling",), "vLLM 0.33.0: forms each step's batch when the step before ends "
+                                   "(--no-overlap-scheduling), not its default"),
+    (("--engine-version", "0.11.0", "--overlap-scheduling"), "vLLM 0.11.0: forms the next step's batch while a "
+                                                             "step runs (--overlap-scheduling), not its default"),
+], ids=["default", "off", "0.11-on"])
+def test_the_assumptions_state_how_the_plan_forms_its_batches(cli, extra, line):
+    res = cli("estimate", "llama-3.1-8b", "-H", "h100-sxm-80gb", "--gpus", "1", *extra, "--json")
+    assert res.exit_code == 0, res.stderr
+    said = [a for a in json.loads(res.stdout)["assumptions"] if "batch" in a and " forms " in a]
+    assert len(said) == 1 and said[0].startswith(line)
