@@ -147,6 +147,7 @@ def prefill_graphs_reserve(rules: EngineRules, prefill_tokens: int, context_toke
 # How the engine notes name its default of forming the next batch while a step runs (a plan that
 # overrides it replaces the line: cost/inputs.py).
 OVERLAP_NOTE = "forms the next step's batch while a step runs"
+ONE_BATCH_NOTE = "forms each step's batch when the step before ends"
 
 
 def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: int | None,

@@ -10,7 +10,7 @@ from shardplan.cost.finetune import ALL_LINEAR, LORA_MODULES, BaseFormat, FineTu
 from shardplan.cost.layout import Layout, Offload, PipelineSchedule, Recompute
 from shardplan.cost.workload import Framework, InferenceWorkload, Optimizer, Quantization, ServingLoad, TrainingWorkload
 from shardplan.errors import LayoutError, ShardplanError
-from shardplan.cost.engine import OVERLAP_NOTE, resolve_serving
+from shardplan.cost.engine import ONE_BATCH_NOTE, OVERLAP_NOTE, resolve_serving
 from shardplan.cost import speculative as spec_decode
 from shardplan.cost.speculative import Speculative, SpeculativeMethod
 from shardplan.knowledge.schema import EngineRules, StackFile, parse_version
@@ -125,8 +125,18 @@ def _check_encoder_decoder(engine: EngineRules) -> None:
 
 def _batches_in_flight(engine: EngineRules, overlap_scheduling: bool | None, speculative: Speculative | None) -> int:
     """2 where the engine forms the next step's batch while a step runs (its version's default, or
-    --overlap-scheduling), 1 where it does not or where the speculative method keeps it from it."""
+    --overlap-scheduling), 1 where it does not or where the speculative method keeps it from it.
+    Asking for either where the version has no switch (knowledge/engines/*.yaml overlap_switch), or
+    for it where nothing turns it on, is refused."""
     era = engine.era
+    switch = engine.overlap_switch
+    if overlap_scheduling is not None and switch is None:
+        how = OVERLAP_NOTE if era.batches_in_flight > 1 else ONE_BATCH_NOTE
+        raise ShardplanError(f"{engine.label} has no switch for it: it {how}", field="--overlap-scheduling",
+                             hint="leave it out, or pick an engine version that has one")
+    if overlap_scheduling and switch is not None and switch.on_flag is None and era.batches_in_flight == 1:
+        raise ShardplanError(f"{engine.label} has no flag that turns it on", field="--overlap-scheduling",
+                             hint="leave it out")
     allowed = era.batches_in_flight_speculative
     if speculative is not None and allowed is not None and speculative.method.value not in allowed:
         if overlap_scheduling:
@@ -179,15 +189,6 @@ def inference_workload(
     the engine version caches them is stated with the answer). `overlap_scheduling`: the next step's
     batch is formed while a step runs (vLLM --async-scheduling, SGLang without
     --disable-overlap-schedule); None: the engine version's default."""
-    if overlap_scheduling is not None and engine is not None:
-        switch = engine.overlap_switch
-        if switch is None:
-            raise ShardplanError(f"{engine.label} has no switch for it: it forms each step's batch "
-                                 f"{'while the step before runs' if engine.era.batches_in_flight > 1 else 'when the step before ends'}",
-                                 field="--overlap-scheduling", hint="leave it out, or pick an engine version that has one")
-        if overlap_scheduling and switch.on_flag is None and engine.era.batches_in_flight == 1:
-            raise ShardplanError(f"{engine.label} has no flag that turns it on", field="--overlap-scheduling",
-                                 hint="leave it out")
     if images_per_prompt is not None and not 1 <= images_per_prompt <= MAX_SEQUENCES:
         raise ShardplanError(f"must be from 1 to {MAX_SEQUENCES}", field="--limit-mm-per-prompt", hint="e.g. 1")
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
@@ -283,8 +284,7 @@ def inference_workload(
             why = "--overlap-scheduling" if overlap_scheduling else (
                 "--no-overlap-scheduling" if overlap_scheduling is False
                 else f"{speculative.method.value if speculative else ''} speculative decoding")
-            how = ("forms the next step's batch while a step runs" if switches["batches_in_flight"] > 1
-                   else "forms each step's batch when the step before ends")
+            how = OVERLAP_NOTE if switches["batches_in_flight"] > 1 else ONE_BATCH_NOTE
             kept = tuple(a for a in switches.get("assumptions", d.assumptions) if OVERLAP_NOTE not in a)
             switches["assumptions"] = kept + (f"{engine.label}: {how} ({why}), not its default",)
         if engine.offload is not None:

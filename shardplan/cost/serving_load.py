@@ -707,6 +707,12 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     )
 
 
+def batches_in_flight_at(batches_in_flight: int, pp1_only: bool, pp: int) -> int:
+    """The batches an engine keeps in flight for a replica of `pp` stages: one under pipeline
+    parallelism where its rules allow more at pp = 1 only (vLLM, SGLang: knowledge/engines/*.yaml)."""
+    return 1 if pp > 1 and pp1_only else batches_in_flight
+
+
 def scheduler_for(wl: InferenceWorkload, kv: KvAccount | int, pp: int = 1) -> Scheduler:
     """The engine's scheduler for a replica of `pp` pipeline stages whose cache is `kv` (an int: that many
     tokens, each costing one)."""
@@ -718,7 +724,7 @@ def scheduler_for(wl: InferenceWorkload, kv: KvAccount | int, pp: int = 1) -> Sc
                      chunked_prefill=wl.chunked_prefill, kv_capacity_tokens=kv.capacity_tokens, admission=wl.admission,
                      admit_after_preemption=wl.admit_after_preemption, window_tokens=kv.window_tokens,
                      window_charge=kv.window_charge,
-                     batches_in_flight=1 if pp > 1 and wl.batches_in_flight_pp1_only else wl.batches_in_flight)
+                     batches_in_flight=batches_in_flight_at(wl.batches_in_flight, wl.batches_in_flight_pp1_only, pp))
 
 def serve_traffic(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, traffic: Traffic,
                   kv: KvAccount | int | None = None, itl: bool = False) -> LoadResult:

@@ -396,6 +396,7 @@ def overlap_args(ctx: ExportContext, engine: str) -> list[Arg]:
     cost/serving_load.py) where that differs from its version's default: vLLM's --async-scheduling
     or --no-async-scheduling, SGLang's --disable-overlap-schedule (knowledge/engines/*.yaml
     overlap_switch). None for a plan made for another engine or no version."""
+    from shardplan.cost.serving_load import batches_in_flight_at
     from shardplan.knowledge.load import engine_rules
 
     m = ctx.manifest
@@ -407,9 +408,8 @@ def overlap_args(ctx: ExportContext, engine: str) -> list[Arg]:
         rules = engine_rules(engine, ctx.options.engine_version or wl.engine_version)
     except ShardplanError:  # a version shardplan has no rules for (a plan edited by hand): its default is unknown
         return []
-    pipelined = m.layout.pp > 1
-    planned = 1 if pipelined and wl.batches_in_flight_pp1_only else wl.batches_in_flight
-    default = 1 if pipelined and rules.era.batches_in_flight_pp1_only else rules.era.batches_in_flight
+    planned = batches_in_flight_at(wl.batches_in_flight, wl.batches_in_flight_pp1_only, m.layout.pp)
+    default = batches_in_flight_at(rules.era.batches_in_flight, rules.era.batches_in_flight_pp1_only, m.layout.pp)
     switch = rules.overlap_switch
     if planned == default or switch is None:
         return []
