@@ -141,10 +141,8 @@ def test_a_pipelined_plan_under_full_recomputation_matches_with_the_outputs_the_
 @pytest.mark.dist
 def test_tp_pp_dp_interleaved_eight_ranks(cli, tmp_path):
     plan = _plan(tmp_path, 8, TRAIN, tp=2, pp=2, dp=2, zero_stage=3, pp_schedule="interleaved", virtual_stages=2)
-    t0 = time.monotonic()
     res, report = _verify(cli, plan, tmp_path)
-    assert res.exit_code == EXIT_OK, res.stderr
-    assert time.monotonic() - t0 < 120  # the 90 s goal is measured by benchmarks/verify_matrix.py
+    assert res.exit_code == EXIT_OK, res.stderr  # its wall time is measured by benchmarks/verify_matrix.py
     _assert_matches(report, 8, training=True)
     assert report["layout"]["pp_schedule"] == "interleaved" and report["layout"]["virtual_stages"] == 2
 
