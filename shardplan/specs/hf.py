@@ -75,6 +75,18 @@ def _common(cfg: Config, name: str, model_type: str) -> dict[str, Any]:
     )
 
 
+def _number(cfg: Config, key: str, value: Any) -> float:
+    """`value` (read from `key`, or its default) as a finite float; anything else is the file's error."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number):
+        raise InputFileError(f"must be a finite number, got {str(value)[:40]!r}", field=_where(cfg, key),
+                             hint="use the value from the model's config.json")
+    return number
+
+
 def _rope_theta(cfg: Config) -> float | None:
     theta = cfg.get("rope_theta")
     if theta is None and isinstance(cfg.get("rope_parameters"), Mapping):
@@ -306,8 +318,8 @@ def _gpt_neox(cfg: Config, name: str) -> dict[str, Any]:
         o_bias=bias,
         norm_type=NormType.LAYERNORM,
         parallel_residual=bool(cfg.get("use_parallel_residual", True)),
-        rotary_fraction=float(cfg.get("rotary_pct", cfg.get("partial_rotary_factor", 0.25))),
-        rope_theta=float(cfg.get("rotary_emb_base", cfg.get("rope_theta", 10000))),
+        rotary_fraction=_number(cfg, "rotary_pct", cfg.get("rotary_pct", cfg.get("partial_rotary_factor", 0.25))),
+        rope_theta=_number(cfg, "rotary_emb_base", cfg.get("rotary_emb_base", cfg.get("rope_theta", 10000))),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
     )
     return d
@@ -348,7 +360,7 @@ def _falcon(cfg: Config, name: str) -> dict[str, Any]:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         position_embedding=PositionEmbedding.ALIBI if alibi else PositionEmbedding.ROPE,
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        rope_theta=_number(cfg, "rope_theta", cfg.get("rope_theta", 10000.0)),
         dtype=str(cfg.get("torch_dtype") or "bfloat16"),
     )
 
@@ -357,7 +369,7 @@ def _phi3(cfg: Config, name: str) -> dict[str, Any]:
     d = _common(cfg, name, "phi3")
     d.update(
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        rotary_fraction=float(cfg.get("partial_rotary_factor", 1.0)),
+        rotary_fraction=_number(cfg, "partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)),
         sliding_window=_sliding(cfg),
     )
     return d
@@ -492,7 +504,7 @@ def _dropouts(cfg: Config, model_type: str) -> dict[str, float]:
 
     def first(keys: tuple[str, ...], default: float) -> float:
         values = [cfg[k] for k in keys if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool)]
-        return float(max(values)) if values else default
+        return _number(cfg, keys[0], max(values)) if values else default
 
     return {"attention_dropout": first(ATTENTION_DROPOUT_KEYS, default_attn),
             "hidden_dropout": first(FAMILY_HIDDEN_DROPOUT_KEYS.get(model_type, HIDDEN_DROPOUT_KEYS), default_hidden)}
@@ -1151,7 +1163,7 @@ def _mllama(cfg: _Tracked, name: str) -> dict[str, Any]:
                              field="text_config.cross_attention_layers", hint="use the value from the model's config.json")
     text.update(head_dim=None, tie_word_embeddings=_flag(tcfg, "tie_word_embeddings"),
                 layer_types=tuple(LayerType.CROSS if i in set(cross) else LayerType.FULL for i in range(layers)),
-                attention_dropout=float(tcfg.get("dropout") or 0.0), hidden_dropout=0.0)
+                attention_dropout=_number(tcfg, "dropout", tcfg.get("dropout") or 0.0), hidden_dropout=0.0)
     h, inter = _int(v, "hidden_size"), _int(v, "intermediate_size")
     tiles, patch = _int(v, "max_num_tiles"), _int(v, "patch_size")
     per_tile = _patches(v) + 1  # patches and the class token
