@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from shardplan.knowledge.schema import EngineRules, MultimodalEra
 from shardplan.specs.hardware import HardwareProfile
-from shardplan.units import BYTES_PER_GIB, us_to_seconds
+from shardplan.units import BYTES_PER_GIB, BYTES_PER_MIB, us_to_seconds
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class ServingDefaults:
     warmup_total_factor: float
     warmup_kv_tokens: int
     prefill_logit_bytes: float
+    prefill_logit_bytes_gathered: float
+    attention_workspace_bytes: float
     assumptions: tuple[str, ...]
     # The profiling pass of a multimodal model's vision tower (profile_vision below): the tokens it
     # runs through the tower, and the encoder output rows still alive while the text pass profiles.
@@ -148,6 +150,12 @@ def prefill_graphs_reserve(rules: EngineRules, prefill_tokens: int, context_toke
 # overrides it replaces the line: cost/inputs.py).
 OVERLAP_NOTE = "forms the next step's batch while a step runs"
 ONE_BATCH_NOTE = "forms each step's batch when the step before ends"
+# TGI reads the free memory with torch.cuda.mem_get_info, which counts the caching allocator's reserved
+# segments whether in use or not (memory_serving.warmup_reserved_bytes).
+WARMUP_CACHE_NOTE = ("the free memory is read with torch.cuda.mem_get_info, so the segments PyTorch's caching "
+                     "allocator keeps from the warm-up's layer temporaries count beside the logits (which are too "
+                     "large to reuse them), unless the two do not fit, when the allocator frees its cache and "
+                     "retries (c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::malloc)")
 
 
 def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: int | None,
@@ -276,6 +284,13 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
         if era.prefill_logit_bytes:
             notes.append(f"{rules.label}: the warm-up prefill holds {era.prefill_logit_bytes:g} bytes of logits per "
                          f"token and vocabulary entry ({era.sources['prefill_logit_bytes']})")
+        if era.prefill_logit_bytes_gathered:
+            notes.append(f"{rules.label}: with tensor parallelism, {era.prefill_logit_bytes_gathered:g} bytes per "
+                         f"logit on every shard ({era.sources['prefill_logit_bytes_gathered']})")
+        if era.attention_workspace_mib:
+            notes.append(f"{rules.label}: {era.attention_workspace_mib:g} MiB of attention workspace held through the "
+                         f"warm-up ({era.sources['attention_workspace_mib']})")
+        notes.append(f"{rules.label}: {WARMUP_CACHE_NOTE}")
     if era.accounting == "free_fraction":
         notes.append(f"{rules.label}: KV = {rules.fraction_name} x the memory free after the weights and the "
                      f"activation peak of {max_num_batched_tokens:,} tokens ({era.sources['accounting']})")
@@ -324,6 +339,8 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
         non_torch_bytes=None if era.non_torch_gib is None else era.non_torch_gib * BYTES_PER_GIB,
         warmup_free_share=era.warmup_free_share, warmup_total_factor=era.warmup_total_factor,
         warmup_kv_tokens=warm_tokens, prefill_logit_bytes=era.prefill_logit_bytes,
+        prefill_logit_bytes_gathered=era.prefill_logit_bytes_gathered,
+        attention_workspace_bytes=era.attention_workspace_mib * BYTES_PER_MIB,
         assumptions=tuple(notes), vision_encoder_tokens=vision_tokens, vision_kept_tokens=vision_kept,
         static_fraction_by_tp_pipelined=by_tp_pipelined,
     )

@@ -260,6 +260,8 @@ def inference_workload(
                         sampler_bytes_per_logit=d.sampler_bytes_per_logit, non_torch_bytes=d.non_torch_bytes,
                         warmup_free_share=d.warmup_free_share, warmup_total_factor=d.warmup_total_factor,
                         warmup_kv_tokens=d.warmup_kv_tokens, prefill_logit_bytes=d.prefill_logit_bytes,
+                        prefill_logit_bytes_gathered=d.prefill_logit_bytes_gathered,
+                        attention_workspace_bytes=d.attention_workspace_bytes,
                         assumptions=d.assumptions, vision_encoder_tokens=d.vision_encoder_tokens,
                         vision_kept_tokens=d.vision_kept_tokens)
         switches["weight_formats"] = tuple(engine.weight_formats)

@@ -82,6 +82,62 @@ def activation_peak_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload
     transients of one layer (every layer frees its own), or the sampler's fp32 logits for
     max_num_seqs sequences with the sampler's sort buffers (vLLM's dummy sampler run) on
     the last stage."""
+    stream, layer_peak, _ = _layer_temporaries(spec, layout, wl)
+    if not last_stage or not dummy_sampler:  # SGLang sizes its pool without a profiling pass
+        return layer_peak
+    return max(layer_peak, stream + _logits_bytes(spec, layout, wl))
+
+
+def _logits_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> float:
+    """The last stage's logits in the profiling pass: the dummy sampler's rows, and (TGI) the prompt
+    log-probabilities of every token, at the head's bytes per logit (`prompt_logit_bytes`)."""
+    tokens = wl.max_num_batched_tokens
+    # The dummy sampler run takes one logit row per dummy request, and a request holds at least
+    # one token: min(max_num_seqs, tokens) rows (V1 gpu_model_runner._dummy_run: num_reqs =
+    # min(num_tokens, max_num_reqs); V0 profile_run spreads the tokens over max_num_seqs seqs).
+    # TGI's warm-up asks for prompt log-probabilities: logits of every token of the prefill.
+    sampler = min(wl.max_num_seqs, tokens) * spec.vocab_size * wl.sampler_bytes_per_logit
+    return sampler + tokens * spec.vocab_size * prompt_logit_bytes(spec, layout, wl)
+
+
+def prompt_logit_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> float:
+    """Bytes per prompt token and vocabulary entry the warm-up's prompt log-probabilities hold on one
+    rank: the engine's figure, or where the lm_head is split over the tensor-parallel ranks and its
+    logits gathered (the vocabulary divides evenly; otherwise every rank holds the whole head), the
+    gathered figure (knowledge/engines/tgi.yaml prefill_logit_bytes_gathered)."""
+    gathered = layout.tp > 1 and spec.vocab_size % layout.tp == 0 and wl.prefill_logit_bytes_gathered > 0
+    return wl.prefill_logit_bytes_gathered if gathered else wl.prefill_logit_bytes
+
+
+def warmup_reserved_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, room: float) -> float:
+    """What PyTorch's caching allocator holds on the last stage when TGI reads the free memory after its
+    warm-up prefill: torch.cuda.mem_get_info counts every reserved segment, in use or cached. The layers'
+    temporaries leave their segments cached; a cached block serves only a request no larger than itself
+    (c10/cuda/CUDACachingAllocator.cpp get_free_block), so logits larger than every layer temporary take
+    segments of their own beside them; a gathered head (`prompt_logit_bytes`) also leaves its rank's share
+    of the logits cached (TGI's TensorParallelHead.forward: `gather_input`, layers/tensor_parallel.py:89
+    at v2.4.0, freed once gathered). Where the cached and the live do not fit in `room` (the allocator's
+    memory beside the weights, the context and the warm-up batch's KV), the failed allocation frees the
+    cached segments and is retried (DeviceCachingAllocator::malloc: release_cached_blocks, then
+    alloc_block), and only what is live remains. The attention backend's workspace is live throughout."""
+    stream, layer_peak, widest = _layer_temporaries(spec, layout, wl)
+    logits = _logits_bytes(spec, layout, wl)
+    one_copy = wl.max_num_batched_tokens * spec.vocab_size * bytes_per_element(wl.activation_dtype)
+    gathered = prompt_logit_bytes(spec, layout, wl) != wl.prefill_logit_bytes
+    cached = layer_peak + (one_copy / layout.tp if gathered else 0.0)  # the layer segments hold the stream's
+    live = stream + logits
+    if one_copy <= widest:  # the logits fit in the layers' cached blocks
+        reserved = max(cached, live)
+    elif cached - stream + live > room:  # the cache was freed for them
+        reserved = live
+    else:
+        reserved = cached - stream + live
+    return reserved + wl.attention_workspace_bytes
+
+
+def _layer_temporaries(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> tuple[float, float, float]:
+    """(the residual stream's bytes, the peak of one layer's temporaries with the stream, the largest
+    single temporary) of a forward of max_num_batched_tokens tokens on one rank."""
     tokens = wl.max_num_batched_tokens
     a = bytes_per_element(wl.activation_dtype)
     h = spec.hidden_size
@@ -92,13 +148,16 @@ def activation_peak_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload
         heads = spec.num_attention_heads / tp
         qkv = heads * (m.qk_head_dim + m.qk_nope_head_dim + m.v_head_dim) + m.kv_lora_rank + m.qk_rope_head_dim
         attn = tokens * (qkv + heads * m.v_head_dim) * a
+        widest = tokens * qkv * a
     else:
         d = spec.attention_head_dim
         q = spec.num_attention_heads * d / tp
         kv = 2 * max(1, spec.kv_heads // tp) * d
         attn = tokens * (q + kv + q) * a
+        widest = tokens * (q + kv) * a  # the fused QKV projection's output
     width_factor = 3 if spec.mlp_gated else 2  # gate+up output and the activation's output
     mlp = tokens * width_factor * spec.intermediate_size / tp * a
+    widest = max(widest, tokens * (width_factor - 1) * spec.intermediate_size / tp * a)  # the gate/up output
     if spec.moe is not None:
         moe = spec.moe
         etp = layout.expert_tp
@@ -114,16 +173,9 @@ def activation_peak_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload
         router = tokens * moe.num_experts * FP32_BYTES
         shared = tokens * width_factor * moe.shared_intermediate_size * moe.num_shared_experts / tp * a
         mlp = max(mlp, routed + router + shared)
+        widest = max(widest, tokens * moe.num_experts_per_token * max((width_factor - 1) * n, h) * a)
     layer_peak = stream + max(attn, mlp)
-    if not last_stage or not dummy_sampler:  # SGLang sizes its pool without a profiling pass
-        return layer_peak
-    # The dummy sampler run takes one logit row per dummy request, and a request holds at least
-    # one token: min(max_num_seqs, tokens) rows (V1 gpu_model_runner._dummy_run: num_reqs =
-    # min(num_tokens, max_num_reqs); V0 profile_run spreads the tokens over max_num_seqs seqs).
-    # TGI's warm-up asks for prompt log-probabilities: logits of every token of the prefill.
-    sampler = min(wl.max_num_seqs, tokens) * spec.vocab_size * wl.sampler_bytes_per_logit
-    prompt_logits = tokens * spec.vocab_size * wl.prefill_logit_bytes
-    return max(layer_peak, stream + sampler + prompt_logits)
+    return stream, layer_peak, widest
 
 
 def llamacpp_compute_buffer_phases(spec: ModelSpec, *, ubatch_tokens: int, kv_cells: int, flash_attention: bool,
@@ -402,7 +454,19 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         draft_weights = spec_decode.draft_weight_bytes_per_rank(spec, sp, layout, wl.quantization, dense_dtype) if sp else 0.0
         weights = w.bytes + rotary_cache_bytes(spec, dense_dtype) + draft_weights
         weights += off.streamed_buffer_bytes - off.weights_off_gpu_bytes - off.experts_off_gpu_bytes
-        act = activation_peak_bytes(spec, layout, wl, last_stage=stage == layout.pp - 1, dummy_sampler=not static)
+        per_layer_token = kv_bytes_per_token_per_layer_per_rank(spec, layout.tp, kv_elt)
+        draft_tok_bytes = spec_decode.draft_kv_bytes_per_token_per_rank(spec, sp, layout.tp, kv_elt) if sp else 0.0
+        # Linear-attention layers keep no KV but one fixed state per sequence (kv.py).
+        kv_layers = [i for i in w.layers if not spec.is_linear_attention_layer(i) and i not in off.kv_layers_off_gpu]
+        tok_bytes = per_layer_token * len(kv_layers) + draft_tok_bytes
+        per_token.append(tok_bytes)
+        if wl.accounting == "warmup" and stage == layout.pp - 1:
+            # TGI reads the free memory with mem_get_info: what the caching allocator reserved, within the
+            # memory the shard's allocator may use beside the weights, the context and the warm-up batch's KV.
+            room = capacity * utilization - weights - overhead - wl.warmup_kv_tokens * tok_bytes
+            act = warmup_reserved_bytes(spec, layout, wl, room)
+        else:
+            act = activation_peak_bytes(spec, layout, wl, last_stage=stage == layout.pp - 1, dummy_sampler=not static)
         if wl.accounting == "fixed_context":  # llama.cpp: ggml's compute buffer, sized for one ubatch
             slot_cells = math.ceil(max_len / wl.block_size) * wl.block_size
             # The output layer is on the GPU whenever -ngl >= 1 (the export's -ngl = layers + 1 -
@@ -416,12 +480,6 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
                                             bytes_per_element(wl.activation_dtype))
         if sp is not None and sp.draft is not None and not static:
             act = max(act, draft_profile_peak_bytes(spec, sp.draft, layout, wl))
-        per_layer_token = kv_bytes_per_token_per_layer_per_rank(spec, layout.tp, kv_elt)
-        draft_tok_bytes = spec_decode.draft_kv_bytes_per_token_per_rank(spec, sp, layout.tp, kv_elt) if sp else 0.0
-        # Linear-attention layers keep no KV but one fixed state per sequence (kv.py).
-        kv_layers = [i for i in w.layers if not spec.is_linear_attention_layer(i) and i not in off.kv_layers_off_gpu]
-        tok_bytes = per_layer_token * len(kv_layers) + draft_tok_bytes
-        per_token.append(tok_bytes)
         kv_bytes = kv_pool_bytes(wl, budget, weights, overhead, act, tok_bytes, utilization)
         host_kv = 0.0
         if wl.accounting == "fixed_context":

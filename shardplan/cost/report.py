@@ -102,6 +102,10 @@ class InferenceWorkloadReport(Frozen):
     warmup_total_factor: float = Field(description="TGI >= 3: the device share held back is 1 - fraction x this")
     warmup_kv_tokens: int = Field(description="TGI: the warm-up batch's KV tokens, counted back into the cache")
     prefill_logit_bytes: float = Field(description="bytes per logit the profiling prefill holds for every token")
+    prefill_logit_bytes_gathered: float = Field(
+        0.0, description="the same with the lm_head split over tensor-parallel ranks and gathered; 0: as above")
+    attention_workspace_bytes: float = Field(
+        0.0, description="TGI: a buffer the attention backend allocates in the warm-up and keeps, bytes")
     speculative: SpeculativeReport | None = Field(None, description="speculative decoding; null: off")
     vision_encoder_tokens: int = Field(0, description="tokens the vision tower runs over in the profiling pass")
     vision_kept_tokens: int = Field(0, description="encoder output rows alive during the text profiling pass")

@@ -158,6 +158,8 @@ class InferenceWorkload:
     warmup_total_factor: float = 1.0
     warmup_kv_tokens: int = 0
     prefill_logit_bytes: float = 0.0  # logits the profiling prefill holds for every token (TGI)
+    prefill_logit_bytes_gathered: float = 0.0  # the same with the lm_head split over tp ranks and gathered; 0: as above
+    attention_workspace_bytes: float = 0.0  # TGI: the attention backend's buffer, allocated by the warm-up and kept
     # Speculative decoding (cost/speculative.py): a draft model's or the MTP layers' weights and KV on
     # the last stage, K lookahead slots per sequence; None: off.
     speculative: Speculative | None = None

@@ -221,6 +221,11 @@ class EngineEra(Frozen):
     prefill_logit_bytes: float = Field(
         0.0, ge=0, description="bytes per logit the profiling prefill holds for every one of its tokens (TGI's "
                                "warm-up asks for prompt log-probabilities); 0: logits of the last tokens only")
+    prefill_logit_bytes_gathered: float = Field(
+        0.0, ge=0, description="the same where the lm_head is split over the tensor-parallel ranks and its logits "
+                               "gathered (the vocabulary divides evenly); 0: as prefill_logit_bytes")
+    attention_workspace_mib: float = Field(
+        0.0, ge=0, description="warmup: a buffer the attention backend allocates in the warm-up prefill and keeps, MiB")
     sampler_bytes_per_logit: float = Field(
         ge=0, description="bytes per (row, vocabulary entry) the profiling pass's dummy sampler run holds at its "
                           "peak, by the engine's default sampling path (0: no dummy sampler run)")
@@ -344,7 +349,9 @@ class EngineEra(Frozen):
                 documented |= {"accounting", "static_fraction_by_tp"}
         if self.accounting == "warmup":
             documented |= {"accounting", "warmup_free_share", "warmup_total_factor", "warmup_batch",
-                           "prefill_logit_bytes"}
+                           "prefill_logit_bytes", "prefill_logit_bytes_gathered"}
+            if self.attention_workspace_mib:
+                documented.add("attention_workspace_mib")
         if self.accounting == "free_fraction":
             documented |= {"accounting"}
         for optional in ("non_torch_gib", "max_model_len_cap"):

@@ -165,6 +165,10 @@ class InferenceWorkloadSection(_Section):
     warmup_total_factor: float = Field(1.0, gt=0, le=1, description="TGI >= 3: the device share held back is 1 - fraction x this")
     warmup_kv_tokens: int = Field(0, ge=0, description="TGI: the warm-up batch's KV tokens, counted back")
     prefill_logit_bytes: float = Field(0.0, ge=0, description="bytes per logit the profiling prefill holds for every token")
+    prefill_logit_bytes_gathered: float = Field(
+        0.0, ge=0, description="the same with the lm_head split over tensor-parallel ranks and gathered; 0: as above")
+    attention_workspace_bytes: float = Field(
+        0.0, ge=0, description="TGI: a buffer the attention backend allocates in the warm-up and keeps, bytes")
     speculative: SpeculativeSection | None = Field(None, description="speculative decoding; null: off (plans before it)")
     vision_encoder_tokens: int = Field(0, ge=0, description="tokens the vision tower runs over in the profiling pass")
     vision_kept_tokens: int = Field(0, ge=0, description="encoder output rows alive during the text profiling pass")
