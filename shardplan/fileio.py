@@ -20,8 +20,10 @@ def write_text_atomic(path: str | Path, text: str, *, executable: bool = False) 
 
 
 def write_bytes_atomic(path: str | Path, data: bytes, *, executable: bool = False) -> None:
-    """write_text_atomic for bytes already rendered (images)."""
-    path = Path(path)
+    """write_text_atomic for bytes already rendered (images). The target must be a regular file or
+    not exist: renaming over a device (`-o /dev/null` as root), a FIFO or a folder would replace it.
+    A symbolic link is written through: its target is the file replaced."""
+    path = regular_target(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o777 if executable else 0o666)
@@ -38,6 +40,30 @@ def write_bytes_atomic(path: str | Path, data: bytes, *, executable: bool = Fals
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def regular_target(path: str | Path) -> Path:
+    """The file a write to `path` replaces (a symbolic link's target), or a ShardplanError when that
+    is no file to write: an empty name, a folder, a device, a FIFO or a socket."""
+    label = str(path)
+    if not str(path) or Path(path).name in ("", ".", ".."):
+        raise ShardplanError("needs a file name", source=label or "''", hint="e.g. -o plan.yaml")
+    path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as e:
+        raise ShardplanError(f"cannot write: {e.strerror}", source=label,
+                             hint="check that the folder exists and is writable") from None
+    if stat.S_ISDIR(mode):
+        raise ShardplanError("is a directory", source=label, hint="name a file inside it")
+    if not stat.S_ISREG(mode):
+        raise ShardplanError("not a regular file (a device, FIFO or socket): it would be replaced", source=label,
+                             hint="name a file to write, e.g. -o plan.yaml; leave -o out to write no file")
+    return path
 
 
 def _fsync_dir(folder: Path) -> None:
