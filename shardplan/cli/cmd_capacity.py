@@ -75,7 +75,7 @@ def capacity(
     workload: WorkloadOpt = WorkloadKind.INFERENCE,
     max_gpus: Annotated[Optional[int], typer.Option(min=1, help="Largest GPU count to consider (default: 64 nodes' worth).", rich_help_panel=SEARCH)] = None,
     target: TargetOpt = None,
-    context: Annotated[int, typer.Option(min=1, help="Serving: tokens per sequence (vLLM's max_model_len) the GPUs must hold.", rich_help_panel=SERVE)] = 8192,
+    context: Annotated[int, typer.Option(min=1, help="Serving: tokens per sequence (vLLM's max_model_len) the GPUs must hold; at most the model's context (the default is capped to it).", rich_help_panel=SERVE)] = 8192,
     concurrency: Annotated[int, typer.Option(min=1, help="Serving: sequences of --context tokens held at once.", rich_help_panel=SERVE)] = 1,
     max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
@@ -145,6 +145,12 @@ def capacity(
     base = loading.load_hardware(hardware)
     hw = base.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1)
     limit = max_gpus or default_max_gpus(hw)
+    model_context = loaded.spec.max_position_embeddings
+    if context > model_context:  # the engines refuse a max_model_len past the model's context
+        if given(ctx, "context"):
+            raise ShardplanError(f"{context:,} tokens exceed {loaded.spec.name}'s context ({model_context:,})",
+                                 field="--context", hint=f"give at most {model_context}")
+        context = model_context
     engine, stack = engine_and_stack(target, training=workload is WorkloadKind.TRAINING, engine=engine, stack=stack,
                                      engine_given=given(ctx, "engine"))
     if workload is WorkloadKind.TRAINING:
@@ -197,7 +203,7 @@ def _size_for_rate(spec, hw, engine: str, engine_version: Optional[str], limit: 
     from shardplan.cost.traffic import Sla
     from shardplan.cost.workload import Quantization
     from shardplan.knowledge.load import engine_rules
-    from shardplan.search.space import DEFAULT_MAX_TPOT_SECONDS, DEFAULT_MAX_TTFT_SECONDS
+    from shardplan.search.space import DEFAULT_MAX_TPOT_SECONDS, DEFAULT_MAX_TTFT_SECONDS, check_latency_limits
     from shardplan.specs.lengths import load_lengths
     from shardplan.tasks.sizing import size_for_rate
 
@@ -218,7 +224,8 @@ def _size_for_rate(spec, hw, engine: str, engine_version: Optional[str], limit: 
         name = lengths.source
     load = options.serving_load(request_rate=o["request_rate"], concurrency=None, num_prompts=1000, lengths=lengths,
                                 lengths_name=name, prefix_cache_hit=0.0, arrivals="poisson", seed=0,
-                                input_len=o["input_len"], output_len=o["output_len"], max_model_len=wl.max_model_len)
+                                input_len=o["input_len"], output_len=o["output_len"],
+                                max_model_len=wl.max_model_len or spec.max_position_embeddings, context_option="--context")
     assert load is not None  # a rate was given
     if math.isinf(load.request_rate_per_second):
         raise ShardplanError("needs a finite rate", field="--request-rate", hint="requests per second, e.g. 20")
@@ -235,6 +242,7 @@ def _size_for_rate(spec, hw, engine: str, engine_version: Optional[str], limit: 
         if q not in formats:
             formats.append(q)
     sla = Sla(ttft / 1e3 if ttft is not None else None, tpot / 1e3 if tpot is not None else None, o["slo_percentile"])
+    check_latency_limits(sla.max_ttft_seconds, sla.max_tpot_seconds)
     with render_common.progress("sizing replicas for the rate"):
         result = size_for_rate(spec, hw, replace(wl, load=load), rate=load.request_rate_per_second, sla=sla,
                                formats=tuple(formats), max_gpus=limit)

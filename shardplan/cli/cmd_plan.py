@@ -223,6 +223,9 @@ def estimate(
                                           cpu_offload_gib=cpu_offload_gb, n_gpu_layers=n_gpu_layers,
                                           targets=tuple(rules.offload.targets) if rules.offload else None,
                                           n_cpu_moe=n_cpu_moe)
+            from shardplan.tasks._targets import check_engine_layout
+
+            check_engine_layout(loaded.spec, hw, layout, wl)
         elif any(v is not None for v in (offload_layers, cpu_offload_gb, n_gpu_layers, n_cpu_moe)):
             raise ShardplanError("offloading a number of layers applies to serving", field="--offload-layers",
                                  hint="training offloads all parameters: --offload all-cpu --zero-stage 3")
@@ -423,11 +426,18 @@ def recommend(
             formats = [Quantization(f) for f in wl.weight_formats if f not in ("awq", "gptq")]
             space = replace(space, fallback_quantizations=tuple(formats))
     with render_common.progress("searching layouts") as progress:
-        result = run_recommend(
-            loaded, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, compare_layout=compare,
-            manifest_path=output, progress=progress, strict_fit=strict_fit, write_disaggregation=disaggregated, target=target,
-            engine_given=any(given(ctx, o) for o in ("engine", "engine_version", "cpu_offload_gb", "gpu_memory_utilization")),
-        )
+        try:
+            result = run_recommend(
+                loaded, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, compare_layout=compare,
+                manifest_path=output, progress=progress, strict_fit=strict_fit, write_disaggregation=disaggregated,
+                target=target,
+                engine_given=any(given(ctx, o) for o in ("engine", "engine_version", "cpu_offload_gb", "gpu_memory_utilization")),
+            )
+        except ShardplanError as e:
+            if e.field == "--target" and export_to is not None and not given(ctx, "target"):
+                # the target is the one --export implies: name the option the user gave
+                e.field, e.message = "--export", f"{export_to} launches {target}'s plans, and {e.message}"
+            raise
     if result.top and export_to is not None:
         from shardplan.exporters import ExportOptions
         from shardplan.search.results import ExportSummary
@@ -570,8 +580,18 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
     return _with_load(o, wl)
 
 
+def _goodput_search(o: dict) -> bool:
+    """`recommend` ranking serving plans by goodput (its default): each plan is simulated under
+    traffic at the highest rate it sustains, so traffic options apply without a rate."""
+    objective = o.get("objective")
+    return ("top_k" in o and o.get("workload") is not WorkloadKind.TRAINING
+            and (objective is None or objective.value == "goodput")
+            and o.get("request_rate") is None and o.get("concurrency") is None)
+
+
 def _with_load(o: dict, wl: InferenceWorkload) -> InferenceWorkload:
-    """The workload with the traffic of --request-rate / --concurrency, if given."""
+    """The workload with the traffic of --request-rate / --concurrency, if given; `recommend`'s goodput
+    search gets its traffic (request lengths, prefix hits, arrivals) here too, at a rate it searches."""
     from dataclasses import replace
 
     from shardplan.cost import inputs as options
@@ -582,10 +602,15 @@ def _with_load(o: dict, wl: InferenceWorkload) -> InferenceWorkload:
 
         lengths = load_lengths(o["dataset_lengths"])
         name = lengths.source
+    context = wl.max_model_len or o["loaded"].spec.max_position_embeddings
+    goodput = _goodput_search(o)
     load = options.serving_load(
-        request_rate=o.get("request_rate"), concurrency=o.get("concurrency"), num_prompts=o.get("num_prompts", 1000),
-        lengths=lengths, lengths_name=name, prefix_cache_hit=o.get("prefix_cache_hit", 0.0),
-        arrivals=o.get("arrivals", "poisson"), seed=o.get("seed", 0), input_len=wl.input_len, output_len=wl.output_len,
-        max_model_len=wl.max_model_len or o["loaded"].spec.max_position_embeddings,
+        request_rate="inf" if goodput else o.get("request_rate"), concurrency=o.get("concurrency"),
+        num_prompts=o.get("num_prompts", 1000), lengths=lengths, lengths_name=name,
+        prefix_cache_hit=o.get("prefix_cache_hit", 0.0), arrivals=o.get("arrivals", "poisson"), seed=o.get("seed", 0),
+        input_len=wl.input_len, output_len=wl.output_len, max_model_len=context,
         spec_acceptance_rate=o.get("spec_acceptance_rate"), speculative=wl.speculative is not None)
-    return wl if load is None else replace(wl, load=load)
+    if load is None:  # a static batch: its requests must fit the context as well
+        options.check_request_fits(wl.input_len, wl.output_len, context)
+        return wl
+    return replace(wl, load=load)  # for the goodput search, a load with no rate (inf): the search resolves it

@@ -110,7 +110,12 @@ def sizing_report(r: Any) -> None:
                   row.reason or "")
     console.print(t)
     if r.best is None:
-        console.print("[red]no replica shape meets the SLA[/red]: relax --max-ttft-ms / --max-tpot-ms or use faster GPUs")
+        over = [row.num_gpus for row in r.rows if row.num_gpus is not None]
+        if over:  # shapes meet the SLA, but the rate needs more of them than --max-gpus allows
+            console.print(f"[red]the rate needs more GPUs than --max-gpus[/red]: the fewest that serve it within the SLA "
+                          f"are {min(over):,}; raise --max-gpus or lower the rate")
+        else:
+            console.print("[red]no replica shape meets the SLA[/red]: relax --max-ttft-ms / --max-tpot-ms or use faster GPUs")
         return
     b, a = r.best, r.at_rate
     line = (f"[bold]{b.num_gpus} GPUs[/bold]: {b.replicas} replica(s) of tp={b.tp} pp={b.pp}"

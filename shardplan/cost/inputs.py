@@ -578,10 +578,15 @@ def _finetune_fields(
 MAX_LOAD_REQUESTS = 100_000  # requests one simulation runs: its work grows with them
 
 
+# The lowest request rate simulated: 1,000 arrivals a million seconds apart span 1e9 s, where float64
+# still resolves 1e-7 s, well under any step; at 1e-12 requests/s the latencies come out quantised.
+MIN_REQUEST_RATE = 1e-6
+
+
 def serving_load(*, request_rate: str | None, concurrency: int | None, num_prompts: int, lengths: Any,
                  lengths_name: str, prefix_cache_hit: float, arrivals: str, seed: int, input_len: int, output_len: int,
                  max_model_len: int | None, spec_acceptance_rate: float | None = None,
-                 speculative: bool = False) -> ServingLoad | None:
+                 speculative: bool = False, context_option: str = "--max-model-len") -> ServingLoad | None:
     """The traffic of --request-rate / --concurrency (None when neither is given). `lengths`: a
     LengthDistribution from --dataset-lengths (specs/lengths.py), or None for the fixed
     --input-len/--output-len; requests longer than `max_model_len` are dropped, as the engine
@@ -610,6 +615,10 @@ def serving_load(*, request_rate: str | None, concurrency: int | None, num_promp
         if math.isnan(rate) or rate <= 0:
             raise ShardplanError(f"must be a number > 0 (got {request_rate})", field="--request-rate",
                                  hint="requests per second, e.g. 4, or inf for all at once")
+        if rate < MIN_REQUEST_RATE:  # arrivals that far apart swallow the step times in float64
+            raise ShardplanError(f"must be at least {MIN_REQUEST_RATE:g} requests/s (got {request_rate}): the "
+                                 "simulation's clock cannot resolve a step beside arrivals that far apart",
+                                 field="--request-rate", hint="at so low a rate each request runs alone: e.g. --request-rate 0.01")
     if concurrency is not None and not 1 <= concurrency <= MAX_SEQUENCES:
         raise ShardplanError(f"must be from 1 to {MAX_SEQUENCES}", field="--concurrency", hint="e.g. 64")
     if not 1 <= num_prompts <= MAX_LOAD_REQUESTS:
@@ -619,15 +628,24 @@ def serving_load(*, request_rate: str | None, concurrency: int | None, num_promp
                              hint="the share of each prompt found in the prefix cache, e.g. 0.3")
     if arrivals not in ("poisson", "constant"):
         raise ShardplanError(f"unknown arrivals '{arrivals}'", field="--arrivals", hint="poisson or constant")
-    if lengths is None and max_model_len is not None and input_len + output_len > max_model_len:
-        raise ShardplanError(f"--input-len {input_len} + --output-len {output_len} exceed the context "
-                             f"({max_model_len} tokens)", field="--input-len",
-                             hint="shorten the request or raise --max-model-len")
+    if lengths is None:
+        check_request_fits(input_len, output_len, max_model_len, context_option)
     if lengths is not None and max_model_len is not None:
         lengths = lengths.clipped(max_model_len)
     return ServingLoad(request_rate_per_second=rate, max_concurrency=concurrency, num_requests=num_prompts,
                        lengths=lengths, lengths_name=lengths_name, prefix_cache_hit_fraction=prefix_cache_hit,
                        poisson=arrivals == "poisson", seed=seed, spec_acceptance_rate=spec_acceptance_rate)
+
+
+def check_request_fits(input_len: int, output_len: int, max_model_len: int | None,
+                       context_option: str = "--max-model-len") -> None:
+    """A request of `input_len` prompt and `output_len` output tokens must fit the context the engine
+    admits (`max_model_len`, the model's own when not set): the engine refuses a longer one."""
+    if max_model_len is not None and input_len + output_len > max_model_len:
+        raise ShardplanError(f"--input-len {input_len} + --output-len {output_len} exceed the context "
+                             f"({max_model_len:,} tokens)", field="--input-len",
+                             hint=f"shorten the requests (--input-len, --output-len) or raise {context_option} "
+                                  "within the model's context")
 
 
 def _sliding_window_note(engine: EngineRules, batched_tokens: int) -> str | None:

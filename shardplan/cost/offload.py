@@ -224,7 +224,9 @@ def _gpu_expert_seconds(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl
     work = Work(tokens=tokens, num_seqs=tokens, q_len=1, kv_len=0, decode=True, act_dtype=wl.activation_dtype,
                 kv_dtype=wl.kv_cache_dtype or wl.activation_dtype, quantization=wl.quantization, cuda_graphs=True)
     first_moe = next(i for i in range(spec.num_layers) if spec.is_moe_layer(i))
-    per_layer = sum(_block_linear_time(spec, hw, layout, w, work)[0] for w in routed_expert_kinds(spec, first_moe))
+    # compute.layer_forward costs the matrices only (a 1-D expert bias, gpt-oss's, is elementwise traffic there)
+    per_layer = sum(_block_linear_time(spec, hw, layout, w, work)[0] for w in routed_expert_kinds(spec, first_moe)
+                    if len(w.shape) == 2)
     return num_layers * per_layer
 
 
@@ -386,8 +388,8 @@ def _with_layer_offload(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, 
         raise ShardplanError(f"{given[0][0]} and {given[1][0]} both say how much to offload", field=given[1][0],
                              hint="give one of them")
     option, value = given[0]
-    if value < 0:
-        raise ShardplanError(f"must be at least 0, not {value:g}", field=option, hint=f"e.g. {option} 4")
+    if not math.isfinite(value) or value < 0:
+        raise ShardplanError(f"must be a finite number at least 0, not {value:g}", field=option, hint=f"e.g. {option} 4")
     if targets is None:
         raise ShardplanError(f"the {wl.engine} engine has no weight offload modelled", field=option,
                              hint="use --engine llamacpp, transformers or vllm")

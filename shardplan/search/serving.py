@@ -143,8 +143,21 @@ def offload_that_fits(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: 
     """The offload fallback for a replica that does not fit on its GPUs: an MoE model's experts in
     host memory first (`fewest_expert_layers`), whole layers only when no number of them fits
     (`fewest_offloaded_layers`). Exact and bounded: each is a bisection over a count whose memory
-    falls monotonically, at most log2(layers) + 1 costings each."""
+    falls monotonically, at most log2(layers) + 1 costings each. An engine that runs what it offloads
+    on the CPU (llama.cpp) needs the host's DRAM bandwidth to time it: a profile without it gets no
+    offloaded plan (counted as such), not an error that ends the search."""
+    if not offload_costed(hw, wl):
+        return None
     return fewest_expert_layers(spec, hw, layout, wl, res) or fewest_offloaded_layers(spec, hw, layout, wl, res)
+
+
+def offload_costed(hw: HardwareProfile, wl: InferenceWorkload) -> bool:
+    """Whether offloaded layers can be timed on this profile (`offload_that_fits`)."""
+    return wl.offload_mode != "host_compute" or hw.host_memory_bandwidth_bytes_per_second_or_none is not None
+
+
+NO_HOST_BANDWIDTH = ("offload not costed: the profile has no node.host_memory_bandwidth_gb_per_s, which layers "
+                     "run on the CPU need")
 
 
 class _ReplicaMemory(NamedTuple):
@@ -211,6 +224,12 @@ def _replica_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infe
     return found
 
 
+def _points_rejected(goal: Goal, wlq: InferenceWorkload, wl: InferenceWorkload) -> int:
+    """The search points a replica that does not fit stands for: one under the goodput objective (its
+    rate is searched), else one a batch size."""
+    return 1 if goal.objective is Objective.GOODPUT else len(_batch_sizes(wlq, wl.max_num_seqs))
+
+
 def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, space: Space, goal: Goal,
                    res: SearchResult, *, offload: bool = False, memo: Memo | None = None) -> None:
     """Cost every replica. `offload`: a second pass, run when nothing fit on the GPUs alone, that
@@ -232,10 +251,15 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
             if sm.fits and not (tight0 and goal.strict_fit):
                 continue  # counted by the first pass
             found = offload_that_fits(spec, hw, layout, wlq, res)
+            n = _points_rejected(goal, wlq, wl)  # what the first pass counted for it
+            reason = memory_reason(sm.reason) if not sm.fits else TIGHT
+            if found is None and not offload_costed(hw, wlq):  # say why no offloaded plan was tried
+                res.rejected[reason] -= n
+                if res.rejected[reason] <= 0:
+                    del res.rejected[reason]
+                res.rejected[NO_HOST_BANDWIDTH] += n
             if found is None or serving_refusal(space.rules, spec, hw, found[0], wlq) is not None:
                 continue  # stays rejected (the target may not offload)
-            n = len(_batch_sizes(wlq, wl.max_num_seqs))
-            reason = memory_reason(sm.reason) if not sm.fits else TIGHT
             res.rejected[reason] -= n
             if res.rejected[reason] <= 0:
                 del res.rejected[reason]
@@ -248,7 +272,7 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
         tight = not kv_holds_at_edge(sm.kv_account.equivalent_tokens(sm.max_model_len), sm.max_model_len,
                                      goal.kv_capacity_band_fraction)
         if not sm.fits or (tight and goal.strict_fit):
-            n = 1 if goal.objective is Objective.GOODPUT else len(_batch_sizes(wlq, wl.max_num_seqs))  # its points
+            n = _points_rejected(goal, wlq, wl)
             res.num_candidates += n
             res.num_evaluated += n
             res.rejected[memory_reason(sm.reason) if not sm.fits else TIGHT] += n

@@ -39,6 +39,15 @@ DEFAULT_SLO_PERCENTILE = 90
 TRAINING_OBJECTIVES = (Objective.STEP_TIME, Objective.COST)
 
 
+def check_latency_limits(max_ttft_seconds: float | None, max_tpot_seconds: float | None) -> None:
+    """An SLA's limits (None: no limit) must be finite and above 0: a limit of 0 cannot be met, and an
+    infinite one is no limit (leave the option out)."""
+    for value, option in ((max_ttft_seconds, "--max-ttft-ms"), (max_tpot_seconds, "--max-tpot-ms")):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ShardplanError(f"must be a finite number of ms above 0 (got {value * 1e3:g})", field=option,
+                                 hint="give the limit in ms, e.g. 1000, or leave the option out for no limit")
+
+
 @dataclass(frozen=True)
 class Goal:
     objective: Objective
@@ -67,14 +76,16 @@ class Goal:
         if self.slo_percentile not in (50, 90, 99):
             raise ShardplanError(f"must be 50, 90 or 99 (got {self.slo_percentile})", field="--slo-percentile",
                                  hint="the percentile of TTFT and TPOT the limits hold at, e.g. 90")
-        limits = (("max_ttft_seconds", "--max-ttft-ms"), ("max_tpot_seconds", "--max-tpot-ms"),
-                  ("min_throughput_tokens_per_second", "--min-throughput"), ("gpu_hour_price_usd", "--gpu-hour-price"),
+        check_latency_limits(self.max_ttft_seconds, self.max_tpot_seconds)
+        limits = (("min_throughput_tokens_per_second", "--min-throughput"), ("gpu_hour_price_usd", "--gpu-hour-price"),
                   ("peak_memory_band_fraction", "bands.yaml"), ("kv_capacity_band_fraction", "bands.yaml"))
         for name, option in limits:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ShardplanError(f"must be a finite number >= 0 (got {value})", field=option,
                                      hint="leave the option out for no limit")
+        if self.min_throughput_tokens_per_second == 0:  # a minimum of nothing: no limit
+            object.__setattr__(self, "min_throughput_tokens_per_second", None)
 
 
 @dataclass(frozen=True)

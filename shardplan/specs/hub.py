@@ -14,12 +14,15 @@ revision resolved to, so a plan names exactly the config it was made from.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from shardplan.errors import InputFileError, ShardplanError
 
@@ -166,6 +169,13 @@ def _hub_call(ref: HubRef, what: str, call: Callable[[], T]) -> T:
     hf = _hf()
     err = hf.errors
     source = str(ref)
+    unreachable = InputFileError(f"{what}: cannot reach the Hugging Face Hub, and the local cache does not hold it",
+                                 source=source, hint="check the network, or run once online so the cache holds it")
+    if not _resolves(getattr(hf.constants, "ENDPOINT", "https://huggingface.co")):
+        raise unreachable  # no name service for the Hub: its client would retry for half a minute
+    quiet = logging.getLogger("huggingface_hub")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its retry warnings are not ours to print: the failure is one line
     try:
         return call()
     except err.GatedRepoError:
@@ -178,8 +188,7 @@ def _hub_call(ref: HubRef, what: str, call: Callable[[], T]) -> T:
         raise InputFileError(f"{what}: no revision {ref.revision!r}", source=source,
                              hint="name a branch, tag or commit hash of the repository") from None
     except err.LocalEntryNotFoundError:  # an EntryNotFoundError too: the Hub was not reached, the cache lacks it
-        raise InputFileError(f"{what}: cannot reach the Hugging Face Hub, and the local cache does not hold it",
-                             source=source, hint="check the network, or run once online so the cache holds it") from None
+        raise unreachable from None
     except err.EntryNotFoundError:
         raise InputFileError(f"{what}: the repository has no such file", source=source,
                              hint="check that it is a transformers model repository") from None
@@ -196,6 +205,22 @@ def _hub_call(ref: HubRef, what: str, call: Callable[[], T]) -> T:
     except Exception as e:  # noqa: BLE001 - no connection, a timeout (httpx's errors are not OSErrors), offline
         raise InputFileError(f"{what}: cannot reach the Hugging Face Hub ({type(e).__name__})", source=source,
                              hint="check the network, or run once online so the cache holds it") from None
+    finally:
+        quiet.setLevel(level)
+
+
+def _resolves(endpoint: str) -> bool:
+    """Whether the Hub endpoint's host name resolves (a proxy resolves it itself: then assume so)."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    host = urlsplit(endpoint).hostname
+    if not host:
+        return True
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:  # socket.gaierror: no such name, or no name service
+        return False
+    return True
 
 
 def pinned(ref: HubRef, commit: str | None) -> str:

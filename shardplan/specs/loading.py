@@ -6,6 +6,8 @@ the fix. YAML is read with a safe loader that rejects duplicate keys and alias b
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import difflib
 import json
@@ -15,7 +17,7 @@ import reprlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 from pydantic import Field, ValidationError
@@ -279,14 +281,29 @@ _HF_KEY_FOR_FIELD = {
 
 _HF_WORDS = {"num_kv_heads": "num_key_value_heads", "num_layers": "num_hidden_layers"}
 
+# Whether a translation's warnings and notes go to stderr (the user's own config: yes); shipped
+# data read in bulk (`shardplan validate`'s corpus) turns them off with `quiet_notes()`.
+_NOTES_TO_STDERR: contextvars.ContextVar[bool] = contextvars.ContextVar("notes_to_stderr", default=True)
+
+
+@contextlib.contextmanager
+def quiet_notes() -> Iterator[None]:
+    """Load models without printing their translations' warnings and notes (shipped, known data)."""
+    token = _NOTES_TO_STDERR.set(False)
+    try:
+        yield
+    finally:
+        _NOTES_TO_STDERR.reset(token)
+
 
 def _spec_from_hf(cfg: dict[str, Any], name: str, source: str, prefix: str = "") -> ModelSpec:
     try:
         translation = translate(cfg, name)
         fields = translation.fields
         # Keys no translation read, and how a spec was derived: on stderr, never dropped silently.
-        for line in [f"warning: {source}: {w}" for w in translation.warnings] + [f"note: {n}" for n in translation.notes]:
-            print(line, file=sys.stderr)
+        if _NOTES_TO_STDERR.get():
+            for line in [f"warning: {source}: {w}" for w in translation.warnings] + [f"note: {n}" for n in translation.notes]:
+                print(line, file=sys.stderr)
     except MissingField as e:
         raise InputFileError(
             "required key is missing", source=source, field=prefix + e.key, hint="add it as in the model's config.json"
@@ -296,6 +313,12 @@ def _spec_from_hf(cfg: dict[str, Any], name: str, source: str, prefix: str = "")
         if e.field:
             e.field = prefix + e.field
         raise
+    except ValidationError as e:  # a nested spec the translation builds (MoESpec, MLASpec, ...)
+        err = validation_error(e, source)
+        err.field = prefix + err.field if err.field else None
+        for spec_name, hf_key in _HF_WORDS.items():
+            err.message = re.sub(rf"\b{spec_name}\b", hf_key, err.message)
+        raise err from None
     except (TypeError, ValueError, AttributeError) as e:
         raise InputFileError(f"cannot read the config: {e}", source=source) from None
     try:
@@ -349,10 +372,39 @@ def _name_from_path(path: Path) -> str:
     return path.stem
 
 
+# The longest name or path an argument may be: the file systems' own limits (Linux PATH_MAX, NAME_MAX).
+MAX_PATH_CHARS = 4096
+MAX_NAME_CHARS = 255
+
+
+def _too_long(name_or_path: str) -> bool:
+    """Whether no file can have this name (the OS would refuse it with ENAMETOOLONG)."""
+    longest = max((len(part) for part in Path(name_or_path).parts), default=0)
+    return len(name_or_path) > MAX_PATH_CHARS or longest > MAX_NAME_CHARS
+
+
+def _bounded(name_or_path: str, kind: str) -> str:
+    """`name_or_path` as given, or an error when no file or catalog entry can have it; the error
+    quotes the start of it only."""
+    if not name_or_path.strip():
+        raise InputFileError(f"an empty {kind} name", source="''", hint=f"name a bundled {kind} or a file")
+    if _too_long(name_or_path):
+        raise UnknownNameError(f"unknown {kind}: a name of {len(name_or_path):,} characters",
+                               source=_quoted(name_or_path), hint=f"name a bundled {kind} or a file")
+    return name_or_path
+
+
+def _quoted(name: str, limit: int = 60) -> str:
+    return name if len(name) <= limit else name[:limit] + "..."
+
+
 def load_model(name_or_path: str) -> LoadedModel:
     """A bundled model by name, an HF config.json, a directory holding one, a shardplan YAML,
     or a Hugging Face Hub id `org/name[@revision]`. In that order: an existing path wins, then
     a bundled name, then the Hub (`hf:org/name` goes to the Hub directly)."""
+    if name_or_path.startswith(hub.HUB_PREFIX) or (_too_long(name_or_path) and hub.is_hub_candidate(name_or_path)):
+        return _load_hub_model(hub.parse_hub_id(name_or_path))  # its parser bounds an id in its own words
+    _bounded(name_or_path, "model")
     if name_or_path.startswith(hub.HUB_PREFIX):
         return _load_hub_model(hub.parse_hub_id(name_or_path))
     path = Path(name_or_path).expanduser()
@@ -418,7 +470,7 @@ def _known_keys(e: ValidationError) -> list[str]:
 
 def hardware_path(name_or_path: str) -> Path:
     """The file a hardware argument names: a path as given, or a bundled profile's name."""
-    path = Path(name_or_path).expanduser()
+    path = Path(_bounded(name_or_path, "hardware")).expanduser()
     if path.exists():
         return path
     if os.sep in name_or_path or path.suffix.lower() in (".yaml", ".yml", ".json"):
@@ -435,7 +487,7 @@ def _bundled_file(folder: Path, name: str, kind: str, list_command: str) -> Path
         return folder / f"{found}.yaml"
     close = [by_lower[c] for c in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.4)]
     hint = f"did you mean {', '.join(close)}?" if close else f"run `{list_command}` for the list"
-    raise UnknownNameError(f"unknown {kind} '{name}'", hint=hint)
+    raise UnknownNameError(f"unknown {kind} '{_quoted(name)}'", hint=hint)
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:

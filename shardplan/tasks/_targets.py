@@ -86,6 +86,26 @@ def check_target(target: str, spec: ModelSpec, hw: HardwareProfile, wl: Workload
                              hint=rule.fix(fact))
 
 
+# Engines whose target's layout rules are the engine's own limits (no pipeline stages in TGI, one split
+# at a time in llama.cpp, ...): a layout they refuse cannot run on the engine, whatever the export.
+ENGINE_TARGETS = {"tgi": "tgi", "llamacpp": "llamacpp"}
+
+
+def check_engine_layout(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload) -> None:
+    """Refuse, one line naming the layout option, a serving layout the workload's engine cannot run
+    (`estimate --engine tgi --pp 2`); the search never proposes one (its target holds the same rules)."""
+    target = ENGINE_TARGETS.get(wl.engine)
+    if target is None:
+        return
+    layout_rules = [(label, r) for label, r in _labelled(target, spec) if r.field.split(".")[0] == "layout"]
+    hit = refusal(layout_rules, layout, setting(spec, hw, wl))
+    if hit is not None:
+        _, rule, fact = hit
+        option = rule.field.partition(".")[2].replace("_", "-") or "layout"
+        raise ShardplanError(f"{rule.words(fact)}", field=f"--{option}" if option != "layout" else "layout",
+                             hint=rule.fix(fact))
+
+
 def search_rules(target: str | None, spec: ModelSpec, wl: Workload) -> TargetRules | None:
     """What a search holds: the target's rules (and verify's), or without one the runtime rules
     of the training stack; None when there are none."""

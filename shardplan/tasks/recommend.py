@@ -250,7 +250,12 @@ def assumptions(workload: InferenceWorkload | TrainingWorkload, goal: Goal) -> s
         shape = f"training {workload.seq_len}-token sequences, {workload.global_batch_size} per step"
         per = "trained"
     else:
-        shape = f"serving {workload.input_len}-token prompts, {workload.output_len} output tokens"
+        lengths = workload.load.lengths if workload.load is not None else None
+        if lengths is not None:
+            shape = (f"serving {workload.load.lengths_name} request lengths (mean {lengths.mean_input_tokens:,.0f} prompt, "
+                     f"{lengths.mean_output_tokens:,.0f} output tokens)")
+        else:
+            shape = f"serving {workload.input_len}-token prompts, {workload.output_len} output tokens"
         if workload.engine_version is not None:
             shape += f" on {engine_label(workload)}"
         per = "output"

@@ -135,12 +135,14 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
                                       reason=f"p{sla.percentile} latency over the SLA at every rate"))
                 continue
             replicas = max(1, math.ceil(rate / point.request_rate_per_second))
+            over = replicas * tp * pp > max_gpus
             rows.append(SizingRow(**base, max_request_rate_per_replica=point.request_rate_per_second, replicas=replicas,
-                                  num_gpus=replicas * tp * pp, reason=None))
+                                  num_gpus=replicas * tp * pp,
+                                  reason=f"needs {replicas * tp * pp:,} GPUs, more than --max-gpus {max_gpus:,}" if over else None))
             points[len(rows) - 1] = (layout, wq, sm.kv_account)
-    order = sorted(range(len(rows)), key=lambda i: (rows[i].num_gpus is None, rows[i].num_gpus or 0,
-                                                    -(rows[i].max_request_rate_per_replica or 0.0)))
-    best_i = order[0] if order and rows[order[0]].num_gpus is not None else None
+    order = sorted(range(len(rows)), key=lambda i: (rows[i].reason is not None, rows[i].num_gpus is None,
+                                                    rows[i].num_gpus or 0, -(rows[i].max_request_rate_per_replica or 0.0)))
+    best_i = order[0] if order and rows[order[0]].reason is None else None
     at_rate = None
     if best_i is not None:
         layout, wq, kv = points[best_i]

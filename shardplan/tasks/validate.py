@@ -116,8 +116,11 @@ def validate(*, engine: str | None = None, stack: str | None = None, cases_file:
             skipped.append(LeftOut(case_id=case.id, reason=e.message))
     if not comparisons:
         what = " and ".join(x for x in (f"engine {engine}" if engine else "", f"stack {stack}" if stack else "") if x)
-        raise ShardplanError(f"no case matches {what}", source=label,
-                             hint="leave --engine/--stack out, or name one the cases use")
+        engines = sorted({c.engine for c in cases if getattr(c, "engine", None)})
+        stacks = sorted({c.stack for c in cases if getattr(c, "stack", None)})
+        raise ShardplanError(f"no case matches {what}: no measurement of it ships yet", source=label,
+                             hint=f"leave --engine/--stack out, or name one the cases use (engines: {', '.join(engines)}; "
+                                  f"stacks: {', '.join(stacks)})")
     groups = [GroupRow(kind=g.kind, group=g.group, quantity=g.quantity, versions=list(g.versions),
                        num_cases=g.num_cases, mean_abs_error=g.mean_abs_error, median_abs_error=g.median_abs_error,
                        band_abs_error=g.band_abs_error, max_abs_error=g.max_abs_error,

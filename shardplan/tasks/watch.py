@@ -142,8 +142,12 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
 
 def check_url(url: str) -> str:
     """An http(s) URL with a host, or a ShardplanError naming --metrics (exit 2)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or len(url) > 2048:
+    try:
+        parts = urlsplit(url)
+        host, _ = parts.hostname, parts.port  # a port out of range or not a number raises here
+    except ValueError:  # an unclosed IPv6 bracket, a bad port
+        host = None
+    if host is None or parts.scheme not in ("http", "https") or len(url) > 2048:
         raise ShardplanError(f"not an http(s) URL: {safe_text(url)}", field="--metrics",
                              hint="give the endpoint as http://HOST:PORT/metrics")
     return url

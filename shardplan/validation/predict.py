@@ -31,7 +31,7 @@ from shardplan.cost.report import CostReport
 from shardplan.errors import ShardplanError
 from shardplan.knowledge.load import engine_rules, stack_rules
 from shardplan.specs.cluster import cluster
-from shardplan.specs.loading import load_hardware, load_model, model_from_data
+from shardplan.specs.loading import load_hardware, load_model, model_from_data, quiet_notes
 from shardplan.specs.model import ModelSpec
 from shardplan.units import BYTES_PER_GIB
 from shardplan.specs.cases import Case, EngineLogCase, FineTuneCase, ServingLoadCase, TrainingCase
@@ -70,7 +70,8 @@ def _model(ref: str, corpus: Path | None) -> ModelSpec:
     """A bundled name, or a file: relative paths resolve against the corpus folder."""
     if corpus is not None and ref.endswith((".yaml", ".yml", ".json")) and not Path(ref).is_absolute():
         ref = str(corpus / ref)
-    return load_model(ref).spec
+    with quiet_notes():  # shipped data: its translations' notes are known, not news to the user
+        return load_model(ref).spec
 
 
 def _profile(name: str, corpus: Path | None):

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
+SHORT = ("--input-len", "128", "--output-len", "32")  # the tiny model holds 256 tokens
 TINY = {
     "model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
     "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 256,
@@ -52,23 +53,23 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_estimate_a_hub_id_from_the_cache(cli, cache):
-    res = cli("estimate", "org/tiny", "--gpus", "1", "--json")
+    res = cli("estimate", "org/tiny", "--gpus", "1", *SHORT, "--json")
     assert res.exit_code == 0, res.stderr
     out = res.json()
     assert out["model"]["num_params"] == TINY_NUM_PARAMS
     # the same figures as the config file itself
-    local = cli("estimate", str(cache.resolve()), "--gpus", "1", "--json").json()
+    local = cli("estimate", str(cache.resolve()), "--gpus", "1", *SHORT, "--json").json()
     assert out["memory"] == local["memory"] and out["model"]["num_params"] == local["model"]["num_params"]
 
 
 def test_a_pinned_commit_resolves_too(cli, cache):
-    res = cli("estimate", f"org/tiny@{COMMIT}", "--gpus", "1", "--json")
+    res = cli("estimate", f"org/tiny@{COMMIT}", "--gpus", "1", *SHORT, "--json")
     assert res.exit_code == 0, res.stderr
     assert res.json()["model"]["num_params"] == TINY_NUM_PARAMS
 
 
 def test_recommend_records_the_id_and_commit_in_the_plan(cli, cache):
-    res = cli("recommend", "org/tiny", "--gpus", "1", "-o", "plan.yaml")
+    res = cli("recommend", "org/tiny", "--gpus", "1", *SHORT, "-o", "plan.yaml")
     assert res.exit_code == 0, res.stderr
     model = yaml.safe_load(Path("plan.yaml").read_text())["model"]
     assert model["source"] == f"hf:org/tiny@{COMMIT}" and model["hf_id"] == "org/tiny"

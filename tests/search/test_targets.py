@@ -154,7 +154,8 @@ def test_unknown_target_is_one_line_naming_the_option_and_the_values(cli):
      "speculative decoding (ngram) is not exported"),
 ])
 def test_what_no_layout_fixes_is_refused_up_front(cli, args, field, words):
-    r = cli("recommend", "debug", "--gpus", "2", *args)
+    lengths = [] if "--workload" in args else ["--input-len", "256", "--output-len", "64"]  # debug holds 512 tokens
+    r = cli("recommend", "debug", "--gpus", "2", *lengths, *args)
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
     assert f"field '{field}'" in r.stderr and words in r.stderr, r.stderr
 

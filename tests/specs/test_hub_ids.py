@@ -167,6 +167,7 @@ def online(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "_resolves", lambda endpoint: True)  # the mocked Hub's name resolves
     monkeypatch.chdir(tmp_path)
     return tmp_path / "hub"
 
@@ -211,3 +212,22 @@ def test_hub_failures_are_one_line_naming_the_id(online, monkeypatch, exc, words
         load_model("org/tiny@v3")
     line = info.value.one_line()
     assert line.startswith("org/tiny@v3:") and words in line and "\n" not in line, line
+
+
+def test_no_name_service_fails_at_once_without_the_clients_retries(online, monkeypatch, capsys):
+    """Without DNS for the Hub (an offline machine), huggingface_hub retries for ~25 s, printing a warning
+    each time: the lookup is refused at once, in one line, and the client is never called."""
+    monkeypatch.setattr(hub, "_resolves", lambda endpoint: False)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", _raising(AssertionError("the client was called")))
+    with pytest.raises(InputFileError) as info:
+        load_model("org/tiny")
+    assert "cannot reach the Hugging Face Hub" in info.value.one_line()
+    assert capsys.readouterr().err == ""
+
+
+def test_an_unresolvable_host_is_not_resolved(monkeypatch):
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    assert hub._resolves("https://no-such-host.invalid") is False  # RFC 2606: .invalid never resolves
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    assert hub._resolves("https://no-such-host.invalid") is True  # the proxy resolves names itself

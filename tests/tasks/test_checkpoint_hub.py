@@ -94,6 +94,7 @@ def hub_env(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "_resolves", lambda endpoint: True)  # the mocked Hub's name resolves
 
     def no_network(*a, **k):
         raise AssertionError("the test reached for the network")
