@@ -24,7 +24,9 @@ def write_bytes_atomic(path: str | Path, data: bytes, *, executable: bool = Fals
     not exist: renaming over a device (`-o /dev/null` as root), a FIFO or a folder would replace it.
     A symbolic link is written through: its target is the file replaced."""
     path = regular_target(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    token = secrets.token_hex(6)
+    # The temporary file sits beside the target; a name near the file system's 255-byte limit gets a short one.
+    tmp = path.with_name(f".{path.name}.{token}.tmp" if len(path.name.encode()) <= 200 else f".shardplan.{token}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o777 if executable else 0o666)
         with os.fdopen(fd, "wb") as f:
@@ -49,15 +51,17 @@ def regular_target(path: str | Path) -> Path:
     if not str(path) or Path(path).name in ("", ".", ".."):
         raise ShardplanError("needs a file name", source=label or "''", hint="e.g. -o plan.yaml")
     path = Path(path)
-    if path.is_symlink():
-        path = path.resolve()
     try:
+        if path.is_symlink():
+            path = path.resolve(strict=False)
         mode = path.stat().st_mode
     except FileNotFoundError:
         return path
-    except OSError as e:
+    except RuntimeError:  # a loop of symbolic links (pathlib's resolve)
+        raise ShardplanError("cannot write: a loop of symbolic links", source=label, hint="name a file to write") from None
+    except OSError as e:  # a name too long, a loop (ELOOP), no permission to look
         raise ShardplanError(f"cannot write: {e.strerror}", source=label,
-                             hint="check that the folder exists and is writable") from None
+                             hint="check that the folder exists and is writable, and the name's length") from None
     if stat.S_ISDIR(mode):
         raise ShardplanError("is a directory", source=label, hint="name a file inside it")
     if not stat.S_ISREG(mode):

@@ -112,8 +112,9 @@ def sizing_report(r: Any) -> None:
     if r.best is None:
         over = [row.num_gpus for row in r.rows if row.num_gpus is not None]
         if over:  # shapes meet the SLA, but the rate needs more of them than --max-gpus allows
-            console.print(f"[red]the rate needs more GPUs than --max-gpus[/red]: the fewest that serve it within the SLA "
-                          f"are {min(over):,}; raise --max-gpus or lower the rate")
+            console.print(f"[red]the rate needs more GPUs than --max-gpus[/red]: with replicas of at most --max-gpus "
+                          f"GPUs each, the fewest that serve it within the SLA are {min(over):,}; raise --max-gpus or "
+                          "lower the rate")
         else:
             console.print("[red]no replica shape meets the SLA[/red]: relax --max-ttft-ms / --max-tpot-ms or use faster GPUs")
         return

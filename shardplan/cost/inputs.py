@@ -642,10 +642,11 @@ def check_request_fits(input_len: int, output_len: int, max_model_len: int | Non
     """A request of `input_len` prompt and `output_len` output tokens must fit the context the engine
     admits (`max_model_len`, the model's own when not set): the engine refuses a longer one."""
     if max_model_len is not None and input_len + output_len > max_model_len:
+        out = max(1, min(output_len, max_model_len // 8))
         raise ShardplanError(f"--input-len {input_len} + --output-len {output_len} exceed the context "
                              f"({max_model_len:,} tokens)", field="--input-len",
-                             hint=f"shorten the requests (--input-len, --output-len) or raise {context_option} "
-                                  "within the model's context")
+                             hint=f"give requests that fit, e.g. --input-len {max(1, max_model_len - out)} --output-len "
+                                  f"{out}, or raise {context_option} if the model's context allows")
 
 
 def _sliding_window_note(engine: EngineRules, batched_tokens: int) -> str | None:

@@ -105,8 +105,13 @@ def prompt_logit_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -
     rank: the engine's figure, or where the lm_head is split over the tensor-parallel ranks and its
     logits gathered (the vocabulary divides evenly; otherwise every rank holds the whole head), the
     gathered figure (knowledge/engines/tgi.yaml prefill_logit_bytes_gathered)."""
-    gathered = layout.tp > 1 and spec.vocab_size % layout.tp == 0 and wl.prefill_logit_bytes_gathered > 0
-    return wl.prefill_logit_bytes_gathered if gathered else wl.prefill_logit_bytes
+    return wl.prefill_logit_bytes_gathered if _gathered_head(spec, layout, wl) else wl.prefill_logit_bytes
+
+
+def _gathered_head(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> bool:
+    """Whether the lm_head is split over the tensor-parallel ranks and its logits gathered (the engine
+    says what that holds, and the vocabulary divides evenly; otherwise every rank holds the whole head)."""
+    return layout.tp > 1 and spec.vocab_size % layout.tp == 0 and wl.prefill_logit_bytes_gathered > 0
 
 
 def warmup_reserved_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, room: float) -> float:
@@ -123,8 +128,7 @@ def warmup_reserved_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload
     stream, layer_peak, widest = _layer_temporaries(spec, layout, wl)
     logits = _logits_bytes(spec, layout, wl)
     one_copy = wl.max_num_batched_tokens * spec.vocab_size * bytes_per_element(wl.activation_dtype)
-    gathered = prompt_logit_bytes(spec, layout, wl) != wl.prefill_logit_bytes
-    cached = layer_peak + (one_copy / layout.tp if gathered else 0.0)  # the layer segments hold the stream's
+    cached = layer_peak + (one_copy / layout.tp if _gathered_head(spec, layout, wl) else 0.0)  # incl. the stream's
     live = stream + logits
     if one_copy <= widest:  # the logits fit in the layers' cached blocks
         reserved = max(cached, live)

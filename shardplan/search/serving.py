@@ -25,6 +25,7 @@ from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
 from shardplan.search.ahead import SKIPPED, in_order
 from shardplan.search.targets import serving_refusal
 from shardplan.search.space import (
+    NO_HOST_BANDWIDTH,
     TIGHT,
     Evaluated,
     Goal,
@@ -156,8 +157,7 @@ def offload_costed(hw: HardwareProfile, wl: InferenceWorkload) -> bool:
     return wl.offload_mode != "host_compute" or hw.host_memory_bandwidth_bytes_per_second_or_none is not None
 
 
-NO_HOST_BANDWIDTH = ("offload not costed: the profile has no node.host_memory_bandwidth_gb_per_s, which layers "
-                     "run on the CPU need")
+
 
 
 class _ReplicaMemory(NamedTuple):

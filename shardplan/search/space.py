@@ -254,6 +254,15 @@ def check_layout(spec: ModelSpec, layout: Layout, num_gpus: int, training: bool,
     return True
 
 
+NO_HOST_BANDWIDTH = ("offload not costed: the profile has no node.host_memory_bandwidth_gb_per_s, which layers "
+                     "run on the CPU need")
+# The rejection reasons that say a layout does not hold in memory (`memory_reason`, the band's edge,
+# the offload fallback's); the others say it holds but misses a limit or the top plans.
+MEMORY_REASONS = frozenset({"KV cache holds no max_model_len sequence", "offloaded states exceed host RAM",
+                            "offloaded states exceed NVMe", "does not fit in GPU memory",
+                            "batch larger than the KV cache holds", TIGHT, NO_HOST_BANDWIDTH})
+
+
 def memory_reason(reason: str | None) -> str:
     r = reason or ""
     if "max seq len" in r:

@@ -87,6 +87,14 @@ def _number(cfg: Config, key: str, value: Any) -> float:
     return number
 
 
+def _first_key(cfg: Config, keys: tuple[str, ...], default: Any) -> tuple[str, Any]:
+    """(the first of `keys` the config has, its value), or (the first key, `default`)."""
+    for key in keys:
+        if key in cfg:
+            return key, cfg[key]
+    return keys[0], default
+
+
 def _rope_theta(cfg: Config) -> float | None:
     theta = cfg.get("rope_theta")
     if theta is None and isinstance(cfg.get("rope_parameters"), Mapping):
@@ -318,8 +326,8 @@ def _gpt_neox(cfg: Config, name: str) -> dict[str, Any]:
         o_bias=bias,
         norm_type=NormType.LAYERNORM,
         parallel_residual=bool(cfg.get("use_parallel_residual", True)),
-        rotary_fraction=_number(cfg, "rotary_pct", cfg.get("rotary_pct", cfg.get("partial_rotary_factor", 0.25))),
-        rope_theta=_number(cfg, "rotary_emb_base", cfg.get("rotary_emb_base", cfg.get("rope_theta", 10000))),
+        rotary_fraction=_number(cfg, *_first_key(cfg, ("rotary_pct", "partial_rotary_factor"), 0.25)),
+        rope_theta=_number(cfg, *_first_key(cfg, ("rotary_emb_base", "rope_theta"), 10000)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
     )
     return d
@@ -503,8 +511,11 @@ def _dropouts(cfg: Config, model_type: str) -> dict[str, float]:
     default_attn, default_hidden = DROPOUT_DEFAULTS.get(model_type, (0.0, 0.0))
 
     def first(keys: tuple[str, ...], default: float) -> float:
-        values = [cfg[k] for k in keys if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool)]
-        return _number(cfg, keys[0], max(values)) if values else default
+        values = [(cfg[k], k) for k in keys if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool)]
+        if not values:
+            return default
+        value, key = max(values, key=lambda vk: vk[0])
+        return _number(cfg, key, value)
 
     return {"attention_dropout": first(ATTENTION_DROPOUT_KEYS, default_attn),
             "hidden_dropout": first(FAMILY_HIDDEN_DROPOUT_KEYS.get(model_type, HIDDEN_DROPOUT_KEYS), default_hidden)}

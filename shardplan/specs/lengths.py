@@ -526,7 +526,7 @@ def load_lengths(path_or_name: str) -> LengthDistribution:
     """A lengths file (YAML or JSON, the module docstring's schema) or a bundled dataset by name
     (`sharegpt`, any case). An existing path wins over a bundled name."""
     path = Path(path_or_name).expanduser()
-    if not path.exists():
+    if not _exists(path):
         by_lower = {n.lower(): n for n in bundled_datasets()}
         if path_or_name.lower() in by_lower:
             path = DATASETS_DIR / f"{by_lower[path_or_name.lower()]}.yaml"
@@ -539,7 +539,15 @@ def load_lengths(path_or_name: str) -> LengthDistribution:
             raise UnknownNameError(f"unknown dataset '{path_or_name}'", field="--dataset-lengths", hint=hint)
     label = str(path)
     dist = lengths_from_data(_read_lengths_file(path, label), label)
-    return replace(dist, source=path.stem) if path.parent == DATASETS_DIR and not Path(path_or_name).exists() else dist
+    return replace(dist, source=path.stem) if path.parent == DATASETS_DIR and not _exists(Path(path_or_name)) else dist
+
+
+def _exists(path: Path) -> bool:
+    """Path.exists, with a name no file system holds (ENAMETOOLONG) as absent rather than an error."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def _read_lengths_file(path: Path, label: str) -> Any:

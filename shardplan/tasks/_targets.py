@@ -89,30 +89,53 @@ def check_target(target: str, spec: ModelSpec, hw: HardwareProfile, wl: Workload
 # Engines whose target's layout rules are the engine's own limits (no pipeline stages in TGI, one split
 # at a time in llama.cpp, ...): a layout they refuse cannot run on the engine, whatever the export.
 ENGINE_TARGETS = {"tgi": "tgi", "llamacpp": "llamacpp"}
+# Of those targets' layout rules, the ones that are the engine's (not its export's): TGI shards with
+# tensor parallelism on one node only; llama.cpp has no expert or context parallelism and splits a
+# model one way (knowledge/targets.yaml, each with its source).
+ENGINE_LAYOUT_RULES = {"tgi": {"pipeline stages", "expert parallelism", "shards across nodes"},
+                       "llamacpp": {"expert parallelism", "context parallelism", "tensor and pipeline splits together"}}
+
+
+def engine_layout_rules(spec: ModelSpec, wl: InferenceWorkload) -> list[tuple[str, Rule]]:
+    """The rules on the layout (`layout.*` fields) of the target that is the serving engine itself
+    (ENGINE_TARGETS); empty for the other engines."""
+    target = ENGINE_TARGETS.get(wl.engine)
+    if target is None:
+        return []
+    return [(label, r) for label, r in _labelled(target, spec)
+            if r.field.split(".")[0] == "layout" and r.id in ENGINE_LAYOUT_RULES[target]]
+
+
+def engine_refuses(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload) -> bool:
+    """Whether the serving engine cannot run `layout` (`engine_layout_rules`)."""
+    rules = engine_layout_rules(spec, wl)
+    return bool(rules) and refusal(rules, layout, setting(spec, hw, wl)) is not None
 
 
 def check_engine_layout(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload) -> None:
     """Refuse, one line naming the layout option, a serving layout the workload's engine cannot run
-    (`estimate --engine tgi --pp 2`); the search never proposes one (its target holds the same rules)."""
-    target = ENGINE_TARGETS.get(wl.engine)
-    if target is None:
+    (`estimate --engine tgi --pp 2`); the search holds the same rules (`search_rules`)."""
+    layout_rules = engine_layout_rules(spec, wl)
+    if not layout_rules:
         return
-    layout_rules = [(label, r) for label, r in _labelled(target, spec) if r.field.split(".")[0] == "layout"]
     hit = refusal(layout_rules, layout, setting(spec, hw, wl))
     if hit is not None:
         _, rule, fact = hit
-        option = rule.field.partition(".")[2].replace("_", "-") or "layout"
-        raise ShardplanError(f"{rule.words(fact)}", field=f"--{option}" if option != "layout" else "layout",
-                             hint=rule.fix(fact))
+        option = rule.field.partition(".")[2].replace("_", "-")
+        raise ShardplanError(f"{rule.words(fact)}", field=f"--{option}" if option else "--tp/--pp", hint=rule.fix(fact))
 
 
 def search_rules(target: str | None, spec: ModelSpec, wl: Workload) -> TargetRules | None:
     """What a search holds: the target's rules (and verify's), or without one the runtime rules
-    of the training stack; None when there are none."""
+    of the training stack or the layout rules of the serving engine (`engine_layout_rules`); None
+    when there are none."""
     f = targets_file()
     if target is not None:
         known(target)
         return target_rules(target, _labelled(target, spec))
+    if isinstance(wl, InferenceWorkload):
+        layout_rules = engine_layout_rules(spec, wl)
+        return target_rules(f"{wl.engine} engine", layout_rules) if layout_rules else None
     stack = wl.stack if isinstance(wl, TrainingWorkload) else None
     seen: set[int] = set()
     labelled = []

@@ -5,6 +5,7 @@ parses options and renders it."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from shardplan.search.results import (BestAtGpuCount, DisaggregatedComparison, E
                                       SearchBudget, Suggestion)
 from shardplan.cost.disaggregated import best_disaggregated
 from shardplan.cost.traffic import Sla
-from shardplan.search.space import BUDGET_SPENT, Progress
+from shardplan.search.space import BUDGET_SPENT, MEMORY_REASONS, Progress
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import LoadedModel
 from shardplan.tasks._bands import banded, goal_at_edge, workload_bands
@@ -144,7 +145,9 @@ def recommend(
         suggestions = _sla_suggestions(res, goal) + explain.suggestions(spec, hw, workload, space, sgoal, n, run)
         if isinstance(workload, InferenceWorkload) and not res.top and target is None:  # a target fixes the engine
             others = _other_engine_plans(spec, hw, workload, space, sgoal, n)
-            if others and not engine_given:
+            # Another engine answers for the default one only where the default holds nothing in memory:
+            # a layout that fits but misses the user's limits is the default engine's answer (exit 3).
+            if others and not engine_given and _memory_only(res.rejected):
                 return _answered_by(others[0], suggestions, loaded, hw, workload, space, goal, num_gpus=num_gpus,
                                     max_gpus=max_gpus, manifest_path=manifest_path, progress=progress,
                                     strict_fit=strict_fit, compare_layout=compare_layout)
@@ -334,8 +337,9 @@ def _sla_assumptions(workload: InferenceWorkload, goal: Goal, shape: str) -> str
     elif load is not None and load.max_concurrency is not None:
         traffic = f"{load.max_concurrency} requests in flight{lengths}; best = most output tokens/s per GPU"
     else:
+        arrivals = "Poisson" if load is None or load.poisson else "evenly spaced"
         traffic = (f"each plan at the highest request rate{lengths} it sustains within the SLA (continuous batching, "
-                   "Poisson arrivals); best = most output tokens/s per GPU (goodput)")
+                   f"{arrivals} arrivals); best = most output tokens/s per GPU (goodput)")
     text = f"SLA: {sla}; {shape}; traffic: {traffic}"
     if goal.min_throughput_tokens_per_second is not None:
         text += f"; limits: >= {goal.min_throughput_tokens_per_second:g} output tokens/s over all GPUs"
@@ -381,6 +385,11 @@ class _OtherEngine:
     workload: InferenceWorkload
     space: Space
     suggestion: Suggestion
+
+
+def _memory_only(rejected: Counter) -> bool:
+    """Whether every layout was refused for memory (nothing of the engine's fits on the GPUs)."""
+    return bool(rejected) and all(reason in MEMORY_REASONS for reason in rejected)
 
 
 def _other_engine_plans(spec: Any, hw: HardwareProfile, workload: InferenceWorkload, space: Space, goal: Goal,

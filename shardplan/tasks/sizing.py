@@ -29,6 +29,7 @@ from shardplan.search.space import Space, check_layout, divisors, tp_choices
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
 from shardplan.tasks._results import Result
+from shardplan.tasks._targets import engine_refuses
 
 
 PIPELINE_DEPTHS_TRIED = 2  # per tp: the shallowest pipeline that holds the model, and the next
@@ -113,6 +114,8 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
                 continue  # deeper pipelines than the two shallowest that hold the model only add hops
             layout = Layout(tp=tp, pp=pp, dp=1, ep=ep)
             replica_hw = hw.with_topology(gpus_per_node=hw.gpus_per_node, num_nodes=max(1, math.ceil(tp * pp / hw.gpus_per_node)))
+            if engine_refuses(spec, replica_hw, layout, wq):  # a shape the engine cannot run (TGI with pp > 1)
+                continue
             sm = serving_memory(spec, replica_hw, layout, wq)
             base = dict(tp=tp, pp=pp, ep=ep, quantization=q.value, gpus_per_replica=tp * pp)
             if not sm.fits:

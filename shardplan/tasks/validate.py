@@ -118,7 +118,8 @@ def validate(*, engine: str | None = None, stack: str | None = None, cases_file:
         what = " and ".join(x for x in (f"engine {engine}" if engine else "", f"stack {stack}" if stack else "") if x)
         engines = sorted({c.engine for c in cases if getattr(c, "engine", None)})
         stacks = sorted({c.stack for c in cases if getattr(c, "stack", None)})
-        raise ShardplanError(f"no case matches {what}: no measurement of it ships yet", source=label,
+        raise ShardplanError(f"no case matches {what}" + (": no measurement of it ships yet" if cases_file is None else ""),
+                             source=label,
                              hint=f"leave --engine/--stack out, or name one the cases use (engines: {', '.join(engines)}; "
                                   f"stacks: {', '.join(stacks)})")
     groups = [GroupRow(kind=g.kind, group=g.group, quantity=g.quantity, versions=list(g.versions),

@@ -139,18 +139,14 @@ def test_recommend_at_a_rate_judges_every_plan_at_that_rate(cli):
 
 
 def test_an_sla_no_layout_meets_is_exit_3_with_the_limit_that_would(cli):
-    # --engine: the limit suggested is the engine's own (without it, a tighter limit than vLLM meets falls
-    # back to the first other engine with a plan: llama.cpp's 4-bit GGUF on the GPUs)
-    res = cli("recommend", "llama-3.1-70b", "--gpus", "8", "--engine", "vllm", "--max-tpot-ms", "2", "--json")
+    res = cli("recommend", "llama-3.1-70b", "--gpus", "8", "--max-tpot-ms", "2", "--json")
     assert res.exit_code == 3, res.stderr
     d = res.json()
     changes = [s["change"] for s in d["suggestions"]]
     assert any(c.startswith("--max-tpot-ms ") for c in changes), changes
     tpot_ms = next(int(c.split()[1]) for c in changes if c.startswith("--max-tpot-ms "))
-    assert not _ok_or_none(cli("recommend", "llama-3.1-70b", "--gpus", "8", "--engine", "vllm", "--max-tpot-ms",
-                               str(0.9 * tpot_ms), "--json"))
-    again = _ok(cli("recommend", "llama-3.1-70b", "--gpus", "8", "--engine", "vllm", "--max-tpot-ms", str(1.5 * tpot_ms),
-                    "--json"))
+    assert not _ok_or_none(cli("recommend", "llama-3.1-70b", "--gpus", "8", "--max-tpot-ms", str(0.9 * tpot_ms), "--json"))
+    again = _ok(cli("recommend", "llama-3.1-70b", "--gpus", "8", "--max-tpot-ms", str(1.5 * tpot_ms), "--json"))
     assert again["top"]
 
 

@@ -86,7 +86,7 @@ def test_dataset_lengths_apply_to_the_goodput_search(cli):
 
 @pytest.mark.parametrize("command, option, words", [
     (("estimate", "llama-3.1-8b", "--engine", "tgi", "--gpus", "2", "--pp", "2"), "--pp", "TGI has no pipeline"),
-    (("estimate", "llama-3.1-70b", "--engine", "llamacpp", "--gpus", "4", "--tp", "2", "--pp", "2"), "layout",
+    (("estimate", "llama-3.1-70b", "--engine", "llamacpp", "--gpus", "4", "--tp", "2", "--pp", "2"), "--tp/--pp",
      "one way"),
 ])
 def test_an_engine_refuses_a_layout_it_cannot_run(cli, command, option, words):
@@ -116,3 +116,24 @@ def test_an_export_that_implies_the_target_is_named_in_its_refusal(cli, tmp_path
     r = cli("recommend", "qwen3-30b-a3b", "--gpus", "4", "--workload", "training", "--seq-len", "2048",
             "--global-batch-size", "8", "--export", "torchrun", "-o", tmp_path / "p.yaml")
     _one_line_exit_2(r, "field '--export'", "torchrun launches")
+
+
+def test_the_search_proposes_only_layouts_the_engine_runs(cli):
+    """Without --target, recommend and capacity hold the engine's own layout rules, as estimate does:
+    no pipeline stages for TGI, no tp x pp split for llama.cpp."""
+    for engine in ("tgi", "llamacpp"):
+        out = cli("recommend", "llama-3.1-70b", "-H", "a100-sxm-80gb", "--gpus", "4", "--engine", engine, "--json").json()
+        assert out["top"] and all(not (t["plan"]["pp"] > 1 and (engine == "tgi" or t["plan"]["tp"] > 1))
+                                  for t in out["top"]), out["top"]
+    rows = cli("capacity", "llama-3.1-70b", "-H", "a100-sxm-80gb", "--engine", "tgi", "--request-rate", "5",
+               "--json").json()["rows"]
+    assert rows and all(r["pp"] == 1 for r in rows)
+
+
+def test_an_engine_the_limits_rule_out_does_not_answer_for_another(cli):
+    """A limit vLLM's layouts miss (but which they hold in memory) is vLLM's answer, exit 3 with the limit that
+    would do; another engine is a suggestion, not the answer (that is for models the engine cannot hold)."""
+    r = cli("recommend", "llama-3.1-70b", "--gpus", "8", "--max-tpot-ms", "10.8", "--json")
+    assert r.exit_code == 3, r.stderr
+    changes = [s["change"] for s in r.json()["suggestions"]]
+    assert any(c.startswith("--max-tpot-ms") for c in changes), changes
