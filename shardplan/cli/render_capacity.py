@@ -89,7 +89,7 @@ def capacity_report(r: ServingCapacity | TrainingCapacity) -> None:
     for row in r.formats:
         if row.not_found:
             console.print(f"{row.weight_dtype}: {row.not_found}")
-    console.print(f"{searched}; memory budget {r.gpu_memory_utilization:g} x device memory (vLLM); "
+    console.print(f"{searched}; memory budget {r.gpu_memory_utilization:g} x device memory ({r.engine}); "
                   f"KV cache {r.kv_cache_dtype}", highlight=False)
 
 

@@ -86,6 +86,13 @@ def check_target(target: str, spec: ModelSpec, hw: HardwareProfile, wl: Workload
                              hint=rule.fix(fact))
 
 
+def engine_label(workload: InferenceWorkload) -> str:
+    """'vLLM 0.21.0' from the workload's engine fields (display name as the knowledge file gives it)."""
+    from shardplan.knowledge.load import engine_file
+
+    return f"{engine_file(workload.engine).display_name} {workload.engine_version}"
+
+
 # Engines whose target's layout rules are the engine's own limits (no pipeline stages in TGI, one split
 # at a time in llama.cpp, ...): a layout they refuse cannot run on the engine, whatever the export.
 ENGINE_TARGETS = {"tgi": "tgi", "llamacpp": "llamacpp"}

@@ -37,7 +37,7 @@ from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
 from shardplan.search.targets import TargetRules, serving_refusal
 from shardplan.tasks._bands import banded
-from shardplan.tasks._targets import RunsOn, check_target, search_rules, workload_refused
+from shardplan.tasks._targets import RunsOn, check_target, engine_label, search_rules, workload_refused
 from shardplan.tasks._results import Result, absent
 
 DEFAULT_MAX_NODES = 64  # --max-gpus defaults to this many whole nodes
@@ -107,7 +107,8 @@ class ServingCapacity(Result):
     max_model_len: int = Field(description="tokens per sequence the GPUs must hold (tokens)")
     concurrency: int = Field(description="sequences held at once (count)")
     kv_cache_dtype: str = Field(description="KV cache dtype; auto: the activation dtype")
-    gpu_memory_utilization: float = Field(description="vLLM's budget as a share of device memory (0-1)")
+    gpu_memory_utilization: float = Field(description="the engine's budget as a share of device memory (0-1)")
+    engine: str = Field("vLLM", description="the engine and version whose rules sized the memory, as printed")
     max_num_seqs: int = Field(description="the engine's most sequences at once (count)")
     formats: list[FormatRow]
     quantization_removes_sharding: QuantizationUnshards | None
@@ -360,6 +361,7 @@ def serving_capacity(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload
         concurrency=concurrency,
         kv_cache_dtype=wl.kv_cache_dtype.value if wl.kv_cache_dtype else "auto",
         gpu_memory_utilization=wl.gpu_memory_utilization,
+        engine=engine_label(wl) if wl.engine_version is not None else wl.engine,
         max_num_seqs=wl.max_num_seqs,
         formats=rows,
         quantization_removes_sharding=_unsharded_by_quantization(rows),

@@ -26,7 +26,7 @@ from shardplan.search.space import BUDGET_SPENT, MEMORY_REASONS, Progress
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import LoadedModel
 from shardplan.tasks._bands import banded, goal_at_edge, workload_bands
-from shardplan.tasks._targets import RunsOn, check_target, search_rules
+from shardplan.tasks._targets import RunsOn, check_target, engine_label, search_rules
 from shardplan.units import DType
 
 
@@ -505,8 +505,3 @@ def with_allowed_dtypes(space: Space, allowed: list[str]) -> Space:
     return replace(space, quantizations=tuple(quants), kv_cache_dtypes=tuple(kvs))
 
 
-def engine_label(workload: InferenceWorkload) -> str:
-    """'vLLM 0.21.0' from the workload's engine fields (display name as the knowledge file gives it)."""
-    from shardplan.knowledge.load import engine_file
-
-    return f"{engine_file(workload.engine).display_name} {workload.engine_version}"

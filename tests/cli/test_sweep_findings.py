@@ -137,3 +137,11 @@ def test_an_engine_the_limits_rule_out_does_not_answer_for_another(cli):
     assert r.exit_code == 3, r.stderr
     changes = [s["change"] for s in r.json()["suggestions"]]
     assert any(c.startswith("--max-tpot-ms") for c in changes), changes
+
+
+def test_capacity_names_the_engine_whose_budget_it_used(cli):
+    out = cli("capacity", "llama-3.1-70b", "-H", "a100-sxm-80gb", "--engine", "tgi", "--engine-version", "3.3.0",
+              "--json").json()
+    assert out["engine"] == "TGI 3.3.0" and out["gpu_memory_utilization"] == 1.0
+    r = cli("capacity", "llama-3.1-70b", "-H", "a100-sxm-80gb", "--engine", "tgi")
+    assert "device memory (TGI 3.3." in r.stdout and "(vLLM)" not in r.stdout
