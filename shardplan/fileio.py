@@ -44,6 +44,18 @@ def write_bytes_atomic(path: str | Path, data: bytes, *, executable: bool = Fals
     _fsync_dir(path.parent)
 
 
+# The longest path and file name the file systems take (Linux PATH_MAX, NAME_MAX): past them the OS
+# answers ENAMETOOLONG, so no file can have the name.
+MAX_PATH_CHARS = 4096
+MAX_NAME_CHARS = 255
+
+
+def no_file_can_have_name(name: str | Path) -> bool:
+    """Whether `name` is longer than any path or path part a file system holds."""
+    longest = max((len(part) for part in Path(name).parts), default=0)
+    return len(str(name)) > MAX_PATH_CHARS or longest > MAX_NAME_CHARS
+
+
 def regular_target(path: str | Path) -> Path:
     """The file a write to `path` replaces (a symbolic link's target), or a ShardplanError when that
     is no file to write: an empty name, a folder, a device, a FIFO or a socket."""

@@ -114,29 +114,30 @@ def _gathered_head(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> bo
     return layout.tp > 1 and spec.vocab_size % layout.tp == 0 and wl.prefill_logit_bytes_gathered > 0
 
 
-def warmup_reserved_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, room: float) -> float:
+def warmup_reserved_bytes(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, room_bytes: float) -> float:
     """What PyTorch's caching allocator holds on the last stage when TGI reads the free memory after its
     warm-up prefill: torch.cuda.mem_get_info counts every reserved segment, in use or cached. The layers'
     temporaries leave their segments cached; a cached block serves only a request no larger than itself
     (c10/cuda/CUDACachingAllocator.cpp get_free_block), so logits larger than every layer temporary take
     segments of their own beside them; a gathered head (`prompt_logit_bytes`) also leaves its rank's share
     of the logits cached (TGI's TensorParallelHead.forward: `gather_input`, layers/tensor_parallel.py:89
-    at v2.4.0, freed once gathered). Where the cached and the live do not fit in `room` (the allocator's
-    memory beside the weights, the context and the warm-up batch's KV), the failed allocation frees the
-    cached segments and is retried (DeviceCachingAllocator::malloc: release_cached_blocks, then
+    at v2.4.0, freed once gathered). Where the cached and the live do not fit in `room_bytes` (the
+    allocator's memory beside the weights, the context and the warm-up batch's KV), the failed allocation
+    frees the cached segments and is retried (DeviceCachingAllocator::malloc: release_cached_blocks, then
     alloc_block), and only what is live remains. The attention backend's workspace is live throughout."""
-    stream, layer_peak, widest = _layer_temporaries(spec, layout, wl)
-    logits = _logits_bytes(spec, layout, wl)
-    one_copy = wl.max_num_batched_tokens * spec.vocab_size * bytes_per_element(wl.activation_dtype)
-    cached = layer_peak + (one_copy / layout.tp if _gathered_head(spec, layout, wl) else 0.0)  # incl. the stream's
-    live = stream + logits
-    if one_copy <= widest:  # the logits fit in the layers' cached blocks
-        reserved = max(cached, live)
-    elif cached - stream + live > room:  # the cache was freed for them
-        reserved = live
+    stream_bytes, layer_peak_bytes, widest_bytes = _layer_temporaries(spec, layout, wl)
+    logits_bytes = _logits_bytes(spec, layout, wl)
+    one_copy_bytes = wl.max_num_batched_tokens * spec.vocab_size * bytes_per_element(wl.activation_dtype)
+    # the layers' segments (the stream's among them) and a gathered head's rank share
+    cached_bytes = layer_peak_bytes + (one_copy_bytes / layout.tp if _gathered_head(spec, layout, wl) else 0.0)
+    live_bytes = stream_bytes + logits_bytes
+    if one_copy_bytes <= widest_bytes:  # the logits fit in the layers' cached blocks
+        reserved_bytes = max(cached_bytes, live_bytes)
+    elif cached_bytes - stream_bytes + live_bytes > room_bytes:  # the cache was freed for them
+        reserved_bytes = live_bytes
     else:
-        reserved = cached - stream + live
-    return reserved + wl.attention_workspace_bytes
+        reserved_bytes = cached_bytes - stream_bytes + live_bytes
+    return reserved_bytes + wl.attention_workspace_bytes
 
 
 def _layer_temporaries(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> tuple[float, float, float]:
@@ -467,8 +468,8 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         if wl.accounting == "warmup" and stage == layout.pp - 1:
             # TGI reads the free memory with mem_get_info: what the caching allocator reserved, within the
             # memory the shard's allocator may use beside the weights, the context and the warm-up batch's KV.
-            room = capacity * utilization - weights - overhead - wl.warmup_kv_tokens * tok_bytes
-            act = warmup_reserved_bytes(spec, layout, wl, room)
+            room_bytes = capacity * utilization - weights - overhead - wl.warmup_kv_tokens * tok_bytes
+            act = warmup_reserved_bytes(spec, layout, wl, room_bytes)
         else:
             act = activation_peak_bytes(spec, layout, wl, last_stage=stage == layout.pp - 1, dummy_sampler=not static)
         if wl.accounting == "fixed_context":  # llama.cpp: ggml's compute buffer, sized for one ubatch

@@ -75,12 +75,17 @@ def _common(cfg: Config, name: str, model_type: str) -> dict[str, Any]:
     )
 
 
+def _as_float(value: Any) -> float:
+    """`value` as a float, NaN where it is none (a string, a list, an integer past float's range)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+
+
 def _number(cfg: Config, key: str, value: Any) -> float:
     """`value` (read from `key`, or its default) as a finite float; anything else is the file's error."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        number = math.nan
+    number = _as_float(value)
     if isinstance(value, bool) or not math.isfinite(number):
         raise InputFileError(f"must be a finite number, got {str(value)[:40]!r}", field=_where(cfg, key),
                              hint="use the value from the model's config.json")
@@ -101,10 +106,7 @@ def _rope_theta(cfg: Config) -> float | None:
         theta = cfg["rope_parameters"].get("rope_theta")
     if theta is None:
         return None
-    try:
-        value = float(theta)
-    except (TypeError, ValueError, OverflowError):
-        value = math.nan
+    value = _as_float(theta)
     if not math.isfinite(value) or value <= 0:
         raise InputFileError(f"rope_theta {str(theta)[:40]} is not a positive finite number", field="rope_theta",
                              hint="give the RoPE base, e.g. 500000.0")

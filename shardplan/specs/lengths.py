@@ -543,11 +543,8 @@ def load_lengths(path_or_name: str) -> LengthDistribution:
 
 
 def _exists(path: Path) -> bool:
-    """Path.exists, with a name no file system holds (ENAMETOOLONG) as absent rather than an error."""
-    try:
-        return path.exists()
-    except OSError:
-        return False
+    """Path.exists, with a name no file system holds as absent rather than an ENAMETOOLONG error."""
+    return not fileio.no_file_can_have_name(path) and path.exists()
 
 
 def _read_lengths_file(path: Path, label: str) -> Any:

@@ -314,23 +314,23 @@ def _spec_from_hf(cfg: dict[str, Any], name: str, source: str, prefix: str = "")
             e.field = prefix + e.field
         raise
     except ValidationError as e:  # a nested spec the translation builds (MoESpec, MLASpec, ...)
-        err = validation_error(e, source)
-        err.field = prefix + err.field if err.field else None
-        for spec_name, hf_key in _HF_WORDS.items():
-            err.message = re.sub(rf"\b{spec_name}\b", hf_key, err.message)
-        raise err from None
+        raise _in_hf_words(validation_error(e, source), prefix) from None
     except (TypeError, ValueError, AttributeError) as e:
         raise InputFileError(f"cannot read the config: {e}", source=source) from None
     try:
         return ModelSpec(**fields, source=source)
     except ValidationError as e:
-        err = validation_error(e, source)
-        if err.field:
-            err.field = prefix + _HF_KEY_FOR_FIELD.get(err.field, err.field)
-        # Speak the config's language: spec field names in the message become HF keys.
-        for spec_name, hf_key in _HF_WORDS.items():
-            err.message = re.sub(rf"\b{spec_name}\b", hf_key, err.message)
-        raise err from None
+        raise _in_hf_words(validation_error(e, source), prefix) from None
+
+
+def _in_hf_words(err: InputFileError, prefix: str) -> InputFileError:
+    """A spec's validation error in the config's language: its field as the HF key (under `prefix`),
+    spec field names in the message as HF keys."""
+    if err.field:
+        err.field = prefix + _HF_KEY_FOR_FIELD.get(err.field, err.field)
+    for spec_name, hf_key in _HF_WORDS.items():
+        err.message = re.sub(rf"\b{spec_name}\b", hf_key, err.message)
+    return err
 
 
 def model_from_data(data: Any, source: str, default_name: str) -> LoadedModel:
@@ -372,15 +372,9 @@ def _name_from_path(path: Path) -> str:
     return path.stem
 
 
-# The longest name or path an argument may be: the file systems' own limits (Linux PATH_MAX, NAME_MAX).
-MAX_PATH_CHARS = 4096
-MAX_NAME_CHARS = 255
-
-
 def _too_long(name_or_path: str) -> bool:
-    """Whether no file can have this name (the OS would refuse it with ENAMETOOLONG)."""
-    longest = max((len(part) for part in Path(name_or_path).parts), default=0)
-    return len(name_or_path) > MAX_PATH_CHARS or longest > MAX_NAME_CHARS
+    """Whether no file can have this name (fileio.no_file_can_have_name)."""
+    return fileio.no_file_can_have_name(name_or_path)
 
 
 def _bounded(name_or_path: str, kind: str) -> str:

@@ -59,8 +59,8 @@ def _parts(wl, tp):
     """(one logits copy, the live logits, the layers' cached segments' size above the live stream)."""
     tokens = wl.max_num_batched_tokens
     one = tokens * MODEL.vocab_size * 2
-    free = warmup_reserved_bytes(MODEL, Layout(tp=tp), wl, room=float("inf")) - wl.attention_workspace_bytes
-    flushed = warmup_reserved_bytes(MODEL, Layout(tp=tp), wl, room=0.0) - wl.attention_workspace_bytes
+    free = warmup_reserved_bytes(MODEL, Layout(tp=tp), wl, room_bytes=float("inf")) - wl.attention_workspace_bytes
+    flushed = warmup_reserved_bytes(MODEL, Layout(tp=tp), wl, room_bytes=0.0) - wl.attention_workspace_bytes
     return one, free, flushed
 
 
@@ -90,8 +90,8 @@ def test_logits_no_larger_than_a_layer_temporary_reuse_its_segment():
     # A tiny vocabulary: each logits copy fits in the cached gate/up block, so nothing is added beside it.
     small = MODEL.model_copy(update={"vocab_size": 1024})
     wl = tgi("2.2.0", small)
-    kept = warmup_reserved_bytes(small, Layout(tp=1), wl, room=float("inf"))
-    flushed = warmup_reserved_bytes(small, Layout(tp=1), wl, room=0.0)
+    kept = warmup_reserved_bytes(small, Layout(tp=1), wl, room_bytes=float("inf"))
+    flushed = warmup_reserved_bytes(small, Layout(tp=1), wl, room_bytes=0.0)
     assert kept == flushed
 
 
@@ -113,10 +113,10 @@ def test_the_logged_70b_warmup_frees_the_cache_and_a_larger_device_keeps_it():
     case = next(c for c in engine_log_cases(CORPUS_DIR)[0] if c.id == "tgi_a100x2_llama31_70b_v240")
     spec, hw, layout, wl = engine_log_inputs(case, CORPUS_DIR)[:4]
     act = serving_memory(spec, hw, layout, wl).ranks[0].breakdown.activations
-    assert act == warmup_reserved_bytes(spec, layout, wl, room=0.0)
+    assert act == warmup_reserved_bytes(spec, layout, wl, room_bytes=0.0)
     roomy_hw = dataclasses.replace(hw, memory_capacity_bytes=hw.memory_capacity_bytes * 2)
     act_roomy = serving_memory(spec, roomy_hw, layout, wl).ranks[0].breakdown.activations
-    assert act_roomy == warmup_reserved_bytes(spec, layout, wl, room=float("inf"))
+    assert act_roomy == warmup_reserved_bytes(spec, layout, wl, room_bytes=float("inf"))
     assert act_roomy - act == pytest.approx(2.0 * 1024**3, rel=0.25)  # the layers' segments and the half copy
 
 
