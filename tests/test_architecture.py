@@ -22,7 +22,7 @@ PKG = REPO / "shardplan"
 # and offload_serving.py, which loads an offloaded serving plan with accelerate in one process
 # (`verify --checkpoint`; the CLI imports it only then).
 TORCH_MODULES = {"worker.py", "model.py", "parallel.py", "measure.py", "probes.py", "context.py", "experts.py",
-                 "offload_serving.py"}
+                 "offload_serving.py", "cpu_matmul.py"}
 # launch.py counts GPUs with torch, inside a function, so that planning never loads it.
 TORCH_IN_FUNCTIONS_ONLY = {"launch.py"}
 # specs/hf_meta.py builds a model_type shardplan cannot translate with transformers on the meta

@@ -10,7 +10,8 @@ from typing import Any
 from shardplan.cost.params import count_params
 from shardplan.errors import VerifyRunFailed
 from shardplan.plan.schema import DeploymentManifest
-from shardplan.verify import worker
+from shardplan.units import DType
+from shardplan.verify import cpu_matmul, worker
 from shardplan.verify.compare import compare
 from shardplan.verify.outofmemory import FALLBACK_PROFILE, allocator_limit_bytes, hardware_for, oom_report
 from shardplan.verify.runspec import RunSpec
@@ -46,6 +47,8 @@ def run_worker(m: DeploymentManifest, run: RunSpec, *, plan: str, backend: str,
     hw, hw_note = hardware_for(m, run)
     device = "cuda" if backend == "nccl" else "cpu"
     reports: list[dict[str, Any]] = []
+    # A 16-bit run on a CPU without 16-bit GEMM instructions: its matmuls as fp32 GEMMs of the same values.
+    emulated = device == "cpu" and run.dtype is not DType.FP32 and cpu_matmul.install()
 
     def on_out_of_memory(details: dict[str, Any]) -> None:
         report = oom_report(run, hw, [details], plan=plan, backend=backend, device=device,
@@ -64,14 +67,14 @@ def run_worker(m: DeploymentManifest, run: RunSpec, *, plan: str, backend: str,
     if rank != 0 or results is None:
         return None
     try:
-        return _report(m, run, results, plan=plan, backend=backend)
+        return _report(m, run, results, plan=plan, backend=backend, notes=[cpu_matmul.NOTE] if emulated else [])
     except BaseException as e:
         worker.write_status(rank, state="error", error=f"{type(e).__name__}: {e}"[:2000])
         raise
 
 
 def _report(m: DeploymentManifest, run: RunSpec, results: list[dict[str, Any]], *, plan: str,
-            backend: str) -> dict[str, Any]:
+            backend: str, notes: list[str]) -> dict[str, Any]:
     hw, hw_note = hardware_for(m, run)
     # Phases for the launcher's progress lines; the state stays "done" (the rank's run is over).
     if not reference_fits(run):
@@ -85,6 +88,5 @@ def _report(m: DeploymentManifest, run: RunSpec, results: list[dict[str, Any]], 
     worker.write_status(0, state="done", phase="compare")
     report = compare(run, hw, results, reference, plan=plan, backend=backend,
                      device="cuda" if backend == "nccl" else "cpu")
-    if hw_note:
-        report["run"]["notes"].append(hw_note)
+    report["run"]["notes"].extend([hw_note, *notes] if hw_note else notes)
     return report

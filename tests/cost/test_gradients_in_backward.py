@@ -46,7 +46,7 @@ def _peak(grads_kept: bool, batch: int, seq: int) -> float:
     return tracker.peak_total + held
 
 
-def test_backward_frees_activations_before_the_gradients_that_replace_them():
+def test_backward_frees_activations_before_the_gradients_that_replace_them(bf16_matmuls_as_fp32):
     """More activations than gradients: every gradient fits in what backward frees, so the step peaks
     at backward's start without them (the measured peaks differ by exactly the gradients' bytes)."""
     batch, seq = 2, 256

@@ -45,6 +45,10 @@ def test_a_bf16_plan_runs_bf16_and_its_memory_matches_the_cost_model_applied_to_
     ran = "bf16" if dtype == "plan" else "fp32"
     assert report["run"]["dtype"] == ran and report["run"]["plan_dtype"] == "bf16"
     assert report["numerics"]["dtype"] == ran
+    # a bf16 run on a CPU without bf16 GEMM instructions says its matmuls ran as fp32 GEMMs of bf16 values
+    from shardplan.verify import cpu_matmul
+
+    assert (cpu_matmul.NOTE in report["run"]["notes"]) == (ran == "bf16" and cpu_matmul.needed())
     _, run = _run_of(plan, dtype=dtype)
     params = count_params(run.spec).total
     per_param = {"weights": BYTES[ran], "gradients": BYTES[ran], "optimizer_states": 12 if ran == "bf16" else 8}
