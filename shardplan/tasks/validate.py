@@ -14,8 +14,8 @@ from shardplan.errors import ShardplanError
 from shardplan.specs.loading import load_hardware, read_structured, validation_error
 from shardplan.tasks._results import Result
 from shardplan.specs.cases import Case, CaseFile, EngineLogCase, ServingLoadCase
-from shardplan.validation.predict import Comparison, compare
-from shardplan.validation.shipped import CORPUS_DIR, shipped_cases
+from shardplan.validation.predict import Comparison, compare, shipped_predictions
+from shardplan.validation.shipped import CORPUS_DIR
 from shardplan.validation.stats import BAND_PERCENTILE, group_stats
 
 UNITS = {"kv_capacity": "tokens", "peak_memory": "bytes", "tokens_per_second": "tokens_per_second_per_gpu",
@@ -95,25 +95,28 @@ def validate(*, engine: str | None = None, stack: str | None = None, cases_file:
              corpus: Path = CORPUS_DIR) -> ValidateResult:
     """Predict every case and gather the errors. A user's case the model refuses is bad input
     (exit 2, naming the file and the case); a shipped one is listed as skipped with the reason."""
+    comparisons: list[Comparison] = []
     if cases_file is not None:
-        cases, skipped, label, base = read_case_file(cases_file), [], str(cases_file), cases_file.parent
+        cases, skipped, label = read_case_file(cases_file), [], str(cases_file)
+        for case in cases:
+            if not _keep(case, engine, stack):
+                continue
+            try:
+                comparisons += compare(case, cases_file.parent)
+            except ShardplanError as e:
+                raise ShardplanError(f"case {case.id}: {e.message}", source=label, field=e.field, hint=e.hint) from None
     else:
-        cases, left = shipped_cases(corpus)
+        predicted, left = shipped_predictions(corpus)
+        cases, label = [p.case for p in predicted], "shipped"
         skipped = [LeftOut(case_id=s.id, reason=s.reason) for s in left
                    if (engine is None and stack is None) or (engine is not None and s.engine == engine)
                    or (stack is not None and s.stack == stack)]
-        label, base = "shipped", corpus
-    comparisons: list[Comparison] = []
-    for case in cases:
-        if not _keep(case, engine, stack):
-            continue
-        try:
-            comparisons += compare(case, base)
-        except ShardplanError as e:
-            if cases_file is not None:
-                raise ShardplanError(f"case {case.id}: {e.message}", source=label, field=e.field, hint=e.hint) from None
-            # A published run with a layout shardplan cannot express yet: listed, not counted.
-            skipped.append(LeftOut(case_id=case.id, reason=e.message))
+        for p in predicted:
+            if not _keep(p.case, engine, stack):
+                continue
+            if p.refused is not None:  # a published run with a layout shardplan cannot express yet: listed, not counted
+                skipped.append(LeftOut(case_id=p.case.id, reason=p.refused))
+            comparisons += p.comparisons
     if not comparisons:
         what = " and ".join(x for x in (f"engine {engine}" if engine else "", f"stack {stack}" if stack else "") if x)
         engines = sorted({c.engine for c in cases if getattr(c, "engine", None)})

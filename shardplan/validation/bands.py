@@ -20,12 +20,11 @@ from pathlib import Path
 
 import yaml
 
-from shardplan.errors import ShardplanError
 from shardplan.fileio import write_text_atomic
 from shardplan.knowledge.load import BANDS_PATH
 from shardplan.knowledge.schema import BandsFile, ErrorBand
-from shardplan.validation.predict import Comparison, compare
-from shardplan.validation.shipped import CORPUS_DIR, shipped_cases
+from shardplan.validation.predict import shipped_predictions
+from shardplan.validation.shipped import CORPUS_DIR
 from shardplan.validation.stats import BAND_PERCENTILE, group_stats
 
 COMMAND = "python -m shardplan.validation.bands"
@@ -36,13 +35,7 @@ DECIMALS = 6  # fractions to 1e-6: finer is float noise (the test compares withi
 def compute_bands(corpus: Path = CORPUS_DIR) -> BandsFile:
     """The bands of the shipped corpus, in the order `shardplan validate` lists its groups. A
     shipped case the model cannot predict is left out, as `validate` lists it as skipped."""
-    cases, _ = shipped_cases(corpus)
-    comparisons: list[Comparison] = []
-    for case in cases:
-        try:
-            comparisons += compare(case, corpus)
-        except ShardplanError:
-            continue
+    comparisons = [c for p in shipped_predictions(corpus)[0] for c in p.comparisons]
     bands = tuple(
         ErrorBand(kind=g.kind, group=g.group, quantity=g.quantity, versions=g.versions, num_cases=g.num_cases,  # type: ignore[arg-type]
                   band_abs_error=round(g.band_abs_error, DECIMALS), mean_signed_error=round(g.mean_signed_error, DECIMALS))

@@ -21,6 +21,7 @@ import dataclasses
 import math
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from shardplan.cost.accuracy import load_group
@@ -35,6 +36,7 @@ from shardplan.specs.loading import load_hardware, load_model, model_from_data, 
 from shardplan.specs.model import ModelSpec
 from shardplan.units import BYTES_PER_GIB
 from shardplan.specs.cases import Case, EngineLogCase, FineTuneCase, ServingLoadCase, TrainingCase
+from shardplan.validation.shipped import Skipped, shipped_cases
 
 # Loaded checkpoint formats as the engines name them -> shardplan's weight formats.
 QUANTIZATION = {None: None, "fp8": "fp8", "compressed-tensors": "fp8", "gptq_marlin": "int4", "awq_marlin": "int4",
@@ -312,6 +314,30 @@ def compare(case: Case, corpus: Path | None = None) -> list[Comparison]:
                        predicted=_peak(rep, case.counter))]
 
 
-__all__ = ["Comparison", "QUANTIZATION", "compare", "engine_log_inputs", "logged_device_gib",
+@dataclass(frozen=True)
+class Predicted:
+    """A shipped case with its comparisons, or the reason the model refuses it."""
+
+    case: Case
+    comparisons: tuple[Comparison, ...]
+    refused: str | None = None
+
+
+@lru_cache(maxsize=2)
+def shipped_predictions(corpus: Path) -> tuple[tuple[Predicted, ...], tuple[Skipped, ...]]:
+    """Every shipped case predicted, and the shipped rows without a complete case: once per process
+    (`validate`'s filters and the error bands read the same figures; a run of the whole corpus takes
+    seconds)."""
+    cases, skipped = shipped_cases(corpus)
+    out = []
+    for case in cases:
+        try:
+            out.append(Predicted(case, tuple(compare(case, corpus))))
+        except ShardplanError as e:
+            out.append(Predicted(case, (), e.message))
+    return tuple(out), tuple(skipped)
+
+
+__all__ = ["Comparison", "Predicted", "QUANTIZATION", "compare", "engine_log_inputs", "logged_device_gib",
            "predict_engine_log", "predict_finetune", "predict_serving_load", "predict_training", "serving_load_inputs",
-           "serving_load_requests"]
+           "serving_load_requests", "shipped_predictions"]
