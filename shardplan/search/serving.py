@@ -355,6 +355,14 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
               for i, (layout, wlq, sm, tight) in enumerate(pending)]
     count = pending[0][0].world_size
     order = sorted(bounds, key=lambda x: (-x[0], x[1]))
+    limit = goal.min_throughput_tokens_per_second
+    if limit is not None:  # over all GPUs: a point whose bound times its GPUs is short of it cannot meet it
+        short = sum(1 for bound, _ in order if bound * count < limit)
+        if short:
+            res.num_candidates += short
+            res.num_evaluated += short
+            res.rejected[BOUNDED_UNDER_MIN_THROUGHPUT] += short
+            order = [(bound, i) for bound, i in order if bound * count >= limit]
 
     def need() -> float | None:
         """The goodput per GPU a point's bound must reach once this count has a plan: the top K's last."""
@@ -381,6 +389,7 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
 
 
 BOUNDED_OUT = "cannot reach the top plans: even its bound on goodput is lower"
+BOUNDED_UNDER_MIN_THROUGHPUT = "throughput under --min-throughput even at its bound on goodput"
 AHEAD_MIN_POINTS = 4  # fewer points to simulate at one GPU count than this: no workers (their start costs more)
 BOUND_MARGIN = 1.05
 

@@ -93,6 +93,8 @@ def recommend(
     spec = loaded.spec
     if target is not None:
         check_target(target, spec, hw, workload)
+    if compare_layout:
+        parse_pins(compare_layout)  # a bad --compare is bad input before the search, not after it
     space = replace(space, rules=search_rules(target, spec, workload))
     goal = goal_at_edge(goal, workload, hw, strict_fit=strict_fit)
     res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, progress=progress)
@@ -142,7 +144,9 @@ def recommend(
         # A default SLA is a preference: the single changes that make something fit are judged without it
         # (as the ranking is when nothing meets it), a limit the user gave stays.
         sgoal = _without_default_sla(goal)
-        suggestions = _sla_suggestions(res, goal) + explain.suggestions(spec, hw, workload, space, sgoal, n, run)
+        suggestions = _sla_suggestions(res, goal) + explain.suggestions(
+            spec, hw, workload, space, sgoal, n, run,
+            memory_refused=bool(res.top) or any(reason in MEMORY_REASONS for reason in res.rejected))
         if isinstance(workload, InferenceWorkload) and not res.top and target is None:  # a target fixes the engine
             others = _other_engine_plans(spec, hw, workload, space, sgoal, n)
             # Another engine answers for the default one only where the default holds nothing in memory:

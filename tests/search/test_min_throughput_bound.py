@@ -1,0 +1,34 @@
+"""--min-throughput on a goodput search: a layout whose bound on goodput (search/serving.py
+`_goodput_bound`, never below what its simulation finds) times its GPUs is short of the limit is
+refused without simulating it; what the search returns is what it returned when every layout was
+simulated and then held to the limit."""
+
+from __future__ import annotations
+
+from shardplan.search.serving import BOUNDED_UNDER_MIN_THROUGHPUT
+
+
+def _plans(d: dict) -> list[tuple]:
+    return [(e["plan"]["tp"], e["plan"]["pp"], e["plan"]["dp"], e["objective_value"]) for e in d["top"]]
+
+
+def test_a_limit_between_the_plans_keeps_exactly_those_that_reach_it(cli):
+    everything = cli("recommend", "llama-3.1-8b", "--gpus", "8", "--top", "30", "--json").json()
+    totals = [-e["objective_value"] * e["num_gpus"] for e in everything["top"]]  # goodput per GPU x GPUs
+    assert len(totals) >= 6 and totals == sorted(totals, reverse=True)
+    limit = (totals[4] + totals[5]) / 2
+    held = cli("recommend", "llama-3.1-8b", "--gpus", "8", "--top", "30", "--min-throughput", repr(limit), "--json").json()
+    assert _plans(held) == _plans(everything)[:5]
+    assert held["num_evaluated"] == everything["num_evaluated"]
+    assert sum(held["rejected"].values()) == held["num_evaluated"] - held["num_feasible"] == len(totals) - 5
+    assert set(held["rejected"]) <= {"throughput under --min-throughput", BOUNDED_UNDER_MIN_THROUGHPUT}
+
+
+def test_a_limit_no_bound_reaches_simulates_nothing_and_says_why(cli):
+    r = cli("recommend", "llama-3.1-8b", "--gpus", "1", "--min-throughput", "1e9", "--json")
+    assert r.exit_code == 3
+    d = r.json()
+    assert d["top"] == [] and d["rejected"] == {BOUNDED_UNDER_MIN_THROUGHPUT: d["num_evaluated"]}
+    # No other change can reach it either: no GPU count up to the suggestion's limit, and no shorter
+    # context (which frees memory, not time) is searched for.
+    assert d["suggestions"] == []
