@@ -48,6 +48,20 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     return run
 
 
+@pytest.fixture
+def bf16_matmuls_as_fp32():
+    """bf16 matmuls computed as fp32 GEMMs of the bf16 values, rounded to bf16, on a CPU without bf16
+    instructions (shardplan/verify/cpu_matmul.py, as verify's ranks run them): every tensor an op
+    returns is what torch's own kernel returns, up to the order of the sums, so what verify's
+    storage tracker measures is the same, in a fiftieth of the time."""
+    from shardplan.verify import cpu_matmul
+
+    installed = cpu_matmul.install()
+    yield installed
+    if installed:
+        cpu_matmul.uninstall()
+
+
 GLOO_RANKS_TIMEOUT_SECONDS = 180
 
 
@@ -97,11 +111,44 @@ def build_plan(model: str, gpus: int, layout, workload, gpus_per_node: int | Non
     return manifest, report.model_dump(mode="json")  # the report as `estimate --json` prints it
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
+TORCHRUN_GROUP = "torchrun"
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own naming of grouped tests (below)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Torchrun sessions (`dist`) run one at a time, on one xdist worker: two at once on a
     2-core machine starve gloo's worker threads, and verify's memory sampling then sees
-    buffers a finished collective still holds. The other workers run everything else."""
-    for item in items:
-        if item.get_closest_marker("dist") is not None:
-            item.add_marker(pytest.mark.xdist_group("torchrun"))
+    buffers a finished collective still holds. The other workers run everything else.
+
+    pytest-xdist's `--dist loadgroup` schedules a test by the group name it appends to its node
+    id (`...::test@torchrun`); it sets the id through `item._nodeid`, which pytest 9 no longer
+    reads (the id lives in `item._id`), so under pytest 9 the group was never formed and the
+    sessions ran two at a time. The name is given here where it is missing. The sessions are
+    also put first, so that their worker starts on them at once and the rest of the suite runs
+    beside them (where they lie they were the suite's last minutes, with a worker idle)."""
+    dist = [item for item in items if item.get_closest_marker("dist") is not None]
+    chosen = set(map(id, dist))
+    items[:] = dist + [item for item in items if id(item) not in chosen]
+    if not getattr(config.option, "loadgroup", False):  # not an xdist worker under --dist loadgroup
+        return
+    for item in dist:
+        _in_group(item, TORCHRUN_GROUP)
+
+
+def _in_group(item: pytest.Item, group: str) -> None:
+    """Name the item as pytest-xdist names a test of an xdist_group."""
+    named = f"{item.nodeid}@{group}"
+    if item.nodeid.endswith(f"@{group}"):
+        return  # pytest-xdist named it (pytest 8)
+    structured = getattr(item, "_id", None)
+    if structured is not None and not isinstance(structured, str):
+        item._id = type(structured).parse(named)  # type: ignore[attr-defined]
+    else:
+        item._nodeid = named  # type: ignore[attr-defined]
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The group's marker, as each item is collected: before any collection_modifyitems hook, so
+    that pytest-xdist's (which names the grouped tests) sees it."""
+    if item.get_closest_marker("dist") is not None:
+        item.add_marker(pytest.mark.xdist_group(TORCHRUN_GROUP))
