@@ -252,12 +252,12 @@ def compare(
 
 def suggestions(
     spec: ModelSpec, hw: HardwareProfile, workload: InferenceWorkload | TrainingWorkload, space: Space, goal: Goal,
-    num_gpus: int, run: Any, memory_refused: bool = True,
+    num_gpus: int, run: Any, throughput_short: bool = False,
 ) -> list[Suggestion]:
     """Smallest single changes that make a layout fit, each checked by searching again with
-    `run(workload, space, num_gpus=..., max_gpus=...) -> SearchResult`. `memory_refused`: whether
-    memory refused some layout (or the best one offloads); a shorter context or a smaller batch only
-    frees memory, so without it they are not searched (a serving search each: seconds of simulation
+    `run(workload, space, num_gpus=..., max_gpus=...) -> SearchResult`. `throughput_short`: every
+    layout was refused for --min-throughput alone; a shorter context or a smaller batch gives no
+    more tokens a second, so they are not searched (a serving search each, seconds of simulation
     for an answer known to be no)."""
     found: list[Suggestion] = []
     quick = replace(goal, top_k=1)
@@ -296,7 +296,7 @@ def suggestions(
         length = _largest_halving_that_fits(
             workload.max_model_len or spec.max_position_embeddings, workload.input_len + workload.output_len,
             lambda n: fits(run(replace(workload, max_model_len=n), as_asked, quick, num_gpus=num_gpus, max_gpus=None)),
-        ) if memory_refused else None
+        ) if not throughput_short else None
         if length:
             best = fits(run(replace(workload, max_model_len=length), as_asked, quick, num_gpus=num_gpus, max_gpus=None))
             how = ""
@@ -305,7 +305,7 @@ def suggestions(
                 how += f", {best.layout.offload_layers} layers offloaded" if best.layout.offload_layers else ""
             found.append(Suggestion(change=f"--max-model-len {length}",
                                     detail=f"a {length}-token context fits the KV cache{how}{speed_note(best)}"))
-        if workload.batch_size is not None and memory_refused:
+        if workload.batch_size is not None and not throughput_short:
             b = _largest_halving_that_fits(
                 workload.batch_size, 1,
                 lambda n: fits(run(replace(workload, batch_size=n), space, quick, num_gpus=num_gpus, max_gpus=None)),

@@ -89,7 +89,7 @@ def _limits_violated(goal: Goal, f: dict[str, float]) -> str | None:
     if goal.max_tpot_seconds is not None and f["tpot_seconds"] > goal.max_tpot_seconds:
         return "TPOT over --max-tpot-ms"
     if goal.min_throughput_tokens_per_second is not None and f["throughput_tokens_per_second"] < goal.min_throughput_tokens_per_second:
-        return "throughput under --min-throughput"
+        return UNDER_MIN_THROUGHPUT
     return None
 
 
@@ -356,13 +356,19 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
     count = pending[0][0].world_size
     order = sorted(bounds, key=lambda x: (-x[0], x[1]))
     limit = goal.min_throughput_tokens_per_second
-    if limit is not None:  # over all GPUs: a point whose bound times its GPUs is short of it cannot meet it
-        short = sum(1 for bound, _ in order if bound * count < limit)
-        if short:
-            res.num_candidates += short
-            res.num_evaluated += short
-            res.rejected[BOUNDED_UNDER_MIN_THROUGHPUT] += short
-            order = [(bound, i) for bound, i in order if bound * count >= limit]
+    if limit is not None:
+        # Over all GPUs: a point whose bound times its GPUs is short of the limit cannot meet it. A bound
+        # of 0 (no batch meets the TPOT limit) takes the usual path, which records the SLA's floors
+        # (the default SLA's fallback and the looser limits suggested read them).
+        def short(bound: float) -> bool:
+            return 0 < bound and bound * count < limit
+
+        refused = sum(1 for bound, _ in order if short(bound))
+        if refused:
+            res.num_candidates += refused
+            res.num_evaluated += refused
+            res.rejected[BOUNDED_UNDER_MIN_THROUGHPUT] += refused
+            order = [(bound, i) for bound, i in order if not short(bound)]
 
     def need() -> float | None:
         """The goodput per GPU a point's bound must reach once this count has a plan: the top K's last."""
@@ -389,7 +395,9 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
 
 
 BOUNDED_OUT = "cannot reach the top plans: even its bound on goodput is lower"
-BOUNDED_UNDER_MIN_THROUGHPUT = "throughput under --min-throughput even at its bound on goodput"
+UNDER_MIN_THROUGHPUT = "throughput under --min-throughput"
+BOUNDED_UNDER_MIN_THROUGHPUT = f"{UNDER_MIN_THROUGHPUT} even at its bound on goodput"
+THROUGHPUT_REASONS = frozenset({UNDER_MIN_THROUGHPUT, BOUNDED_UNDER_MIN_THROUGHPUT})
 AHEAD_MIN_POINTS = 4  # fewer points to simulate at one GPU count than this: no workers (their start costs more)
 BOUND_MARGIN = 1.05
 

@@ -17,6 +17,7 @@ from shardplan.errors import ShardplanError
 from shardplan.cost.inputs import offload_pair
 from shardplan.search import Goal, Objective, SearchResult, Space, search
 from shardplan.search import explain
+from shardplan.search.serving import THROUGHPUT_REASONS
 from shardplan.search.ahead import in_order
 from shardplan.search.results import (BestAtGpuCount, DisaggregatedComparison, EngineFallback, RecommendResult,
                                       SearchBudget, Suggestion)
@@ -146,7 +147,8 @@ def recommend(
         sgoal = _without_default_sla(goal)
         suggestions = _sla_suggestions(res, goal) + explain.suggestions(
             spec, hw, workload, space, sgoal, n, run,
-            memory_refused=bool(res.top) or any(reason in MEMORY_REASONS for reason in res.rejected))
+            throughput_short=not res.top and bool(res.rejected) and all(
+                reason in THROUGHPUT_REASONS for reason in res.rejected))
         if isinstance(workload, InferenceWorkload) and not res.top and target is None:  # a target fixes the engine
             others = _other_engine_plans(spec, hw, workload, space, sgoal, n)
             # Another engine answers for the default one only where the default holds nothing in memory:

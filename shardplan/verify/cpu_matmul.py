@@ -8,7 +8,8 @@ development machine (AMD EPYC, AVX2) a (128 x 512) @ (512 x 1792) product ran at
 bf16 against 68 GFLOP/s in fp32 (one thread, torch 2.13.0+cpu), and the bf16 proxy of an
 expert-parallel Mixtral plan took 10.4 s a step where the same run in fp32 took 1.2 s.
 
-On such a CPU verify's ranks run the four matmul ops (mm, addmm, bmm, baddbmm) of 16-bit
+On such a CPU verify's ranks run the four matmul ops (mm, addmm, bmm, baddbmm: every linear
+layer and batched matmul; attention's fused kernel and `mm.out` keep torch's own) of 16-bit
 operands as the fp32 GEMM of the same values (each product of two 8- or 11-bit significands is
 exact in fp32's 24 bits), rounded once to the operands' format: a 16-bit GEMM with fp32
 accumulation, up to the order of the sums, which the numerics tolerances already allow for
@@ -25,8 +26,9 @@ import warnings
 import torch
 
 HALF = (torch.bfloat16, torch.float16)
-NOTE = ("bf16 matmuls ran as fp32 GEMMs of the bf16 values, rounded to bf16 (fp32 accumulation, as on a GPU's "
-        "tensor cores): this CPU has no bf16 instructions, and torch's fallback kernel is about 50x slower")
+NOTE = ("the bf16 linear layers' and batched matmuls (mm, addmm, bmm, baddbmm) ran as fp32 GEMMs of the bf16 values, "
+        "rounded to bf16 (fp32 accumulation, as on a GPU's tensor cores): this CPU has no bf16 instructions, and "
+        "torch's fallback kernel is about 50x slower; attention and other ops ran torch's own bf16 kernels")
 
 _library: torch.library.Library | None = None
 
@@ -63,36 +65,50 @@ def uninstall() -> None:
         _library = None
 
 
-def _half(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype in HALF and b.dtype == a.dtype
+def _half(*operands: torch.Tensor) -> bool:
+    """All operands in one 16-bit format (torch refuses mixed formats: the native path raises as it does)."""
+    return operands[0].dtype in HALF and all(t.dtype == operands[0].dtype for t in operands)
+
+
+def _matrices(a: torch.Tensor, b: torch.Tensor, dims: int) -> None:
+    if a.dim() != dims or b.dim() != dims:
+        raise RuntimeError(f"expected {dims}-D operands, got {a.dim()}-D and {b.dim()}-D")
+
+
+def _filled(c: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous tensor of `shape` holding `c` broadcast (as torch's own kernels return)."""
+    return torch.empty(shape, dtype=dtype).copy_(c.expand(shape))
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _matrices(a, b, 2)
+    shape = (a.shape[0], b.shape[1])
     if _half(a, b):
-        out = torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32)
-        return out.addmm_(a.float(), b.float(), beta=0).to(a.dtype)
-    return a.new_empty((a.shape[0], b.shape[1])).addmm_(a, b, beta=0)
+        return torch.empty(shape, dtype=torch.float32).addmm_(a.float(), b.float(), beta=0).to(a.dtype)
+    return a.new_empty(shape).addmm_(a, b, beta=0)
 
 
 def _addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1, alpha: float = 1) -> torch.Tensor:
+    _matrices(a, b, 2)
     shape = (a.shape[0], b.shape[1])
-    if _half(a, b):
-        out = c.to(torch.float32).expand(shape).clone()
+    if _half(a, b, c):
+        out = _filled(c, shape, torch.float32)
         return out.addmm_(a.float(), b.float(), beta=beta, alpha=alpha).to(a.dtype)
-    return c.expand(shape).clone().addmm_(a, b, beta=beta, alpha=alpha)
+    return _filled(c, shape, c.dtype).addmm_(a, b, beta=beta, alpha=alpha)
 
 
 def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _matrices(a, b, 3)
     shape = (a.shape[0], a.shape[1], b.shape[2])
     if _half(a, b):
-        out = torch.empty(shape, dtype=torch.float32)
-        return out.baddbmm_(a.float(), b.float(), beta=0).to(a.dtype)
+        return torch.empty(shape, dtype=torch.float32).baddbmm_(a.float(), b.float(), beta=0).to(a.dtype)
     return a.new_empty(shape).baddbmm_(a, b, beta=0)
 
 
 def _baddbmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1, alpha: float = 1) -> torch.Tensor:
+    _matrices(a, b, 3)
     shape = (a.shape[0], a.shape[1], b.shape[2])
-    if _half(a, b):
-        out = c.to(torch.float32).expand(shape).clone()
+    if _half(a, b, c):
+        out = _filled(c, shape, torch.float32)
         return out.baddbmm_(a.float(), b.float(), beta=beta, alpha=alpha).to(a.dtype)
-    return c.expand(shape).clone().baddbmm_(a, b, beta=beta, alpha=alpha)
+    return _filled(c, shape, c.dtype).baddbmm_(a, b, beta=beta, alpha=alpha)

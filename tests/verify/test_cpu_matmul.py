@@ -73,18 +73,26 @@ def test_installed_where_needed_the_tracker_sees_16_bit_tensors_only_and_autogra
         return
     w = torch.nn.Linear(96, 40, dtype=BF16)
     x = _operands(BF16)[0].requires_grad_()
+    a3, b3 = x.detach().reshape(2, 24, 96), torch.stack([w.weight.detach().t()] * 2)
     try:
         assert C.install() is True
         assert C.install() is True  # once per process
         with _Outputs() as mode:
             y = w(x)
-            y.float().sum().backward()
-        assert {d for op, d in mode.seen if op in ("aten.mm", "aten.addmm")} == {BF16}
+            y.sum().backward()
+        # the kernels' fp32 copies stay inside them: every tensor an op hands back is bf16
+        assert {d for _, d in mode.seen} == {BF16}, sorted({(op, str(d)) for op, d in mode.seen if d != BF16})
+        assert {"aten.addmm", "aten.mm"} <= {op for op, _ in mode.seen}
         emulated = (y.detach(), x.grad.clone(), w.weight.grad.clone())
+        batched = (torch.bmm(a3, b3), torch.baddbmm(torch.ones(2, 24, 40, dtype=BF16), a3, b3, alpha=0.5))
+        assert torch.equal(batched[0], C._bmm(a3, b3))  # through the dispatcher: the replaced kernels ran
     finally:
         C.uninstall()
     x.grad = w.weight.grad = None
     y = w(x)
-    y.float().sum().backward()
+    y.sum().backward()
     for got, native in zip(emulated, (y.detach(), x.grad, w.weight.grad)):
         assert _ulps_apart(got, native) <= 1
+    native = (torch.bmm(a3, b3), torch.baddbmm(torch.ones(2, 24, 40, dtype=BF16), a3, b3, alpha=0.5))
+    for got, want in zip(batched, native):
+        assert _ulps_apart(got, want) <= 1
