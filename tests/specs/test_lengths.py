@@ -265,15 +265,16 @@ def test_clipping_refuses_when_no_request_fits():
 # ----- hostile files ------------------------------------------------------------------------
 
 # Each one must fail with the file and (where the problem is in a value) the field named, and
-# fast: loading is bounded by the size caps and stops at the first bad entry.
+# fast: loading is bounded by the size caps and stops at the first bad entry. CPU seconds of this
+# process (the load runs in it), so that the rest of the machine's load does not count.
 MAX_SECONDS = 2.0
 
 
 def _fails(path: Path, field: str | None, *words: str) -> ShardplanError:
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(ShardplanError) as e:
         load_lengths(str(path))
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     err = e.value
     assert elapsed < MAX_SECONDS, f"{path.name} took {elapsed:.2f} s"
     assert err.source == str(path) and err.exit_code == EXIT_BAD_INPUT
