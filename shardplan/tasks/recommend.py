@@ -147,13 +147,12 @@ def recommend(
         sgoal = _without_default_sla(goal)
         suggestions = _sla_suggestions(res, goal) + explain.suggestions(
             spec, hw, workload, space, sgoal, n, run,
-            throughput_short=not res.top and bool(res.rejected) and all(
-                reason in THROUGHPUT_REASONS for reason in res.rejected))
+            throughput_short=not res.top and _refused_only_for(res.rejected, THROUGHPUT_REASONS))
         if isinstance(workload, InferenceWorkload) and not res.top and target is None:  # a target fixes the engine
             others = _other_engine_plans(spec, hw, workload, space, sgoal, n)
             # Another engine answers for the default one only where the default holds nothing in memory:
             # a layout that fits but misses the user's limits is the default engine's answer (exit 3).
-            if others and not engine_given and _memory_only(res.rejected):
+            if others and not engine_given and _refused_only_for(res.rejected, MEMORY_REASONS):
                 return _answered_by(others[0], suggestions, loaded, hw, workload, space, goal, num_gpus=num_gpus,
                                     max_gpus=max_gpus, manifest_path=manifest_path, progress=progress,
                                     strict_fit=strict_fit, compare_layout=compare_layout)
@@ -393,9 +392,10 @@ class _OtherEngine:
     suggestion: Suggestion
 
 
-def _memory_only(rejected: Counter) -> bool:
-    """Whether every layout was refused for memory (nothing of the engine's fits on the GPUs)."""
-    return bool(rejected) and all(reason in MEMORY_REASONS for reason in rejected)
+def _refused_only_for(rejected: Counter, reasons: frozenset[str]) -> bool:
+    """Whether every layout was refused for one of `reasons` (memory: nothing of the engine's fits on
+    the GPUs; throughput: only --min-throughput stood in the way)."""
+    return bool(rejected) and all(reason in reasons for reason in rejected)
 
 
 def _other_engine_plans(spec: Any, hw: HardwareProfile, workload: InferenceWorkload, space: Space, goal: Goal,

@@ -70,45 +70,33 @@ def _half(*operands: torch.Tensor) -> bool:
     return operands[0].dtype in HALF and all(t.dtype == operands[0].dtype for t in operands)
 
 
-def _matrices(a: torch.Tensor, b: torch.Tensor, dims: int) -> None:
+def _gemm(c: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float, dims: int) -> torch.Tensor:
+    """beta c + alpha a @ b (c None: a @ b) of matrices (dims 2) or batches of them (dims 3), through
+    the in-place op whose CPU kernel calls the GEMM itself: in fp32 over 16-bit operands, rounded back."""
     if a.dim() != dims or b.dim() != dims:
         raise RuntimeError(f"expected {dims}-D operands, got {a.dim()}-D and {b.dim()}-D")
-
-
-def _filled(c: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A contiguous tensor of `shape` holding `c` broadcast (as torch's own kernels return)."""
-    return torch.empty(shape, dtype=dtype).copy_(c.expand(shape))
+    shape = (*a.shape[:-1], b.shape[-1])
+    half = _half(a, b) if c is None else _half(a, b, c)
+    dtype = torch.float32 if half else (a.dtype if c is None else c.dtype)
+    # A contiguous output holding c broadcast, as torch's own kernels return (beta 0 ignores it, NaN included).
+    out = torch.empty(shape, dtype=dtype) if c is None else torch.empty(shape, dtype=dtype).copy_(c.expand(shape))
+    x, y = (a.float(), b.float()) if half else (a, b)
+    accumulate = out.addmm_ if dims == 2 else out.baddbmm_
+    accumulate(x, y, beta=0 if c is None else beta, alpha=alpha)
+    return out.to(a.dtype) if half else out
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    _matrices(a, b, 2)
-    shape = (a.shape[0], b.shape[1])
-    if _half(a, b):
-        return torch.empty(shape, dtype=torch.float32).addmm_(a.float(), b.float(), beta=0).to(a.dtype)
-    return a.new_empty(shape).addmm_(a, b, beta=0)
+    return _gemm(None, a, b, 0, 1, dims=2)
 
 
 def _addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1, alpha: float = 1) -> torch.Tensor:
-    _matrices(a, b, 2)
-    shape = (a.shape[0], b.shape[1])
-    if _half(a, b, c):
-        out = _filled(c, shape, torch.float32)
-        return out.addmm_(a.float(), b.float(), beta=beta, alpha=alpha).to(a.dtype)
-    return _filled(c, shape, c.dtype).addmm_(a, b, beta=beta, alpha=alpha)
+    return _gemm(c, a, b, beta, alpha, dims=2)
 
 
 def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    _matrices(a, b, 3)
-    shape = (a.shape[0], a.shape[1], b.shape[2])
-    if _half(a, b):
-        return torch.empty(shape, dtype=torch.float32).baddbmm_(a.float(), b.float(), beta=0).to(a.dtype)
-    return a.new_empty(shape).baddbmm_(a, b, beta=0)
+    return _gemm(None, a, b, 0, 1, dims=3)
 
 
 def _baddbmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1, alpha: float = 1) -> torch.Tensor:
-    _matrices(a, b, 3)
-    shape = (a.shape[0], a.shape[1], b.shape[2])
-    if _half(a, b, c):
-        out = _filled(c, shape, torch.float32)
-        return out.baddbmm_(a.float(), b.float(), beta=beta, alpha=alpha).to(a.dtype)
-    return _filled(c, shape, c.dtype).baddbmm_(a, b, beta=beta, alpha=alpha)
+    return _gemm(c, a, b, beta, alpha, dims=3)
