@@ -43,6 +43,14 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _stderr_is_terminal() -> bool:
+    """rich's `is_terminal` for stderr, without building a console (and importing rich) where
+    nothing could make it one: stderr is not a TTY and no variable rich reads says otherwise."""
+    if not sys.stderr.isatty() and not any(v in os.environ for v in ("FORCE_COLOR", "TTY_COMPATIBLE")):
+        return False
+    return _err().is_terminal
+
+
 def _out() -> Console:
     return sys.modules[__name__].console  # type: ignore[no-any-return]
 
@@ -135,11 +143,15 @@ def progress(label: str) -> Iterator[Callable[[int, int], None]]:
     start = time.monotonic()
     bar: Progress | None = None
     task = None
+    shown: bool | None = None  # decided once, when the search has run PROGRESS_AFTER_SECONDS
 
     def update(done: int, total: int) -> None:
-        nonlocal bar, task
+        nonlocal bar, task, shown
         if bar is None:
-            if time.monotonic() - start < PROGRESS_AFTER_SECONDS or not _err().is_terminal:
+            if shown is False or time.monotonic() - start < PROGRESS_AFTER_SECONDS:
+                return
+            shown = _stderr_is_terminal()
+            if not shown:
                 return
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

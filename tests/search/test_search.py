@@ -15,7 +15,8 @@ from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWor
 from shardplan.tasks.recommend import recommend
 from shardplan.search import Goal, Objective, Space, search
 from shardplan.search.space import SearchResult, gpu_counts, topology
-from shardplan.search.training import degree_candidates, degrees_bound, shape_candidates, objective_value, state_variants, with_variant
+from shardplan.search.training import (SLOWER_THAN_TOP, degree_candidates, degrees_bound, objective_value, shape_candidates,
+                                      state_variants, with_variant)
 from shardplan.specs import loading
 
 H100 = loading.load_hardware("h100-sxm-80gb")
@@ -58,6 +59,9 @@ def test_branch_and_bound_matches_brute_force(model, gpus, seq, gbs):
     assert res.num_evaluated == res.num_candidates == sum(1 for _ in _all_training_layouts(spec, hw, wl, space))
     assert sum(res.rejected.values()) + res.num_feasible == res.num_evaluated
     assert res.num_costed < res.num_candidates  # the bounds did prune
+    # and a variant's step, known before its memory, kept some from the memory model (the top
+    # above still equals brute force, which costs every layout's memory)
+    assert res.rejected[SLOWER_THAN_TOP.format(k=5)] > 0
 
 
 @pytest.mark.parametrize("method,gpu,gpus", [("qlora", "rtx-4090-24gb", 1), ("qlora", "rtx-4090-24gb", 2),
