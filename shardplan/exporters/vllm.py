@@ -5,8 +5,9 @@ Every flag is checked against the flag list of the plan's vLLM version (`flags/v
 dumped from that release's own parser by tools/dump_engine_flags.py; the file says which wheel;
 base.engine_flags picks the list, by default the pinned one), and the image is that version's. Mapping:
 - tp, pp -> --tensor-parallel-size, --pipeline-parallel-size; replicas (dp) -> --data-parallel-size
-  on a node. vLLM's expert parallelism spans all tp x dp ranks of one server (FusedMoEParallelConfig:
-  ep = tp x dp, experts unsplit), so a plan with ep = tp per replica and several replicas runs one
+  on a node. vLLM's MoE layers span all tp x dp ranks of one server (FusedMoEParallelConfig:
+  ep = tp x dp, experts unsplit, with --enable-expert-parallel; else tensor-parallel over tp x dp),
+  so a mixture-of-experts plan whose replicas each hold every expert (ep = 1 or ep = tp) runs one
   server per replica, and a dp x ep plan (ep = tp x k: the expert group spans k replicas) runs one
   server per group: --data-parallel-size k --enable-expert-parallel. Other ep/etp are refused.
   A group wider than a node uses vLLM's multi-node data parallelism (no Ray): the first node runs
@@ -103,9 +104,13 @@ def memory_utilization(ctx: ExportContext) -> float:
 
 
 def separate_replicas(ctx: ExportContext) -> bool:
-    """One server per replica: vLLM's data parallelism would widen expert parallelism to tp x dp."""
-    L = ctx.manifest.layout
-    return L.ep > 1 and L.dp > 1 and group_replicas(ctx) == 1
+    """One server per replica of a mixture-of-experts plan whose replicas each hold every expert:
+    vLLM's data parallelism would spread the experts over the tp x dp ranks of the server,
+    expert-parallel (ep = tp x dp) with --enable-expert-parallel and tensor-parallel over all of
+    them without it (FusedMoEParallelConfig.make flattens tp across dp either way), and tie the
+    replicas' steps together, which the plan's memory and time do not assume."""
+    m = ctx.manifest
+    return bool(m.model.num_experts) and m.layout.dp > 1 and group_replicas(ctx) == 1
 
 
 def group_replicas(ctx: ExportContext) -> int:

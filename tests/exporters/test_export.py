@@ -41,6 +41,8 @@ def plan(name: str):
         "serve-2node-span": ("llama-3.1-405b", 16, Layout(tp=8, pp=2), InferenceWorkload(max_model_len=8192), 8),
         "serve-pp-1node": ("llama-3.1-8b", 2, Layout(pp=2), InferenceWorkload(max_model_len=8192), None),
         "serve-moe-ep": ("mixtral-8x7b", 8, Layout(tp=2, dp=4, ep=2), InferenceWorkload(max_model_len=32768), None),
+        # every expert in each replica, split by tensor parallelism (ep 1)
+        "serve-moe-tp": ("mixtral-8x7b", 8, Layout(tp=4, dp=2), InferenceWorkload(max_model_len=32768), None),
         # expert parallelism spanning replicas: one engine per expert group (DeepSeek-V3 as the issue names it)
         "serve-dp-ep-1node": ("mixtral-8x7b", 8, Layout(tp=2, dp=4, ep=8), InferenceWorkload(max_model_len=32768), None),
         "serve-dp-ep-2node": ("deepseek-v3", 16, Layout(tp=1, dp=16, ep=16), InferenceWorkload(max_model_len=8192),
@@ -280,6 +282,22 @@ def test_vllm_runs_one_server_per_replica_when_experts_are_split_per_replica():
     assert "--data-parallel-size" not in text and text.count("--enable-expert-parallel") == 4
     assert [f"CUDA_VISIBLE_DEVICES={d}" in text for d in ("0,1", "2,3", "4,5", "6,7")] == [True] * 4
     assert [f"--port {p}" in text for p in (8000, 8001, 8002, 8003)] == [True] * 4
+
+
+def test_vllm_runs_one_server_per_replica_when_each_replica_holds_every_expert():
+    """vLLM's data parallelism flattens tp across dp for the MoE layers with or without
+    --enable-expert-parallel (FusedMoEParallelConfig.make): one server with --data-parallel-size 2
+    would split Mixtral's experts 8 ways and tie the two replicas' steps together, not run the
+    plan's two independent tp 4 replicas."""
+    m = plan("serve-moe-tp")
+    assert m.model.num_experts and m.layout.ep == 1 and m.layout.dp == 2
+    cmds = [args for t, args in engine_commands(files("vllm", "serve-moe-tp")["serve.sh"]) if t == "vllm"]
+    assert len(cmds) == 2
+    for words in cmds:
+        assert "--data-parallel-size" not in words and "--enable-expert-parallel" not in words
+        assert words[words.index("--tensor-parallel-size") + 1] == "4"
+    # a dense plan's replicas still share one server
+    assert _flag(files("vllm", "serve-1node")["serve.sh"], "vllm", "data-parallel-size") == "2"
 
 
 def test_vllm_replica_over_two_nodes_gets_ray_and_a_leader_worker_set():
