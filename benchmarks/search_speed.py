@@ -6,6 +6,7 @@ repository root:
     python benchmarks/search_speed.py            # median of 5 fresh processes per command
     python benchmarks/search_speed.py --runs 1   # a quick look
     python benchmarks/search_speed.py --compare-workers   # one process against the forked workers
+    python benchmarks/search_speed.py --against ../old --only train   # this tree against another checkout
 
 Each command runs as a whole process (`python -m shardplan ...`, no warm caches): the wall time
 covers Python start-up, imports, loading, the search, the explanation and the top plans'
@@ -58,9 +59,10 @@ def _digest(d: dict) -> tuple[str, str]:
     return hashlib.sha256(results.encode()).hexdigest()[:10], hashlib.sha256(counts.encode()).hexdigest()[:10]
 
 
-def _run(args: str, env: dict[str, str] | None = None) -> tuple[float, dict | None]:
+def _run(args: str, env: dict[str, str] | None = None, cwd: str | None = None) -> tuple[float, dict | None]:
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "shardplan", *args.split()], capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-m", "shardplan", *args.split()], capture_output=True, text=True, env=env,
+                         cwd=cwd)
     wall = time.perf_counter() - start
     if out.returncode not in (0, 3):  # 3: nothing fits (a result, not an error)
         raise SystemExit(f"shardplan {args} exited {out.returncode}: {out.stderr.strip()}")
@@ -84,10 +86,15 @@ def main() -> int:
     parser.add_argument("--compare-workers", action="store_true",
                         help="each search with SHARDPLAN_SEARCH_WORKERS=0 (one process) and as it is, runs "
                              "alternating, with both results digests (they must be equal)")
+    parser.add_argument("--against", metavar="CHECKOUT", default=None,
+                        help="another checkout of shardplan (e.g. a `git worktree` of an older commit): each command "
+                             "runs from it and from this tree in turn, so that a host whose speed drifts slows both alike")
     opts = parser.parse_args()
     _compile_bytecode()
     if opts.compare_workers:
         return _compare_workers(opts)
+    if opts.against:
+        return _against(opts)
     print("| command | median wall s | min-max s | target s | met | search s | evaluated | costed "
           "| GPU counts unsearched | results digest | counts digest |")
     print("|---|---:|---:|---:|---|---:|---:|---:|---|---|---|")
@@ -135,6 +142,43 @@ def _compare_workers(opts: argparse.Namespace) -> int:
                 digests.add(_digest(d))
         a, b = statistics.median(walls["one"]), statistics.median(walls["default"])
         print(f"| {name} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {'yes' if len(digests) == 1 else 'NO'} |", flush=True)
+    return 0
+
+
+def _against(opts: argparse.Namespace) -> int:
+    """Each search from the other checkout (`--against`, put first on PYTHONPATH) and from this
+    tree, alternating run by run; medians of wall and search seconds, and whether the results
+    digests agree."""
+    import compileall
+    import os
+    from pathlib import Path
+
+    other = Path(opts.against).resolve()
+    if not (other / "shardplan" / "__init__.py").is_file():
+        raise SystemExit(f"--against {opts.against}: no shardplan package there")
+    compileall.compile_dir(str(other / "shardplan"), quiet=1)
+    here = Path(__file__).resolve().parent.parent
+    trees = {"other": (other, {**os.environ, "PYTHONPATH": str(other), "PYTHONDONTWRITEBYTECODE": ""}),
+             "this": (here, {**os.environ, "PYTHONDONTWRITEBYTECODE": ""})}
+    print(f"| command | {other.name} wall s | this wall s | {other.name} search s | this search s | results digests equal |")
+    print("|---|---:|---:|---:|---:|---|")
+    for name, args, _ in CASES:
+        if opts.only not in name or "--json" not in args:
+            continue
+        walls: dict[str, list[float]] = {k: [] for k in trees}
+        searches: dict[str, list[float]] = {k: [] for k in trees}
+        digests: dict[str, set[str]] = {k: set() for k in trees}
+        for _ in range(opts.runs):
+            for key, (cwd, env) in trees.items():
+                wall, d = _run(args, env, str(cwd))
+                assert d is not None
+                walls[key].append(wall)
+                searches[key].append(d["elapsed_seconds"])
+                digests[key].add(_digest(d)[0])
+        med = {k: (statistics.median(walls[k]), statistics.median(searches[k])) for k in trees}
+        same = "yes" if digests["other"] == digests["this"] and len(digests["this"]) == 1 else "NO"
+        print(f"| {name} | {med['other'][0]:.2f} | {med['this'][0]:.2f} | {med['other'][1]:.2f} | {med['this'][1]:.2f} "
+              f"| {same} |", flush=True)
     return 0
 
 
