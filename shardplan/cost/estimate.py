@@ -150,9 +150,25 @@ def estimate(
         **common, fits=sm.fits, reason=sm.reason,
         memory=MemoryReport(**_memory_fields(sm.ranks, worst, sm.budget_bytes, capacity, layout, spec.num_layers)),
         kv_cache=kv, time=_serving_time(spec, hw, layout, workload, sm).model_copy(update={"plan_fits": sm.fits}),  # type: ignore[arg-type]
-        assumptions=list(workload.assumptions) + [n for n in (pageable_note(hw, layout, workload),) if n],  # type: ignore[arg-type]
+        assumptions=list(workload.assumptions) + [n for n in (pageable_note(hw, layout, workload),  # type: ignore[arg-type]
+                                                              expert_group_note(layout)) if n],
         load=_load(spec, hw, layout, workload, sm) if sm.fits and workload.load is not None else None,  # type: ignore[union-attr,arg-type]
     )
+
+
+def expert_group_note(layout: Layout) -> str | None:
+    """The assumption to print when a serving plan's expert group spans replicas (ep x etp wider
+    than tp): the engines align every step of those replicas, which the model does not."""
+    group = layout.ep * layout.expert_tp
+    if layout.dp <= 1 or group <= layout.tp or group % layout.tp:
+        return None
+    k = group // layout.tp
+    return (f"the expert group (ep x etp = {group}) spans {k} replicas of tp={layout.tp}, which the engines run as one "
+            "(vLLM data parallelism with --enable-expert-parallel, SGLang DP attention) and whose steps they align: "
+            "every forward of the group waits for its slowest rank (a prompt chunk on one stalls the others' decodes; "
+            "idle ranks run empty passes, docs.vllm.ai serving/data_parallel_deployment). shardplan costs and "
+            "simulates each replica alone, so latency and throughput under load are optimistic for this layout "
+            "(docs/research/dp-attention-groups.md)")
 
 
 def _load(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: Any) -> LoadReport:
