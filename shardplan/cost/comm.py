@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Sequence
 from enum import Enum
+from functools import lru_cache
 
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -143,7 +145,7 @@ def layout_groups(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, zero_de
 
 
 def layer_collectives_seconds(
-    spec: ModelSpec, hw: HardwareProfile, layers: list[int], *, tokens: float, act_bytes: float, tp: Group, ep: Group,
+    spec: ModelSpec, hw: HardwareProfile, layers: Sequence[int], *, tokens: float, act_bytes: float, tp: Group, ep: Group,
     multirail: bool = False,
 ) -> tuple[float, float]:
     """(tensor-parallel, expert-parallel) seconds of one pass over `layers`: two all-reduces of
@@ -156,8 +158,17 @@ def layer_collectives_seconds(
     ep_s = 0.0
     # MoE layers are counted only where they send anything (a search asks for dense models and
     # ep = 1 layouts tens of thousands of times, each over every layer of a stage).
-    num_moe = sum(spec.is_moe_layer(i) for i in layers) if spec.moe is not None and ep.size > 1 else 0
+    num_moe = 0
+    if spec.moe is not None and ep.size > 1:
+        num_moe = _moe_layers_of(spec, layers) if isinstance(layers, tuple) else sum(spec.is_moe_layer(i) for i in layers)
     if num_moe and spec.moe is not None and ep.size > 1:
         sent = tokens * spec.moe.num_experts_per_token * h * act_bytes
         ep_s = 2 * num_moe * collective_seconds(Collective.ALL_TO_ALL, sent, ep, hw, multirail)
     return tp_s, ep_s
+
+
+@lru_cache(maxsize=8192)
+def _moe_layers_of(spec: ModelSpec, layers: tuple[int, ...]) -> int:
+    """MoE layers among a stage's `layers`, cached (the training search asks for the same stages
+    thousands of times)."""
+    return sum(spec.is_moe_layer(i) for i in layers)

@@ -481,7 +481,15 @@ def layer_forward(
 def layers_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, layers: Sequence[int]) -> PassTime:
     """One forward pass over `layers` on one rank; layers of the same kind (MoE, sliding window,
     linear attention) are costed once."""
-    return kinds_forward(spec, hw, layout, work, layer_kind_groups(spec, layers))
+    groups = _kind_groups_of(spec, layers) if isinstance(layers, tuple) else layer_kind_groups(spec, layers)
+    return kinds_forward(spec, hw, layout, work, groups)
+
+
+@lru_cache(maxsize=8192)
+def _kind_groups_of(spec: ModelSpec, layers: tuple[int, ...]) -> tuple[tuple["LayerKind", int, int], ...]:
+    """`layer_kind_groups` of a stage's layers, cached: the training search asks for the same few
+    stages (pp, virtual stages) thousands of times, each a walk over up to every layer."""
+    return layer_kind_groups(spec, layers)
 
 
 LayerKind = tuple[bool, bool, bool]  # MoE, sliding window, linear attention: what a layer's forward depends on
