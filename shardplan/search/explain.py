@@ -21,7 +21,7 @@ from shardplan.search.results import (
     RecommendEntry,
     Suggestion,
 )
-from shardplan.search.space import Evaluated, Goal, Objective, SearchResult, Space, cost_figures
+from shardplan.search.space import Evaluated, Goal, Objective, SearchResult, Space, cost_figures, divisors
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
 from shardplan.units import DType, bytes_to_gib
@@ -317,10 +317,16 @@ def suggestions(
             r = run(workload, replace(space, allow_offload=True), quick, num_gpus=num_gpus, max_gpus=None)
             if fits(r):
                 found.append(Suggestion(change="--allow-offload", detail="offloading optimizer states (or parameters) to host/NVMe fits"))
+        # The shortest halving first, where it holds every layout the longer ones do: with no more
+        # memory there (activations only shrink with the sequence), when nothing fits at it nothing
+        # fits at any, and the halvings (a search each) are skipped.
+        floor = _shortest_halving_with_every_layout(workload.seq_len, num_gpus, space.cp)
+        shorter_may_fit = floor is None or bool(
+            fits(run(replace(workload, seq_len=floor), space, quick, num_gpus=num_gpus, max_gpus=None)))
         seq = _largest_halving_that_fits(
             workload.seq_len, MIN_SUGGESTED_SEQ_LEN_TOKENS,
             lambda n: fits(run(replace(workload, seq_len=n), space, quick, num_gpus=num_gpus, max_gpus=None)),
-        )
+        ) if shorter_may_fit else None
         if seq:
             found.append(Suggestion(change=f"--seq-len {seq}", detail=f"{seq}-token sequences fit"))
         gbs = _largest_halving_that_fits(
@@ -339,6 +345,21 @@ def speed_note(e: Evaluated | None) -> str:
     f = e.figures
     return (f": {f['throughput_tokens_per_second']:,.0f} output tokens/s at batch {int(f['batch_size'])}, "
             f"TPOT {f['tpot_seconds'] * 1e3:,.0f} ms")
+
+
+def _shortest_halving_with_every_layout(seq_len: int, num_gpus: int, cp: int | None) -> int | None:
+    """The shortest of seq_len/2, /4, ... (not below MIN_SUGGESTED_SEQ_LEN_TOKENS) that every
+    context-parallel degree splitting the first halving still splits into 2 x cp chunks (the
+    search's rule), so that each layout of a halving exists at it too; None when that is the
+    first halving itself (checking it first saves nothing)."""
+    first = seq_len // 2
+    chunks = [2 * c for c in ([cp] if cp else divisors(num_gpus)) if first % (2 * c) == 0]
+    shortest, n = None, first
+    while n >= MIN_SUGGESTED_SEQ_LEN_TOKENS:
+        if all(n % q == 0 for q in chunks):
+            shortest = n
+        n //= 2
+    return shortest if shortest is not None and shortest < first else None
 
 
 def _largest_halving_that_fits(start: int, floor: int, fits_with: Callable[[int], Any]) -> int | None:

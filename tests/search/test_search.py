@@ -232,6 +232,58 @@ def test_nothing_fits_suggests_changes_found_by_searching_again():
     assert "--allow-quantization fp8" in changes
 
 
+def _suggested(model: str, gpus: int, seq: int, gbs: int) -> tuple[list[str], list[tuple[int, int]]]:
+    """Training suggestions without offload, and the (seq_len, global batch) of each search they ran."""
+    from shardplan.search import explain
+
+    spec = loading.load_model(model).spec
+    calls: list[tuple[int, int]] = []
+
+    def run(wl, space, goal, *, num_gpus, max_gpus, first_fit=False):
+        calls.append((wl.seq_len, wl.global_batch_size))
+        return search(spec, H100, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, first_fit=first_fit)
+
+    found = explain.suggestions(spec, H100, TrainingWorkload(seq_len=seq, global_batch_size=gbs),
+                                Space(allow_offload=False), Goal(Objective.STEP_TIME), gpus, run)
+    return [s.change for s in found], calls
+
+
+def test_a_shorter_sequence_is_not_searched_for_when_the_shortest_does_not_fit():
+    """Llama 3.1 70B's model states alone exceed one H100 without offload: no sequence length fits,
+    and the shortest halving (128 tokens: every layout of the longer ones, with less memory) says so
+    in one search where the halvings took six (8192 -> 4096 ... 128)."""
+    changes, calls = _suggested("llama-3.1-70b", 1, 8192, 8)
+    assert changes == ["--gpus 16", "--allow-offload"]
+    assert [seq for seq, gbs in calls if gbs == 8 and seq < 8192] == [128]
+
+
+@pytest.mark.parametrize("model,gpus,seq,gbs,expected", [
+    ("llama-3.1-8b", 2, 262144, 8, "--seq-len 32768"),
+    ("llama-3.1-8b", 4, 524288, 4, "--seq-len 262144"),
+    ("llama-3.2-1b", 1, 524288, 2, "--seq-len 65536"),
+])
+def test_where_a_shorter_sequence_fits_the_longest_that_does_is_suggested(model, gpus, seq, gbs, expected):
+    """The answers the halvings gave before the shortest was checked first (the same model, GPUs and
+    workloads, every halving searched)."""
+    changes, calls = _suggested(model, gpus, seq, gbs)
+    assert expected in changes
+    # the shortest halving first, then the halvings from the longest down to the answer
+    shorter = [s for s, g in calls if g == gbs and s < seq]
+    n = int(expected.split()[-1])
+    assert shorter[1:] == [seq >> k for k in range(1, (seq // n).bit_length())]
+
+
+def test_the_shortest_halving_keeps_every_context_parallel_split():
+    from shardplan.search.explain import _shortest_halving_with_every_layout as shortest
+
+    assert shortest(8192, 1, None) == 128
+    assert shortest(8192, 64, None) == 128  # 2 x cp = 128 divides 128
+    assert shortest(8192, 128, None) == 256  # cp 128 splits 4096 into 256 chunks of 16: 256 is the least that keeps it
+    assert shortest(8192, 4096, None) is None  # cp 2048 needs the first halving, 4096, itself
+    assert shortest(8192, 128, 2) == 128  # a pinned cp alone counts
+    assert shortest(256, 8, None) is None  # 128 is the first halving
+
+
 def test_vllm_max_model_len_error_predicted_and_shorter_context_suggested():
     """llama-3.1-8b on one L4 (24 GB): the weights fit but not a 131072-token sequence's KV
     cache (vLLM refuses to start); the search says so and finds a context that fits."""
