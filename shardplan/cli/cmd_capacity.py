@@ -94,8 +94,8 @@ def capacity(
     max_ttft_ms: Annotated[Optional[float], typer.Option(min=0, help="With --request-rate: longest time to first token allowed at the percentile (default 1000 when neither limit is given).", show_default=False, rich_help_panel=LOAD)] = None,
     max_tpot_ms: Annotated[Optional[float], typer.Option(min=0, help="With --request-rate: longest time per output token allowed at the percentile (default 50 when neither limit is given).", show_default=False, rich_help_panel=LOAD)] = None,
     slo_percentile: Annotated[int, typer.Option(help="With --request-rate: the percentile the limits hold at (50, 90 or 99).", rich_help_panel=LOAD)] = 90,
-    input_len: InputLenOpt = 1024,
-    output_len: OutputLenOpt = 128,
+    input_len: InputLenOpt = None,
+    output_len: OutputLenOpt = None,
     dataset_lengths: DatasetLengthsOpt = None,
     allow_quantization: Annotated[Optional[str], typer.Option(help="With --request-rate: weight formats to size besides the model's, e.g. fp8,int4.", show_default=False, rich_help_panel=LOAD)] = None,
     seq_len: SeqLenOpt = 4096,
@@ -210,12 +210,14 @@ def _size_for_rate(spec, hw, engine: str, engine_version: Optional[str], limit: 
     if o["slo_percentile"] not in (50, 90, 99):
         raise ShardplanError(f"must be 50, 90 or 99 (got {o['slo_percentile']})", field="--slo-percentile", hint="e.g. 90")
     rules = engine_rules(engine, engine_version)
+    input_len, output_len, shortened = options.request_lengths(o["input_len"], o["output_len"],
+                                                               o["context"] or spec.max_position_embeddings)
     wl = options.inference_workload(
         engine=rules, hw=hw, model_max_len=spec.max_position_embeddings, enable_chunked_prefill=o["enable_chunked_prefill"],
         overlap_scheduling=o["overlap_scheduling"], max_model_len=o["context"], max_num_seqs=o["max_num_seqs"], max_num_batched_tokens=o["max_num_batched_tokens"],
         gpu_memory_utilization=o["gpu_memory_utilization"], block_size=o["block_size"], kv_cache_dtype=o["kv_cache_dtype"],
-        weight_dtype=None, quantization=None, enforce_eager=o["enforce_eager"], input_len=o["input_len"],
-        output_len=o["output_len"], batch_size=None, vision=spec.vision,
+        weight_dtype=None, quantization=None, enforce_eager=o["enforce_eager"], input_len=input_len,
+        output_len=output_len, batch_size=None, vision=spec.vision,
         encoder_decoder=spec.num_cross_attention_layers > 0, checkpoint_expert_format=spec.expert_dtype,
         mla=spec.mla is not None, sliding_window=spec.num_sliding_layers > 0)
     lengths, name = None, "fixed"
@@ -224,9 +226,11 @@ def _size_for_rate(spec, hw, engine: str, engine_version: Optional[str], limit: 
         name = lengths.source
     load = options.serving_load(request_rate=o["request_rate"], concurrency=None, num_prompts=1000, lengths=lengths,
                                 lengths_name=name, prefix_cache_hit=0.0, arrivals="poisson", seed=0,
-                                input_len=o["input_len"], output_len=o["output_len"],
+                                input_len=input_len, output_len=output_len,
                                 max_model_len=wl.max_model_len or spec.max_position_embeddings, context_option="--context")
     assert load is not None  # a rate was given
+    if shortened:
+        wl = replace(wl, assumptions=(*wl.assumptions, shortened))
     if math.isinf(load.request_rate_per_second):
         raise ShardplanError("needs a finite rate", field="--request-rate", hint="requests per second, e.g. 20")
     ttft, tpot = o["max_ttft_ms"], o["max_tpot_ms"]

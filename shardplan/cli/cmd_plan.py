@@ -144,8 +144,8 @@ def estimate(
     weight_dtype: WeightDtypeOpt = None,
     quantization: QuantizationOpt = None,
     enforce_eager: EnforceEagerOpt = False,
-    input_len: InputLenOpt = 1024,
-    output_len: OutputLenOpt = 128,
+    input_len: InputLenOpt = None,
+    output_len: OutputLenOpt = None,
     batch_size: BatchSizeOpt = None,
     request_rate: RequestRateOpt = None,
     concurrency: ConcurrencyOpt = None,
@@ -310,8 +310,8 @@ def recommend(
     weight_dtype: WeightDtypeOpt = None,
     quantization: QuantizationOpt = None,
     enforce_eager: EnforceEagerOpt = False,
-    input_len: InputLenOpt = 1024,
-    output_len: OutputLenOpt = 128,
+    input_len: InputLenOpt = None,
+    output_len: OutputLenOpt = None,
     batch_size: BatchSizeOpt = None,
     seq_len: SeqLenOpt = 4096,
     global_batch_size: GlobalBatchSizeOpt = 512,
@@ -563,6 +563,8 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
             reduce_bucket_size=o["reduce_bucket_size"],
         )
     q = o["quantization"]
+    input_len, output_len, shortened = options.request_lengths(
+        o["input_len"], o["output_len"], o["max_model_len"] or o["loaded"].spec.max_position_embeddings)
     wl = options.inference_workload(
         engine=engine_rules(o["engine"], o["engine_version"]), hw=o["hw"], model_max_len=o["loaded"].spec.max_position_embeddings,
         enable_chunked_prefill=o["enable_chunked_prefill"], overlap_scheduling=o["overlap_scheduling"],
@@ -571,12 +573,16 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
         max_model_len=o["max_model_len"], max_num_seqs=o["max_num_seqs"], max_num_batched_tokens=o["max_num_batched_tokens"],
         gpu_memory_utilization=o["gpu_memory_utilization"], block_size=o["block_size"], kv_cache_dtype=o["kv_cache_dtype"],
         weight_dtype=o["weight_dtype"], quantization=q.value if q else None, enforce_eager=o["enforce_eager"],
-        input_len=o["input_len"], output_len=o["output_len"], batch_size=o["batch_size"],
+        input_len=input_len, output_len=output_len, batch_size=o["batch_size"],
         vision=o["loaded"].spec.vision, images_per_prompt=o.get("limit_mm_per_prompt"),
         encoder_decoder=o["loaded"].spec.num_cross_attention_layers > 0,
         checkpoint_expert_format=o["loaded"].spec.expert_dtype, mla=o["loaded"].spec.mla is not None,
         sliding_window=o["loaded"].spec.num_sliding_layers > 0,
     )
+    if shortened:
+        from dataclasses import replace
+
+        wl = replace(wl, assumptions=(*wl.assumptions, shortened))
     return _with_load(o, wl)
 
 

@@ -637,6 +637,34 @@ def serving_load(*, request_rate: str | None, concurrency: int | None, num_promp
                        poisson=arrivals == "poisson", seed=seed, spec_acceptance_rate=spec_acceptance_rate)
 
 
+DEFAULT_INPUT_LEN_TOKENS = 1024  # the request serving commands size for when --input-len is left out
+DEFAULT_OUTPUT_LEN_TOKENS = 128
+
+
+def request_lengths(input_len: int | None, output_len: int | None, context: int | None) -> tuple[int, int, str | None]:
+    """(prompt, output) tokens of a request: as given; where left out, the default request
+    (DEFAULT_INPUT_LEN_TOKENS + DEFAULT_OUTPUT_LEN_TOKENS), shortened to the model's context when
+    that is shorter (an eighth of it for the output, the rest for the prompt, less what a given
+    length takes), with the note that says so. A given length that leaves no room is refused
+    later, by `check_request_fits`, under its own option."""
+    inp = DEFAULT_INPUT_LEN_TOKENS if input_len is None else input_len
+    out = DEFAULT_OUTPUT_LEN_TOKENS if output_len is None else output_len
+    if context is None or inp + out <= context or (input_len is not None and output_len is not None):
+        return inp, out, None
+    if input_len is None and output_len is None:
+        out = max(1, min(out, context // 8))
+        inp = max(1, context - out)
+    elif input_len is None:
+        inp = context - out if context - out >= 1 else inp
+    else:
+        out = context - inp if context - inp >= 1 else out
+    if inp + out > context:
+        return inp, out, None
+    return inp, out, (f"requests of {inp:,} prompt and {out:,} output tokens: the default request "
+                      f"({DEFAULT_INPUT_LEN_TOKENS:,} + {DEFAULT_OUTPUT_LEN_TOKENS:,} tokens) exceeds the {context:,}-token "
+                      "context, so what --input-len/--output-len left out was shortened to fit")
+
+
 def check_request_fits(input_len: int, output_len: int, max_model_len: int | None,
                        context_option: str = "--max-model-len") -> None:
     """A request of `input_len` prompt and `output_len` output tokens must fit the context the engine

@@ -42,13 +42,32 @@ def test_a_malformed_metrics_url_is_refused(cli, tmp_path):
 
 
 @pytest.mark.parametrize("command", [
-    ("recommend", "debug", "--gpus", "4"),
-    ("capacity", "debug", "--request-rate", "10"),
-    ("estimate", "debug", "--gpus", "1"),  # a static batch too
+    ("recommend", "debug", "--gpus", "4", "--input-len", "1024"),
+    ("capacity", "debug", "--request-rate", "10", "--input-len", "500", "--output-len", "64"),
+    ("estimate", "debug", "--gpus", "1", "--input-len", "600"),  # a static batch too
     ("estimate", "llama-3.1-8b", "--gpus", "1", "--input-len", "200000"),
 ])
 def test_requests_longer_than_the_context_are_refused_everywhere(cli, command):
     _one_line_exit_2(cli(*command), "field '--input-len'", "exceed the context")
+
+
+@pytest.mark.parametrize("args,expected", [
+    ((), (448, 64)),  # neither given: 7/8 and 1/8 of the 512-token context
+    (("--input-len", "400"), (400, 112)),  # the output takes the rest
+    (("--output-len", "100"), (412, 100)),  # the prompt takes the rest
+    (("--input-len", "256", "--output-len", "64"), (256, 64)),  # given lengths that fit: as given, no note
+])
+def test_default_lengths_fit_a_context_shorter_than_the_default_request(cli, args, expected):
+    """The default request (1024 + 128 tokens) does not fit the debug model's 512 tokens: what the
+    user left out is shortened to fit, and the answer says so (it was exit 2 for options not given)."""
+    d = cli("estimate", "debug", "--gpus", "1", *args, "--json").json()
+    assert (d["workload"]["input_len"], d["workload"]["output_len"]) == expected
+    notes = [a for a in d["assumptions"] if "default request" in a]
+    assert len(notes) == (0 if len(args) == 4 else 1)
+    r = cli("recommend", "debug", "--gpus", "1", *args, "--json")
+    assert r.exit_code == 0, r.stderr
+    c = cli("capacity", "debug", "--request-rate", "10", *args, "--json").json()
+    assert (c["mean_input_tokens"], c["mean_output_tokens"]) == expected
 
 
 def test_capacity_context_is_the_models_at_most(cli):
