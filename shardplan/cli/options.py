@@ -51,11 +51,11 @@ WeightDtypeOpt = Annotated[Optional[str], typer.Option(help="bf16, fp16, fp8, in
 QuantizationOpt = Annotated[Optional[Quantization], typer.Option(help="Weight quantization of the linear layers. mxfp4: gpt-oss's routed experts as the checkpoint ships them (the default for gpt-oss on vLLM 0.10.1+ and SGLang); mxfp4_marlin: the same padded as vLLM's Marlin kernel holds them (its default on GPUs without FP4 tensor cores).", rich_help_panel=SERVE)]
 EnforceEagerOpt = Annotated[bool, typer.Option(help="No CUDA graphs: decode steps pay the host's time to issue every op of every layer (slower at small batches); graphs no longer take memory.", rich_help_panel=SERVE)]
 InputLenOpt = Annotated[Optional[int], typer.Option(
-    min=1, help="Prompt tokens per request (time to first token, throughput) [default: 1024; with --output-len left out too, "
-                "a model whose context is shorter than 1024 + 128 tokens gets 7/8 of it, said with the answer].",
+    min=1, help="Prompt tokens per request, for time to first token and throughput (default: 1024; with --output-len "
+                "left out too, a model whose context is shorter than 1024 + 128 tokens gets 7/8 of it, said with the answer).",
     show_default=False, rich_help_panel=SERVE)]
 OutputLenOpt = Annotated[Optional[int], typer.Option(
-    min=1, help="Generated tokens per request [default: 128, or an eighth of a shorter context].", show_default=False,
+    min=1, help="Generated tokens per request (default: 128, or an eighth of a shorter context).", show_default=False,
     rich_help_panel=SERVE)]
 BatchSizeOpt = Annotated[Optional[int], typer.Option(min=1, help="Concurrent sequences for the time figures (default: as many as the KV cache holds, up to --max-num-seqs).", rich_help_panel=SERVE)]
 LOAD = "Traffic (continuous batching under a request rate or concurrency)"
