@@ -38,3 +38,12 @@ def test_dash_h_is_help_everywhere(cli):
 def test_shell_completion_is_offered(cli):
     out = cli("--help").stdout
     assert "--install-completion" in out and "--show-completion" in out
+
+
+def test_the_request_length_defaults_are_stated_on_every_serving_command(cli):
+    """Their defaults are resolved per model (a short context gets shorter requests), so `--help` says
+    them in words; rich markup would drop them if they were written in square brackets."""
+    for command in ("estimate", "recommend", "capacity"):
+        flat = " ".join(cli(command, "--help").stdout.replace("│", " ").split())
+        assert "(default: 1024; with --output-len left out too" in flat, command
+        assert "(default: 128, or an eighth of a shorter context)" in flat, command
