@@ -8,6 +8,7 @@ from typing import Any
 from shardplan.cost.breakdown import RankMemory
 from shardplan.cost.kv import kv_cache_bytes_per_token
 from shardplan.cost.speculative import draft_kv_bytes_per_token_per_rank, lookahead_tokens
+from shardplan.cost.compute import expert_token_sets
 from shardplan.cost.layout import Layout, PipelineSchedule, layout_stage_ranges, validate_layout
 from shardplan.errors import LayoutError
 from shardplan.cost.memory_serving import serving_memory
@@ -159,11 +160,11 @@ def estimate(
 def expert_group_note(layout: Layout) -> str | None:
     """The assumption to print when a serving plan's expert group spans replicas (ep x etp wider
     than tp): the engines align every step of those replicas, which the model does not."""
-    group = layout.ep * layout.expert_tp
-    if layout.dp <= 1 or group <= layout.tp or group % layout.tp:
+    k = expert_token_sets(layout)  # replicas whose tokens an expert group serves
+    if layout.dp <= 1 or k <= 1 or k != int(k):
         return None
-    k = group // layout.tp
-    return (f"the expert group (ep x etp = {group}) spans {k} replicas of tp={layout.tp}, which the engines run as one "
+    return (f"the expert group (ep x etp = {layout.ep * layout.expert_tp}) spans {int(k)} replicas of tp={layout.tp}, "
+            "which the engines run as one "
             "(vLLM data parallelism with --enable-expert-parallel, SGLang DP attention) and whose steps they align: "
             "every forward of the group waits for its slowest rank (a prompt chunk on one stalls the others' decodes; "
             "idle ranks run empty passes, docs.vllm.ai serving/data_parallel_deployment). shardplan costs and "

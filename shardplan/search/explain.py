@@ -320,13 +320,16 @@ def suggestions(
         # The shortest halving first, where it holds every layout the longer ones do: with no more
         # memory there (activations only shrink with the sequence), when nothing fits at it nothing
         # fits at any, and the halvings (a search each) are skipped.
+        searched: dict[int, Evaluated | None] = {}
+
+        def fits_at(n: int) -> Evaluated | None:  # each length searched once (the shortest may be the answer)
+            if n not in searched:
+                searched[n] = fits(run(replace(workload, seq_len=n), space, quick, num_gpus=num_gpus, max_gpus=None))
+            return searched[n]
+
         floor = _shortest_halving_with_every_layout(workload.seq_len, num_gpus, space.cp)
-        shorter_may_fit = floor is None or bool(
-            fits(run(replace(workload, seq_len=floor), space, quick, num_gpus=num_gpus, max_gpus=None)))
-        seq = _largest_halving_that_fits(
-            workload.seq_len, MIN_SUGGESTED_SEQ_LEN_TOKENS,
-            lambda n: fits(run(replace(workload, seq_len=n), space, quick, num_gpus=num_gpus, max_gpus=None)),
-        ) if shorter_may_fit else None
+        shorter_may_fit = floor is None or fits_at(floor) is not None
+        seq = _largest_halving_that_fits(workload.seq_len, MIN_SUGGESTED_SEQ_LEN_TOKENS, fits_at) if shorter_may_fit else None
         if seq:
             found.append(Suggestion(change=f"--seq-len {seq}", detail=f"{seq}-token sequences fit"))
         gbs = _largest_halving_that_fits(
