@@ -13,9 +13,8 @@ from enum import Enum
 from shardplan.errors import ShardplanError, EXIT_VERIFY_FAILED, EXIT_VERIFY_MISMATCH
 
 from shardplan.cli.app import app, JsonOpt
-from shardplan.cli.options import (
-    HardwareOpt,
-)
+
+DEFAULT_HARDWARE = "h100-sxm-80gb"  # calibrate's base profile without --hardware (a serving run names its own)
 
 
 class BackendChoice(str, Enum):
@@ -221,7 +220,9 @@ def calibrate_cmd(
     engine_log: Annotated[Optional[Path], typer.Option("--engine-log", help="Calibrate the device memory and runtime overheads from this vLLM start-up log instead of a report.", show_default=False)] = None,
     tp: Annotated[Optional[int], typer.Option("--tp", help="With --engine-log: the logged run's tensor-parallel size (default: the --plan's, else 1; its non-torch memory holds NCCL buffers when > 1).", show_default=False)] = None,
     plan: Annotated[Optional[Path], typer.Option("--plan", help="The plan the measured run deployed (with --engine-log: the plan the engine was started from; with REPORT: default, the plan the report names). The run is recorded in the profile as a measured case, and predictions made with the profile take their error band from its cases.", show_default=False)] = None,
-    hardware: HardwareOpt = "h100-sxm-80gb",
+    serving_run: Annotated[Optional[Path], typer.Option("--serving-run", help="Calibrate the GPU's compute rate from this serving benchmark run instead: a `validate --cases` file with a serving_load case (the run's engine, layout, traffic and measured figures).", show_default=False)] = None,
+    case_id: Annotated[Optional[str], typer.Option("--case", help="With --serving-run: the id of the run to fit, when the file holds several.", show_default=False)] = None,
+    hardware: Annotated[Optional[str], typer.Option("--hardware", "-H", help="The base profile, a bundled name or YAML (default: h100-sxm-80gb; with --serving-run, the profile the run names).", show_default=False)] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the calibrated profile (YAML).")] = Path("my-hw.yaml"),
     name: Annotated[Optional[str], typer.Option(help="The new profile's name (default: the file's stem).")] = None,
     json_out: JsonOpt = False,
@@ -244,23 +245,44 @@ def calibrate_cmd(
     freeing its memory (matmul and memory bandwidth; the all-reduce could not run, so the link
     efficiencies stay the base profile's, and a note says so).
 
+    With --serving-run FILE: a GPU held below its chip's rated power or clocks runs its
+    compute-bound steps (prompts) slower than the datasheet peaks while its decode keeps the
+    memory bandwidth; a serving benchmark run with long prompts measures how much. The fraction of
+    the peaks at which shardplan's simulation of the run gives its measured output throughput
+    becomes the profile's gpu.power_limited_compute_fraction, e.g. `shardplan calibrate
+    --serving-run my-run.yaml -o my-h100.yaml` (the run's figures before and after are printed;
+    a run whose throughput hardly depends on compute, such as short prompts at low load, is
+    refused).
+
     Exit 2 for a report from a CPU run, a failed run, or one without probes; for a log without
-    those figures; or for both or neither of REPORT and --engine-log. Nothing is written then."""
+    those figures; for a serving run that cannot measure the compute rate; or for none or more
+    than one of REPORT, --engine-log and --serving-run. Nothing is written then."""
     from shardplan.cli import render_common, render_verify
     from shardplan.errors import ShardplanError
-    from shardplan.tasks.calibrate import calibrate_profile, calibrate_profile_from_engine_log
+    from shardplan.tasks.calibrate import (calibrate_profile, calibrate_profile_from_engine_log,
+                                           calibrate_profile_from_serving_run)
 
-    if (report is None) == (engine_log is None):
-        if report is None:
-            raise ShardplanError("give either a verify REPORT or --engine-log FILE", field="--engine-log",
+    if case_id is not None and serving_run is None:
+        raise ShardplanError("--case names a run of a --serving-run file", field="--case",
+                             hint="drop --case, or pass --serving-run FILE")
+    given = [n for n, v in (("REPORT", report), ("--engine-log", engine_log), ("--serving-run", serving_run)) if v is not None]
+    if len(given) != 1:
+        if not given:
+            raise ShardplanError("give a verify REPORT, --engine-log FILE or --serving-run FILE", field="--engine-log",
                                  hint="e.g. `shardplan calibrate --engine-log vllm.log --hardware HW -o my-hw.yaml`")
-        raise ShardplanError("give a verify REPORT or --engine-log FILE, not both", field="--engine-log",
+        raise ShardplanError(f"give one of {' and '.join(given)}, not both", field=given[-1],
                              hint="calibrate from one source at a time")
-    if engine_log is not None:
-        result = calibrate_profile_from_engine_log(engine_log, hardware, output, name=name, tp=tp, plan=plan)
+    if serving_run is not None:
+        if tp is not None or plan is not None:
+            raise ShardplanError("a serving run states its own layout and deployment", field="--tp" if tp is not None else "--plan",
+                                 hint="drop --tp and --plan with --serving-run")
+        result = calibrate_profile_from_serving_run(serving_run, output, case_id=case_id, hardware=hardware, name=name)
+    elif engine_log is not None:
+        result = calibrate_profile_from_engine_log(engine_log, hardware or DEFAULT_HARDWARE, output, name=name, tp=tp,
+                                                   plan=plan)
     else:
         if tp is not None:
             raise ShardplanError("--tp describes an engine log's run; a verify report states its own ranks",
                                  field="--tp", hint="drop --tp, or calibrate from --engine-log")
-        result = calibrate_profile(report, hardware, output, name=name, plan=plan)
+        result = calibrate_profile(report, hardware or DEFAULT_HARDWARE, output, name=name, plan=plan)
     render_common.emit(result.model_dump(mode="json") if json_out else result, json_out, render_verify.calibrate_report)

@@ -262,6 +262,8 @@ def engine_log_check(r: EngineLogCheck) -> None:
 def calibrate_report(r: CalibrateResult) -> None:
     if r.measured_by == "engine-log":
         _calibrate_log_table(r)
+    elif r.measured_by == "serving-run":
+        _calibrate_run_table(r)
     else:
         t = Table(title=f"{r.name}: efficiencies measured (base {r.base})", title_justify="left")
         for c in ("field", "base", "measured", "what", "figure"):
@@ -275,6 +277,20 @@ def calibrate_report(r: CalibrateResult) -> None:
         console.print(f"note: {note}", highlight=False)
     err_console.print(f"profile written to {r.profile}; use it with --hardware {r.profile}", markup=False,
                       highlight=False, soft_wrap=True)
+
+
+def _calibrate_run_table(r: CalibrateResult) -> None:
+    """The fitted fraction, then the run's figures measured and predicted before and after."""
+    for c in r.changes:
+        console.print(f"{r.name}: {c.field} {c.old:.4g} -> {c.new:.4g} (base {r.base}; {c.what}: "
+                      f"{c.measured:,.0f} measured, {c.peak:,.0f} predicted before)", highlight=False)
+    t = Table(title=f"serving run in {r.input_file}", title_justify="left")
+    for c in ("figure", "measured", "predicted before", "error", "predicted after", "error "):
+        t.add_column(c, justify="left" if c == "figure" else "right")
+    for f in r.fit_figures:
+        t.add_row(f.figure, f"{f.measured:,.1f}", f"{f.before:,.1f}", f"{f.before / f.measured - 1:+.0%}",
+                  f"{f.after:,.1f}", f"{f.after / f.measured - 1:+.0%}")
+    console.print(t)
 
 
 def _calibrate_log_table(r: CalibrateResult) -> None:

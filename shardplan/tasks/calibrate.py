@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Literal
 
 import yaml
@@ -43,7 +44,8 @@ from shardplan.specs import loading
 from shardplan.specs.engine_log import ENGINE_NAMES, EngineLog, IntTerm, read_engine_log
 from shardplan.specs.hardware import HardwareProfileFile
 from shardplan.plan import readback
-from shardplan.specs.cases import Case, EngineLogCase, TrainingCase
+from shardplan.specs.cases import Case, EngineLogCase, ServingLoadCase, TrainingCase
+from shardplan.tasks._cases import read_case_file
 from shardplan.tasks._results import Result
 from shardplan.validation import measured
 
@@ -120,14 +122,24 @@ class ProfileChange(Result):
     rule: str = Field(description="how the engine's figure maps to this key")
 
 
+class FitFigure(Result):
+    """One figure of the serving run: measured, and predicted before and after the fit."""
+
+    figure: str = Field(description="median_ttft_ms, median_tpot_ms or output_tokens_per_second")
+    measured: float
+    before: float = Field(description="predicted on the base profile")
+    after: float = Field(description="predicted on the calibrated profile")
+
+
 class CalibrateResult(Result):
     """What `calibrate --json` prints."""
 
     profile: str = Field(description="the calibrated profile's path")
     name: str = Field(description="the calibrated profile's name")
     base: str = Field(description="the base profile's file name")
-    measured_by: Literal["verify-report", "engine-log"] = Field(
-        "verify-report", description="what the figures come from: a GPU verify report or an engine start-up log")
+    measured_by: Literal["verify-report", "engine-log", "serving-run"] = Field(
+        "verify-report", description="what the figures come from: a GPU verify report, an engine start-up log or a "
+                                     "serving benchmark run")
     input_file: str = Field(description="the verify report or engine log read")
     changes: list[CalibrationChange] = Field(description="efficiencies a verify report replaced (none from a log)")
     profile_changes: list[ProfileChange] = Field(
@@ -137,6 +149,9 @@ class CalibrateResult(Result):
         None, description="the id of the measured case the profile records from this input (its `measured_cases:`); "
                           "null: none, and a note says why")
     num_measured_cases: int = Field(0, ge=0, description="measured cases the written profile carries (count)")
+    fit_figures: list[FitFigure] = Field(
+        default_factory=list, description="a serving run's figures, measured and predicted before and after the fit "
+                                          "(none from a report or a log)")
 
 
 def parse_report(data: Any, source: str) -> CalibrationReport:
@@ -496,3 +511,143 @@ def calibrate_profile_from_engine_log(log: Path, hardware: str, output: Path, *,
                            input_file=str(log), changes=[], profile_changes=rows, notes=notes,
                            measured_case=case.id if case else None,
                            num_measured_cases=len(data.get("measured_cases", [])))
+
+
+# --- from a serving benchmark run ------------------------------------------------------------
+#
+# A GPU held below its chip's rated power (a board limit, a data-centre cap, lower application
+# clocks) lowers its clocks under tensor-core load, while memory-bound work draws less and keeps
+# its bandwidth (docs/research/h100-power-cap.md). Its compute-bound steps then run slower than
+# the datasheet peaks say and its decode steps do not: the profile's
+# `gpu.power_limited_compute_fraction`. A serving benchmark run whose steps are compute-bound (long
+# prompts, many at once) measures it: the fraction at which the cost model's simulation of the run
+# (validation/predict.py, the `validate --cases` schema) gives the run's measured output
+# throughput. A run whose throughput hardly moves with the compute rate (short prompts, decode at
+# small batches) is refused: it cannot tell it.
+
+# The compute rate the fit may find, as a share of the profile's: below it the run is not read as a
+# slow GPU (its inputs are wrong, or something else limits it).
+FIT_LOWEST_SHARE = 0.05
+FIT_BISECTIONS = 14  # the fraction to about 1e-4 of its range
+# A run whose predicted throughput at the chip's full peaks is less than this many times that at
+# half of them does not depend enough on the compute rate to measure it.
+FIT_MIN_LEVERAGE = 1.15
+
+
+def fit_compute_share(predict: Callable[[float], float], measured: float, highest: float) -> tuple[float, str | None]:
+    """(share, note): the share of the profile's compute rate, at most `highest`, at which
+    `predict(share)` (a run's output throughput, growing with the share) gives `measured`, by
+    bisection; `highest` with a note when the run was faster than even that predicts. Raises
+    ValueError when the run does not depend on the compute rate (FIT_MIN_LEVERAGE) or is slower
+    than FIT_LOWEST_SHARE of it."""
+    top = predict(highest)
+    half = predict(highest / 2)
+    if not top > 0 or top < FIT_MIN_LEVERAGE * half:
+        raise ValueError(f"its predicted throughput moves by {100 * (top / half - 1) if half > 0 else 0:.0f}% between "
+                         "half and all of the compute rate: its steps are bound by memory bandwidth or the host, so it "
+                         "cannot measure the GPU's compute rate")
+    if measured >= top:
+        return highest, (f"the run was {100 * (measured / top - 1):.0f}% faster than predicted at the chip's full peaks: "
+                         "the fraction stays at its highest, 1")
+    lo, hi = FIT_LOWEST_SHARE, highest
+    if predict(lo) > measured:
+        raise ValueError(f"it is slower than {FIT_LOWEST_SHARE:.0%} of the compute rate predicts: check the run's "
+                         "lengths, counts and flags")
+    for _ in range(FIT_BISECTIONS):
+        mid = (lo + hi) / 2
+        if predict(mid) > measured:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2, None
+
+
+def _serving_case(cases_file: Path, case_id: str | None) -> ServingLoadCase:
+    runs = [c for c in read_case_file(cases_file) if isinstance(c, ServingLoadCase)]
+    if case_id is not None:
+        chosen = [c for c in runs if c.id == case_id]
+        if not chosen:
+            raise InputFileError(f"no serving_load case with id {case_id!r}", source=str(cases_file), field="--case",
+                                 hint=f"its serving_load cases: {', '.join(c.id for c in runs) or 'none'}")
+        return chosen[0]
+    if len(runs) != 1:
+        raise InputFileError(f"{len(runs)} serving_load cases; calibrate fits one run", source=str(cases_file),
+                             field="--case", hint="name the run with --case ID" if runs
+                             else "give a `validate --cases` file with a serving_load case (kind: serving_load)")
+    return runs[0]
+
+
+def calibrate_profile_from_serving_run(cases_file: Path, output: Path, *, case_id: str | None = None,
+                                       hardware: str | None = None, name: str | None = None) -> CalibrateResult:
+    """Read a serving run (a `validate --cases` file's serving_load case) and the profile it ran on
+    (its `hardware`, or `hardware` where given), fit the GPU's compute rate to the run's output
+    throughput (`fit_compute_share`), and write a copy of the profile with it as
+    `gpu.power_limited_compute_fraction` to `output` (atomically; it loads as written). The run is
+    not recorded as a measured case: a band from the run a profile was fitted to would be
+    in-sample."""
+    import dataclasses
+
+    from shardplan.validation.predict import predict_serving_load
+
+    case = _serving_case(cases_file, case_id)
+    folder = cases_file.parent  # the case's relative model and profile files are beside it
+    named = case.hardware
+    if named.endswith((".yaml", ".yml", ".json")) and not Path(named).is_absolute():
+        named = str(folder / named)
+    base_path = loading.hardware_path(hardware or named)
+    base_data = loading.read_structured(base_path)
+    prof = HardwareProfileFile.model_validate(base_data)
+    hw = loading.load_hardware(str(base_path))
+    f0 = prof.gpu.power_limited_compute_fraction
+    results: dict[float, Any] = {}
+
+    def run(share: float) -> Any:
+        if share not in results:
+            scaled = dataclasses.replace(hw, peak_flops={k: v * share for k, v in hw.peak_flops.items()})
+            results[share] = predict_serving_load(case, folder, scaled)[0]
+        return results[share]
+
+    try:
+        run(1.0)
+        share, note = fit_compute_share(lambda s: run(s).output_tokens_per_second,
+                                        case.measured.output_tokens_per_second, 1.0 / f0)
+    except ShardplanError as e:
+        raise InputFileError(f"case {case.id}: {e.message}", source=str(cases_file), field=e.field, hint=e.hint) from None
+    except ValueError as e:
+        raise InputFileError(f"case {case.id}: {e}", source=str(cases_file), field="measured.output_tokens_per_second",
+                             hint="calibrate from a compute-bound run: long prompts, short outputs, every request at "
+                                  "once (e.g. `vllm bench serve --dataset-name random --random-input-len 2000 "
+                                  "--random-output-len 100 --num-prompts 500`)") from None
+    fraction = round(min(1.0, f0 * share), 4)  # as the profile holds it
+    before, after = run(1.0), run(fraction / f0)
+    out = prof.model_dump(mode="json", exclude_none=True)
+    out["name"] = name or output.stem
+    out["description"] = f"{prof.description} (compute rate calibrated from serving run {case.id})".strip()
+    out["gpu"]["power_limited_compute_fraction"] = fraction
+    sources = dict(out.get("sources", {}))
+    sources["gpu.power_limited_compute_fraction"] = (
+        f"fitted by `shardplan calibrate --serving-run {cases_file}` to serving run {case.id} ({case.source}): "
+        f"{case.engine} {case.engine_version}, {case.gpus} GPU(s) tp {case.tp}, output "
+        f"{case.measured.output_tokens_per_second:,.0f} tok/s measured, {before.output_tokens_per_second:,.0f} "
+        f"predicted on {base_path.name} (fraction {f0:g}), matched at {fraction:.4f}")
+    out["sources"] = sources
+    m = case.measured
+    figures = [FitFigure(figure="output_tokens_per_second", measured=m.output_tokens_per_second,
+                         before=before.output_tokens_per_second, after=after.output_tokens_per_second),
+               FitFigure(figure="median_ttft_ms", measured=m.median_ttft_ms, before=before.ttft_seconds.p50 * 1e3,
+                         after=after.ttft_seconds.p50 * 1e3)]
+    if m.median_tpot_ms is not None:
+        figures.append(FitFigure(figure="median_tpot_ms", measured=m.median_tpot_ms, before=before.tpot_seconds.p50 * 1e3,
+                                 after=after.tpot_seconds.p50 * 1e3))
+    notes = [note] if note else []
+    notes.append(f"not recorded as a measured case: the profile was fitted to {case.id}, so a band from it would be "
+                 "in-sample; check the profile on other runs with `shardplan validate --cases FILE`")
+    text = _profile_text(f"shardplan calibrate --serving-run {cases_file}", base_path, out, None, output, notes)
+    write_text_atomic(output, text)
+    change = CalibrationChange(field="gpu.power_limited_compute_fraction", old=f0, new=fraction,
+                               measured=m.output_tokens_per_second, peak=before.output_tokens_per_second,
+                               unit="tok/s", what=f"serving run {case.id}: output throughput, measured and at the "
+                                                  f"base profile's compute rate")
+    return CalibrateResult(profile=str(output), name=out["name"], base=base_path.name, measured_by="serving-run",
+                           input_file=str(cases_file), changes=[change], notes=notes, measured_case=None,
+                           num_measured_cases=len(out.get("measured_cases", [])), fit_figures=figures)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from shardplan.errors import ShardplanError
-from shardplan.specs.loading import load_hardware, read_structured, validation_error
+from shardplan.tasks._cases import read_case_file
 from shardplan.tasks._results import Result
-from shardplan.specs.cases import Case, CaseFile, EngineLogCase, ServingLoadCase
+from shardplan.specs.cases import Case, EngineLogCase, ServingLoadCase
 from shardplan.validation.predict import Comparison, compare, shipped_predictions
 from shardplan.validation.shipped import CORPUS_DIR
 from shardplan.validation.stats import BAND_PERCENTILE, group_stats
@@ -65,22 +65,6 @@ class ValidateResult(Result):
     groups: list[GroupRow]
     cases: list[CaseRow]
     skipped: list[LeftOut] = Field(description="shipped rows without a complete case (a model or GPU not modelled)")
-
-
-def read_case_file(path: Path) -> list[Case]:
-    """A user's `--cases` file (YAML or JSON, the schema of `shardplan.specs.cases`), or a
-    calibrated hardware profile, whose `measured_cases:` are predicted with the profile itself."""
-    data = read_structured(path)
-    if isinstance(data, dict) and "measured_cases" in data:
-        cases = load_hardware(str(path)).measured_cases
-        if not cases:
-            raise ShardplanError("the profile has no measured cases", source=str(path), field="measured_cases",
-                                 hint="calibrate it with `shardplan calibrate --engine-log LOG --plan PLAN`")
-        return list(cases)
-    try:
-        return list(CaseFile.model_validate(data).cases)
-    except ValidationError as e:
-        raise validation_error(e, str(path)) from None
 
 
 def _keep(case: Case, engine: str | None, stack: str | None) -> bool:

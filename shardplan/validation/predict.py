@@ -34,6 +34,7 @@ from shardplan.knowledge.load import engine_rules, stack_rules
 from shardplan.specs.cluster import cluster
 from shardplan.specs.loading import load_hardware, load_model, model_from_data, quiet_notes
 from shardplan.specs.model import ModelSpec
+from shardplan.specs.hardware import HardwareProfile
 from shardplan.units import BYTES_PER_GIB
 from shardplan.specs.cases import Case, EngineLogCase, FineTuneCase, ServingLoadCase, TrainingCase
 from shardplan.validation.shipped import Skipped, shipped_cases
@@ -201,12 +202,13 @@ def serving_load_requests(case: ServingLoadCase, seed: int = 0) -> tuple[tuple[i
     return tuple(zip(_scaled(ins, case.total_input_tokens), _scaled(outs, case.total_output_tokens)))
 
 
-def serving_load_inputs(case: ServingLoadCase, corpus: Path | None = None):
-    """(spec, hw, layout, workload, traffic) of a serving run, as a user would ask for it."""
+def serving_load_inputs(case: ServingLoadCase, corpus: Path | None = None, hw: HardwareProfile | None = None):
+    """(spec, hw, layout, workload, traffic) of a serving run, as a user would ask for it; on `hw`
+    where given (a profile calibrated from it), else on the profile the case names."""
     from shardplan.cost.serving_load import Traffic
 
     spec = _model(case.model, corpus)
-    hw = _profile(case.hardware, corpus)
+    hw = hw or _profile(case.hardware, corpus)
     f = case.flags
     wl = inference_workload(
         engine=engine_rules(case.engine, case.engine_version), hw=hw, model_max_len=spec.max_position_embeddings,
@@ -222,16 +224,16 @@ def serving_load_inputs(case: ServingLoadCase, corpus: Path | None = None):
     return spec, hw, Layout(tp=case.tp, pp=case.pp, dp=1, ep=case.ep), wl, traffic
 
 
-def predict_serving_load(case: ServingLoadCase, corpus: Path | None = None):
+def predict_serving_load(case: ServingLoadCase, corpus: Path | None = None, hw: HardwareProfile | None = None):
     """The run's LoadResult (with its inter-token gaps) and whether the replica is saturated under
-    it. Raises ShardplanError where the deployment does not start as shardplan sizes it, or the
+    it (on `hw` where given, as `serving_load_inputs`). Raises ShardplanError where the deployment does not start as shardplan sizes it, or the
     engine would refuse the run's requests (nothing to compare)."""
     from shardplan.cost.memory_serving import serving_memory
     from shardplan.cost.serving_load import scheduler_for, simulate
     from shardplan.cost.step_model import StepModel
     from shardplan.cost.traffic import is_saturated, saturation_rate, sequence_slots
 
-    spec, hw, layout, wl, traffic = serving_load_inputs(case, corpus)
+    spec, hw, layout, wl, traffic = serving_load_inputs(case, corpus, hw)
     longest = max(p + o for p, o in traffic.requests)
     context = wl.max_model_len or spec.max_position_embeddings
     if longest > context:

@@ -42,7 +42,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, tmp_path, case):
         assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert out.read_text() == "sentinel\n" and not fresh.exists()
     expected = {"no_memory_figures": "missing 'total_gpu_memory', 'non_torch_memory'", "sglang": "SGLang log",
-                "both": "not both", "neither": "give either a verify REPORT or --engine-log",
+                "both": "not both", "neither": "give a verify REPORT, --engine-log FILE or --serving-run FILE",
                 "tp_with_report": "--tp", "tp_zero": "--tp"}[case]
     assert expected in r.stderr
 
