@@ -5,10 +5,10 @@ Below saturation (at most 16 requests in flight from the client) each run's medi
 within 20% and its output throughput within 15%: there the figures are the engine's decode steps
 and the scheduler's interleaving, which the model costs. The runs listed in NOT_YET miss that
 today, each for a stated mechanism the model lacks; they are asserted to still miss, so the list
-cannot go stale unnoticed. At saturation (rate inf with up to 1000 requests) and for TTFT the model
-is not yet within the issue's tolerances (it predicts neither the servers' per-request latency
-before the first token, ~15-110 ms, nor their large-batch slowdown); an aggregate bound holds the
-present error so it can only shrink.
+cannot go stale unnoticed. At saturation (rate inf with up to 1000 requests) eleven runs are held to
+the tolerances (SATURATED_WITHIN); over every run, TTFT below saturation included (the servers'
+per-request latency before the first token, ~15-110 ms, is not modelled), an aggregate bound holds
+the present error so it can only shrink.
 """
 
 from __future__ import annotations
@@ -85,6 +85,35 @@ def test_below_saturation_tpot_and_output_throughput_match_the_published_run(cas
 def test_known_misses_still_miss(case):
     ok, e = _within(case)
     assert not ok, f"{case.id} is now within the tolerances ({e}): move it out of NOT_YET"
+
+
+# Saturated runs (more than 16 in flight, or every request at once) the model predicts within the
+# issue's tolerances on the shipped profiles: median TTFT and TPOT within 20%, output throughput within
+# 15% (the one marked False: TPOT and throughput only). The rest of the saturated runs miss, most of
+# them on two GPUStack hosts whose prompts run at about half the peaks (BENCHMARKS.md, "A host's
+# compute rate from one of its runs": test_serving_calibration_published.py holds them on their
+# calibrated profile) or in vLLM 0.11's bursts of short prompts (docs/research/ttft-overheads.md).
+SATURATED_WITHIN = {
+    "gpustack-qwen3-235b-a22b-h100-vllm-06": True, "gpustack-qwen3-235b-a22b-h100-vllm-11": True,
+    "gpustack-qwen3-235b-a22b-h100-vllm-12": True, "sgl-cookbook-llama3.1-02": True, "sgl-cookbook-llama3.1-05": True,
+    "sgl-cookbook-qwen3-02": True, "sgl-cookbook-qwen3-05": True, "sgl-cookbook-qwen3-08": False,
+    "sgl-cookbook-deepseek-r1-02": True, "sgl-cookbook-deepseek-r1-05": True, "sgl-cookbook-deepseek-r1-08": True,
+}
+
+
+def test_the_saturated_set_spans_both_engines_dense_and_moe():
+    by_id = {c.id: c for c in S.cases()}
+    held = [by_id[i] for i in SATURATED_WITHIN]
+    assert all(not (c.max_concurrency is not None and c.max_concurrency <= LOW_CONCURRENCY) for c in held)
+    assert {c.engine for c in held} == {"vllm", "sglang"}
+    assert {S.is_moe(c) for c in held} == {False, True}
+
+
+@pytest.mark.parametrize("run", list(SATURATED_WITHIN))
+def test_at_saturation_these_runs_match_the_published_run(run):
+    case = next(c for c in S.cases() if c.id == run)
+    ok, e = _within(case)
+    assert ok and (not SATURATED_WITHIN[run] or abs(e["median_ttft"]) <= TPOT_TOLERANCE), (run, e)
 
 
 def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
