@@ -169,6 +169,10 @@ class Work:
     elementwise: ElementwiseTraffic = FUSED
     fp8_casts: bool = False
     eager_attention_bytes_per_score: float = 13.0  # TrainingWorkload's: unfused attention's traffic a score
+    # The tokens the expert group's ranks route to their experts in all (the sum of its distinct token
+    # sets); None: `tokens` from each of `expert_token_sets` sets alike. A serving group whose replicas
+    # step together (DP attention) carries different batches on its ranks (cost/step_model.py).
+    expert_group_tokens: float | None = None
 
 
 GGML_MMVQ_MAX_TOKENS = 8  # ggml/src/ggml-cuda/mmvq.cuh MMVQ_MAX_BATCH_SIZE
@@ -219,6 +223,11 @@ def expert_token_sets(layout: Layout) -> float:
     return max(1.0, layout.ep * layout.expert_tp / layout.tp)
 
 
+def expert_group_tokens(work: Work, layout: Layout) -> float:
+    """The tokens an expert group routes in all (`Work.expert_group_tokens`)."""
+    return work.tokens * expert_token_sets(layout) if work.expert_group_tokens is None else work.expert_group_tokens
+
+
 def _linear_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, w: WeightKind, work: Work) -> tuple[float, float]:
     out_f, in_f = w.shape
     a = bytes_per_element(work.act_dtype)
@@ -230,8 +239,9 @@ def _linear_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, w: Weight
         if moe is None:  # routed experts exist only in MoE specs
             return 0.0, 0.0
         local_experts = w.copies / layout.ep
-        routed_tokens = work.tokens * moe.num_experts_per_token * expert_token_sets(layout) / layout.ep
-        touched = local_experts * (1.0 - (1.0 - moe.num_experts_per_token / moe.num_experts) ** (work.tokens * expert_token_sets(layout)))
+        group_tokens = expert_group_tokens(work, layout)
+        routed_tokens = group_tokens * moe.num_experts_per_token / layout.ep
+        touched = local_experts * (1.0 - (1.0 - moe.num_experts_per_token / moe.num_experts) ** group_tokens)
         touched = max(touched, 1e-9)
         per_copy = elems / local_experts
         n = per_copy / in_f
@@ -409,7 +419,7 @@ def elementwise_bytes(spec: ModelSpec, layout: Layout, work: Work, moe_layer: bo
     act_kernels = ew.act_kernels if spec.mlp_gated else 1
     if moe_layer and spec.moe is not None:
         moe = spec.moe
-        routed = work.tokens * moe.num_experts_per_token * expert_token_sets(layout) / layout.ep
+        routed = expert_group_tokens(work, layout) * moe.num_experts_per_token / layout.ep
         nbytes += per_width * moe.expert_intermediate_size / layout.expert_tp * routed * a
         nbytes += 4 * routed * h * a  # permute (dispatch) and unpermute (combine): read and write
         nbytes += work.tokens * moe.num_experts * 4 * 2  # fp32 router logits: softmax/top-k read and write

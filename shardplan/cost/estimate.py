@@ -159,7 +159,7 @@ def estimate(
 
 def expert_group_note(layout: Layout) -> str | None:
     """The assumption to print when a serving plan's expert group spans replicas (ep x etp wider
-    than tp): the engines align every step of those replicas, which the model does not."""
+    than tp): the engines align every step of those replicas, and so does the model under traffic."""
     k = expert_token_sets(layout)  # replicas whose tokens an expert group serves
     if layout.dp <= 1 or k <= 1 or k != int(k):
         return None
@@ -167,8 +167,10 @@ def expert_group_note(layout: Layout) -> str | None:
             "which the engines run as one "
             "(vLLM data parallelism with --enable-expert-parallel, SGLang DP attention) and whose steps they align: "
             "every forward of the group waits for its slowest rank (a prompt chunk on one stalls the others' decodes; "
-            "idle ranks run empty passes, docs.vllm.ai serving/data_parallel_deployment). shardplan costs and "
-            "simulates each replica alone, so latency and throughput under load are optimistic for this layout "
+            "idle ranks run one-token passes, docs.vllm.ai serving/data_parallel_deployment). Under traffic shardplan "
+            f"steps the {int(k)} replicas together, each with its own scheduler, cache and share of the requests: a "
+            "step lasts as long as the slowest replica's own work plus the experts' work over the group's tokens "
+            "(cost/serving_load.py simulate_group); a static batch is the same on every replica "
             "(docs/research/dp-attention-groups.md)")
 
 

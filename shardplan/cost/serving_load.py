@@ -45,11 +45,11 @@ import heapq
 import math
 import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import KvAccount, serving_memory
-from shardplan.cost.step_model import StepModel
+from shardplan.cost.step_model import IDLE_STEP, StepModel
 from shardplan.cost.workload import InferenceWorkload
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -251,7 +251,22 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     from the end of the last step that gave decode tokens (a prompt-only step between them, as
     SGLang runs them, lengthens it) to its own end, or from its last token if it has just begun
     decoding again; a preempted request's recompute ends with a token whose gap holds its wait, as
-    the client sees it."""
+    the client sees it. A replica whose expert group spans other replicas steps with them:
+    `simulate_group`."""
+    run = _run(model, sched, traffic, give_up, itl, lockstep=False)
+    try:
+        next(run)
+    except StopIteration as done:
+        return _result([done.value])
+    raise AssertionError("a replica stepping alone asks for no step times")
+
+
+def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp | None, itl: bool, lockstep: bool):
+    """`simulate`'s scheduler loop as a generator. Alone (`lockstep` False) it computes its own step
+    times and yields nothing: it returns its `_Outcome` at once. In a group (`simulate_group`) it
+    yields each step's composition, ("step", tokens, sampled, decoding, kv_tokens, prompt_units,
+    prompt_step), and is sent the group's step time; with nothing to run it yields ("idle", the next
+    request's arrival) and is sent the group's clock."""
     n = len(traffic.requests)
     broken = 0
     per_step = model.tokens_per_decode_step
@@ -478,7 +493,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     last_start = 0.0  # when the last step began
     last_woke = False  # whether the engine was idle as it began (it formed that step's batch, and with
     # batches_in_flight 2 the next one, from every request sent by then)
-    quiet_ok = model.width == 1  # speculative steps add the drafts' passes: stepped one by one
+    # Speculative steps add the drafts' passes, and a group's steps are the group's: stepped one by one.
+    quiet_ok = model.width == 1 and not lockstep
     # An earlier verdict on the TTFT limit: a request sent more than the limit ago that has no first
     # token yet will break it when it gets one. Requests are sent in order, each no earlier than the
     # one before, so those sent that long ago are the first `late` sent, and at least late - (first
@@ -500,7 +516,10 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         if not running and not waiting:
             if next_send >= n:
                 break
-            now = max(now, arrivals[next_send])
+            if lockstep:  # the group's clock: its next step's end, or this arrival when every rank is idle
+                now = yield ("idle", arrivals[next_send] if in_flight < cap else math.inf)
+            else:
+                now = max(now, arrivals[next_send])
             send_ready()
             continue
         if decoding and not prefilling and quiet_ok and (
@@ -629,12 +648,15 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         completing = [r for r, c in chunks if r.computed + c >= r.target] if chunks else ()
         kv_read = (used - sum(r.computed for r in prefilling) if prefilling else used) if step_decoding else 0
         sampled = step_decoding + len(completing)
-        fixed = fixed_of.get((tokens, sampled, tokens <= graph_max and (not chunks or graphs_prompt)))
-        if fixed is None:
-            dt = seconds(tokens=tokens, sampled=sampled, decoding=step_decoding, kv_tokens=kv_read,
-                         prompt_units=prompt_units, prompt_step=bool(chunks))
+        if lockstep:
+            dt = yield ("step", tokens, sampled, step_decoding, kv_read, prompt_units, bool(chunks))
         else:
-            dt = fixed + a_kv * kv_read + a_seq * step_decoding + a_prompt * prompt_units
+            fixed = fixed_of.get((tokens, sampled, tokens <= graph_max and (not chunks or graphs_prompt)))
+            if fixed is None:
+                dt = seconds(tokens=tokens, sampled=sampled, decoding=step_decoding, kv_tokens=kv_read,
+                             prompt_units=prompt_units, prompt_step=bool(chunks))
+            else:
+                dt = fixed + a_kv * kv_read + a_seq * step_decoding + a_prompt * prompt_units
         last_start, last_woke = now, woke
         now += dt
         steps += 1
@@ -677,7 +699,29 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
             sampled_done(r, now)
         if next_send < n and arrivals[next_send] <= now:
             send_ready()
-    done = [r for r in reqs if not math.isnan(r.done)]
+    return _Outcome([r for r in reqs if not math.isnan(r.done)], steps, preemptions, refused, peak, decode_batch_sum,
+                    decode_steps, gaps)
+
+
+@dataclass
+class _Outcome:
+    """What one replica's run leaves: its completed requests and its counts."""
+
+    done: list[_Request]
+    steps: int
+    preemptions: int
+    refused: int
+    peak: int
+    decode_batch_sum: int
+    decode_steps: int
+    gaps: list[tuple[float, int]] | None
+
+
+def _result(outcomes: list[_Outcome]) -> LoadResult:
+    """The figures of one replica's run, or of a group's replicas' runs together (their requests
+    pooled as one client would see them; steps and decode steps are the group's, which every
+    replica takes, and the peak is the ranks' peaks summed)."""
+    done = [r for o in outcomes for r in o.done]
     duration = max((r.done for r in done), default=0.0)
     out_tokens = sum(r.output for r in done)
     in_tokens = sum(r.prompt for r in done)
@@ -688,6 +732,8 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     q1, q3 = len(ends) // 4, (3 * len(ends)) // 4
     steady = (q3 - q1) / (ends[q3] - ends[q1]) if q3 > q1 and ends[q3] > ends[q1] else (
         len(done) / duration if duration else 0.0)
+    gaps = None if outcomes[0].gaps is None else [g for o in outcomes for g in (o.gaps or [])]
+    decode_steps = sum(o.decode_steps for o in outcomes)
     return LoadResult(
         num_requests=len(done),
         steady_request_throughput_per_second=steady,
@@ -698,13 +744,82 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
         ttft_seconds=_summary(ttft),
         tpot_seconds=_summary(tpot),
         e2e_seconds=_summary(e2e),
-        num_steps=steps,
-        num_preemptions=preemptions,
-        num_refused=refused,
-        peak_running=peak,
-        mean_decode_batch=decode_batch_sum / decode_steps if decode_steps else 0.0,
+        num_steps=max(o.steps for o in outcomes),
+        num_preemptions=sum(o.preemptions for o in outcomes),
+        num_refused=sum(o.refused for o in outcomes),
+        peak_running=sum(o.peak for o in outcomes),
+        mean_decode_batch=sum(o.decode_batch_sum for o in outcomes) / decode_steps if decode_steps else 0.0,
         itl_seconds=_weighted_summary(gaps) if gaps is not None else None,
     )
+
+
+def simulate_replica(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp | None = None,
+                     itl: bool = False) -> LoadResult:
+    """One replica under `traffic`: `simulate`, or, where its expert group spans `model.group`
+    replicas, `simulate_group` with each of them under a traffic like it (the same requests from a
+    different point of the sample, Poisson arrivals from a different seed: the replicas' batches do
+    not line up), its figures per replica (throughputs and counts over the group's divided by the
+    group's replicas; latencies are the group's requests'). With `give_up`, each replica's allowance
+    is the most the group's pooled percentile leaves out (GiveUp.allowed for k x as many requests is
+    at most k x allowed + k - 1)."""
+    k = model.group
+    if k <= 1:
+        return simulate(model, sched, traffic, give_up, itl)
+    n = len(traffic.requests)
+    traffics = [replace(traffic, requests=traffic.requests[r * n // k:] + traffic.requests[:r * n // k],
+                        seed=traffic.seed + r) for r in range(k)]
+    pooled = None if give_up is None else replace(give_up, allowed=k * give_up.allowed + k - 1)
+    g = simulate_group(model, sched, traffics, pooled, itl)
+    return replace(g, num_requests=g.num_requests // k,
+                   request_throughput_per_second=g.request_throughput_per_second / k,
+                   output_tokens_per_second=g.output_tokens_per_second / k,
+                   total_tokens_per_second=g.total_tokens_per_second / k,
+                   steady_request_throughput_per_second=g.steady_request_throughput_per_second / k,
+                   num_preemptions=g.num_preemptions // k, peak_running=round(g.peak_running / k))
+
+
+def simulate_group(model: StepModel, sched: Scheduler, traffics: list[Traffic], give_up: GiveUp | None = None,
+                   itl: bool = False) -> LoadResult:
+    """The replicas of one expert group (their MoE layers span them: DP attention with expert or
+    tensor parallelism over the group, vLLM's data parallelism for MoE models, SGLang's
+    --enable-dp-attention) under `traffics[i]` each, stepping together: every replica forms its
+    own batch with its own scheduler and cache, every step of the group lasts as long as
+    `model.group_seconds` says for their batches together (the slowest rank's own work, the
+    experts' over the group's tokens), and a replica with nothing to run runs a one-token dummy
+    pass while any other steps (vLLM docs, serving/data_parallel_deployment: "Forward passes must
+    be aligned ... even when there are fewer requests to be processed than DP ranks"). One
+    figure set for the group's requests together. `give_up` holds for each replica's own requests
+    against the group's allowance (a replica alone past it puts the group past it)."""
+    if model.width != 1:
+        raise ValueError("speculative decoding in a stepping group is not modelled")
+    runs = [_run(model, sched, t, give_up, itl, lockstep=True) for t in traffics]
+    outcomes: list[_Outcome | None] = [None] * len(runs)
+    asks: list[tuple | None] = [None] * len(runs)
+    for i, run in enumerate(runs):
+        try:
+            asks[i] = next(run)
+        except StopIteration as done:
+            outcomes[i] = done.value
+    now = 0.0
+    while any(a is not None for a in asks):
+        live = [a for a in asks if a is not None]
+        steps = [a for a in live if a[0] == "step"]
+        if steps:  # replicas idle or done run the dummy pass meanwhile
+            dt = model.group_seconds(steps + [IDLE_STEP] * (len(runs) - len(steps)))
+            now += dt
+        else:  # every replica idle (or done): the clock moves to the next arrival
+            dt = 0.0
+            now = max(now, min(a[1] for a in live))
+        for i, run in enumerate(runs):
+            a = asks[i]
+            if a is None:
+                continue
+            try:
+                asks[i] = run.send(dt if a[0] == "step" else now)
+            except StopIteration as done:
+                asks[i] = None
+                outcomes[i] = done.value
+    return _result([o for o in outcomes if o is not None])
 
 
 def batches_in_flight_at(batches_in_flight: int, pp1_only: bool, pp: int) -> int:
@@ -733,4 +848,4 @@ def serve_traffic(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infe
     if kv is None:
         kv = serving_memory(spec, hw, layout, wl).kv_account
     model = StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
-    return simulate(model, scheduler_for(wl, kv, layout.pp), traffic, itl=itl)
+    return simulate_replica(model, scheduler_for(wl, kv, layout.pp), traffic, itl=itl)

@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
+from shardplan.cost.compute import expert_token_sets
 from shardplan.cost.layout import Layout
 from shardplan.cost.speculative import SpeculativeMethod
 from shardplan.cost.time_serving import StepBreakdown, pass_time
@@ -44,6 +45,12 @@ KV_PROBE_SHORT_TOKENS = 1024
 KV_PROBE_LONG_TOKENS = 8192
 KV_PROBE_SEQS = 64
 PROMPT_PROBE_TOKENS = 4096
+
+
+# An idle replica of a stepping group runs a dummy forward of one token (vLLM's DP ranks with no
+# request, `execute_dummy_batch`; SGLang's idle batches under DP attention) so that the group's
+# collectives meet: a step as `StepModel.group_seconds` takes it.
+IDLE_STEP = ("step", 1, 0, 0, 0.0, 0.0, False)
 
 
 def _grid(top: int) -> list[int]:
@@ -120,6 +127,19 @@ class StepModel:
         gx = [t for t in xs if t <= self.graph_max] or [1]
         self._graphs = _Curve(gx, lambda t: linear(t, bool(self.graph_max)))
         self._head = _Curve(_grid(max(2, max_seqs)), head)
+        # A replica whose expert group spans `group` replicas (DP attention with expert or tensor
+        # parallelism over them) steps with them: its routed experts' work is the group's, read off
+        # `experts(G)`, the time the routed experts' GEMMs and their permutes take for G tokens routed
+        # by the group in all (the pass at G less the pass at none; its other terms do not move with G).
+        self.group = round(expert_token_sets(layout)) if spec.moe is not None else 1
+        if self.group > 1:
+            def routed(g: float) -> float:
+                return pass_time(spec, hw, layout, wl, batch=1, q_len=1, kv_len=1, decode=True, logit_tokens=0,
+                                 graphs=False, expert_group_tokens=g).total
+
+            alone = routed(0)
+            self._experts = _Curve(_grid(self.group * top), lambda g: max(0.0, routed(g) - alone))
+        self._experts_of: dict[int, float] = {}  # experts(G) by G, as a group's steps ask for them
         # linear(T) + head(S) by (T, S, whether graphs replay), filled by `seconds` and `decode_terms`: a
         # simulation that finds a composition here may add the other terms itself, as `seconds` does.
         self.fixed_by_composition: dict[tuple[int, int, bool], float] = {}
@@ -158,6 +178,37 @@ class StepModel:
                 self._draft = StepModel(sp.draft, hw, Layout(tp=layout.tp), plain, max_tokens, max_seqs)
             elif sp.method is SpeculativeMethod.MTP:
                 self._mtp_layers = 1.0 / max(1, spec.num_layers)
+
+    def group_seconds(self, steps: list[tuple]) -> float:
+        """One step of a group of replicas stepping together (`serving_load.simulate_group`), each
+        with its batch (a composition as `seconds` takes it: ("step", tokens, sampled, decoding,
+        kv_tokens, prompt_units, prompt_step)): the slowest replica's own work, each replica's step
+        less its experts' share as if every replica carried its batch, plus the experts' work over
+        the group's tokens in all."""
+        k, own, tokens = self.group, 0.0, 0
+        experts = self._experts_of
+        for _, t, sampled, decoding, kv, units, prompt in steps:
+            whole = self.seconds(tokens=t, sampled=sampled, decoding=decoding, kv_tokens=kv, prompt_units=units,
+                                 prompt_step=prompt)
+            if k > 1:
+                x = experts.get(k * t)
+                whole -= experts.setdefault(k * t, self._experts.at(k * t)) if x is None else x
+            if whole > own:
+                own = whole
+            tokens += t
+        if k <= 1:
+            return own
+        x = experts.get(tokens)
+        return own + (experts.setdefault(tokens, self._experts.at(tokens)) if x is None else x)
+
+    def alone_seconds(self, *, tokens: int, sampled: int, decoding: int, kv_tokens: float, prompt_units: float,
+                      prompt_step: bool) -> float:
+        """`seconds` of a step of this replica while the others of its group (if any) have nothing to run."""
+        if self.group <= 1:
+            return self.seconds(tokens=tokens, sampled=sampled, decoding=decoding, kv_tokens=kv_tokens,
+                                prompt_units=prompt_units, prompt_step=prompt_step)
+        step = ("step", tokens, sampled, decoding, kv_tokens, prompt_units, prompt_step)
+        return self.group_seconds([step] + [IDLE_STEP] * (self.group - 1))
 
     def least_seconds_per_token(self) -> float:
         """No step takes less than this per token it carries: every step of T tokens takes at least

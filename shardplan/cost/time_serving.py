@@ -173,12 +173,15 @@ def _stage_makeups(spec: ModelSpec, pp: int, virtual_stages: int, embedding_as_l
 
 def pass_time(
     spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, *, batch: float, q_len: float, kv_len: float,
-    decode: bool, logit_tokens: float | None = None, graphs: bool | None = None
+    decode: bool, logit_tokens: float | None = None, graphs: bool | None = None,
+    expert_group_tokens: float | None = None
 ) -> StepBreakdown:
     """One prefill (decode=False) or one decode round (decode=True) of `batch` sequences.
     `logit_tokens`: the positions sampled over the whole pass (None: one a sequence); `graphs`:
     whether the layers replay a CUDA graph (None: the engine's rule for a decode step). The
-    continuous-batching model (cost/serving_load.py) sets both for the steps it composes."""
+    continuous-batching model (cost/serving_load.py) sets both for the steps it composes.
+    `expert_group_tokens`: the tokens the expert group routes in all, where its replicas carry
+    different batches (`Work.expert_group_tokens`; None: this pass's on every replica alike)."""
     pp = layout.pp
     in_flight = batch / pp if pp > 1 and batch >= pp else batch  # sequences per micro-batch
     rounds = pp if pp > 1 and batch >= pp else 1
@@ -195,6 +198,7 @@ def pass_time(
         quantization=wl.quantization,
         kv_read_per_query_head=wl.kv_read_per_query_head,
         cuda_graphs=True,  # launches are costed per stage and step (host_seconds), not per layer
+        expert_group_tokens=expert_group_tokens,
     )
     # Engines capture decode steps up to a batch size, never prefills.
     if graphs is None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import KvAccount
-from shardplan.cost.serving_load import GiveUp, LoadResult, Scheduler, SlaBroken, Traffic, scheduler_for, simulate
+from shardplan.cost.serving_load import GiveUp, LoadResult, Scheduler, SlaBroken, Traffic, scheduler_for, simulate_replica
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.workload import InferenceWorkload, ServingLoad
 from shardplan.specs.hardware import HardwareProfile
@@ -78,7 +78,7 @@ def load_figures(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Infer
     sched = scheduler_for(wl, kv, layout.pp)
     traffic = Traffic(requests=reqs, request_rate_per_second=rate, poisson=load.poisson, max_concurrency=conc,
                       prefix_cache_hit_fraction=load.prefix_cache_hit_fraction, seed=load.seed)
-    result = simulate(step, sched, traffic, itl=itl)
+    result = simulate_replica(step, sched, traffic, itl=itl)
     capacity = saturation_rate(step, sched, traffic, sequence_slots(wl, kv, _mean_tokens(wl, load)), result,
                                draw=lambda k: requests_for(wl, load, k))
     saturated = is_saturated(rate, conc, num, result.peak_running, capacity)
@@ -118,7 +118,7 @@ def saturation_rate(step: StepModel, sched: Scheduler, traffic: Traffic, slots: 
     else:
         reqs = draw(n_capacity) if draw is not None else tuple(traffic.requests[i % n] for i in range(n_capacity))
     burst = replace(traffic, requests=reqs, request_rate_per_second=math.inf, max_concurrency=None)
-    return simulate(step, sched, burst).steady_request_throughput_per_second
+    return simulate_replica(step, sched, burst).steady_request_throughput_per_second
 
 
 def is_saturated(rate: float, concurrency: int | None, num_requests: int, peak_running: int, capacity: float) -> bool:
@@ -194,7 +194,7 @@ def best_concurrency(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int
 
     def run(c: int) -> LoadResult:
         n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, SEARCH_REQUESTS_PER_SLOT * c))
-        return simulate(step, sched, _traffic(wl, load, n, rate=math.inf, conc=c))
+        return simulate_replica(step, sched, _traffic(wl, load, n, rate=math.inf, conc=c))
 
     lo, hi, best = 1, max(1, most), None
     first = run(lo)
@@ -223,7 +223,7 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
     # The rate it keeps up with every request waiting (its steady state, not the ramp and the drain
     # of a finite run): above it the queue, and with it TTFT, grows without bound.
     burst = _traffic(wl, load, num_requests, rate=math.inf, conc=None)
-    cap = simulate(step, sched, burst).steady_request_throughput_per_second
+    cap = simulate_replica(step, sched, burst).steady_request_throughput_per_second
     if cap <= 0:
         return None
     mean_in = wl.input_len if load.lengths is None else load.lengths.mean_input_tokens
@@ -242,7 +242,7 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
         mid = (lo + hi) / 2
         n = max(num_requests, min(STEADY_REQUESTS_MAX, math.ceil(STEADY_LATENCIES * mid * alone)))
         try:
-            r = simulate(step, sched, _traffic(wl, load, n, rate=mid, conc=None, first_token_sent=first_token_sent),
+            r = simulate_replica(step, sched, _traffic(wl, load, n, rate=mid, conc=None, first_token_sent=first_token_sent),
                          sla.give_up(n))
             # Under load a request takes longer than alone: if the arrivals did not span several of
             # the latencies the run measured, the run ended before the queue filled; run it again
@@ -250,7 +250,7 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
             needed = min(STEADY_REQUESTS_MAX, math.ceil(STEADY_LATENCIES * mid * r.e2e_seconds.p50))
             if needed > n:
                 n = needed
-                r = simulate(step, sched, _traffic(wl, load, n, rate=mid, conc=None, first_token_sent=first_token_sent),
+                r = simulate_replica(step, sched, _traffic(wl, load, n, rate=mid, conc=None, first_token_sent=first_token_sent),
                              sla.give_up(n))
         except SlaBroken:
             hi = mid
@@ -285,16 +285,17 @@ def token_rate_bound(step: StepModel, load: ServingLoad, requests: tuple[tuple[i
 
 
 def latency_floor(step: StepModel, wl: InferenceWorkload, mean_input_tokens: float) -> tuple[float, float]:
-    """(TTFT, TPOT) of a request of the mean prompt length alone on the replica: no load can do
-    better, and a percentile of many requests is no lower, so a replica whose floor breaks the SLA
+    """(TTFT, TPOT) of a request of the mean prompt length alone on the replica (the others of its
+    expert group, if any, idle): no load can do better, and a percentile of many requests is no lower, so a replica whose floor breaks the SLA
     is rejected without simulating it."""
     budget = max(1, wl.max_num_batched_tokens)
     left, done, ttft = mean_input_tokens, 0.0, 0.0
     while left > 0:  # the prompt in chunks of the token budget, each after the ones before it
         c = min(left, budget) if wl.chunked_prefill else left
-        ttft += step.seconds(tokens=math.ceil(c), sampled=1 if c == left else 0, decoding=0, kv_tokens=0,
-                             prompt_units=c * (done + (c + 1) / 2), prompt_step=True)
+        ttft += step.alone_seconds(tokens=math.ceil(c), sampled=1 if c == left else 0, decoding=0, kv_tokens=0,
+                                   prompt_units=c * (done + (c + 1) / 2), prompt_step=True)
         left -= c
         done += c
-    tpot = step.seconds(tokens=1, sampled=1, decoding=1, kv_tokens=mean_input_tokens, prompt_units=0, prompt_step=False)
+    tpot = step.alone_seconds(tokens=1, sampled=1, decoding=1, kv_tokens=mean_input_tokens, prompt_units=0,
+                              prompt_step=False)
     return ttft, tpot

@@ -55,6 +55,11 @@ def _serving_replicas(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkloa
             if space.dp and space.dp != dp:
                 rejected["dp differs from the pinned --dp"] += 1
                 continue
+            # Mixture of experts: every expert in each replica (ep 1) or the experts over each replica's
+            # tp ranks (ep = tp). Expert groups over k replicas (ep = tp x k, DP attention), which step
+            # together, are costed in lockstep (cost/serving_load.py simulate_group) where --ep pins them;
+            # searched by default they cost about 20x a replica alone to simulate (DeepSeek-V3 on 8 H200s:
+            # 2.3 -> 27 s, docs/research/dp-attention-groups.md), so the search leaves them out.
             eps = [space.ep] if space.ep else ([1, tp] if spec.moe is not None and tp > 1 else [1])
             for ep in eps:
                 layout = Layout(tp=tp, pp=pp, dp=dp, ep=ep)

@@ -229,7 +229,7 @@ def predict_serving_load(case: ServingLoadCase, corpus: Path | None = None, hw: 
     it (on `hw` where given, as `serving_load_inputs`). Raises ShardplanError where the deployment does not start as shardplan sizes it, or the
     engine would refuse the run's requests (nothing to compare)."""
     from shardplan.cost.memory_serving import serving_memory
-    from shardplan.cost.serving_load import scheduler_for, simulate
+    from shardplan.cost.serving_load import scheduler_for, simulate_replica
     from shardplan.cost.step_model import StepModel
     from shardplan.cost.traffic import is_saturated, saturation_rate, sequence_slots
 
@@ -245,7 +245,7 @@ def predict_serving_load(case: ServingLoadCase, corpus: Path | None = None, hw: 
         raise ShardplanError(f"does not start as shardplan sizes it: {sm.reason}")
     step = StepModel(spec, hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
     sched = scheduler_for(wl, sm.kv_account, layout.pp)
-    result = simulate(step, sched, traffic, itl=True)
+    result = simulate_replica(step, sched, traffic, itl=True)
     if result.num_refused:
         raise ShardplanError(f"{result.num_refused:,} of its {len(traffic.requests):,} requests are longer than the KV "
                              "cache holds: the engine would refuse them", field="total_input_tokens",

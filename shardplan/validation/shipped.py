@@ -193,6 +193,12 @@ SERVING_GPUS = {
 SERVING_FLAGS = {"max_model_len", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "gpu_memory_utilization",
                  "async_scheduling", "disable_overlap_schedule"}
 SERVING_LAYOUT_FLAGS = {"enable_expert_parallel", "guided_decoding_backend"}
+# SGLang releases that switch --enable-dp-attention off when --dp is 1 (its default), so that
+# `--tp 8 --enable-dp-attention` alone runs plain tensor parallelism: ServerArgs._handle_data_parallelism,
+# "if self.dp_size == 1: self.enable_dp_attention = False" (python/sglang/srt/server_args.py in the 0.5.3
+# wheel; attention is then split tp_size // dp_size = 8 ways, layers/dp_attention.py
+# compute_dp_attention_world_info). Only the release read is listed.
+SGLANG_DP_ATTENTION_OFF_AT_DP1 = {"0.5.3"}
 # Bundled model specs for the runs whose config is not in serving_load/models.
 SERVING_BUNDLED = {"meta-llama/Llama-3.1-70B": "llama-3.1-70b", "deepseek-ai/DeepSeek-R1-0528": "deepseek-v3",
                    "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3-235b-a22b"}
@@ -230,6 +236,9 @@ def serving_load_row_case(row: dict, corpus: Path = CORPUS_DIR, path: Path | Non
         return Skipped(row["id"], f"not a complete run: {row.get('golden_unsuitable_reason') or 'see its note'}",
                        engine=row.get("engine"))
     flags = dict(row.get("engine_flags") or {})
+    if (row.get("engine") == "sglang" and (row.get("dp") or 1) == 1 and flags.get("enable_dp_attention")
+            and _engine_version(str(row.get("engine_version", ""))) in SGLANG_DP_ATTENTION_OFF_AT_DP1):
+        del flags["enable_dp_attention"]  # the server ran plain tensor parallelism (SGLANG_DP_ATTENTION_OFF_AT_DP1)
     extra = sorted(set(flags) - SERVING_FLAGS - SERVING_LAYOUT_FLAGS)
     if extra:
         return Skipped(row["id"], f"flags not modelled: {', '.join(extra)}", engine=row.get("engine"))

@@ -1,6 +1,6 @@
-"""A serving plan whose expert group spans replicas (DP attention + EP) says that shardplan costs its
-replicas alone while the engines align their steps (docs/research/dp-attention-groups.md); plans
-whose replicas are independent say nothing of it."""
+"""A serving plan whose expert group spans replicas (DP attention + EP) says that the engines align
+their steps and that shardplan steps them together under traffic (docs/research/dp-attention-groups.md);
+plans whose replicas are independent say nothing of it."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _notes(model: str, layout: Layout) -> list[str]:
                                              (Layout(tp=2, dp=4, ep=4), 2)])
 def test_an_expert_group_over_replicas_is_named_with_its_replica_count(layout, replicas):
     (note,) = _notes("mixtral-8x7b", layout)
-    assert f"spans {replicas} replicas of tp={layout.tp}" in note and "optimistic" in note
+    assert f"spans {replicas} replicas of tp={layout.tp}" in note and f"steps the {replicas} replicas together" in note
 
 
 @pytest.mark.parametrize("model,layout", [("mixtral-8x7b", Layout(tp=2, dp=4, ep=2)),  # experts within each replica
