@@ -55,6 +55,9 @@ class ServingDefaults:
     # SGLang >= 0.5.10 with pp > 1: the by-tp fractions without the prefill CUDA graphs' reserve
     # (pp > 1 turns them off); empty: the same as static_fraction_by_tp.
     static_fraction_by_tp_pipelined: tuple[tuple[int, float], ...] = ()
+    # (from tp, CUDA-graph batch) where the engine's default grows with the tensor-parallel size
+    # (SGLang from 0.5.3: 512 at tp >= 4 on 60-160 GiB GPUs); empty: cuda_graph_max_batch at any tp.
+    cuda_graph_max_batch_by_tp: tuple[tuple[int, int], ...] = ()
 
 
 def profile_vision(mm: MultimodalEra, *, image_tokens: int, image_encoder_tokens: int, max_num_seqs: int,
@@ -216,11 +219,21 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
     elif multimodal:
         notes.append(f"{rules.label}: the vision encoder's profiling pass is not modelled for this engine version or "
                      "model; only its weights are counted")
-    graph_max = rules.by_device(era.cuda_graph_max_batch, memory_gib, device)
-    if era.cuda_graph_max_batch_capped and seqs_given and graph_max > max_num_seqs:
-        graph_max = max_num_seqs
+    def graphs_at(tp: int) -> int:
+        g = rules.by_device(era.cuda_graph_max_batch, memory_gib, device, tp)
+        return min(g, max_num_seqs) if era.cuda_graph_max_batch_capped and seqs_given else g
+
+    graph_max = graphs_at(1)
+    if era.cuda_graph_max_batch_capped and seqs_given and rules.by_device(era.cuda_graph_max_batch, memory_gib,
+                                                                           device) > max_num_seqs:
         notes.append(f"{rules.label}: CUDA graphs up to the {max_num_seqs} sequences asked for "
                      f"({era.sources['cuda_graph_max_batch_capped']})")
+    graph_by_tp = tuple((t, graphs_at(t)) for t in (64, 32, 16, 8, 4, 2, 1))
+    graph_by_tp = graph_by_tp if any(v != graph_max for _, v in graph_by_tp) else ()
+    if graph_by_tp:
+        notes.append(f"{rules.label}: decode CUDA graphs on {device} up to "
+                     + ", ".join(f"{v} sequences from tp {t}" for t, v in graph_by_tp if t <= 8 and (t == 1 or v != dict(graph_by_tp)[t // 2]))
+                     + f" ({era.sources['cuda_graph_max_batch']})")
     by_tp: tuple[tuple[int, float], ...] = ()
     by_tp_pipelined: tuple[tuple[int, float], ...] = ()
     if era.accounting == "static_fraction":
@@ -244,7 +257,7 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
 
                 def rows(pg_mib: float) -> tuple[tuple[int, float], ...]:
                     # The reserve grows with the ranks (tp x pp): one row per power-of-two tp, pp 1.
-                    return tuple((t, reserve.fraction(memory_gib, max_num_batched_tokens, graph_max, t,
+                    return tuple((t, reserve.fraction(memory_gib, max_num_batched_tokens, graphs_at(t), t,
                                                       prefill_graphs_mib=pg_mib, speculative_mib=spec_mib,
                                                       decode_graphs=not enforce_eager))
                                  for t in (64, 32, 16, 8, 4, 2, 1))
@@ -342,7 +355,7 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
         prefill_logit_bytes_gathered=era.prefill_logit_bytes_gathered,
         attention_workspace_bytes=era.attention_workspace_mib * BYTES_PER_MIB,
         assumptions=tuple(notes), vision_encoder_tokens=vision_tokens, vision_kept_tokens=vision_kept,
-        static_fraction_by_tp_pipelined=by_tp_pipelined,
+        static_fraction_by_tp_pipelined=by_tp_pipelined, cuda_graph_max_batch_by_tp=graph_by_tp,
     )
 
 

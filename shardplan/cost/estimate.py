@@ -115,7 +115,7 @@ def estimate(
         hardware=HardwareReport(name=hw.name, num_gpus=hw.num_gpus, gpus_per_node=hw.gpus_per_node,
                                 num_nodes=hw.num_nodes, memory_capacity_bytes=hw.memory_capacity_bytes),
         workload=(TrainingWorkloadReport(kind="training", **_workload_dict(workload)) if training
-                  else InferenceWorkloadReport(kind="inference", **_workload_dict(workload))),
+                  else InferenceWorkloadReport(kind="inference", **_workload_dict(workload, layout.tp))),
         plan=plan_report(layout, spec.num_layers),
     )
     if training:
@@ -263,10 +263,15 @@ def _check_batch(layout: Layout, wl: TrainingWorkload) -> None:
         )
 
 
-def _workload_dict(w: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
+def _workload_dict(w: InferenceWorkload | TrainingWorkload, tp: int = 1) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in w.__dict__.items():
         if k in ("assumptions", "load"):  # reported once, at the top of the report; the load in its own section
+            continue
+        if k == "cuda_graph_max_batch_by_tp":  # reported as the plan's own: cuda_graph_max_batch at its tp
+            continue
+        if k == "cuda_graph_max_batch" and isinstance(w, InferenceWorkload):
+            out[k] = w.graph_max_at(tp)
             continue
         if k == "speculative":
             out[k] = None if v is None else dict(method=v.method.value, num_speculative_tokens=v.num_speculative_tokens,

@@ -256,6 +256,7 @@ def inference_workload(
                         static_fraction_by_tp_pipelined=d.static_fraction_by_tp_pipelined, python_ops_per_layer=d.python_ops_per_layer,
                         python_ops_per_layer_parts=d.python_ops_per_layer_parts,
                         python_ops_per_step=d.python_ops_per_step, cuda_graph_max_batch=d.cuda_graph_max_batch,
+                        cuda_graph_max_batch_by_tp=d.cuda_graph_max_batch_by_tp,
                         step_overhead_seconds=d.step_overhead_seconds,
                         sampler_bytes_per_logit=d.sampler_bytes_per_logit, non_torch_bytes=d.non_torch_bytes,
                         warmup_free_share=d.warmup_free_share, warmup_total_factor=d.warmup_total_factor,

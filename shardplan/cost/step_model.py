@@ -99,7 +99,7 @@ class StepModel:
 
     def __init__(self, spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, max_tokens: int,
                  max_seqs: int) -> None:
-        self.graph_max = 0 if wl.enforce_eager else wl.cuda_graph_max_batch
+        self.graph_max = 0 if wl.enforce_eager else wl.graph_max_at(layout.tp)
         self.pp = layout.pp  # pipeline stages of the replica (its scheduler's rules may depend on them)
         self.graphs_for_prompt_steps = wl.graphs_for_prompt_steps
         decode_passes: dict[tuple[int, int, bool], StepBreakdown] = {}

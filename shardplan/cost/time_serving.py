@@ -202,7 +202,7 @@ def pass_time(
     )
     # Engines capture decode steps up to a batch size, never prefills.
     if graphs is None:
-        graphs = decode and not wl.enforce_eager and in_flight <= wl.cuda_graph_max_batch
+        graphs = decode and not wl.enforce_eager and in_flight <= wl.graph_max_at(layout.tp)
     logits = in_flight if logit_tokens is None else logit_tokens / rounds
     on_host: tuple[int, ...] = ()
     if layout.offload_layers and wl.offload_mode == "host_compute":

@@ -147,6 +147,9 @@ class InferenceWorkload:
     python_ops_per_layer_parts: tuple[tuple[str, float], ...] = ()
     python_ops_per_step: float = 0.0
     cuda_graph_max_batch: int = 512
+    # (from tp, batch), largest tp first, where the engine captures more at larger tensor-parallel
+    # sizes (`graph_max_at`); empty: cuda_graph_max_batch at any tp.
+    cuda_graph_max_batch_by_tp: tuple[tuple[int, int], ...] = ()
     step_overhead_seconds: float = 0.0  # host work per step the GPU waits for (scheduler, outputs)
     # The profiling pass's dummy sampler run: bytes per logit at its peak (the engine's default
     # sampling path). 20: V0's fp32 logits, probabilities, sort values and int64 sort indices.
@@ -207,6 +210,13 @@ class InferenceWorkload:
     kv_tokens_reported: str = "blocks"
     sliding_window_in_flight_batches: int = 1
     load: ServingLoad | None = None  # traffic to judge the plan under (continuous batching); None: static batch only
+
+    def graph_max_at(self, tp: int) -> int:
+        """The largest decode batch that replays a CUDA graph on a replica of tensor-parallel size `tp`."""
+        for min_tp, batch in self.cuda_graph_max_batch_by_tp:
+            if tp >= min_tp:
+                return batch
+        return self.cuda_graph_max_batch
 
 
 class Optimizer(str, Enum):

@@ -47,13 +47,16 @@ class DeviceDefault(Frozen):
     exclude_names: tuple[str, ...] = Field((), description="device-name substrings this row excludes (case-insensitive)")
     names: tuple[str, ...] = Field((), description="device-name substrings of which the device must contain one "
                                                    "(case-insensitive); empty: any device")
+    min_tp: int = Field(1, ge=1, description="applies to tensor-parallel sizes from this up (SGLang's larger "
+                                             "CUDA-graph batch at tp >= 4)")
     value: int = Field(ge=0, description="the default (tokens or sequences: at least 1)")
 
-    def matches(self, memory_gib: float, device_name: str) -> bool:
+    def matches(self, memory_gib: float, device_name: str, tp: int = 1) -> bool:
         name = device_name.lower()
         if self.names and not any(x.lower() in name for x in self.names):
             return False
-        return memory_gib >= self.min_memory_gib and not any(x.lower() in name for x in self.exclude_names)
+        return (memory_gib >= self.min_memory_gib and tp >= self.min_tp
+                and not any(x.lower() in name for x in self.exclude_names))
 
 
 class TpDefault(Frozen):
@@ -560,9 +563,9 @@ class EngineRules(Frozen):
     def label(self) -> str:
         return f"{self.display_name} {self.version}"
 
-    def by_device(self, table: list[DeviceDefault], memory_gib: float, device_name: str) -> int:
+    def by_device(self, table: list[DeviceDefault], memory_gib: float, device_name: str, tp: int = 1) -> int:
         for row in table:
-            if row.matches(memory_gib, device_name):
+            if row.matches(memory_gib, device_name, tp):
                 return row.value
         return table[-1].value
 

@@ -133,6 +133,7 @@ def _plain(workload: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
     for f in fields(workload):
         v = getattr(workload, f.name)
         out[f.name] = v.value if isinstance(v, Enum) else list(v) if isinstance(v, tuple) else v
+
     sp = out.get("speculative")
     if sp is not None:
         out["speculative"] = dict(method=sp.method.value, num_speculative_tokens=sp.num_speculative_tokens,
@@ -146,6 +147,8 @@ def _plain(workload: InferenceWorkload | TrainingWorkload) -> dict[str, Any]:
     for key in ("static_fraction_by_tp", "static_fraction_by_tp_pipelined"):
         if key in out:
             out[key] = [{"min_tp": t, "fraction": f} for t, f in out[key]]
+    if "cuda_graph_max_batch_by_tp" in out:
+        out["cuda_graph_max_batch_by_tp"] = [{"min_tp": t, "batch": b} for t, b in out["cuda_graph_max_batch_by_tp"]]
     return out
 
 

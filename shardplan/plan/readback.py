@@ -124,6 +124,8 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
                                 "static_fraction_by_tp": tuple((r["min_tp"], r["fraction"]) for r in w["static_fraction_by_tp"]),
                                 "static_fraction_by_tp_pipelined": tuple(
                                     (r["min_tp"], r["fraction"]) for r in w.get("static_fraction_by_tp_pipelined", ())),
+                                "cuda_graph_max_batch_by_tp": tuple(
+                                    (r["min_tp"], r["batch"]) for r in w.get("cuda_graph_max_batch_by_tp", ())),
                                 "admission": tuple(w["admission"]) if w["admission"] is not None else None,
                                 "python_ops_per_layer_parts": tuple(sorted(w["python_ops_per_layer_parts"].items())),
                                 "load": plan_load(w["load"])})

@@ -70,6 +70,13 @@ class HardwareSection(_Section):
     memory_capacity_bytes: int = Field(ge=1, description="memory of one GPU, bytes")
 
 
+class GraphBatchRow(_Section):
+    """An engine's decode CUDA-graph batch from a tensor-parallel size up."""
+
+    min_tp: int = Field(ge=1, description="applies from this tensor-parallel size up")
+    batch: int = Field(ge=0, description="decode batches up to this size replay CUDA graphs")
+
+
 class StaticFractionRow(_Section):
     """SGLang's default pool fraction from a tensor-parallel size up."""
 
@@ -158,6 +165,10 @@ class InferenceWorkloadSection(_Section):
                                           "python_ops_per_layer for every layer")
     python_ops_per_step: float = Field(0.0, ge=0, description="eager framework ops per step for the logits and the sampler")
     cuda_graph_max_batch: int = Field(512, ge=0, description="decode batches up to this size replay CUDA graphs; 0: none")
+    cuda_graph_max_batch_by_tp: list[GraphBatchRow] = Field(
+        default_factory=list, description="where the engine captures more at larger tensor-parallel sizes (SGLang from "
+                                          "0.5.3 at tp >= 4): the batch from each tp up, largest first; empty: "
+                                          "cuda_graph_max_batch at any tp")
     step_overhead_seconds: float = Field(0.0, ge=0, description="host work per step the GPU waits for (scheduler, outputs), s")
     sampler_bytes_per_logit: float = Field(20.0, ge=0, description="bytes per logit the profiling pass's dummy sampler holds")
     non_torch_bytes: float | None = Field(None, ge=0, description="non-torch memory beyond the CUDA context and NCCL; null: the profile's")

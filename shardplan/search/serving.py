@@ -434,7 +434,8 @@ def _goodput_bound(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         top = lo
     bound = 0.0
     if top >= 1:
-        sizes = {top} | ({wl.cuda_graph_max_batch} if 1 <= wl.cuda_graph_max_batch < top else set())
+        graph_max = wl.graph_max_at(layout.tp)
+        sizes = {top} | ({graph_max} if 1 <= graph_max < top else set())
         bound = max(b / t(b) for b in sizes)
         bound = min(bound, _with_decode_attention(bound, _step_model(spec, hw, layout, wl, memo), wl))
         # Every token, prompt or output, passes through the layers in some step, and a step of T

@@ -16,6 +16,7 @@ from shardplan.cost.estimate import estimate
 from shardplan.cost.inputs import inference_workload
 from shardplan.cost.memory_serving import static_fraction
 from shardplan.cost.layout import Layout
+from shardplan.cost.workload import InferenceWorkload
 from shardplan.errors import ShardplanError
 from shardplan.knowledge.load import engine_file, engine_rules
 from shardplan.specs.cluster import cluster
@@ -402,3 +403,24 @@ def test_sglang_0_5_23_defaults_by_device():
     old = _sglang_defaults("0.5.19", "rtx-4090-24gb")[1]
     assert (old.max_num_batched_tokens, old.cuda_graph_max_batch) == (2048, 24)
     assert rules.era.admission.initial_ratio == 0.7 and rules.era.schedule == "prefill_first"
+
+
+def test_sglang_cuda_graph_batch_grows_at_tp_4_and_0_5_3_has_the_heuristics():
+    """server_args.py _handle_gpu_memory_settings in the 0.5.3 wheel (lines 566-672): at tp >= 4 the decode
+    CUDA graphs go to 80 below 35 GiB, 160 below 60 and 512 below 160 (256 / 32 / 16 at tp < 4), and the
+    mem_fraction_static reserve counts them (512 + 8192 x 1.5 + 512 x 2 + tp / 8 x 1024 MiB on an H200 at
+    tp 8); 0.5.2 set no batch above 35 GiB (160) and kept the fraction table (0.81 at tp 8)."""
+    rules = engine_rules("sglang", "0.5.3")
+    table = [[rules.by_device(rules.era.cuda_graph_max_batch, gib, "x", tp) for gib in (15, 22.5, 44, 79, 140, 178)]
+             for tp in (1, 4, 8)]
+    assert table == [[8, 16, 32, 256, 256, 512], [8, 80, 160, 512, 512, 512], [8, 80, 160, 512, 512, 512]]
+    hw, d = _sglang_defaults("0.5.3", "h200-sxm-141gb")
+    device_mib = hw.memory_capacity_bytes / BYTES_PER_GIB * 1024
+    assert d.cuda_graph_max_batch == 256 and dict(d.cuda_graph_max_batch_by_tp)[8] == 512
+    assert dict(d.static_fraction_by_tp)[8] == _fraction(device_mib, 512 + 8192 * 1.5 + 512 * 2 + 1024)
+    assert dict(d.static_fraction_by_tp)[1] == _fraction(device_mib, max(10240, 512 + 8192 * 1.5 + 256 * 2 + 128))
+    old = _sglang_defaults("0.5.2", "h200-sxm-141gb")[1]
+    assert (old.cuda_graph_max_batch, old.cuda_graph_max_batch_by_tp, dict(old.static_fraction_by_tp)[8]) == (160, (), 0.81)
+    # the tp the plan runs at decides what its decode steps replay, and its report says so
+    wl = InferenceWorkload(cuda_graph_max_batch=256, cuda_graph_max_batch_by_tp=((4, 512), (1, 256)))
+    assert (wl.graph_max_at(1), wl.graph_max_at(2), wl.graph_max_at(4), wl.graph_max_at(8)) == (256, 256, 512, 512)

@@ -129,7 +129,13 @@ def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
     before SGLang's eager prefill was costed by the ops of each layer's kind TTFT was 0.53.
     With the nine gpt-oss-120b runs on vLLM 0.10.2 with --async-scheduling (one H100, seven of them
     saturated, where the other gpt-oss runs miss too) the 81 runs stand at TTFT 0.41, TPOT 0.22,
-    ITL 0.17, output throughput 0.175.
+    ITL 0.17, output throughput 0.175. Five DeepSeek-R1 runs on SGLang 0.5.3 (--enable-dp-attention
+    without --dp, which SGLang turns off) joined them (86); then SGLang's decode CUDA graphs up to 512
+    sequences at tp >= 4 on 60-160 GiB GPUs (from 0.5.3, as its server_args.py sets them; 160 or 256
+    before) moved seven SGLang runs: median ITL error over all runs 0.17 -> 0.157 (DeepSeek-R1 on 8 H200s
+    +84% -> -11%, Qwen3-235B on 8 H100s +76% -> +9%), but output throughput 0.175 -> 0.215 (72 earlier
+    runs and the five: 0.15 -> 0.168), the DeepSeek-R1 bursts now 13-33% high: their host's prompt
+    steps run slower than the profile's (BENCHMARKS.md, "A host's compute rate from one of its runs").
     """
     every: dict[str, list[float]] = {"median_ttft": [], "median_tpot": [], "median_itl": [], "output_throughput": []}
     earlier: dict[str, list[float]] = {k: [] for k in every}
@@ -143,14 +149,14 @@ def test_saturation_and_ttft_errors_stay_below_their_present_bounds():
                 every[k].append(abs(v))
                 if c.flags.async_scheduling is None:
                     earlier[k].append(abs(v))
-    assert len(earlier["output_throughput"]) >= 72 and len(every["output_throughput"]) >= 81
+    assert len(earlier["output_throughput"]) >= 77 and len(every["output_throughput"]) >= 86
     assert statistics.median(earlier["median_tpot"]) <= 0.20
     assert statistics.median(earlier["median_ttft"]) <= 0.36
-    assert statistics.median(earlier["output_throughput"]) <= 0.15
+    assert statistics.median(earlier["output_throughput"]) <= 0.17
     # The gaps between tokens: the step times at the batches the runs decode at, less the queueing
     # and the prompt stalls that TPOT also holds. 0.155 when added.
-    assert len(earlier["median_itl"]) >= 60 and statistics.median(earlier["median_itl"]) <= 0.16
+    assert len(earlier["median_itl"]) >= 60 and statistics.median(earlier["median_itl"]) <= 0.14
     assert statistics.median(every["median_ttft"]) <= 0.41
     assert statistics.median(every["median_tpot"]) <= 0.22
-    assert statistics.median(every["median_itl"]) <= 0.17
-    assert statistics.median(every["output_throughput"]) <= 0.175
+    assert statistics.median(every["median_itl"]) <= 0.16
+    assert statistics.median(every["output_throughput"]) <= 0.22
