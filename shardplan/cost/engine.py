@@ -230,10 +230,6 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
                      f"({era.sources['cuda_graph_max_batch_capped']})")
     graph_by_tp = tuple((t, graphs_at(t)) for t in (64, 32, 16, 8, 4, 2, 1))
     graph_by_tp = graph_by_tp if any(v != graph_max for _, v in graph_by_tp) else ()
-    if graph_by_tp:
-        notes.append(f"{rules.label}: decode CUDA graphs on {device} up to "
-                     + ", ".join(f"{v} sequences from tp {t}" for t, v in graph_by_tp if t <= 8 and (t == 1 or v != dict(graph_by_tp)[t // 2]))
-                     + f" ({era.sources['cuda_graph_max_batch']})")
     by_tp: tuple[tuple[int, float], ...] = ()
     by_tp_pipelined: tuple[tuple[int, float], ...] = ()
     if era.accounting == "static_fraction":
@@ -317,7 +313,11 @@ def resolve_serving(rules: EngineRules, hw: HardwareProfile, *, max_model_len: i
         notes.append(f"{rules.label}: {era.non_torch_gib:g} GiB of non-torch memory beyond the CUDA context and NCCL "
                      f"({era.sources['non_torch_gib']})")
     if graph_max:
-        notes.append(f"{rules.label}: decode steps of up to {graph_max} sequences replay CUDA graphs on {device} "
+        more = ""
+        if graph_by_tp:  # where the batch grows with tp: each size it changes at, up to tp 8
+            steps = dict(graph_by_tp)
+            more = "".join(f", {v} from tp {t}" for t, v in sorted(graph_by_tp) if 1 < t <= 8 and v != steps[t // 2])
+        notes.append(f"{rules.label}: decode steps of up to {graph_max} sequences{more} replay CUDA graphs on {device} "
                      f"unless --enforce-eager ({era.sources['cuda_graph_max_batch']})")
     else:
         notes.append(f"{rules.label}: no CUDA graphs ({era.sources['cuda_graph_max_batch']})")

@@ -4,7 +4,8 @@ replicas, run through the engine's scheduler (cost/serving_load.py), with the sa
 The dp replicas of a plan serve independently and the traffic is spread evenly over them (the
 engines' data-parallel front ends and a round-robin load balancer do), so one replica is
 simulated at 1/dp of the rate and of the concurrency, and its throughputs are multiplied by dp;
-latencies are one replica's.
+latencies are one replica's. Replicas whose expert group spans them step together: each is
+simulated with the others of its group, each under such a share (serving_load.simulate_replica).
 
 Saturation: the highest request rate a replica sustains with a bounded queue is its request
 throughput when every request is ready at once (rate inf): beyond it the queue grows without
@@ -242,16 +243,16 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
         mid = (lo + hi) / 2
         n = max(num_requests, min(STEADY_REQUESTS_MAX, math.ceil(STEADY_LATENCIES * mid * alone)))
         try:
-            r = simulate_replica(step, sched, _traffic(wl, load, n, rate=mid, conc=None, first_token_sent=first_token_sent),
-                         sla.give_up(n))
+            r = simulate_replica(step, sched, _traffic(wl, load, n, rate=mid, conc=None,
+                                                       first_token_sent=first_token_sent), sla.give_up(n))
             # Under load a request takes longer than alone: if the arrivals did not span several of
             # the latencies the run measured, the run ended before the queue filled; run it again
             # long enough (once: the second run's latency is the steady one or past the SLA).
             needed = min(STEADY_REQUESTS_MAX, math.ceil(STEADY_LATENCIES * mid * r.e2e_seconds.p50))
             if needed > n:
                 n = needed
-                r = simulate_replica(step, sched, _traffic(wl, load, n, rate=mid, conc=None, first_token_sent=first_token_sent),
-                             sla.give_up(n))
+                r = simulate_replica(step, sched, _traffic(wl, load, n, rate=mid, conc=None,
+                                                           first_token_sent=first_token_sent), sla.give_up(n))
         except SlaBroken:
             hi = mid
             continue
@@ -286,8 +287,8 @@ def token_rate_bound(step: StepModel, load: ServingLoad, requests: tuple[tuple[i
 
 def latency_floor(step: StepModel, wl: InferenceWorkload, mean_input_tokens: float) -> tuple[float, float]:
     """(TTFT, TPOT) of a request of the mean prompt length alone on the replica (the others of its
-    expert group, if any, idle): no load can do better, and a percentile of many requests is no lower, so a replica whose floor breaks the SLA
-    is rejected without simulating it."""
+    expert group, if any, idle): no load can do better, and a percentile of many requests is no
+    lower, so a replica whose floor breaks the SLA is rejected without simulating it."""
     budget = max(1, wl.max_num_batched_tokens)
     left, done, ttft = mean_input_tokens, 0.0, 0.0
     while left > 0:  # the prompt in chunks of the token budget, each after the ones before it
