@@ -587,17 +587,14 @@ def calibrate_profile_from_serving_run(cases_file: Path, output: Path, *, case_i
     in-sample."""
     import dataclasses
 
-    from shardplan.validation.predict import predict_serving_load
+    from shardplan.validation.predict import case_file_ref, predict_serving_load
 
     case = _serving_case(cases_file, case_id)
     folder = cases_file.parent  # the case's relative model and profile files are beside it
-    named = case.hardware
-    if named.endswith((".yaml", ".yml", ".json")) and not Path(named).is_absolute():
-        named = str(folder / named)
-    base_path = loading.hardware_path(hardware or named)
+    base_path = loading.hardware_path(hardware or case_file_ref(case.hardware, folder))
     base_data = loading.read_structured(base_path)
     prof = HardwareProfileFile.model_validate(base_data)
-    hw = loading.load_hardware(str(base_path))
+    hw = loading.hardware_from_data(base_data, str(base_path))  # read once: its measured cases are not predicted here
     f0 = prof.gpu.power_limited_compute_fraction
     results: dict[float, Any] = {}
 

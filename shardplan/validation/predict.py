@@ -69,10 +69,17 @@ class Comparison:
         return self.predicted / self.measured - 1.0
 
 
+def case_file_ref(ref: str, corpus: Path | None) -> str:
+    """A case's model or profile as given: a bundled name, or a file, whose relative path resolves
+    against the folder of the cases (`corpus`; None: as given)."""
+    if corpus is not None and ref.endswith((".yaml", ".yml", ".json")) and not Path(ref).is_absolute():
+        return str(corpus / ref)
+    return ref
+
+
 def _model(ref: str, corpus: Path | None) -> ModelSpec:
     """A bundled name, or a file: relative paths resolve against the corpus folder."""
-    if corpus is not None and ref.endswith((".yaml", ".yml", ".json")) and not Path(ref).is_absolute():
-        ref = str(corpus / ref)
+    ref = case_file_ref(ref, corpus)
     if corpus is not None and Path(ref).resolve().is_relative_to(SHIPPED_CORPUS):
         with quiet_notes():  # shipped data: its translations' notes are known, not news to the user
             return load_model(ref).spec
@@ -84,9 +91,7 @@ SHIPPED_CORPUS = Path(__file__).resolve().parent / "corpus"
 
 
 def _profile(name: str, corpus: Path | None):
-    if corpus is not None and name.endswith((".yaml", ".yml")) and not Path(name).is_absolute():
-        name = str(corpus / name)
-    return load_hardware(name)
+    return load_hardware(case_file_ref(name, corpus))
 
 
 def logged_device_gib(case: EngineLogCase, profile) -> float | None:
