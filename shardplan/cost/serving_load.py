@@ -281,6 +281,7 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
     waiting: deque[_Request] = deque()
     running: dict[int, _Request] = {}  # admission order (preemption takes the last)
     prefilling: list[_Request] = []  # admitted, prompt (or recompute) not yet done, in admission order
+    prefill_held = 0  # the cached tokens of the requests in `prefilling` (the sum of their `computed`)
     finish_heap: list[tuple[int, int, int]] = []  # (decode step it ends at, epoch, id)
     decoding = 0
     used = 0  # KV tokens held by running requests
@@ -361,12 +362,13 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
 
     def preempt_last() -> bool:
         """Free the latest admitted request's cache; it waits at the head of the queue to be recomputed."""
-        nonlocal decoding, remaining_out, preemptions
+        nonlocal decoding, remaining_out, preemptions, prefill_held
         if not running:
             return False
         _, r = running.popitem()
         if r in prefilling:
             prefilling.remove(r)
+            prefill_held -= r.computed
             release(r, r.computed)
         else:
             grown = per_step * (decode_steps - r.decode_from)  # KV tokens its decode steps added
@@ -456,7 +458,7 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
         already allocated (`step_held`), must hold the chunk, its prefix hits and its sliding-window
         share; with an admission reserve, the rest of its prompt and ratio x the outputs still to
         come of it and of every running request."""
-        nonlocal used, remaining_out, slide, step_held
+        nonlocal used, remaining_out, slide, step_held, prefill_held
         while waiting and left > 0 and len(running) < max_seqs:
             r = waiting[0]
             # Sent after the batch was formed (new requests wait in the order sent, behind the preempted
@@ -485,6 +487,7 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
             r.computed += start
             used += start
             prefilling.append(r)
+            prefill_held += r.computed
             chunks.append((r, c))
             left -= c
             step_held += c + (charge * (min(start + c, window) - min(start, window)) if windowed else 0.0)
@@ -634,19 +637,23 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
                 r = running.popitem()[1]
                 if r in prefilling:
                     prefilling.remove(r)
+                    prefill_held -= r.computed
                 release(r, r.computed)
                 refuse(r)
             else:
                 refuse(waiting.popleft())
             send_ready()
             continue
+        completing: list[_Request] = []  # the requests whose target this step's chunk completes: each samples a token
         for r, c in chunks:
             p = r.computed
             prompt_units += c * (p + (c + 1) / 2)
             tokens += c
+            if p + c >= r.target:
+                completing.append(r)
         tokens += step_decoding
-        completing = [r for r, c in chunks if r.computed + c >= r.target] if chunks else ()
-        kv_read = (used - sum(r.computed for r in prefilling) if prefilling else used) if step_decoding else 0
+        # The decodes read every cached token but the prompts' (an exact integer sum, kept as it changes).
+        kv_read = used - prefill_held if step_decoding else 0
         sampled = step_decoding + len(completing)
         if lockstep:
             dt = yield ("step", tokens, sampled, step_decoding, kv_read, prompt_units, bool(chunks))
@@ -660,12 +667,14 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
         last_start, last_woke = now, woke
         now += dt
         steps += 1
-        peak = max(peak, len(running))
+        if len(running) > peak:
+            peak = len(running)
         for r, c in chunks:
             if windowed:
                 slide += charge * (min(r.computed + c, window) - min(r.computed, window))
             r.computed += c
             used += c
+            prefill_held += c
         if step_decoding:
             if gaps is not None:
                 last_decode_end = record_gaps(step_decoding, last_decode_end)
@@ -696,6 +705,7 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
                 finish(r, now)
         for r in completing:
             prefilling.remove(r)
+            prefill_held -= r.computed
             sampled_done(r, now)
         if next_send < n and arrivals[next_send] <= now:
             send_ready()
