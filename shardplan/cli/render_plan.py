@@ -274,9 +274,11 @@ def recommend_report(r: RecommendResult) -> None:
     d = r.disaggregated
     if d is not None:
         console.print(f"[bold]disaggregated[/bold]: {d.prefill_replicas} prefill replica(s) of tp={d.prefill_tp} + "
-                      f"{d.decode_replicas} decode replica(s) of tp={d.decode_tp}: {d.request_rate_per_second:,.2f} req/s, "
-                      f"{d.output_tokens_per_second_per_gpu:,.0f} output tokens/s per GPU against "
-                      f"{d.aggregated_output_tokens_per_second_per_gpu:,.0f} aggregated; {escape(d.why)}")
+                      f"{d.decode_replicas} decode replica(s) of tp={d.decode_tp}: {d.request_rate_per_second:,.2f} req/s "
+                      f"({d.output_tokens_per_second_per_gpu:,.0f} output tokens/s per GPU) against "
+                      f"{d.aggregated_request_rate_per_second:,.2f} aggregated "
+                      f"({d.aggregated_output_tokens_per_second_per_gpu:,.0f}), each the most offered within the SLA; "
+                      f"{escape(d.why)}")
     c = r.compare
     if c:
         pins = ", ".join(f"{k}={v}" for k, v in c.pins.items())

@@ -26,7 +26,7 @@ from shardplan.cost.kv import kv_cache_bytes_per_token
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.step_model import StepModel
-from shardplan.cost.traffic import SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_rate, sequence_slots
+from shardplan.cost.traffic import Sla, most_within_sla
 from shardplan.cost.workload import InferenceWorkload, ServingLoad
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.lengths import TokenBins
@@ -76,11 +76,7 @@ def _pool_rate(spec: ModelSpec, hw: HardwareProfile, tp: int, wl: InferenceWorkl
         return 0.0
     w = replace(wl, load=traffic_load)
     step = StepModel(spec, hw, layout, w, w.max_num_batched_tokens, w.max_num_seqs)
-    mean_in = w.input_len if traffic_load.lengths is None else traffic_load.lengths.mean_input_tokens
-    mean_out = w.output_len if traffic_load.lengths is None else traffic_load.lengths.mean_output_tokens
-    slots = sequence_slots(w, sm.kv_account, mean_in + mean_out)
-    n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
-    point = best_rate(step, w, sm.kv_account, sla, n, first_token_sent=decode_pool)
+    point, _ = most_within_sla(step, w, sm.kv_account, sla, first_token_sent=decode_pool)
     return 0.0 if point is None else point.request_rate_per_second
 
 

@@ -263,6 +263,20 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
     return best
 
 
+def most_within_sla(step: StepModel, wl: InferenceWorkload, kv: KvAccount, sla: Sla,
+                    first_token_sent: bool = False) -> tuple[OperatingPoint | None, int]:
+    """(`best_rate` of one replica, the requests it starts from): four times the requests of the
+    mean length its sequence slots hold, within SEARCH_REQUESTS_MIN..MAX, so that a p90 settles
+    however many run at once. What the goodput search, the pools of a disaggregated plan and the
+    comparison with them judge a replica by."""
+    load = wl.load or ServingLoad()
+    mean_ctx = max(1, wl.input_len + wl.output_len if load.lengths is None else
+                   load.lengths.mean_input_tokens + load.lengths.mean_output_tokens)
+    slots = sequence_slots(wl, kv, mean_ctx)
+    n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
+    return best_rate(step, wl, kv, sla, n, first_token_sent=first_token_sent), n
+
+
 # Drawn lengths: the bound is read off one sample's mean tokens a request, and the runs draw samples of
 # other sizes, whose means differ (ShareGPT's vLLM sampling: within 1% from 1,000 requests up): this slack.
 DRAWN_LENGTHS_SLACK = 0.05

@@ -456,9 +456,10 @@ class DisaggregationSection(_Section):
 
     prefill: PoolSection = Field(description="the replicas that compute prompts and send their KV")
     decode: PoolSection = Field(description="the replicas that receive the KV and decode")
-    request_rate_per_second: float = Field(ge=0, description="requests/s the split carries within the SLA")
-    output_tokens_per_second_per_gpu: float = Field(ge=0, description="its goodput per GPU")
-    aggregated_output_tokens_per_second_per_gpu: float = Field(ge=0, description="the aggregated layout's, for comparison")
+    request_rate_per_second: float = Field(ge=0, description="the most requests/s the split carries within the SLA")
+    output_tokens_per_second_per_gpu: float = Field(ge=0, description="that rate's output tokens/s per GPU")
+    aggregated_output_tokens_per_second_per_gpu: float = Field(
+        ge=0, description="aggregated serving's, in the same terms (the most it carries within the SLA), for comparison")
     kv_transfer_bytes_per_request: float = Field(ge=0, description="a prompt's KV cache, bytes")
     kv_transfer_seconds: float = Field(ge=0, description="its transfer between the pools, added to TTFT")
     link: str = Field(description="the link between the pools")

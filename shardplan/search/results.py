@@ -145,9 +145,17 @@ class DisaggregatedComparison(Frozen):
     prefill_replicas: int = Field(description="prefill replicas")
     decode_tp: int = Field(description="tensor-parallel degree of a decode replica")
     decode_replicas: int = Field(description="decode replicas")
-    request_rate_per_second: float = Field(description="requests/s the plan carries within the SLA (the lesser pool)")
-    output_tokens_per_second_per_gpu: float = Field(description="its goodput per GPU")
-    aggregated_output_tokens_per_second_per_gpu: float = Field(description="the aggregated pick's goodput per GPU")
+    request_rate_per_second: float = Field(
+        description="the most requests/s the split carries within the SLA (the lesser pool), as a rate offered")
+    output_tokens_per_second_per_gpu: float = Field(description="that rate times the mean output tokens, per GPU")
+    aggregated_request_rate_per_second: float = Field(
+        description="the most requests/s aggregated serving carries within the SLA, as a rate offered (all replicas): "
+                    "the pick's, or with a --request-rate the best of the ranked plans'")
+    aggregated_output_tokens_per_second_per_gpu: float = Field(
+        description="that rate times the mean output tokens, per GPU (the split's terms; a plan's own goodput, its "
+                    "run's measured output, is lower by the run's ramp and drain)")
+    offered_request_rate_per_second: float | None = Field(
+        None, description="the --request-rate both are judged against; null: none given (each at the most it carries)")
     kv_transfer_bytes_per_request: float = Field(description="a prompt's KV cache sent from prefill to decode, bytes")
     kv_transfer_seconds: float = Field(description="its transfer time over the link, added to TTFT")
     link: str = Field(description="the link between the pools")

@@ -19,8 +19,7 @@ from shardplan.cost.layout import Layout, Offload
 from shardplan.cost.memory_serving import KvAccount, ServingMemory, serving_memory
 from shardplan.cost.time_serving import ServingTime, pass_time, serving_time
 from shardplan.cost.step_model import StepModel
-from shardplan.cost.traffic import (SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_rate, latency_floor, load_figures,
-                                   sequence_slots)
+from shardplan.cost.traffic import Sla, latency_floor, load_figures, most_within_sla
 from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
 from shardplan.search.ahead import SKIPPED, in_order
 from shardplan.search.targets import serving_refusal
@@ -517,11 +516,7 @@ def _goodput_found(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
                 or (sla.max_tpot_seconds is not None and floor_tpot > sla.max_tpot_seconds)):
             found = ("none within the SLA", None, (floor_ttft, floor_tpot), None)
         elif open_loop:
-            mean_ctx = max(1, wl.input_len + wl.output_len if load.lengths is None else
-                           load.lengths.mean_input_tokens + load.lengths.mean_output_tokens)
-            slots = sequence_slots(wl, sm.kv_account, mean_ctx)
-            n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
-            point = best_rate(step, wl, sm.kv_account, sla, n)
+            point, n = most_within_sla(step, wl, sm.kv_account, sla)
             if point is None:
                 # What the replica reaches one request at a time (a relaxed limit must allow it).
                 found = ("none within the SLA", None, (floor_ttft, floor_tpot), n)

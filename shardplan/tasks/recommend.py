@@ -22,7 +22,9 @@ from shardplan.search.ahead import in_order
 from shardplan.search.results import (BestAtGpuCount, DisaggregatedComparison, EngineFallback, RecommendResult,
                                       SearchBudget, Suggestion)
 from shardplan.cost.disaggregated import best_disaggregated
-from shardplan.cost.traffic import Sla
+from shardplan.cost.memory_serving import serving_memory
+from shardplan.cost.step_model import StepModel
+from shardplan.cost.traffic import Sla, most_within_sla
 from shardplan.search.space import BUDGET_SPENT, MEMORY_REASONS, Progress
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import LoadedModel
@@ -116,7 +118,7 @@ def recommend(
         """The i-th top plan's estimate, or (past them) the disaggregated comparison of the pick."""
         if i < len(res.top):
             return explain.entry(spec, res.top[i], goal, i + 1, lambda r: banded(r, hw))
-        return _disaggregated(spec, res.top[0], workload, goal, num_gpus or 0, hw)
+        return _disaggregated(spec, res.top, workload, goal, num_gpus or 0, hw)
 
     # Under traffic each estimate simulates its plan again: forked workers take some (search/ahead.py).
     parts = list(range(len(res.top) + compare_split))
@@ -182,8 +184,9 @@ def recommend(
         )
         if write_disaggregation:
             if disaggregated is None:
-                raise ShardplanError("no split into prefill and decode pools meets the SLA on these GPUs (or the "
-                                     "comparison does not apply: a fixed --gpus count, goodput, no --request-rate)",
+                raise ShardplanError("no split into prefill and decode pools to write: none meets the SLA on these "
+                                     "GPUs, or the comparison did not run (it needs a fixed --gpus count, the goodput "
+                                     "objective and a load given as a rate, not --concurrency)",
                                      field="--disaggregated", hint="drop --disaggregated for the aggregated plan")
             d = disaggregated
             m = m.model_copy(update={"disaggregation": DisaggregationSection(
@@ -279,36 +282,67 @@ def assumptions(workload: InferenceWorkload | TrainingWorkload, goal: Goal) -> s
     return text + ("; limits: " + ", ".join(shown) if shown else "")
 
 
-def _disaggregated(spec: Any, top: Any, workload: InferenceWorkload, goal: Goal, num_gpus: int,
+def _disaggregated(spec: Any, ranked: list[Any], workload: InferenceWorkload, goal: Goal, num_gpus: int,
                    hw: HardwareProfile) -> DisaggregatedComparison | None:
     """The best split into prefill and decode pools of the pick's GPUs, in the pick's formats and
-    traffic (without a rate: each pool at the most it sustains within its part of the SLA)."""
+    traffic, each pool at the most it sustains within its part of the SLA, beside aggregated serving
+    at the most it sustains within the SLA: without a rate that is the pick's goodput, which it was
+    ranked by; with --request-rate (every plan offered the same load, ranked by latency) it is found
+    the same way for each of the ranked plans and the best is taken, so both arrangements are
+    compared by the load they carry within the SLA on these GPUs (their headroom), and the answer
+    says whether each carries the offered rate. A client concurrency is not compared (clients
+    cycling over two pools in a closed loop are not modelled)."""
+    top = ranked[0]
     load = workload.load
-    if load is None or not load.open_loop:
-        return None  # a given rate or concurrency: the comparison is at the most each sustains
-    wl = replace(top.workload, load=load, batch_size=None)
+    if load is None or load.max_concurrency is not None:
+        return None
+    offered = None if load.open_loop else load.request_rate_per_second
+    wl = replace(top.workload, load=replace(load, request_rate_per_second=math.inf), batch_size=None)
     gpn = min(top.hw.gpus_per_node, num_gpus)
     tps = tuple(t for t in (1, 2, 4, 8, 16) if t <= gpn and gpn % t == 0)
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
     d = best_disaggregated(spec, top.hw, wl, sla, num_gpus, tps)
     if d is None:
         return None
-    agg = top.figures["throughput_tokens_per_second_per_gpu"]
+    # Both sides in the same terms: the request rate offered at which the SLA holds, and the output
+    # tokens it brings per GPU (a finite run's measured throughput, which the ranking reads, is lower
+    # by its ramp and drain: about 9% for Llama 3.1 8B on 8 H100s, and the split has no such run).
+    agg_rate, best_agg = top.workload.load.request_rate_per_second, top
+    if offered is not None:
+        agg_rate = 0.0
+        for e in ranked:  # each ranked plan at the most it carries within the SLA
+            w = replace(e.workload, load=wl.load, batch_size=None)
+            step = StepModel(spec, e.hw, e.layout, w, w.max_num_batched_tokens, w.max_num_seqs)
+            point, _ = most_within_sla(step, w, serving_memory(spec, e.hw, e.layout, w).kv_account, sla)
+            if point is not None and point.request_rate_per_second * e.layout.dp > agg_rate:
+                agg_rate, best_agg = point.request_rate_per_second * e.layout.dp, e
+    agg = agg_rate * d.output_tokens_per_second_per_gpu / d.request_rate_per_second  # its mean output over the GPUs
     wins = d.output_tokens_per_second_per_gpu > agg
     ratio = d.output_tokens_per_second_per_gpu / agg if agg else math.inf
+    margin = f"{100 * (ratio - 1):.0f}%" if wins else f"{100 * (1 / ratio - 1):.0f}%"
+    if offered is not None:
+        l = best_agg.layout
+        shape = f"tp={l.tp} pp={l.pp} dp={l.dp}" + (f" ep={l.ep}" if l.ep > 1 else "")
+        which = "the pick" if best_agg is top else f"{shape}, ranked #{ranked.index(best_agg) + 1}"
+        lead = (f"{'disaggregated' if wins else 'aggregated'} has {margin} more headroom: the ranked plans meet the SLA "
+                f"at the offered {offered:,.2f} req/s, and within it the split carries up to "
+                f"{d.request_rate_per_second:,.2f} req/s, aggregated {agg_rate:,.2f} ({which})")
+    else:
+        lead = f"{'disaggregated' if wins else 'aggregated'} wins by {margin}"
     if wins:
-        why = (f"disaggregated wins by {100 * (ratio - 1):.0f}%: without prompt chunks in the decode steps the decode pool "
+        why = (f"{lead}: without prompt chunks in the decode steps the decode pool "
                f"keeps p{goal.slo_percentile} TPOT within the limit at larger batches; each prompt's KV "
                f"({d.kv_transfer_bytes_per_request / 2**20:,.0f} MiB) crosses {d.link} in {d.kv_transfer_seconds * 1e3:,.1f} ms")
     else:
-        why = (f"aggregated wins by {100 * (1 / ratio - 1):.0f}%: split into pools of {d.prefill_replicas} x tp{d.prefill_tp} "
+        why = (f"{lead}: split into pools of {d.prefill_replicas} x tp{d.prefill_tp} "
                f"prefill and {d.decode_replicas} x tp{d.decode_tp} decode, the lesser pool limits the rate and the other "
                f"idles; the interference the split removes costs less on these GPUs")
     return DisaggregatedComparison(
         prefill_tp=d.prefill_tp, prefill_replicas=d.prefill_replicas, decode_tp=d.decode_tp,
         decode_replicas=d.decode_replicas, request_rate_per_second=d.request_rate_per_second,
         output_tokens_per_second_per_gpu=d.output_tokens_per_second_per_gpu,
-        aggregated_output_tokens_per_second_per_gpu=agg, kv_transfer_bytes_per_request=d.kv_transfer_bytes_per_request,
+        aggregated_output_tokens_per_second_per_gpu=agg, aggregated_request_rate_per_second=agg_rate,
+        offered_request_rate_per_second=offered, kv_transfer_bytes_per_request=d.kv_transfer_bytes_per_request,
         kv_transfer_seconds=d.kv_transfer_seconds, link=d.link, winner="disaggregated" if wins else "aggregated", why=why)
 
 
