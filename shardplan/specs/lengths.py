@@ -62,7 +62,7 @@ from pydantic import Field, ValidationError, model_validator
 from shardplan import fileio
 from shardplan.errors import InputFileError, ShardplanError, UnknownNameError
 from shardplan.specs._base import StrictModel
-from shardplan.specs.loading import _unique_keys, read_structured, validation_error
+from shardplan.specs.loading import NESTING_HINT, _unique_keys, read_structured, validation_error
 
 MAX_TOKENS = 10_000_000  # one request's input or output; far above any model's context
 MAX_REQUESTS_IN_FILE = 1_000_000
@@ -560,7 +560,7 @@ def _read_lengths_file(path: Path, label: str) -> Any:
             # NaN and Infinity parse (as floats) so that the schema can refuse them by field.
             return json.loads(text, object_pairs_hook=_unique_keys)
         except RecursionError:
-            raise InputFileError("JSON nested too deeply", source=label) from None
+            raise InputFileError("JSON nested too deeply", source=label, hint=NESTING_HINT) from None
         except json.JSONDecodeError as e:
             raise InputFileError(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", source=label,
                                  hint="fix the JSON syntax") from None

@@ -178,12 +178,16 @@ def read_structured(path: Path, label: str | None = None) -> Any:
     return data
 
 
+# Every shardplan file is a few levels deep: one nested past Python's recursion limit is not one of them.
+NESTING_HINT = "a plan, spec, profile or lengths file nests a few levels; check that this is the file meant"
+
+
 def _parse(text: str, path: Path, label: str) -> Any:
     if path.suffix.lower() == ".json":
         try:
             return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
         except RecursionError:
-            raise InputFileError("JSON nested too deeply", source=label) from None
+            raise InputFileError("JSON nested too deeply", source=label, hint=NESTING_HINT) from None
         except (json.JSONDecodeError, ValueError) as e:
             where = f"line {e.lineno} column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else str(e)
             raise InputFileError(f"invalid JSON at {where}", source=label, hint="fix the JSON syntax") from None
@@ -191,13 +195,13 @@ def _parse(text: str, path: Path, label: str) -> Any:
         loader = _StrictSafeLoader if _MAY_HOLD_ANCHOR.search(text) else _StrictCSafeLoader
         return yaml.load(text, Loader=loader)  # noqa: S506 - SafeLoader subclasses
     except RecursionError:
-        raise InputFileError("YAML nested too deeply", source=label) from None
+        raise InputFileError("YAML nested too deeply", source=label, hint=NESTING_HINT) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e)
         if "maximum nesting depth" in problem:  # libyaml's own limit (Python's parser: RecursionError)
-            raise InputFileError("YAML nested too deeply", source=label) from None
+            raise InputFileError("YAML nested too deeply", source=label, hint=NESTING_HINT) from None
         raise InputFileError(f"invalid YAML at {where}{problem}", source=label, hint="fix the YAML syntax") from None
 
 

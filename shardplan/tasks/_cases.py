@@ -22,6 +22,10 @@ def read_case_file(path: Path) -> list[Case]:
             raise ShardplanError("the profile has no measured cases", source=str(path), field="measured_cases",
                                  hint="calibrate it with `shardplan calibrate --engine-log LOG --plan PLAN`")
         return list(cases)
+    if not isinstance(data, dict):
+        raise ShardplanError(f"expected a mapping with a `cases:` list at the top level, got {type(data).__name__}",
+                             source=str(path), field="cases",
+                             hint="see `shardplan validate --help` for the cases file's schema")
     try:
         return list(CaseFile.model_validate(data).cases)
     except ValidationError as e:

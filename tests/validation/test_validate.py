@@ -168,6 +168,7 @@ def test_a_filtered_run_lists_only_its_own_rows_left_out(cli):
     ({"cases": [{**VLLM, "kv_cache_tokens": "lots"}]}, "kv_cache_tokens"),
     ({"cases": []}, "cases"),
     ({"cases": [VLLM, VLLM]}, "twice"),
+    ([VLLM], "a mapping with a `cases:` list"),  # the list without its key
 ])
 def test_bad_case_files_are_one_line_exit_2(cli, tmp_path, body, words):
     path = tmp_path / "bad.yaml"
