@@ -230,6 +230,13 @@ def _pick_band(e: RecommendEntry) -> None:
     line = load_band_line(e.bands)
     if line:
         console.print(f"#1: {line}", soft_wrap=True, markup=False, highlight=False)
+    ld = e.load
+    if ld is not None and ld.saturated and ld.request_rate is not None and ld.max_concurrency is None:
+        # The rate was judged over a finite run: a queue that grows slowly may not reach the SLA's percentile in it.
+        console.print(f"#1: judged at {ld.request_rate:,.2f} req/s over {ld.num_requests:,} requests; with every request "
+                      f"waiting it sustains {ld.saturation_request_rate:,.2f} req/s, so over a longer run at this rate "
+                      f"its queue may grow: plan for the lower rate (its output, {ld.output_tokens_per_second:,.0f} "
+                      "tokens/s over the run, is what it is ranked by)", soft_wrap=True, markup=False, highlight=False)
 
 
 def _pareto_table(points: list[ParetoPoint]) -> Table:
