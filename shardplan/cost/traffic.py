@@ -239,6 +239,7 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
     # least the latency of a request alone), or a short run never fills and looks faster.
     ttft, tpot = latency_floor(step, wl, mean_in)
     alone = ttft + max(0.0, mean_out - 1) * tpot
+    slots = sequence_slots(wl, kv, _mean_tokens(wl, load))
     for _ in range(RATE_BISECTIONS):
         mid = (lo + hi) / 2
         n = max(num_requests, min(STEADY_REQUESTS_MAX, math.ceil(STEADY_LATENCIES * mid * alone)))
@@ -246,13 +247,14 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
             r = simulate_replica(step, sched, _traffic(wl, load, n, rate=mid, conc=None,
                                                        first_token_sent=first_token_sent), sla.give_up(n))
             # Under load a request takes longer than alone: if the arrivals did not span several of
-            # the latencies the run measured, the run ended before the queue filled; run it again
-            # long enough (once: the second run's latency is the steady one or past the SLA).
-            needed = min(STEADY_REQUESTS_MAX, math.ceil(STEADY_LATENCIES * mid * r.e2e_seconds.p50))
-            if needed > n:
+            # the latencies the run measured (after filling the sequence slots, where it filled them),
+            # the run ended before the queue formed; run it again long enough, until a run does.
+            needed = steady_requests(mid, r, slots)
+            while needed > n:
                 n = needed
                 r = simulate_replica(step, sched, _traffic(wl, load, n, rate=mid, conc=None,
                                                            first_token_sent=first_token_sent), sla.give_up(n))
+                needed = steady_requests(mid, r, slots)
         except SlaBroken:
             hi = mid
             continue
@@ -275,6 +277,17 @@ def most_within_sla(step: StepModel, wl: InferenceWorkload, kv: KvAccount, sla: 
     slots = sequence_slots(wl, kv, mean_ctx)
     n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
     return best_rate(step, wl, kv, sla, n, first_token_sent=first_token_sent), n
+
+
+def steady_requests(rate: float, r: LoadResult, slots: int) -> int:
+    """Requests a run at `rate` needs to show its steady state: arrivals spanning STEADY_LATENCIES
+    of the run's median latency, and, where the run filled every sequence slot (the KV cache or
+    max_num_seqs binds), after the `slots` arrivals that fill them: until then every arrival is
+    admitted at once, and a queue forms only once they are full. Without that a rate a little above
+    what the replica keeps up with met the SLA over the run (Llama 3.1 8B, 4,000/1,000 tokens, tp 2,
+    206 slots: 5.81 req/s held a p90 TTFT of 0.77 s over 701 requests, 9.8 s over 930, BENCHMARKS.md)."""
+    fill = slots if r.peak_running >= slots else 0
+    return min(STEADY_REQUESTS_MAX, fill + math.ceil(STEADY_LATENCIES * rate * r.e2e_seconds.p50))
 
 
 # Drawn lengths: the bound is read off one sample's mean tokens a request, and the runs draw samples of

@@ -128,10 +128,10 @@ def test_recommend_defaults_to_goodput_within_a_stated_sla(cli):
 
 
 def test_a_pick_judged_above_what_it_sustains_with_every_request_waiting_says_so(cli):
-    """Long outputs fill the cache slowly: over a finite run at a rate a little above what a replica
-    keeps up with, the SLA's percentile holds before the queue has grown (Llama 3.1 8B, 4,000/1,000
-    tokens on 8 H100s: the pick, judged at 23.2 req/s over 701 requests a replica, had a p90 TTFT of
-    25.8 s over 8,000 requests at that rate, 0.21 s at 21). The answer names both rates."""
+    """Long outputs fill the cache slowly: near what a replica keeps up with, a finite run resolves
+    the rate to a few percent (Llama 3.1 8B, 4,000/1,000 tokens on 8 H100s: the pick, tp 1 pp 2 dp 4,
+    judged at 22.03 req/s, had a p90 TTFT of 9.2 s over 12,000 requests at that rate, 0.15 s at 21;
+    BENCHMARKS.md). Its estimate is then saturated, and the answer names both rates."""
     import re
 
     text = " ".join(cli("recommend", "llama-3.1-8b", "--gpus", "8", "--input-len", "4000", "--output-len", "1000").stdout.split())

@@ -14,6 +14,7 @@ from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.serving_load import Scheduler, Traffic, percentile, scheduler_for, serve_traffic, simulate
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.traffic import Sla, best_concurrency, best_rate, latency_floor
+from shardplan.cost.workload import ServingLoad
 from shardplan.knowledge.load import engine_rules
 from shardplan.specs import loading
 
@@ -259,6 +260,42 @@ def test_the_best_rate_within_the_sla_meets_it_and_a_faster_one_would_not():
     over = simulate(model, scheduler_for(wl, kv), _traffic(wl, ServingLoad(), 200, rate=point.request_rate_per_second * 1.5,
                                                            conc=None))
     assert sla.violated(over) is not None
+
+
+def test_a_run_that_filled_its_slots_spans_its_latencies_after_filling_them():
+    """traffic.steady_requests: four latencies' arrivals at the rate, plus the arrivals that fill the
+    sequence slots where the run filled them (a queue forms only after)."""
+    from shardplan.cost.traffic import STEADY_LATENCIES, STEADY_REQUESTS_MAX, steady_requests
+
+    wl = _wl()
+    kv = serving_memory(SPEC, H100, ONE, wl).kv_capacity_tokens
+    r = simulate(_model(wl), scheduler_for(wl, kv), Traffic(requests=((1024, 128),) * 40, request_rate_per_second=4.0))
+    span = math.ceil(STEADY_LATENCIES * 4.0 * r.e2e_seconds.p50)
+    assert steady_requests(4.0, r, r.peak_running + 1) == span  # never full: as before
+    assert steady_requests(4.0, r, r.peak_running) == r.peak_running + span  # full: after filling them
+    assert steady_requests(4.0, r, 10**9 if r.peak_running >= 10**9 else r.peak_running) <= STEADY_REQUESTS_MAX
+
+
+def test_long_outputs_are_judged_over_a_run_that_spans_its_latencies_after_filling_its_slots():
+    """Llama 3.1 8B, 4,000/1,000 tokens, one tp 2 replica (206 sequence slots): every run the rate is
+    judged by spans four of its latencies, after the arrivals that fill the slots where it filled them.
+    Before, 5.81 req/s passed over 701 requests, a rate that queues over 3,000 (p90 TTFT 9.8 s,
+    BENCHMARKS.md); the longer runs refuse it. Near what the replica keeps up with a finite run still
+    resolves the rate to a few percent (the rate found queues over 3x its run: not asserted)."""
+    from shardplan.cost.traffic import sequence_slots, steady_requests
+
+    lay = Layout(tp=2)
+    wl = replace(_wl(max_model_len=None, input_len=4000, output_len=1000), load=ServingLoad())
+    kv = serving_memory(SPEC, H100, lay, wl).kv_account
+    model = StepModel(SPEC, H100, lay, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
+    sla = Sla(max_ttft_seconds=1.0, max_tpot_seconds=0.05, percentile=90)
+    point = best_rate(model, wl, kv, sla, 600)
+    slots = sequence_slots(wl, kv, 5000)
+    assert slots == 206
+    r = point.result
+    assert sla.violated(r) is None
+    assert point.num_requests >= steady_requests(point.request_rate_per_second, r, slots)
+    assert point.request_rate_per_second < 5.81
 
 
 def test_best_concurrency_is_the_largest_that_meets_the_sla():
