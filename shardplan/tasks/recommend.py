@@ -289,9 +289,8 @@ def _disaggregated(spec: Any, ranked: list[Any], workload: InferenceWorkload, go
     at the most it sustains within the SLA: without a rate that is the pick's goodput, which it was
     ranked by; with --request-rate (every plan offered the same load, ranked by latency) it is found
     the same way for each of the ranked plans and the best is taken, so both arrangements are
-    compared by the load they carry within the SLA on these GPUs (their headroom), and the answer
-    says whether each carries the offered rate. A client concurrency is not compared (clients
-    cycling over two pools in a closed loop are not modelled)."""
+    compared by the load they carry within the SLA on these GPUs (their headroom). A client
+    concurrency is not compared (clients cycling over two pools in a closed loop are not modelled)."""
     top = ranked[0]
     load = workload.load
     if load is None or load.max_concurrency is not None:
