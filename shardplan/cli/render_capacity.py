@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 from shardplan import units
@@ -125,6 +127,14 @@ def sizing_report(r: Any) -> None:
         line += (f"; at {r.request_rate:g} req/s p{a.p} TTFT {a.ttft_seconds * 1e3:,.0f} ms, p{a.p} TPOT "
                  f"{a.tpot_seconds * 1e3:,.1f} ms, {a.output_tokens_per_second_per_gpu:,.0f} output tokens/s per GPU")
     console.print(line)
+    if a is not None and a.saturated and a.saturation_request_rate > 0:
+        # The rate was judged over a finite run; at or above what the plan sustains with every request waiting,
+        # a longer one queues without bound: the replicas that keep each one's share below it.
+        per_replica = a.saturation_request_rate / b.replicas
+        more = math.floor(r.request_rate / per_replica) + 1
+        console.print(f"at {r.request_rate:g} req/s the plan is at or above what it sustains with every request waiting "
+                      f"({a.saturation_request_rate:,.2f} req/s), so over a longer run its queue may grow: {more} "
+                      f"replicas ({more * b.gpus_per_replica} GPUs) keep the rate below it", markup=False, highlight=False)
     band = load_band_line(r.bands)
     if band:
         console.print(band, markup=False, highlight=False)

@@ -57,6 +57,9 @@ class LatencyAtRate(Result):
     output_tokens_per_second_per_gpu: float = Field(description="goodput over the plan's GPUs")
     saturated: bool = Field(description="whether requests wait in the engine's queue at the asked rate "
                                         "(which regime's measured band the figures carry)")
+    saturation_request_rate: float = Field(
+        description="the rate the plan sustains with every request waiting (all replicas); at or above it a longer "
+                    "run than the one simulated queues without bound")
 
 
 class SlaSizing(Result):
@@ -160,7 +163,7 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
         at_rate = LatencyAtRate(p=sla.percentile, ttft_seconds=getattr(f.replica.ttft_seconds, key),
                                 tpot_seconds=getattr(f.replica.tpot_seconds, key),
                                 output_tokens_per_second_per_gpu=f.output_tokens_per_second_per_gpu,
-                                saturated=f.saturated)
+                                saturated=f.saturated, saturation_request_rate=f.saturation_request_rate_per_second)
     return SlaSizing(
         model=spec.name, hardware=hw.name, request_rate=rate, max_ttft_seconds=sla.max_ttft_seconds,
         max_tpot_seconds=sla.max_tpot_seconds, slo_percentile=sla.percentile,

@@ -205,6 +205,26 @@ def test_capacity_sizes_gpus_for_a_rate_within_the_sla(cli):
     assert more["best"]["num_gpus"] > b["num_gpus"]
 
 
+def test_capacity_says_when_its_answer_is_at_what_the_plan_sustains_and_how_many_replicas_stay_below(cli):
+    """Llama 3.1 8B, 4,000/1,000 tokens, 22 req/s: 4 replicas of tp 1 pp 2 meet the SLA over the
+    simulated run, and over 12,000 requests at that rate they queue (p90 TTFT 9.2 s, BENCHMARKS.md).
+    The answer's estimate is saturated; it says so, with the replicas whose share stays below."""
+    import re
+
+    args = ("capacity", "llama-3.1-8b", "--request-rate", "22", "--input-len", "4000", "--output-len", "1000")
+    d = _ok(cli(*args, "--json"))
+    a, b = d["at_rate"], d["best"]
+    assert a["saturated"] and 0 < a["saturation_request_rate"] <= 22
+    text = " ".join(cli(*args).stdout.split())
+    m = re.search(r"sustains with every request waiting \(([\d,.]+) req/s\), so over a longer run its queue may grow: "
+                  r"(\d+) replicas \((\d+) GPUs\) keep the rate below it", text)
+    assert m, text
+    sat, k, gpus = float(m.group(1).replace(",", "")), int(m.group(2)), int(m.group(3))
+    per_replica = a["saturation_request_rate"] / b["replicas"]
+    assert sat == pytest.approx(a["saturation_request_rate"], abs=0.005)
+    assert 22 / k < per_replica <= 22 / (k - 1) and gpus == k * b["gpus_per_replica"]
+
+
 def test_capacity_rate_needs_a_finite_rate(cli):
     _one_line_error(cli("capacity", "llama-3.1-8b", "--request-rate", "inf"), "--request-rate")
 
