@@ -12,7 +12,7 @@ from shardplan.cli.render_common import breakdown_table, load_band_line, console
 from shardplan.cost.report import CostReport, FitAtBandEdge, LoadReport, PredictionBand, TrainingMemoryReport, TrainingTimeReport
 from shardplan.plan.schema import DeploymentManifest, ServingTime
 from shardplan.search.explain import describe
-from shardplan.search.results import ParetoPoint, RecommendEntry, RecommendResult
+from shardplan.search.results import LongRun, ParetoPoint, RecommendEntry, RecommendResult
 from shardplan.search.space import TIGHT
 
 _COMPONENTS = ("weights", "kv_cache", "activations", "gradients", "optimizer_states", "temporary", "overhead")
@@ -211,7 +211,7 @@ def _top_table(top: list[RecommendEntry]) -> Table:
     return fitted_table("Best plans", cols, rows)
 
 
-def _pick_band(e: RecommendEntry) -> None:
+def _pick_band(e: RecommendEntry, long_run: LongRun | None = None) -> None:
     """The pick's fit-deciding figure with its measured error band, and the verdict at its edge."""
     edge = e.fit_at_band_edge
     if edge is None:
@@ -231,7 +231,15 @@ def _pick_band(e: RecommendEntry) -> None:
     if line:
         console.print(f"#1: {line}", soft_wrap=True, markup=False, highlight=False)
     ld = e.load
-    if ld is not None and ld.saturated and ld.request_rate is not None and ld.max_concurrency is None:
+    if long_run is not None and ld is not None and ld.request_rate is not None:
+        if not long_run.within_sla:  # near what the plan keeps up with, a longer run settles at higher latencies
+            p = long_run.percentile
+            console.print(f"#1: judged at {ld.request_rate:,.2f} req/s over {ld.num_requests:,} requests; over "
+                          f"{long_run.num_requests:,} at that rate p{p} TTFT {long_run.ttft_seconds * 1e3:,.0f} ms, p{p} "
+                          f"TPOT {long_run.tpot_seconds * 1e3:,.1f} ms, over the SLA ({long_run.why}): a longer run "
+                          "settles at higher latencies, so plan for a lower rate or looser limits",
+                          soft_wrap=True, markup=False, highlight=False)
+    elif ld is not None and ld.saturated and ld.request_rate is not None and ld.max_concurrency is None:
         # The rate was judged over a finite run: a queue that grows slowly may not reach the SLA's percentile in it.
         console.print(f"#1: judged at {ld.request_rate:,.2f} req/s over {ld.num_requests:,} requests; with every request "
                       f"waiting it sustains {ld.saturation_request_rate:,.2f} req/s, so over a longer run at this rate "
@@ -258,7 +266,7 @@ def recommend_report(r: RecommendResult) -> None:
     )
     if r.top:
         console.print(_top_table(r.top))
-        _pick_band(r.top[0])
+        _pick_band(r.top[0], r.long_run)
     if r.pareto:
         console.print(_pareto_table(r.pareto))
     if r.rejected:

@@ -177,10 +177,25 @@ class EngineFallback(Frozen):
     why: str = Field(description="why the default has no plan and what the other engine does differently")
 
 
+class LongRun(Frozen):
+    """The pick at the rate it was judged at, over a run of STEADY_REQUESTS_MAX requests a replica: near
+    what a plan keeps up with, the running requests approach their steady count slowly, and a run as
+    long as the search's can meet the SLA where a long one does not (BENCHMARKS.md, serving)."""
+
+    request_rate: float = Field(description="requests/s, all replicas (the pick's judged rate)")
+    num_requests: int = Field(description="requests simulated, all replicas")
+    percentile: int = Field(description="the SLA's percentile")
+    ttft_seconds: float = Field(description="TTFT at that percentile over the long run")
+    tpot_seconds: float = Field(description="TPOT at that percentile over the long run")
+    within_sla: bool = Field(description="whether the long run meets the SLA too")
+    why: str | None = Field(description="the limit it breaks; null when within")
+
+
 class RecommendResult(OmitNone):
     """What `recommend --json` prints."""
 
-    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"export", "target", "disaggregated", "engine_fallback"})
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"export", "target", "disaggregated", "engine_fallback",
+                                                         "long_run"})
 
     model: str = Field(description="model name")
     hardware: str = Field(description="hardware profile name")
@@ -220,3 +235,6 @@ class RecommendResult(OmitNone):
     engine_fallback: EngineFallback | None = Field(
         default=None, description="serving without --engine: the default engine had no plan, so these plans are "
                                   "another engine's (the first that has one)")
+    long_run: LongRun | None = Field(
+        default=None, description="serving at a rate (the goodput search's or --request-rate): the pick over a long "
+                                  "run at that rate, and whether it still meets the SLA")

@@ -19,12 +19,13 @@ from shardplan.search import Goal, Objective, SearchResult, Space, search
 from shardplan.search import explain
 from shardplan.search.serving import THROUGHPUT_REASONS
 from shardplan.search.ahead import in_order
-from shardplan.search.results import (BestAtGpuCount, DisaggregatedComparison, EngineFallback, RecommendResult,
-                                      SearchBudget, Suggestion)
+from shardplan.search.results import (BestAtGpuCount, DisaggregatedComparison, EngineFallback, LongRun,
+                                      RecommendResult, SearchBudget, Suggestion)
 from shardplan.cost.disaggregated import best_disaggregated
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.step_model import StepModel
-from shardplan.cost.traffic import Sla, most_within_sla
+from shardplan.cost.serving_load import Traffic, scheduler_for, simulate_replica
+from shardplan.cost.traffic import STEADY_REQUESTS_MAX, Sla, most_within_sla, requests_for
 from shardplan.search.space import BUDGET_SPENT, MEMORY_REASONS, Progress
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import LoadedModel
@@ -114,16 +115,22 @@ def recommend(
     compare_split = bool(res.top and isinstance(workload, InferenceWorkload) and goal.objective is Objective.GOODPUT
                          and num_gpus and num_gpus > 1 and compare_disaggregated)
 
+    check_long = bool(res.top and isinstance(workload, InferenceWorkload) and goal.objective is Objective.GOODPUT
+                      and workload.load is not None and workload.load.max_concurrency is None)
+
     def part(i: int) -> Any:
-        """The i-th top plan's estimate, or (past them) the disaggregated comparison of the pick."""
+        """The i-th top plan's estimate, then the disaggregated comparison of the pick, then its long run."""
         if i < len(res.top):
             return explain.entry(spec, res.top[i], goal, i + 1, lambda r: banded(r, hw))
-        return _disaggregated(spec, res.top, workload, goal, num_gpus or 0, hw)
+        if i == len(res.top) and compare_split:
+            return _disaggregated(spec, res.top, workload, goal, num_gpus or 0, hw)
+        return _long_run(spec, res.top[0], goal)
 
     # Under traffic each estimate simulates its plan again: forked workers take some (search/ahead.py).
-    parts = list(range(len(res.top) + compare_split))
+    parts = list(range(len(res.top) + compare_split + check_long))
     under_load = isinstance(workload, InferenceWorkload) and workload.load is not None
     done = [got for _, got in in_order(parts, part, space.workers if under_load else 0)]
+    long_run = done[-1] if check_long else None
     top = done[:len(res.top)]
     top = [t.model_copy(update={"runs_on": runs_on.of(e.hw, e.layout, e.workload)}) for t, e in zip(top, res.top)]
     binding = explain.binding_constraint(top[0], goal) if top else None
@@ -235,6 +242,7 @@ def recommend(
         manifest=manifest,
         target=target,
         disaggregated=disaggregated,
+        long_run=long_run,
     )
 
 
@@ -343,6 +351,33 @@ def _disaggregated(spec: Any, ranked: list[Any], workload: InferenceWorkload, go
         aggregated_output_tokens_per_second_per_gpu=agg, aggregated_request_rate_per_second=agg_rate,
         offered_request_rate_per_second=offered, kv_transfer_bytes_per_request=d.kv_transfer_bytes_per_request,
         kv_transfer_seconds=d.kv_transfer_seconds, link=d.link, winner="disaggregated" if wins else "aggregated", why=why)
+
+
+def _long_run(spec: Any, e: Any, goal: Goal) -> LongRun | None:
+    """The pick at the rate it was judged at over STEADY_REQUESTS_MAX requests a replica (its
+    requests drawn as the search drew them, Poisson or even arrivals as its load says): near what a
+    replica keeps up with the running requests approach their steady count slowly, so a run as long
+    as the search's can meet the SLA where this one does not (Llama 3.1 8B on 2 H100s at 62.5 req/s:
+    p90 TPOT 43 ms over 1,276 requests, 71 ms over 10,000; BENCHMARKS.md)."""
+    wl, layout = e.workload, e.layout
+    load = wl.load
+    if load is None or not math.isfinite(load.request_rate_per_second) or load.max_concurrency is not None:
+        return None
+    replicas = max(1, layout.dp)
+    n = STEADY_REQUESTS_MAX
+    if math.ceil(load.num_requests / replicas) >= n:
+        return None  # the plan was judged over as long a run
+    sm = serving_memory(spec, e.hw, layout, wl)
+    step = StepModel(spec, e.hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
+    traffic = Traffic(requests=requests_for(wl, load, n), request_rate_per_second=load.request_rate_per_second / replicas,
+                      poisson=load.poisson, prefix_cache_hit_fraction=load.prefix_cache_hit_fraction, seed=load.seed)
+    r = simulate_replica(step, scheduler_for(wl, sm.kv_account, layout.pp), traffic)
+    sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
+    bad = sla.violated(r)
+    key = f"p{sla.percentile}"
+    return LongRun(request_rate=load.request_rate_per_second, num_requests=n * replicas, percentile=sla.percentile,
+                   ttft_seconds=getattr(r.ttft_seconds, key), tpot_seconds=getattr(r.tpot_seconds, key),
+                   within_sla=bad is None, why=bad)
 
 
 def _sla_suggestions(res: SearchResult, goal: Goal) -> list[Suggestion]:
