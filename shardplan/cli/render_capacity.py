@@ -135,6 +135,12 @@ def sizing_report(r: Any) -> None:
         console.print(f"at {r.request_rate:g} req/s the plan is at or above what it sustains with every request waiting "
                       f"({a.saturation_request_rate:,.2f} req/s), so over a longer run its queue may grow: {more} "
                       f"replicas ({more * b.gpus_per_replica} GPUs) keep the rate below it", markup=False, highlight=False)
+    lr = r.long_run
+    if lr is not None and not lr.within_sla:
+        console.print(f"over {lr.num_requests:,} requests at {r.request_rate:g} req/s: p{lr.percentile} TTFT "
+                      f"{lr.ttft_seconds * 1e3:,.0f} ms, p{lr.percentile} TPOT {lr.tpot_seconds * 1e3:,.1f} ms, over the "
+                      f"SLA ({lr.why}): a longer run than the one the answer was judged by settles at higher "
+                      "latencies, so plan for more replicas or looser limits", markup=False, highlight=False)
     band = load_band_line(r.bands)
     if band:
         console.print(band, markup=False, highlight=False)

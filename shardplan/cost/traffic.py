@@ -279,6 +279,17 @@ def most_within_sla(step: StepModel, wl: InferenceWorkload, kv: KvAccount, sla: 
     return best_rate(step, wl, kv, sla, n, first_token_sent=first_token_sent), n
 
 
+def over_a_long_run(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, rate_per_replica: float) -> LoadResult:
+    """One replica at `rate_per_replica` over STEADY_REQUESTS_MAX requests of the load's lengths,
+    arrivals and seed. Near what a replica keeps up with its running requests approach their steady
+    count slowly, so a run as long as the rate search's can meet an SLA that this one does not
+    (Llama 3.1 8B on one H100 at 31.3 req/s: p90 TPOT 43 ms over 638 requests, 69 ms over 6,000;
+    BENCHMARKS.md)."""
+    load = wl.load or ServingLoad()
+    traffic = _traffic(wl, load, STEADY_REQUESTS_MAX, rate=rate_per_replica, conc=None)
+    return simulate_replica(step, scheduler_for(wl, kv, step.pp), traffic)
+
+
 def steady_requests(rate: float, r: LoadResult, slots: int) -> int:
     """Requests a run at `rate` needs to show its steady state: arrivals spanning STEADY_LATENCIES
     of the run's median latency, and, where the run filled every sequence slot (the KV cache or

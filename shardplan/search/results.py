@@ -178,9 +178,18 @@ class EngineFallback(Frozen):
 
 
 class LongRun(Frozen):
-    """The pick at the rate it was judged at, over a run of STEADY_REQUESTS_MAX requests a replica: near
-    what a plan keeps up with, the running requests approach their steady count slowly, and a run as
-    long as the search's can meet the SLA where a long one does not (BENCHMARKS.md, serving)."""
+    """A plan at a rate over a run of STEADY_REQUESTS_MAX requests a replica (traffic.over_a_long_run):
+    near what a plan keeps up with, the running requests approach their steady count slowly, and a
+    run as long as the rate search's can meet the SLA where a long one does not (BENCHMARKS.md)."""
+
+    @classmethod
+    def of(cls, r: Any, sla: Any, request_rate: float, replicas: int, num_requests: int) -> "LongRun":
+        """From a replica's LoadResult `r` and its Sla."""
+        bad = sla.violated(r)
+        key = f"p{sla.percentile}"
+        return cls(request_rate=request_rate, num_requests=num_requests * replicas, percentile=sla.percentile,
+                   ttft_seconds=getattr(r.ttft_seconds, key), tpot_seconds=getattr(r.tpot_seconds, key),
+                   within_sla=bad is None, why=bad)
 
     request_rate: float = Field(description="requests/s, all replicas (the pick's judged rate)")
     num_requests: int = Field(description="requests simulated, all replicas")

@@ -24,8 +24,7 @@ from shardplan.search.results import (BestAtGpuCount, DisaggregatedComparison, E
 from shardplan.cost.disaggregated import best_disaggregated
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.step_model import StepModel
-from shardplan.cost.serving_load import Traffic, scheduler_for, simulate_replica
-from shardplan.cost.traffic import STEADY_REQUESTS_MAX, Sla, most_within_sla, requests_for
+from shardplan.cost.traffic import STEADY_REQUESTS_MAX, Sla, most_within_sla, over_a_long_run
 from shardplan.search.space import BUDGET_SPENT, MEMORY_REASONS, Progress
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import LoadedModel
@@ -354,30 +353,20 @@ def _disaggregated(spec: Any, ranked: list[Any], workload: InferenceWorkload, go
 
 
 def _long_run(spec: Any, e: Any, goal: Goal) -> LongRun | None:
-    """The pick at the rate it was judged at over STEADY_REQUESTS_MAX requests a replica (its
-    requests drawn as the search drew them, Poisson or even arrivals as its load says): near what a
-    replica keeps up with the running requests approach their steady count slowly, so a run as long
-    as the search's can meet the SLA where this one does not (Llama 3.1 8B on 2 H100s at 62.5 req/s:
-    p90 TPOT 43 ms over 1,276 requests, 71 ms over 10,000; BENCHMARKS.md)."""
+    """The pick at the rate it was judged at over STEADY_REQUESTS_MAX requests a replica
+    (traffic.over_a_long_run), unless it was judged over as many."""
     wl, layout = e.workload, e.layout
     load = wl.load
     if load is None or not math.isfinite(load.request_rate_per_second) or load.max_concurrency is not None:
         return None
     replicas = max(1, layout.dp)
-    n = STEADY_REQUESTS_MAX
-    if math.ceil(load.num_requests / replicas) >= n:
+    if math.ceil(load.num_requests / replicas) >= STEADY_REQUESTS_MAX:
         return None  # the plan was judged over as long a run
-    sm = serving_memory(spec, e.hw, layout, wl)
     step = StepModel(spec, e.hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
-    traffic = Traffic(requests=requests_for(wl, load, n), request_rate_per_second=load.request_rate_per_second / replicas,
-                      poisson=load.poisson, prefix_cache_hit_fraction=load.prefix_cache_hit_fraction, seed=load.seed)
-    r = simulate_replica(step, scheduler_for(wl, sm.kv_account, layout.pp), traffic)
-    sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
-    bad = sla.violated(r)
-    key = f"p{sla.percentile}"
-    return LongRun(request_rate=load.request_rate_per_second, num_requests=n * replicas, percentile=sla.percentile,
-                   ttft_seconds=getattr(r.ttft_seconds, key), tpot_seconds=getattr(r.tpot_seconds, key),
-                   within_sla=bad is None, why=bad)
+    r = over_a_long_run(step, wl, serving_memory(spec, e.hw, layout, wl).kv_account,
+                        load.request_rate_per_second / replicas)
+    return LongRun.of(r, Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile),
+                      load.request_rate_per_second, replicas, STEADY_REQUESTS_MAX)
 
 
 def _sla_suggestions(res: SearchResult, goal: Goal) -> list[Suggestion]:

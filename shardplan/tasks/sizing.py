@@ -22,9 +22,10 @@ from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.report import PredictionBand
 from shardplan.cost.step_model import StepModel
-from shardplan.cost.traffic import (SEARCH_REQUESTS_MAX, SEARCH_REQUESTS_MIN, Sla, best_rate, latency_floor, load_figures,
-                                   sequence_slots)
+from shardplan.cost.traffic import (SEARCH_REQUESTS_MIN, STEADY_REQUESTS_MAX, Sla, latency_floor, load_figures,
+                                   most_within_sla, over_a_long_run)
 from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
+from shardplan.search.results import LongRun
 from shardplan.search.space import Space, check_layout, divisors, tp_choices
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.model import ModelSpec
@@ -77,6 +78,8 @@ class SlaSizing(Result):
     rows: list[SizingRow] = Field(description="every replica shape tried, fewest GPUs first")
     best: SizingRow | None = Field(description="the answer: the fewest GPUs; null: no shape meets the SLA")
     at_rate: LatencyAtRate | None = Field(description="the answer's latency and goodput at the asked rate")
+    long_run: LongRun | None = Field(None, description="the answer at the asked rate over STEADY_REQUESTS_MAX requests a "
+                                                       "replica, and whether it still meets the SLA there")
     bands: list[PredictionBand] | None = Field(
         None, description="the measured error band of the answer's median TTFT, TPOT and ITL and output tokens/s: "
                           "published benchmark runs of the engine generation in the answer's regime (`shardplan validate`)")
@@ -133,9 +136,7 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
                 rows.append(SizingRow(**base, max_request_rate_per_replica=None, replicas=None, num_gpus=None,
                                       reason=f"one request alone takes TTFT {ttft * 1e3:,.0f} ms, TPOT {tpot * 1e3:,.1f} ms"))
                 continue
-            slots = sequence_slots(wq, sm.kv_account, mean_in + mean_out)
-            n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
-            point = best_rate(step, wq, sm.kv_account, sla, n)
+            point, _ = most_within_sla(step, wq, sm.kv_account, sla)
             if point is None:
                 rows.append(SizingRow(**base, max_request_rate_per_replica=None, replicas=None, num_gpus=None,
                                       reason=f"p{sla.percentile} latency over the SLA at every rate"))
@@ -149,7 +150,7 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
     order = sorted(range(len(rows)), key=lambda i: (rows[i].reason is not None, rows[i].num_gpus is None,
                                                     rows[i].num_gpus or 0, -(rows[i].max_request_rate_per_replica or 0.0)))
     best_i = order[0] if order and rows[order[0]].reason is None else None
-    at_rate = None
+    at_rate = long_run = None
     if best_i is not None:
         layout, wq, kv = points[best_i]
         b = rows[best_i]
@@ -164,9 +165,13 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
                                 tpot_seconds=getattr(f.replica.tpot_seconds, key),
                                 output_tokens_per_second_per_gpu=f.output_tokens_per_second_per_gpu,
                                 saturated=f.saturated, saturation_request_rate=f.saturation_request_rate_per_second)
+        step = StepModel(spec, replica_hw, layout, judged, judged.max_num_batched_tokens, judged.max_num_seqs)
+        long_run = LongRun.of(over_a_long_run(step, judged, kv, rate / b.replicas), sla, rate, b.replicas,
+                              STEADY_REQUESTS_MAX)
     return SlaSizing(
         model=spec.name, hardware=hw.name, request_rate=rate, max_ttft_seconds=sla.max_ttft_seconds,
         max_tpot_seconds=sla.max_tpot_seconds, slo_percentile=sla.percentile,
         lengths=load.lengths_name, mean_input_tokens=mean_in, mean_output_tokens=mean_out,
         rows=[rows[i] for i in order], best=rows[best_i] if best_i is not None else None, at_rate=at_rate,
+        long_run=long_run,
     )

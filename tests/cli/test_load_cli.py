@@ -212,6 +212,12 @@ def test_capacity_sizes_gpus_for_a_rate_within_the_sla(cli):
         (q, f"vLLM V1, {regime}") for q in ("ttft_p50", "tpot_p50", "itl_p50", "output_tokens_per_second")]
     assert d["bands"][0]["band_abs_error"] == bands_file().band("serving_load", f"vLLM V1, {regime}",
                                                                  "ttft_p50").band_abs_error
+    # and over a long run at the rate (STEADY_REQUESTS_MAX requests a replica): the replicas rounded up hold it
+    from shardplan.cost.traffic import STEADY_REQUESTS_MAX
+
+    lr = d["long_run"]
+    assert lr["request_rate"] == 12.0 and lr["num_requests"] == STEADY_REQUESTS_MAX * b["replicas"]
+    assert lr["within_sla"] and lr["ttft_seconds"] <= 1.0 and lr["tpot_seconds"] <= 0.05
     more = _ok(cli("capacity", "llama-3.1-70b", "--request-rate", "48", "--max-ttft-ms", "1000", "--max-tpot-ms", "50",
                    "--input-len", "2000", "--output-len", "300", "--json"))
     assert more["best"]["num_gpus"] > b["num_gpus"]
@@ -235,6 +241,11 @@ def test_capacity_says_when_its_answer_is_at_what_the_plan_sustains_and_how_many
     per_replica = a["saturation_request_rate"] / b["replicas"]
     assert sat == pytest.approx(a["saturation_request_rate"], abs=0.005)
     assert 22 / k < per_replica <= 22 / (k - 1) and gpus == k * b["gpus_per_replica"]
+    # Over a long run at 22 req/s the queue runs away: the answer says that too, with the long run's figures.
+    lr = d["long_run"]
+    assert not lr["within_sla"] and lr["ttft_seconds"] > 1.0
+    assert (f"over {lr['num_requests']:,} requests at 22 req/s: p90 TTFT {lr['ttft_seconds'] * 1e3:,.0f} ms" in text
+            and "over the SLA (p90 TTFT over --max-ttft-ms)" in text)
 
 
 def test_capacity_rate_needs_a_finite_rate(cli):
