@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 from shardplan import units
@@ -130,8 +129,8 @@ def sizing_report(r: Any) -> None:
     if a is not None and a.saturated and a.saturation_request_rate > 0:
         # The rate was judged over a finite run; at or above what the plan sustains with every request waiting,
         # a longer one queues without bound: the replicas that keep each one's share below it.
-        per_replica = a.saturation_request_rate / b.replicas
-        more = math.floor(r.request_rate / per_replica) + 1
+        per_replica_request_rate = a.saturation_request_rate / b.replicas
+        more = math.floor(r.request_rate / per_replica_request_rate) + 1
         console.print(f"at {r.request_rate:g} req/s the plan is at or above what it sustains with every request waiting "
                       f"({a.saturation_request_rate:,.2f} req/s), so over a longer run its queue may grow: {more} "
                       f"replicas ({more * b.gpus_per_replica} GPUs) keep the rate below it", markup=False, highlight=False)

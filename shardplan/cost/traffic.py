@@ -271,10 +271,7 @@ def most_within_sla(step: StepModel, wl: InferenceWorkload, kv: KvAccount, sla: 
     mean length its sequence slots hold, within SEARCH_REQUESTS_MIN..MAX, so that a p90 settles
     however many run at once. What the goodput search, the pools of a disaggregated plan and the
     comparison with them judge a replica by."""
-    load = wl.load or ServingLoad()
-    mean_ctx = max(1, wl.input_len + wl.output_len if load.lengths is None else
-                   load.lengths.mean_input_tokens + load.lengths.mean_output_tokens)
-    slots = sequence_slots(wl, kv, mean_ctx)
+    slots = sequence_slots(wl, kv, _mean_tokens(wl, wl.load or ServingLoad()))
     n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
     return best_rate(step, wl, kv, sla, n, first_token_sent=first_token_sent), n
 

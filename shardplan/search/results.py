@@ -4,7 +4,7 @@ model. Entries reuse the estimate's plan, memory, KV-cache and time models (cost
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from pydantic import Field
 
@@ -21,6 +21,10 @@ from shardplan.cost.report import (
     TimeReport,
     TrainingMemoryReport,
 )
+
+if TYPE_CHECKING:
+    from shardplan.cost.serving_load import LoadResult
+    from shardplan.cost.traffic import Sla
 
 AnyPlan = Union[ServingPlanReport, PlanReport]
 AnyMemory = Union[TrainingMemoryReport, MemoryReport]
@@ -183,8 +187,8 @@ class LongRun(Frozen):
     run as long as the rate search's can meet the SLA where a long one does not (BENCHMARKS.md)."""
 
     @classmethod
-    def of(cls, r: Any, sla: Any, request_rate: float, replicas: int, num_requests: int) -> "LongRun":
-        """From a replica's LoadResult `r` and its Sla."""
+    def of(cls, r: LoadResult, sla: Sla, request_rate: float, replicas: int, num_requests: int) -> LongRun:
+        """From one replica's run `r` of `num_requests` requests, judged by `sla`."""
         bad = sla.violated(r)
         key = f"p{sla.percentile}"
         return cls(request_rate=request_rate, num_requests=num_requests * replicas, percentile=sla.percentile,
