@@ -14,8 +14,11 @@ where T_layers sums every layer's own per-micro-batch time (`layers_seconds_lowe
 terms left out (data-parallel sync, ZeRO-3 gathers, the optimizer, offload) are non-negative.
 Nodes are expanded best bound first from one heap; once the K-th best step found is below
 the smallest bound left, nothing unexpanded can enter the top K and the search stops, counting
-what it skipped. Memory prunes on the way: stage 0's activations plus the least model states
-of any ZeRO variant (`activation_bytes_lower_bound`, `stage_states_and_gradients`, `total_lower_bound`).
+what it skipped. Memory prunes a shape when its turn comes (most shapes pushed never get one):
+stage 0's activations plus the least model states of any ZeRO variant
+(`activation_bytes_lower_bound`, `stage_states_and_gradients`, `total_lower_bound`). Ranked by
+parallel shape (the default), a shape's entries skip once a faster variant of the same (tp, pp,
+dp, cp, ep) is kept: one slower cannot take that shape's place in the top K.
 An offloaded variant is never faster than the same ZeRO variant without offload (offload adds
 host traffic and a CPU optimizer step): where that twin fits, its value is the offloaded one's
 bound and it waits in the heap; where it does not, the offloaded one is costed with the shape.
@@ -24,7 +27,7 @@ nearly free, ZeRO-3's gathers are not.)
 A variant's step is computed before its memory (the shape's pipeline is already known; its
 sync, ZeRO-3, optimizer and offload terms are cheap beside the memory model): one slower than
 the K-th best kept cannot enter the top K, fit or not, and is dropped unmeasured. On Llama 3.1
-405B over 16,384 H100s this leaves 35 of 849 memory models to cost.
+405B over 16,384 H100s this leaves 17 memory models to cost (35 before the same-shape prune).
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ _DEGREES, _SHAPE, _REFINED, _OFFLOADED = 0, 1, 2, 3
 OFFLOAD_SLOWER = "offload: slower than the same layout without it"
 BEYOND_BOUND = "cannot beat the top {k} (lower bound on the step)"
 SLOWER_THAN_TOP = "cannot beat the top {k} (its step, before its memory)"
+SHAPE_KEPT = "cannot beat the faster variant of its parallel shape already kept"
 
 
 def state_variants(layout: Layout, hw: HardwareProfile, space: Space,
@@ -339,8 +343,15 @@ def search_training(
             res.rejected[BUDGET_SPENT] += skipped
             res.num_evaluated += skipped
             break
-        res.num_steps += 1
         bound, key, kind, payload = heapq.heappop(heap)
+        if kind != _DEGREES and goal.group_by_shape and best:
+            # The top K hold one variant per parallel shape (tp, pp, dp, cp, ep): a shape, and each of
+            # its state variants, only matters if it can beat the variant of its degrees kept so far.
+            kept = _kept_value(best, payload[0])
+            if kept is not None and bound > kept:
+                res.rejected[SHAPE_KEPT] += payload[3]
+                res.num_evaluated += payload[3]
+                continue
         if len(best) >= k and bound > best[k - 1].objective_value:
             left = [(kind, payload), *((kd, p) for _, _, kd, p in heap)]
             slower = sum(_count(p, kd) for kd, p in left if kd == _OFFLOADED)
@@ -350,11 +361,19 @@ def search_training(
                 _count(p, kd) for kd, p in left if kd != _OFFLOADED)
             res.num_evaluated += sum(_count(p, kd) for kd, p in left)
             break
+        if kind == _SHAPE:
+            # Its memory prunes when its turn comes: most shapes pushed never get one.
+            shape, m, least_states, count = payload
+            plain_fits = _memory_prune(spec, hw, wl, res, shape, m, cap, variants(shape), least_states)
+            if plain_fits is None:
+                continue
+            payload = (shape, m, plain_fits, count if plain_fits else len(variants(shape)[1]))
+        res.num_steps += 1
         if kind == _DEGREES:
             deg, _ = payload
             _expand(spec, hw, wl, space, goal, res, deg, heap, cap, tokens, variants, adm)
         elif kind == _SHAPE:
-            shape, m, plain_fits, count = payload
+            shape, m = payload[:2]
             tight = objective_value(goal, hw, n, pipeline_seconds(spec, hw, shape, wl, m), tokens)
             heapq.heappush(heap, (max(bound, tight), key, _REFINED, payload))
         elif kind == _REFINED:
@@ -390,6 +409,15 @@ def _shape(e: Evaluated) -> tuple[int, ...]:
     return (lay.world_size, lay.tp, lay.pp, lay.dp, lay.cp, lay.ep)
 
 
+def _kept_value(best: list[Evaluated], layout: Layout) -> float | None:
+    """The objective of the variant of `layout`'s parallel shape among the top K kept, if any."""
+    shape = (layout.world_size, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep)
+    for e in best:
+        if _shape(e) == shape:
+            return e.objective_value
+    return None
+
+
 def _count(payload: Any, kind: int) -> int:
     return payload[1] if kind == _DEGREES else payload[3]
 
@@ -398,32 +426,39 @@ def _expand(
     spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, space: Space, goal: Goal, res: SearchResult,
     deg: Layout, heap: list, cap: float, tokens: float, variants: _StateVariants, adm: Admission | None = None,
 ) -> None:
-    """Push every shape of one set of degrees with its bound, after the memory prunes."""
+    """Push every shape of one set of degrees with its bound; its memory prunes wait for its turn
+    (`_memory_prune`), sharing the least model states of the degrees' variants by virtual stages."""
     n = hw.num_gpus
     plain, offloaded = variants(deg)
-    variants = len(plain) + len(offloaded)
-    # by virtual stages: states do not depend on micro-batch, SP or recompute
+    count = len(plain) + len(offloaded)
     least_states: dict[int, list[tuple[float, float]]] = {}
     for shape in shape_candidates(spec, wl, space, deg, adm):
         m = wl.global_batch_size // (shape.dp * shape.micro_batch_size)
-        act = activation_bytes_lower_bound(spec, hw, shape, wl, m)
-        if act > cap:
-            res.rejected["activations alone exceed GPU memory"] += variants
-            res.num_evaluated += variants
-            continue
-        v_key = shape.virtual_stages
-        if v_key not in least_states:
-            least_states[v_key] = [stage_states_and_gradients(spec, hw, with_variant(shape, v), wl) for v in plain]
-        plain_fits = min((total_lower_bound(act, st, wl, m) for st in least_states[v_key]), default=math.inf) <= cap
-        count = variants
-        if not plain_fits:
-            res.rejected["model states + activations exceed GPU memory"] += len(plain)
-            res.num_evaluated += len(plain)
-            count = len(offloaded)
-            if not offloaded:
-                continue
         bound = objective_value(goal, hw, n, step_seconds_lower_bound(spec, hw, shape, wl, m), tokens)
-        heapq.heappush(heap, (bound, _key(shape), _SHAPE, (shape, m, plain_fits, count)))
+        heapq.heappush(heap, (bound, _key(shape), _SHAPE, (shape, m, least_states, count)))
+
+
+def _memory_prune(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, res: SearchResult, shape: Layout, m: int,
+                  cap: float, variants: tuple[list[Variant], list[Variant]],
+                  least_states: dict[int, list[tuple[float, float]]]) -> bool | None:
+    """None where no variant of `shape` can fit (stage 0's activations alone, or with the least
+    model states of any variant, exceed the GPU; offloaded variants are left to their own
+    costing), else whether its plain variants may fit. Rejections are counted."""
+    plain, offloaded = variants
+    act = activation_bytes_lower_bound(spec, hw, shape, wl, m)
+    if act > cap:
+        res.rejected["activations alone exceed GPU memory"] += len(plain) + len(offloaded)
+        res.num_evaluated += len(plain) + len(offloaded)
+        return None
+    # by virtual stages: states do not depend on micro-batch, SP or recompute
+    v_key = shape.virtual_stages
+    if v_key not in least_states:
+        least_states[v_key] = [stage_states_and_gradients(spec, hw, with_variant(shape, v), wl) for v in plain]
+    if min((total_lower_bound(act, st, wl, m) for st in least_states[v_key]), default=math.inf) <= cap:
+        return True
+    res.rejected["model states + activations exceed GPU memory"] += len(plain)
+    res.num_evaluated += len(plain)
+    return False if offloaded else None
 
 
 def _cost_variants(
@@ -454,6 +489,11 @@ def _cost_variants(
         if len(best) >= k and value > best[k - 1].objective_value:
             res.rejected[SLOWER_THAN_TOP.format(k=k)] += 1
             continue
+        if goal.group_by_shape:
+            kept = _kept_value(best, layout)
+            if kept is not None and value > kept:
+                res.rejected[SHAPE_KEPT] += 1
+                continue
         res.num_costed += 1
         # The full model stops at the first stage over the GPU (stage 0 and the last first): most
         # layouts here end this way.

@@ -15,7 +15,7 @@ from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWor
 from shardplan.tasks.recommend import recommend
 from shardplan.search import Goal, Objective, Space, search
 from shardplan.search.space import SearchResult, gpu_counts, topology
-from shardplan.search.training import (SLOWER_THAN_TOP, degree_candidates, degrees_bound, objective_value, shape_candidates,
+from shardplan.search.training import (SHAPE_KEPT, SLOWER_THAN_TOP, degree_candidates, degrees_bound, objective_value, shape_candidates,
                                       state_variants, with_variant)
 from shardplan.specs import loading
 
@@ -62,6 +62,32 @@ def test_branch_and_bound_matches_brute_force(model, gpus, seq, gbs):
     # and a variant's step, known before its memory, kept some from the memory model (the top
     # above still equals brute force, which costs every layout's memory)
     assert res.rejected[SLOWER_THAN_TOP.format(k=5)] > 0
+
+
+@pytest.mark.parametrize("model,gpus,seq,gbs", [
+    ("llama-3.1-8b", 8, 2048, 32),
+    pytest.param("mixtral-8x7b", 8, 1024, 16, marks=pytest.mark.slow)])  # ~7 s: costs every layout
+def test_grouped_search_matches_brute_force_best_per_shape(model, gpus, seq, gbs):
+    """Ranked by parallel shape (the default), the top K are the K fastest shapes' fastest variants
+    of costing every layout: the search's prunes (a shape's memory checked only at its turn, the
+    rest of a shape skipped once a faster variant of it is kept) leave none of them out."""
+    spec = loading.load_model(model).spec
+    hw = topology(H100, gpus)
+    wl = TrainingWorkload(seq_len=seq, global_batch_size=gbs)
+    res = search(spec, H100, wl, Space(), Goal(Objective.STEP_TIME, top_k=5), num_gpus=gpus)
+    fastest: dict[tuple[int, ...], float] = {}
+    for layout in _all_training_layouts(spec, hw, wl, Space()):
+        tm = training_memory(spec, hw, layout, wl)
+        if tm.fits:
+            step = training_time(spec, hw, layout, wl, tm.num_microbatches).step_seconds
+            shape = (layout.tp, layout.pp, layout.dp, layout.cp, layout.ep)
+            fastest[shape] = min(step, fastest.get(shape, math.inf))
+    assert len(fastest) > 5
+    assert sorted(e.objective_value for e in res.top) == pytest.approx(sorted(fastest.values())[:5], rel=1e-12)
+    assert {(e.layout.tp, e.layout.pp, e.layout.dp, e.layout.cp, e.layout.ep) for e in res.top} == set(
+        sorted(fastest, key=fastest.get)[:5])
+    assert res.rejected[SHAPE_KEPT] > 0  # the same-shape prune did skip something
+    assert sum(res.rejected.values()) + res.num_feasible == res.num_evaluated == res.num_candidates
 
 
 @pytest.mark.parametrize("method,gpu,gpus", [("qlora", "rtx-4090-24gb", 1), ("qlora", "rtx-4090-24gb", 2),
