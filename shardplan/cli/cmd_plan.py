@@ -350,7 +350,9 @@ def recommend(
     Serving ranks by goodput by default: output tokens/s per GPU from requests within the SLA
     (p90 TTFT 1 s, TPOT 50 ms unless --max-ttft-ms/--max-tpot-ms), the engine's continuous
     batching simulated at the highest rate each plan sustains (or at --request-rate), and says
-    whether separate prefill and decode pools would do better. The simulations run on forked
+    whether separate prefill and decode pools would do better. The pick is run again over 6,000
+    requests a replica at its rate; where that breaks the SLA, the answer gives the rate that holds
+    over as long a run (a few hundred requests' p90 scatters near the SLA's edge). The simulations run on forked
     worker processes too where the machine has more cores (SHARDPLAN_SEARCH_WORKERS=N, 0 for one
     core; the answer is the same). Example:
     shardplan recommend llama-3.1-70b --gpus 8 --request-rate 6 --max-ttft-ms 800 --max-tpot-ms 60"""

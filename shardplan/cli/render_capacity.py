@@ -136,10 +136,15 @@ def sizing_report(r: Any) -> None:
                       f"replicas ({more * b.gpus_per_replica} GPUs) keep the rate below it", markup=False, highlight=False)
     lr = r.long_run
     if lr is not None and not lr.within_sla:
+        if lr.held_request_rate is not None and r.long_run_replicas is not None:  # the replicas that carry it
+            held = r.long_run_replicas
+            remedy = (f"over as long a run a replica holds {lr.held_request_rate / b.replicas:,.2f} req/s, so {held} "
+                      f"replicas ({held * b.gpus_per_replica} GPUs) carry {r.request_rate:g} req/s")
+        else:
+            remedy = "a longer run settles at higher latencies, so plan for more replicas or looser limits"
         console.print(f"over {lr.num_requests:,} requests at {r.request_rate:g} req/s: p{lr.percentile} TTFT "
                       f"{lr.ttft_seconds * 1e3:,.0f} ms, p{lr.percentile} TPOT {lr.tpot_seconds * 1e3:,.1f} ms, over the "
-                      f"SLA ({lr.why}): a longer run than the one the answer was judged by settles at higher "
-                      "latencies, so plan for more replicas or looser limits", markup=False, highlight=False)
+                      f"SLA ({lr.why}): {remedy}", markup=False, highlight=False)
     band = load_band_line(r.bands)
     if band:
         console.print(band, markup=False, highlight=False)

@@ -236,8 +236,10 @@ def _pick_band(e: RecommendEntry, long_run: LongRun | None = None) -> None:
             p = long_run.percentile
             console.print(f"#1: judged at {ld.request_rate:,.2f} req/s over {ld.num_requests:,} requests; over "
                           f"{long_run.num_requests:,} at that rate p{p} TTFT {long_run.ttft_seconds * 1e3:,.0f} ms, p{p} "
-                          f"TPOT {long_run.tpot_seconds * 1e3:,.1f} ms, over the SLA ({long_run.why}): a longer run "
-                          "settles at higher latencies, so plan for a lower rate or looser limits",
+                          f"TPOT {long_run.tpot_seconds * 1e3:,.1f} ms, over the SLA ({long_run.why}): "
+                          + (f"over as long a run it holds {long_run.held_request_rate:,.2f} req/s, the rate to plan for"
+                             if long_run.held_request_rate is not None else
+                             "a longer run settles at higher latencies, so plan for a lower rate or looser limits"),
                           soft_wrap=True, markup=False, highlight=False)
     elif ld is not None and ld.saturated and ld.request_rate is not None and ld.max_concurrency is None:
         # The rate was judged over a finite run: a queue that grows slowly may not reach the SLA's percentile in it.

@@ -187,13 +187,16 @@ class LongRun(Frozen):
     run as long as the rate search's can meet the SLA where a long one does not (BENCHMARKS.md)."""
 
     @classmethod
-    def of(cls, r: LoadResult, sla: Sla, request_rate: float, replicas: int, num_requests: int) -> LongRun:
-        """From one replica's run `r` of `num_requests` requests, judged by `sla`."""
+    def of(cls, r: LoadResult, sla: Sla, request_rate: float, replicas: int, num_requests: int,
+           held_per_replica: float | None = None) -> LongRun:
+        """From one replica's run `r` of `num_requests` requests, judged by `sla`; `held_per_replica`:
+        the highest rate a replica's run as long meets it at, where `r` breaks it (traffic.held_over_a_long_run)."""
         bad = sla.violated(r)
         key = f"p{sla.percentile}"
         return cls(request_rate=request_rate, num_requests=num_requests * replicas, percentile=sla.percentile,
                    ttft_seconds=getattr(r.ttft_seconds, key), tpot_seconds=getattr(r.tpot_seconds, key),
-                   within_sla=bad is None, why=bad)
+                   within_sla=bad is None, why=bad,
+                   held_request_rate=None if bad is None or held_per_replica is None else held_per_replica * replicas)
 
     request_rate: float = Field(description="requests/s, all replicas (the pick's judged rate)")
     num_requests: int = Field(description="requests simulated, all replicas")
@@ -202,6 +205,10 @@ class LongRun(Frozen):
     tpot_seconds: float = Field(description="TPOT at that percentile over the long run")
     within_sla: bool = Field(description="whether the long run meets the SLA too")
     why: str | None = Field(description="the limit it breaks; null when within")
+    held_request_rate: float | None = Field(
+        None, description="requests/s, all replicas: the highest rate whose run as long meets the SLA, found below "
+        "request_rate in steps of 5% then resolved to a quarter of a step; null when the long run at request_rate meets it, "
+        "or none above half of it does")
 
 
 class RecommendResult(OmitNone):

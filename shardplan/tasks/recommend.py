@@ -24,7 +24,7 @@ from shardplan.search.results import (BestAtGpuCount, DisaggregatedComparison, E
 from shardplan.cost.disaggregated import best_disaggregated
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.step_model import StepModel
-from shardplan.cost.traffic import STEADY_REQUESTS_MAX, Sla, most_within_sla, over_a_long_run
+from shardplan.cost.traffic import STEADY_REQUESTS_MAX, Sla, held_over_a_long_run, most_within_sla, over_a_long_run
 from shardplan.search.space import BUDGET_SPENT, MEMORY_REASONS, Progress
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import LoadedModel
@@ -363,10 +363,13 @@ def _long_run(spec: Any, e: Any, goal: Goal) -> LongRun | None:
     if math.ceil(load.num_requests / replicas) >= STEADY_REQUESTS_MAX:
         return None  # the plan was judged over as long a run
     step = StepModel(spec, e.hw, layout, wl, wl.max_num_batched_tokens, wl.max_num_seqs)
-    r = over_a_long_run(step, wl, serving_memory(spec, e.hw, layout, wl).kv_account,
-                        load.request_rate_per_second / replicas)
-    return LongRun.of(r, Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile),
-                      load.request_rate_per_second, replicas, STEADY_REQUESTS_MAX)
+    kv = serving_memory(spec, e.hw, layout, wl).kv_account
+    sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
+    rate = load.request_rate_per_second / replicas
+    r = over_a_long_run(step, wl, kv, rate)
+    held = held_over_a_long_run(step, wl, kv, sla, rate) if sla.violated(r) else None
+    return LongRun.of(r, sla, load.request_rate_per_second, replicas, STEADY_REQUESTS_MAX,
+                      held[0] if held is not None else None)
 
 
 def _sla_suggestions(res: SearchResult, goal: Goal) -> list[Suggestion]:

@@ -22,8 +22,8 @@ from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.report import PredictionBand
 from shardplan.cost.step_model import StepModel
-from shardplan.cost.traffic import (SEARCH_REQUESTS_MIN, STEADY_REQUESTS_MAX, Sla, latency_floor, load_figures,
-                                   most_within_sla, over_a_long_run)
+from shardplan.cost.traffic import (SEARCH_REQUESTS_MIN, STEADY_REQUESTS_MAX, Sla, held_over_a_long_run, latency_floor,
+                                   load_figures, most_within_sla, over_a_long_run)
 from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
 from shardplan.search.results import LongRun
 from shardplan.search.space import Space, check_layout, divisors, tp_choices
@@ -80,6 +80,10 @@ class SlaSizing(Result):
     at_rate: LatencyAtRate | None = Field(description="the answer's latency and goodput at the asked rate")
     long_run: LongRun | None = Field(None, description="the answer at the asked rate over STEADY_REQUESTS_MAX requests a "
                                                        "replica, and whether it still meets the SLA there")
+    long_run_replicas: int | None = Field(
+        None, description="where the long run breaks the SLA: replicas of the answer's shape each of whose share of "
+                          "the rate is at most what one holds over as long a run (long_run.held_request_rate / "
+                          "best.replicas); null otherwise")
     bands: list[PredictionBand] | None = Field(
         None, description="the measured error band of the answer's median TTFT, TPOT and ITL and output tokens/s: "
                           "published benchmark runs of the engine generation in the answer's regime (`shardplan validate`)")
@@ -150,7 +154,7 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
     order = sorted(range(len(rows)), key=lambda i: (rows[i].reason is not None, rows[i].num_gpus is None,
                                                     rows[i].num_gpus or 0, -(rows[i].max_request_rate_per_replica or 0.0)))
     best_i = order[0] if order and rows[order[0]].reason is None else None
-    at_rate = long_run = None
+    at_rate = long_run = long_run_replicas = None
     if best_i is not None:
         layout, wq, kv = points[best_i]
         b = rows[best_i]
@@ -166,12 +170,15 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
                                 output_tokens_per_second_per_gpu=f.output_tokens_per_second_per_gpu,
                                 saturated=f.saturated, saturation_request_rate=f.saturation_request_rate_per_second)
         step = StepModel(spec, replica_hw, layout, judged, judged.max_num_batched_tokens, judged.max_num_seqs)
-        long_run = LongRun.of(over_a_long_run(step, judged, kv, rate / b.replicas), sla, rate, b.replicas,
-                              STEADY_REQUESTS_MAX)
+        r = over_a_long_run(step, judged, kv, rate / b.replicas)
+        held = held_over_a_long_run(step, judged, kv, sla, rate / b.replicas) if sla.violated(r) else None
+        long_run = LongRun.of(r, sla, rate, b.replicas, STEADY_REQUESTS_MAX, held[0] if held is not None else None)
+        if held is not None:
+            long_run_replicas = math.ceil(rate / held[0] - 1e-9)
     return SlaSizing(
         model=spec.name, hardware=hw.name, request_rate=rate, max_ttft_seconds=sla.max_ttft_seconds,
         max_tpot_seconds=sla.max_tpot_seconds, slo_percentile=sla.percentile,
         lengths=load.lengths_name, mean_input_tokens=mean_in, mean_output_tokens=mean_out,
         rows=[rows[i] for i in order], best=rows[best_i] if best_i is not None else None, at_rate=at_rate,
-        long_run=long_run,
+        long_run=long_run, long_run_replicas=long_run_replicas,
     )

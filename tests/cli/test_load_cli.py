@@ -135,7 +135,7 @@ def test_the_pick_is_run_again_over_a_long_run_at_its_rate_and_the_answer_says_w
     a line under the table when it breaks the SLA.""" 
     import re
 
-    from shardplan.cost.traffic import STEADY_REQUESTS_MAX
+    from shardplan.cost.traffic import LONG_RUN_STEP, STEADY_REQUESTS_MAX
 
     d = _ok(cli("recommend", "llama-3.1-8b", "--gpus", "2", "--json"))
     lr, pick = d["long_run"], d["top"][0]
@@ -143,17 +143,31 @@ def test_the_pick_is_run_again_over_a_long_run_at_its_rate_and_the_answer_says_w
     assert lr["num_requests"] == STEADY_REQUESTS_MAX * pick["load"]["num_replicas"] > pick["load"]["num_requests"]
     assert not lr["within_sla"] and lr["why"] == "p90 TPOT over --max-tpot-ms"
     assert lr["tpot_seconds"] > 0.05 >= pick["load"]["tpot_seconds"]["p90"]
+    # The rate that holds over as long a run, resolved to a quarter of a 5% step: `estimate` of the same
+    # plan over as many requests meets the SLA there and breaks it a quarter step above.
+    held = lr["held_request_rate"]
+    assert 0.5 * lr["request_rate"] < held < lr["request_rate"]
+    plan = pick["plan"]
+
+    def p90_tpot(rate: float) -> float:
+        est = _ok(cli("estimate", "llama-3.1-8b", "--gpus", "2", "--tp", str(plan["tp"]), "--dp", str(plan["dp"]),
+                      "--request-rate", repr(rate), "--num-prompts", str(lr["num_requests"]), "--json"))
+        return est["load"]["tpot_seconds"]["p90"]
+
+    assert p90_tpot(held) <= 0.05 < p90_tpot(held + LONG_RUN_STEP / 4 * lr["request_rate"])
     text = " ".join(cli("recommend", "llama-3.1-8b", "--gpus", "2").stdout.split())
     m = re.search(r"#1: judged at ([\d,.]+) req/s over ([\d,]+) requests; over ([\d,]+) at that rate p90 TTFT [\d,.]+ ms, "
-                  r"p90 TPOT ([\d,.]+) ms, over the SLA", text)
+                  r"p90 TPOT ([\d,.]+) ms, over the SLA \(p90 TPOT over --max-tpot-ms\): over as long a run it holds "
+                  r"([\d,.]+) req/s, the rate to plan for", text)
     assert m, text
     assert int(m.group(3).replace(",", "")) == lr["num_requests"]
     assert float(m.group(4)) == pytest.approx(lr["tpot_seconds"] * 1e3, abs=0.05)
+    assert float(m.group(5)) == pytest.approx(held, abs=0.005)
     # At a rate far below what the plan keeps up with (the README's example), the long run holds: no line.
     args = ("recommend", "llama-3.1-70b", "--gpus", "8", "--request-rate", "6", "--max-ttft-ms", "800",
             "--max-tpot-ms", "60")
     calm = _ok(cli(*args, "--json"))["long_run"]
-    assert calm["within_sla"] and calm["why"] is None
+    assert calm["within_sla"] and calm["why"] is None and calm["held_request_rate"] is None
     assert "#1: judged at" not in " ".join(cli(*args).stdout.split())
 
 
@@ -246,6 +260,17 @@ def test_capacity_says_when_its_answer_is_at_what_the_plan_sustains_and_how_many
     assert not lr["within_sla"] and lr["ttft_seconds"] > 1.0
     assert (f"over {lr['num_requests']:,} requests at 22 req/s: p90 TTFT {lr['ttft_seconds'] * 1e3:,.0f} ms" in text
             and "over the SLA (p90 TTFT over --max-ttft-ms)" in text)
+    # and what a replica holds over as long a run, with the replicas whose shares stay within it: `estimate`
+    # of one replica at its share of 22 req/s among that many, over as many requests, meets the SLA
+    held = lr["held_request_rate"] / b["replicas"]
+    k = d["long_run_replicas"]
+    assert 22 / k <= held < 22 / (k - 1)
+    assert (f"over as long a run a replica holds {held:,.2f} req/s, so {k} replicas ({k * b['gpus_per_replica']} GPUs) "
+            "carry 22 req/s") in text
+    est = _ok(cli("estimate", "llama-3.1-8b", "--gpus", str(b["gpus_per_replica"]), "--tp", str(b["tp"]), "--pp",
+                  str(b["pp"]), "--input-len", "4000", "--output-len", "1000", "--request-rate", repr(22 / k),
+                  "--num-prompts", str(lr["num_requests"] // b["replicas"]), "--json"))["load"]
+    assert est["ttft_seconds"]["p90"] <= 1.0 and est["tpot_seconds"]["p90"] <= 0.05
 
 
 def test_capacity_rate_needs_a_finite_rate(cli):

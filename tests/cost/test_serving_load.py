@@ -298,6 +298,30 @@ def test_long_outputs_are_judged_over_a_run_that_spans_its_latencies_after_filli
     assert point.request_rate_per_second < 5.81
 
 
+def test_the_rate_held_over_a_long_run_meets_the_sla_there_and_a_quarter_step_above_does_not():
+    """traffic.held_over_a_long_run: below a rate whose long run breaks the SLA, the highest that a
+    run as long meets, in steps of LONG_RUN_STEP resolved to a quarter of one; none where even half
+    the rate breaks it (here a TPOT limit just above one request alone's)."""
+    from shardplan.cost.traffic import (LONG_RUN_LOWEST, LONG_RUN_STEP, STEADY_REQUESTS_MAX, held_over_a_long_run,
+                                        over_a_long_run)
+
+    wl = replace(_wl(), load=ServingLoad())
+    kv = serving_memory(SPEC, H100, ONE, wl).kv_account
+    model = _model(wl)
+    sla = Sla(max_ttft_seconds=1.0, max_tpot_seconds=0.05, percentile=90)
+    point = best_rate(model, wl, kv, sla, 600)
+    rate = point.request_rate_per_second * 1.1  # a little above what the search finds: its long run breaks the SLA
+    assert sla.violated(over_a_long_run(model, wl, kv, rate)) is not None
+    held, r = held_over_a_long_run(model, wl, kv, sla, rate)
+    assert r.num_requests == STEADY_REQUESTS_MAX and sla.violated(r) is None
+    assert r == over_a_long_run(model, wl, kv, held)
+    assert LONG_RUN_LOWEST * rate <= held < rate
+    assert sla.violated(over_a_long_run(model, wl, kv, held + LONG_RUN_STEP / 4 * rate)) is not None
+    alone = latency_floor(model, wl, 1024)[1]
+    tight = Sla(max_ttft_seconds=None, max_tpot_seconds=alone * 1.01, percentile=90)
+    assert held_over_a_long_run(model, wl, kv, tight, rate) is None
+
+
 def test_best_concurrency_is_the_largest_that_meets_the_sla():
     wl = _wl()
     kv = serving_memory(SPEC, H100, ONE, wl).kv_capacity_tokens
