@@ -125,10 +125,14 @@ def recommend(
             return _disaggregated(spec, res.top, workload, goal, num_gpus or 0, hw)
         return _long_run(spec, res.top[0], goal)
 
-    # Under traffic each estimate simulates its plan again: forked workers take some (search/ahead.py).
+    # Under traffic each estimate simulates its plan again: forked workers take some (search/ahead.py). The
+    # long run, the longest part where it looks for the rate that holds, goes first, so it does not run alone last.
     parts = list(range(len(res.top) + compare_split + check_long))
+    if check_long:
+        parts = parts[-1:] + parts[:-1]
     under_load = isinstance(workload, InferenceWorkload) and workload.load is not None
-    done = [got for _, got in in_order(parts, part, space.workers if under_load else 0)]
+    by_part = dict(in_order(parts, part, space.workers if under_load else 0))
+    done = [by_part[i] for i in sorted(by_part)]
     long_run = done[-1] if check_long else None
     top = done[:len(res.top)]
     top = [t.model_copy(update={"runs_on": runs_on.of(e.hw, e.layout, e.workload)}) for t, e in zip(top, res.top)]
