@@ -131,8 +131,8 @@ def capacity(
     With --request-rate R: the fewest GPUs, and the replica layout, that serve R requests/s
     within --max-ttft-ms/--max-tpot-ms at --slo-percentile, e.g.
     shardplan capacity llama-3.1-70b --request-rate 20 --max-ttft-ms 1000 --max-tpot-ms 50
-    The answer is run again over 6,000 requests a replica; where that breaks the SLA it says
-    what a replica holds over as long a run and how many replicas carry R at that.
+    The answer holds R over a long run too (6,000 requests a replica at each one's share): a
+    shape whose long run breaks the SLA is sized again by what a replica holds over one.
 
     GPU counts are those recommend searches (powers of two in a node, then whole nodes) up to
     --max-gpus. Exit 0; 3 when nothing fits within --max-gpus."""

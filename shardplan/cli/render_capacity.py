@@ -102,11 +102,15 @@ def sizing_report(r: Any) -> None:
                   f"({r.lengths} lengths, mean {r.mean_input_tokens:,.0f} in / {r.mean_output_tokens:,.0f} out)",
                   markup=False, highlight=False)
     t = Table(title="Replica shapes (fewest GPUs first)", title_justify="left")
-    for c in ("tp", "pp", "ep", "weights", "GPUs/replica", "req/s per replica", "replicas", "GPUs", "why not"):
+    long_runs = any(row.long_run_request_rate_per_replica is not None for row in r.rows)
+    for c in ("tp", "pp", "ep", "weights", "GPUs/replica", "req/s per replica", *(("over a long run",) if long_runs else ()),
+              "replicas", "GPUs", "why not"):
         t.add_column(c, justify="left" if c in ("weights", "why not") else "right")
     for row in r.rows:
+        held = row.long_run_request_rate_per_replica
         t.add_row(str(row.tp), str(row.pp), str(row.ep), row.quantization, str(row.gpus_per_replica),
                   "-" if row.max_request_rate_per_replica is None else f"{row.max_request_rate_per_replica:,.2f}",
+                  *((("-" if held is None else f"{held:,.2f}"),) if long_runs else ()),
                   "-" if row.replicas is None else str(row.replicas), "-" if row.num_gpus is None else str(row.num_gpus),
                   row.reason or "")
     console.print(t)
@@ -135,16 +139,17 @@ def sizing_report(r: Any) -> None:
                       f"({a.saturation_request_rate:,.2f} req/s), so over a longer run its queue may grow: {more} "
                       f"replicas ({more * b.gpus_per_replica} GPUs) keep the rate below it", markup=False, highlight=False)
     lr = r.long_run
-    if lr is not None and not lr.within_sla:
-        if lr.held_request_rate is not None and r.long_run_replicas is not None:  # the replicas that carry it
-            held = r.long_run_replicas
-            remedy = (f"over as long a run a replica holds {lr.held_request_rate / b.replicas:,.2f} req/s, so {held} "
-                      f"replicas ({held * b.gpus_per_replica} GPUs) carry {r.request_rate:g} req/s")
-        else:
-            remedy = "a longer run settles at higher latencies, so plan for more replicas or looser limits"
-        console.print(f"over {lr.num_requests:,} requests at {r.request_rate:g} req/s: p{lr.percentile} TTFT "
-                      f"{lr.ttft_seconds * 1e3:,.0f} ms, p{lr.percentile} TPOT {lr.tpot_seconds * 1e3:,.1f} ms, over the "
-                      f"SLA ({lr.why}): {remedy}", markup=False, highlight=False)
+    resized = [row for row in r.rows if row.long_run_request_rate_per_replica is not None]
+    if resized and lr is not None:  # shapes sized again by what a replica holds over a long run
+        first = resized[0]
+        console.print(f"sized by long runs: tp={first.tp} pp={first.pp}, judged at {first.max_request_rate_per_replica:,.2f} "
+                      f"req/s a replica over the rate search's run, broke the SLA at its share of the rate over "
+                      f"{lr.num_requests // max(1, b.replicas):,} requests a replica and holds "
+                      f"{first.long_run_request_rate_per_replica:,.2f} over as long a run"
+                      + (f" ({len(resized)} shapes sized again)" if len(resized) > 1 else "")
+                      + f"; the answer holds over {lr.num_requests:,} requests: p{lr.percentile} TTFT "
+                      f"{lr.ttft_seconds * 1e3:,.0f} ms, p{lr.percentile} TPOT {lr.tpot_seconds * 1e3:,.1f} ms",
+                      markup=False, highlight=False)
     band = load_band_line(r.bands)
     if band:
         console.print(band, markup=False, highlight=False)

@@ -21,6 +21,7 @@ from pydantic import Field
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.report import PredictionBand
+from shardplan.cost.serving_load import LoadResult
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.traffic import (SEARCH_REQUESTS_MIN, STEADY_REQUESTS_MAX, Sla, held_over_a_long_run, latency_floor,
                                    load_figures, most_within_sla, over_a_long_run)
@@ -34,6 +35,9 @@ from shardplan.tasks._targets import engine_refuses
 
 
 PIPELINE_DEPTHS_TRIED = 2  # per tp: the shallowest pipeline that holds the model, and the next
+# Long runs (with the search for the rate each holds, where one breaks the SLA) before an answer is given up on:
+# each check either settles the answer or adds replicas to one shape, so this bounds the work on any input.
+LONG_RUN_CHECKS = 32
 
 
 class SizingRow(Result):
@@ -49,6 +53,10 @@ class SizingRow(Result):
     replicas: int | None = Field(description="replicas for the asked rate")
     num_gpus: int | None = Field(description="GPUs for the asked rate")
     reason: str | None = Field(description="why the shape cannot serve the rate within the SLA; null when it can")
+    long_run_request_rate_per_replica: float | None = Field(
+        None, description="where this shape was run at its share of the rate over STEADY_REQUESTS_MAX requests a replica "
+                          "(the answer, and shapes that would have taken fewer GPUs) and that broke the SLA: what a "
+                          "replica holds over as long a run, which its replicas and GPUs are sized by; null otherwise")
 
 
 class LatencyAtRate(Result):
@@ -79,11 +87,8 @@ class SlaSizing(Result):
     best: SizingRow | None = Field(description="the answer: the fewest GPUs; null: no shape meets the SLA")
     at_rate: LatencyAtRate | None = Field(description="the answer's latency and goodput at the asked rate")
     long_run: LongRun | None = Field(None, description="the answer at the asked rate over STEADY_REQUESTS_MAX requests a "
-                                                       "replica, and whether it still meets the SLA there")
-    long_run_replicas: int | None = Field(
-        None, description="where the long run breaks the SLA: replicas of the answer's shape each of whose share of "
-                          "the rate is at most what one holds over as long a run (long_run.held_request_rate / "
-                          "best.replicas); null otherwise")
+                                                       "replica, where it meets the SLA (a shape whose long run breaks it "
+                                                       "is sized again: rows' long_run_request_rate_per_replica)")
     bands: list[PredictionBand] | None = Field(
         None, description="the measured error band of the answer's median TTFT, TPOT and ITL and output tokens/s: "
                           "published benchmark runs of the engine generation in the answer's regime (`shardplan validate`)")
@@ -151,10 +156,50 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
                                   num_gpus=replicas * tp * pp,
                                   reason=f"needs {replicas * tp * pp:,} GPUs, more than --max-gpus {max_gpus:,}" if over else None))
             points[len(rows) - 1] = (layout, wq, sm.kv_account)
-    order = sorted(range(len(rows)), key=lambda i: (rows[i].reason is not None, rows[i].num_gpus is None,
-                                                    rows[i].num_gpus or 0, -(rows[i].max_request_rate_per_replica or 0.0)))
-    best_i = order[0] if order and rows[order[0]].reason is None else None
-    at_rate = long_run = long_run_replicas = None
+    # The fewest GPUs whose replicas hold the rate over a long run: a rate judged over the rate search's run can
+    # break the SLA over a longer one (traffic.held_over_a_long_run), so the shape with the fewest GPUs is run at
+    # its share over STEADY_REQUESTS_MAX requests a replica; where that breaks the SLA it is sized again by what a
+    # replica holds over as long a run (never more than the search's rate: it only takes more GPUs), and the shapes
+    # are ordered again, until the first is one whose long run holds.
+    def order_of() -> list[int]:
+        return sorted(range(len(rows)), key=lambda i: (rows[i].reason is not None, rows[i].num_gpus is None,
+                                                       rows[i].num_gpus or 0, -(rows[i].max_request_rate_per_replica or 0.0)))
+
+    def replica_hw_of(world: int) -> HardwareProfile:
+        return hw.with_topology(gpus_per_node=hw.gpus_per_node, num_nodes=max(1, math.ceil(world / hw.gpus_per_node)))
+
+    runs: dict[int, LoadResult] = {}  # row -> its replica's long run at its share of the rate, where it held
+    best_i = None
+    for _ in range(LONG_RUN_CHECKS):
+        order = order_of()
+        if not order or rows[order[0]].reason is not None:
+            break
+        i = order[0]
+        if i in runs:
+            best_i = i
+            break
+        layout, wq, kv = points[i]
+        row = rows[i]
+        assert row.replicas is not None  # a row without a reason has replicas
+        judged = replace(wq, load=replace(load, request_rate_per_second=rate))
+        step = StepModel(spec, replica_hw_of(layout.world_size), layout, judged, judged.max_num_batched_tokens,
+                         judged.max_num_seqs)
+        r = over_a_long_run(step, judged, kv, rate / row.replicas)
+        if sla.violated(r) is None:
+            runs[i] = r
+            continue
+        held = held_over_a_long_run(step, judged, kv, sla, rate / row.replicas)
+        if held is None:
+            rows[i] = row.model_copy(update={"reason": f"over {STEADY_REQUESTS_MAX:,} requests a replica even half its "
+                                                       "share of the rate breaks the SLA"})
+            continue
+        replicas = max(row.replicas + 1, math.ceil(rate / held[0] - 1e-9))
+        num_gpus = replicas * row.gpus_per_replica
+        rows[i] = row.model_copy(update={
+            "replicas": replicas, "num_gpus": num_gpus, "long_run_request_rate_per_replica": held[0],
+            "reason": f"needs {num_gpus:,} GPUs, more than --max-gpus {max_gpus:,}" if num_gpus > max_gpus else None})
+    order = order_of()
+    at_rate = long_run = None
     if best_i is not None:
         layout, wq, kv = points[best_i]
         b = rows[best_i]
@@ -162,23 +207,17 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
         plan = replace(layout, dp=b.replicas)
         judged = replace(wq, load=replace(load, request_rate_per_second=rate,
                                           num_requests=max(load.num_requests, SEARCH_REQUESTS_MIN * b.replicas)))
-        replica_hw = hw.with_topology(gpus_per_node=hw.gpus_per_node, num_nodes=max(1, math.ceil(plan.world_size / hw.gpus_per_node)))
-        f = load_figures(spec, replica_hw, plan, judged, kv)
+        f = load_figures(spec, replica_hw_of(plan.world_size), plan, judged, kv)
         key = f"p{sla.percentile}"
         at_rate = LatencyAtRate(p=sla.percentile, ttft_seconds=getattr(f.replica.ttft_seconds, key),
                                 tpot_seconds=getattr(f.replica.tpot_seconds, key),
                                 output_tokens_per_second_per_gpu=f.output_tokens_per_second_per_gpu,
                                 saturated=f.saturated, saturation_request_rate=f.saturation_request_rate_per_second)
-        step = StepModel(spec, replica_hw, layout, judged, judged.max_num_batched_tokens, judged.max_num_seqs)
-        r = over_a_long_run(step, judged, kv, rate / b.replicas)
-        held = held_over_a_long_run(step, judged, kv, sla, rate / b.replicas) if sla.violated(r) else None
-        long_run = LongRun.of(r, sla, rate, b.replicas, STEADY_REQUESTS_MAX, held[0] if held is not None else None)
-        if held is not None:
-            long_run_replicas = math.ceil(rate / held[0] - 1e-9)
+        long_run = LongRun.of(runs[best_i], sla, rate, b.replicas, STEADY_REQUESTS_MAX)
     return SlaSizing(
         model=spec.name, hardware=hw.name, request_rate=rate, max_ttft_seconds=sla.max_ttft_seconds,
         max_tpot_seconds=sla.max_tpot_seconds, slo_percentile=sla.percentile,
         lengths=load.lengths_name, mean_input_tokens=mean_in, mean_output_tokens=mean_out,
         rows=[rows[i] for i in order], best=rows[best_i] if best_i is not None else None, at_rate=at_rate,
-        long_run=long_run, long_run_replicas=long_run_replicas,
+        long_run=long_run,
     )
