@@ -297,46 +297,40 @@ LONG_RUN_LOWEST = 0.5
 
 
 def held_over_a_long_run(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: Sla,
-                         rate_per_replica: float) -> tuple[float, LoadResult] | None:
-    """(The highest rate per replica whose run of STEADY_REQUESTS_MAX requests meets `sla`, that run)
-    below `rate_per_replica`, whose own long run breaks it; None if none does above LONG_RUN_LOWEST
-    of it. A rate judged over a finite run is the highest at which that one sample of arrivals met
-    the SLA, and near what a plan keeps up with a p90 over a few hundred requests scatters widely
-    from sample to sample (Llama 3.1 70B, tp 4 pp 2 on 8 H100s at 17.84 req/s: p90 TPOT 44-64 ms
-    over eight seeds' 600 requests, 58 ms over 24,000; BENCHMARKS.md), so the search's rate sits
-    above what a long run holds; this is the rate to plan for. Runs that break the SLA stop as
-    soon as they certainly do (`Sla.give_up`)."""
+                         rate_per_replica: float) -> float | None:
+    """The highest rate per replica whose run of STEADY_REQUESTS_MAX requests meets `sla`, below
+    `rate_per_replica`, whose own long run breaks it; None if none does above LONG_RUN_LOWEST of it.
+    A rate judged over a finite run is the highest at which that one sample of arrivals met the
+    SLA, and near what a plan keeps up with a p90 over a few hundred requests scatters widely from
+    sample to sample (Llama 3.1 70B, tp 4 pp 2 on 8 H100s at 17.84 req/s: p90 TPOT 44-64 ms over
+    eight seeds' 600 requests, 58 ms over 24,000; BENCHMARKS.md), so the search's rate sits above
+    what a long run holds; this is the rate to plan for. Runs that break the SLA stop as soon as
+    they certainly do (`Sla.give_up`)."""
     load = wl.load or ServingLoad()
     sched = scheduler_for(wl, kv, step.pp)
 
-    def held(rate: float) -> LoadResult | None:
+    def holds(rate: float) -> bool:
         traffic = _traffic(wl, load, STEADY_REQUESTS_MAX, rate=rate, conc=None)
         try:
-            r = simulate_replica(step, sched, traffic, sla.give_up(STEADY_REQUESTS_MAX))
+            return sla.violated(simulate_replica(step, sched, traffic, sla.give_up(STEADY_REQUESTS_MAX))) is None
         except SlaBroken:
-            return None
-        return None if sla.violated(r) else r
+            return False
 
-    hi, found = rate_per_replica, None
-    k = 1
-    while found is None:
-        rate = rate_per_replica * (1 - k * LONG_RUN_STEP)
-        if rate < LONG_RUN_LOWEST * rate_per_replica - 1e-12:
+    hi, k = rate_per_replica, 1
+    while True:  # down in steps until one holds
+        lo = rate_per_replica * (1 - k * LONG_RUN_STEP)
+        if lo < LONG_RUN_LOWEST * rate_per_replica - 1e-12:
             return None
-        r = held(rate)
-        if r is None:
-            hi, k = rate, k + 1
-        else:
-            found = (rate, r)
-    lo, best = found
+        if holds(lo):
+            break
+        hi, k = lo, k + 1
     for _ in range(LONG_RUN_BISECTIONS):
         mid = (lo + hi) / 2
-        r = held(mid)
-        if r is None:
-            hi = mid
+        if holds(mid):
+            lo = mid
         else:
-            lo, best = mid, r
-    return lo, best
+            hi = mid
+    return lo
 
 
 def steady_requests(rate: float, r: LoadResult, slots: int) -> int:

@@ -404,14 +404,18 @@ def search_training(
         res.invalid.update(adm.refused)
 
 
-def _shape(e: Evaluated) -> tuple[int, ...]:
-    lay = e.layout
+def _shape_of(lay: Layout) -> tuple[int, ...]:
+    """A layout's parallel shape: (GPUs, tp, pp, dp, cp, ep)."""
     return (lay.world_size, lay.tp, lay.pp, lay.dp, lay.cp, lay.ep)
+
+
+def _shape(e: Evaluated) -> tuple[int, ...]:
+    return _shape_of(e.layout)
 
 
 def _kept_value(best: list[Evaluated], layout: Layout) -> float | None:
     """The objective of the variant of `layout`'s parallel shape among the top K kept, if any."""
-    shape = (layout.world_size, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep)
+    shape = _shape_of(layout)
     for e in best:
         if _shape(e) == shape:
             return e.objective_value

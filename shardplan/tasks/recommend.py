@@ -372,8 +372,7 @@ def _long_run(spec: Any, e: Any, goal: Goal) -> LongRun | None:
     rate = load.request_rate_per_second / replicas
     r = over_a_long_run(step, wl, kv, rate)
     held = held_over_a_long_run(step, wl, kv, sla, rate) if sla.violated(r) else None
-    return LongRun.of(r, sla, load.request_rate_per_second, replicas, STEADY_REQUESTS_MAX,
-                      held[0] if held is not None else None)
+    return LongRun.of(r, sla, load.request_rate_per_second, replicas, STEADY_REQUESTS_MAX, held)
 
 
 def _sla_suggestions(res: SearchResult, goal: Goal) -> list[Suggestion]:

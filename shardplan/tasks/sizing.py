@@ -193,10 +193,10 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
             rows[i] = row.model_copy(update={"reason": f"over {STEADY_REQUESTS_MAX:,} requests a replica even half its "
                                                        "share of the rate breaks the SLA"})
             continue
-        replicas = max(row.replicas + 1, math.ceil(rate / held[0] - 1e-9))
+        replicas = max(row.replicas + 1, math.ceil(rate / held - 1e-9))
         num_gpus = replicas * row.gpus_per_replica
         rows[i] = row.model_copy(update={
-            "replicas": replicas, "num_gpus": num_gpus, "long_run_request_rate_per_replica": held[0],
+            "replicas": replicas, "num_gpus": num_gpus, "long_run_request_rate_per_replica": held,
             "reason": f"needs {num_gpus:,} GPUs, more than --max-gpus {max_gpus:,}" if num_gpus > max_gpus else None})
     order = order_of()
     at_rate = long_run = None
