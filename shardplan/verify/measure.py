@@ -6,7 +6,8 @@ Steady-state categories (parameters, gradients, optimizer state, KV cache) are t
 bytes of the tensors that hold them; activations are the forward-born storages still alive
 when a forward ends (what backward will read), sampled at every chunk's forward end so that
 a pipeline's in-flight micro-batches add up; serving activations are the running peak of
-forward-born storages; ZeRO-3 temporaries are the gathered (unsharded) parameters alive at a
+forward-born storages over the prefill (under gloo, the smaller of two identical prefills:
+see `worker.run_serving`); ZeRO-3 temporaries are the gathered (unsharded) parameters alive at a
 block boundary. Sizes are read live (`nbytes()`), so FSDP's `resize_(0)` frees count.
 """
 
