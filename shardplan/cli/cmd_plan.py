@@ -277,7 +277,7 @@ def recommend(
     expand: Annotated[bool, typer.Option("--expand", help="Show every variant (formats, batch, ZeRO stage, recompute, virtual stages) as its own row instead of each shape's best.", rich_help_panel=SEARCH)] = False,
     strict_fit: Annotated[bool, typer.Option("--strict-fit", help="Leave out plans that fit only at the prediction, not at the pessimistic edge of the measured error band (`shardplan validate`); without it they rank after those that fit at the edge.", rich_help_panel=SEARCH)] = False,
     compare: Annotated[Optional[str], typer.Option(help="A layout to compare with the winner, e.g. tp=8,pp=16,dp=128 (a published one).", rich_help_panel=SEARCH)] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the winner's deployment manifest (YAML) here.", rich_help_panel=SEARCH)] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the winner's deployment manifest (YAML) here: its layout, placement and predictions; for serving under traffic also its latency percentiles, its long run and the rate to plan for (predicted.load, which `shardplan show` and `shardplan watch` read).", rich_help_panel=SEARCH)] = None,
     export_to: ExportToOpt = None,
     target: TargetOpt = None,
     tp: Annotated[Optional[int], typer.Option(min=1, help="Tensor-parallel degree.", rich_help_panel=PIN)] = None,

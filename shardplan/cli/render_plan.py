@@ -10,7 +10,7 @@ from rich.table import Table
 from shardplan import units
 from shardplan.cli.render_common import breakdown_table, load_band_line, console, file_written, fitted_table, fmt_count, fmt_gib, fmt_seconds
 from shardplan.cost.report import CostReport, FitAtBandEdge, LoadReport, PredictionBand, TrainingMemoryReport, TrainingTimeReport
-from shardplan.plan.schema import DeploymentManifest, ServingTime
+from shardplan.plan.schema import DeploymentManifest, PercentilesSection, PredictedLoadSection, ServingTime
 from shardplan.search.explain import describe
 from shardplan.search.results import LongRun, ParetoPoint, RecommendEntry, RecommendResult
 from shardplan.search.space import TIGHT
@@ -211,6 +211,27 @@ def _top_table(top: list[RecommendEntry]) -> Table:
     return fitted_table("Best plans", cols, rows)
 
 
+def _show_load(console: Any, ld: PredictedLoadSection) -> None:
+    """A manifest's figures under traffic: as judged, over a long run, and the rate to plan for."""
+    def q(p: PercentilesSection) -> str:
+        return "/".join(fmt_seconds(v) for v in (p.p50, p.p90, p.p99))
+
+    at = "all at once" if ld.request_rate_per_second is None else f"{ld.request_rate_per_second:,.2f} req/s"
+    if ld.max_concurrency is not None:
+        at = f"{ld.max_concurrency:,} requests in flight"
+    console.print(f"under traffic: at {at} over {ld.num_requests:,} requests, TTFT p50/p90/p99 {q(ld.ttft_seconds)}, "
+                  f"TPOT {q(ld.tpot_seconds)}, {ld.output_tokens_per_second:,.0f} output tokens/s"
+                  + ("; saturated" if ld.saturated else ""), soft_wrap=True)
+    lr = ld.long_run
+    if lr is not None:
+        verdict = "meets the SLA" if lr.within_sla else f"breaks the SLA ({lr.why})"
+        console.print(f"over a long run ({lr.num_requests:,} requests) at that rate: TTFT {q(lr.ttft_seconds)}, TPOT "
+                      f"{q(lr.tpot_seconds)}, {verdict}", soft_wrap=True)
+        if lr.held_request_rate_per_second is not None and lr.held_ttft_seconds and lr.held_tpot_seconds:
+            console.print(f"plan for {lr.held_request_rate_per_second:,.2f} req/s, the rate a run as long holds: TTFT "
+                          f"{q(lr.held_ttft_seconds)}, TPOT {q(lr.held_tpot_seconds)}", soft_wrap=True)
+
+
 def _pick_band(e: RecommendEntry, long_run: LongRun | None = None) -> None:
     """The pick's fit-deciding figure with its measured error band, and the verdict at its edge."""
     edge = e.fit_at_band_edge
@@ -358,8 +379,11 @@ def manifest_report(m: DeploymentManifest) -> None:
     if pr.fit_at_band_edge is not None:
         console.print(f"at the error band's edge: {escape(pr.fit_at_band_edge.note)}", soft_wrap=True)
     tm = pr.time
+    if pr.load is not None:
+        _show_load(console, pr.load)
     if isinstance(tm, ServingTime):
-        console.print(f"time: batch {tm.batch_size} per replica, TTFT {fmt_seconds(tm.ttft_seconds)}, TPOT "
+        console.print(f"time{' of one static batch' if pr.load is not None else ''}: batch {tm.batch_size} per replica, "
+                      f"TTFT {fmt_seconds(tm.ttft_seconds)}, TPOT "
                       f"{fmt_seconds(tm.tpot_seconds)}, "
                       + _throughput(tm.throughput_tokens_per_second, tm.throughput_tokens_per_second_per_gpu,
                                     tm.throughput_tokens_per_second_per_replica, lay.dp))

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from shardplan.cli.render_common import fitted_table, fmt_seconds
-from shardplan.tasks.watch import Percentiles, WatchScrape
+from shardplan.tasks.watch import Percentiles, PlanPercentiles, WatchScrape
 
 _VERDICT = {"within": "ok", "outside": "OUTSIDE", "not judged": "-"}
 
@@ -40,7 +40,8 @@ def _tokens(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
-def _pcts(p: Percentiles | None, predicted: float | None) -> str:
+def _pcts(p: Percentiles | None, predicted: float | None, plan: PlanPercentiles | None = None,
+          rate: float | None = None) -> str:
     if p is None:
         return "-"
     def one(v: float | None) -> str:
@@ -50,6 +51,9 @@ def _pcts(p: Percentiles | None, predicted: float | None) -> str:
         return ("≥" if open_ended else "") + fmt_seconds(v)
 
     q = "/".join(one(v) for v in (p.p50_seconds, p.p90_seconds, p.p99_seconds))
+    if plan is not None:
+        at = "" if rate is None else f" at {rate:,.2f} req/s"
+        return q + f" (plan {'/'.join(fmt_seconds(v) for v in (plan.p50_seconds, plan.p90_seconds, plan.p99_seconds))}{at})"
     return q + ("" if predicted is None else f" (plan {fmt_seconds(predicted)})")
 
 
@@ -97,8 +101,10 @@ def watch_view(r: WatchScrape) -> RenderableType:
                         _VERDICT[p.kv_usage_verdict], _tokens(p.kv_capacity_tokens),
                         _tokens(p.kv_capacity_predicted_tokens)
                         + ("" if p.kv_band_abs_error is None else f" ±{_pct(p.kv_band_abs_error)}"),
-                        _VERDICT[p.kv_capacity_verdict], _pcts(p.ttft, p.ttft_predicted_seconds),
-                        _pcts(p.tpot, p.tpot_predicted_seconds)]) for p in r.replicas]
+                        _VERDICT[p.kv_capacity_verdict],
+                        _pcts(p.ttft, p.ttft_predicted_seconds, p.ttft_predicted, p.predicted_request_rate_per_second),
+                        _pcts(p.tpot, p.tpot_predicted_seconds, p.tpot_predicted, p.predicted_request_rate_per_second)])
+                for p in r.replicas]
         parts.append(fitted_table("per serving replica: KV cache and usage against the plan; latency reported", cols,
                                   rows, caption="KV usage (≤ the plan's usage for the running requests); "
                                                 "percentiles since start on the first scrape, over the interval after"))

@@ -297,9 +297,10 @@ LONG_RUN_LOWEST = 0.5
 
 
 def held_over_a_long_run(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: Sla,
-                         rate_per_replica: float) -> float | None:
+                         rate_per_replica: float) -> tuple[float, LoadResult] | None:
     """The highest rate per replica whose run of STEADY_REQUESTS_MAX requests meets `sla`, below
-    `rate_per_replica`, whose own long run breaks it; None if none does above LONG_RUN_LOWEST of it.
+    `rate_per_replica`, whose own long run breaks it, and that run; None if none does above
+    LONG_RUN_LOWEST of it.
     A rate judged over a finite run is the highest at which that one sample of arrivals met the
     SLA, and near what a plan keeps up with a p90 over a few hundred requests scatters widely from
     sample to sample (Llama 3.1 70B, tp 4 pp 2 on 8 H100s at 17.84 req/s: p90 TPOT 44-64 ms over
@@ -309,28 +310,32 @@ def held_over_a_long_run(step: StepModel, wl: InferenceWorkload, kv: KvAccount |
     load = wl.load or ServingLoad()
     sched = scheduler_for(wl, kv, step.pp)
 
-    def holds(rate: float) -> bool:
+    def held(rate: float) -> LoadResult | None:
+        """The run at `rate`, if it meets the SLA."""
         traffic = _traffic(wl, load, STEADY_REQUESTS_MAX, rate=rate, conc=None)
         try:
-            return sla.violated(simulate_replica(step, sched, traffic, sla.give_up(STEADY_REQUESTS_MAX))) is None
+            r = simulate_replica(step, sched, traffic, sla.give_up(STEADY_REQUESTS_MAX))
         except SlaBroken:
-            return False
+            return None
+        return r if sla.violated(r) is None else None
 
     hi, k = rate_per_replica, 1
     while True:  # down in steps until one holds
         lo = rate_per_replica * (1 - k * LONG_RUN_STEP)
         if lo < LONG_RUN_LOWEST * rate_per_replica - 1e-12:
             return None
-        if holds(lo):
+        run = held(lo)
+        if run is not None:
             break
         hi, k = lo, k + 1
     for _ in range(LONG_RUN_BISECTIONS):
         mid = (lo + hi) / 2
-        if holds(mid):
-            lo = mid
+        r = held(mid)
+        if r is not None:
+            lo, run = mid, r
         else:
             hi = mid
-    return lo
+    return lo, run
 
 
 def steady_requests(rate: float, r: LoadResult, slots: int) -> int:

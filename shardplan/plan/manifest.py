@@ -17,14 +17,15 @@ import json
 from dataclasses import fields
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
 
 from shardplan import __version__
 from shardplan.cost.layout import Layout, layout_stage_ranges
-from shardplan.cost.report import CostReport, TrainingMemoryReport, TrainingTimeReport
+from shardplan.cost.report import CostReport, LoadReport, TrainingMemoryReport, TrainingTimeReport
+from shardplan.cost.serving_load import LoadResult
 from shardplan.cost.params import block_weights, embedding_weights, head_weights, layer_kinds, tied_lm_head_copy
 from shardplan.cost.workload import InferenceWorkload, TrainingWorkload
 from shardplan.errors import InputFileError
@@ -40,10 +41,13 @@ from shardplan.plan.schema import (
     Invalid,
     KvCacheSection,
     LayoutSection,
+    LongRunSection,
     MemorySection,
     MeshAxis,
     ModelSection,
+    PercentilesSection,
     PlacementSection,
+    PredictedLoadSection,
     PredictedSection,
     ServingTime,
     StageMemory,
@@ -57,11 +61,15 @@ from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import LoadedModel, model_specs_dir, read_structured, validation_error
 from shardplan.specs.model import ModelSpec
 
+if TYPE_CHECKING:
+    from shardplan.search.results import LongRun
+
 __all__ = [
     "SCHEMA_VERSION",
     "MESH_AXIS_ORDER",
     "DeploymentManifest",
     "build_manifest",
+    "long_run_section",
     "dump_manifest",
     "write_manifest",
     "load_manifest",
@@ -171,7 +179,38 @@ def _floats(d: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in d.items()}
 
 
-def _predicted(report: CostReport) -> PredictedSection:
+def _percentiles(p: Any) -> PercentilesSection:
+    """Mean and percentiles, from a LoadReport's or a LoadResult's."""
+    return PercentilesSection(mean=float(p.mean), p50=float(p.p50), p90=float(p.p90), p99=float(p.p99))
+
+
+def long_run_section(lr: LongRun, run: LoadResult, held: LoadResult | None) -> LongRunSection:
+    """recommend's long run of its pick (`lr`, with one replica's `run` at the judged rate and,
+    where that breaks the SLA, `held`: the run at the rate that holds)."""
+    held = held if lr.held_request_rate is not None else None
+    return LongRunSection(
+        request_rate_per_second=float(lr.request_rate), num_requests=lr.num_requests, sla_percentile=lr.percentile,
+        ttft_seconds=_percentiles(run.ttft_seconds), tpot_seconds=_percentiles(run.tpot_seconds),
+        within_sla=lr.within_sla, why=lr.why,
+        held_request_rate_per_second=None if held is None else float(lr.held_request_rate),  # type: ignore[arg-type]
+        held_ttft_seconds=None if held is None else _percentiles(held.ttft_seconds),
+        held_tpot_seconds=None if held is None else _percentiles(held.tpot_seconds))
+
+
+def _load(load: LoadReport, long_run: LongRunSection | None) -> PredictedLoadSection:
+    return PredictedLoadSection(
+        request_rate_per_second=None if load.request_rate is None else float(load.request_rate),
+        max_concurrency=load.max_concurrency, num_requests=load.num_requests, num_replicas=load.num_replicas,
+        ttft_seconds=_percentiles(load.ttft_seconds), tpot_seconds=_percentiles(load.tpot_seconds),
+        e2e_seconds=_percentiles(load.e2e_seconds),
+        request_throughput_per_second=float(load.request_throughput_per_second),
+        output_tokens_per_second=float(load.output_tokens_per_second),
+        total_tokens_per_second=float(load.total_tokens_per_second),
+        saturation_request_rate_per_second=float(load.saturation_request_rate), saturated=load.saturated,
+        long_run=long_run)
+
+
+def _predicted(report: CostReport, long_run: LongRunSection | None = None) -> PredictedSection:
     mem, t = report.memory, report.time
     stages = [StageMemory(stage=r.stage, num_ranks=r.num_ranks, per_gpu_bytes=_floats(r.per_gpu_bytes),
                           headroom_bytes=float(r.headroom_bytes), host_offload_bytes=float(r.host_offload_bytes),
@@ -208,8 +247,9 @@ def _predicted(report: CostReport) -> PredictedSection:
     edge = report.fit_at_band_edge
     at_edge = None if edge is None else FitAtBandEdgeSection(verdict=edge.verdict, band_abs_error=edge.band_abs_error,
                                                               note=edge.note)
+    load = None if report.load is None else _load(report.load, long_run)
     return PredictedSection(fits=report.fits, reason=report.reason, memory=memory, time=time, kv_cache=kv,
-                            bands=bands, fit_at_band_edge=at_edge)
+                            bands=bands, fit_at_band_edge=at_edge, load=load)
 
 
 def _assumptions(report: CostReport, hw: HardwareProfile) -> list[str]:
@@ -228,9 +268,10 @@ def _assumptions(report: CostReport, hw: HardwareProfile) -> list[str]:
 def build_manifest(*, loaded: LoadedModel, hw: HardwareProfile, layout: Layout,
                    workload: InferenceWorkload | TrainingWorkload, report: CostReport,
                    objective: str | None = None, search: dict[str, Any] | None = None,
-                   runs_on: list[str] | None = None) -> DeploymentManifest:
+                   runs_on: list[str] | None = None, long_run: LongRunSection | None = None) -> DeploymentManifest:
     """The manifest of one estimated plan; `report` is `estimate(...)` for these inputs;
-    `runs_on`: the targets that run it (recommend says so)."""
+    `runs_on`: the targets that run it (recommend says so); `long_run`: recommend's long run
+    of it at its judged rate (`long_run_section`)."""
     spec, serving = loaded.spec, isinstance(workload, InferenceWorkload)
     chunks = layout_stage_ranges(spec.num_layers, layout)
     ranges = [[[r.start, r.stop - 1] for r in stage] for stage in chunks]
@@ -266,7 +307,7 @@ def build_manifest(*, loaded: LoadedModel, hw: HardwareProfile, layout: Layout,
             gpus_per_node=hw.gpus_per_node,
             stages=stage_placements(ranges, layout.tp * layout.cp * layout.dp, hw.gpus_per_node),
             experts=expert_placement(num_experts, layout.ep), tp_splits=_tp_splits(spec, layout.pp)),
-        predicted=_predicted(report),
+        predicted=_predicted(report, long_run),
         assumptions=_assumptions(report, hw),
         objective=objective,
         search=dict(search) if search is not None else None,

@@ -433,6 +433,67 @@ class FitAtBandEdgeSection(_Section):
     note: str = Field(description="the verdict in words, with the band and its cases")
 
 
+class PercentilesSection(_Section):
+    mean: float = Field(ge=0, description="seconds")
+    p50: float = Field(ge=0, description="seconds")
+    p90: float = Field(ge=0, description="seconds")
+    p99: float = Field(ge=0, description="seconds")
+
+
+class LongRunSection(_Section):
+    """The plan at its judged rate over a run of STEADY_REQUESTS_MAX requests a replica
+    (traffic.over_a_long_run), and where that breaks the SLA, the highest rate a run as long
+    meets it at (traffic.held_over_a_long_run): the rate to plan for."""
+
+    request_rate_per_second: float = Field(gt=0, description="the judged rate, all replicas")
+    num_requests: int = Field(ge=1, description="requests simulated, all replicas")
+    sla_percentile: int = Field(ge=1, le=100, description="the percentile the SLA is at")
+    ttft_seconds: PercentilesSection = Field(description="time to first token over the long run")
+    tpot_seconds: PercentilesSection = Field(description="time per output token over the long run")
+    within_sla: bool = Field(description="the long run meets the SLA too")
+    why: str | None = Field(description="the limit it breaks; null when within")
+    held_request_rate_per_second: float | None = Field(
+        gt=0, description="all replicas: the highest rate whose run as long meets the SLA; null when the long run at the "
+                          "judged rate meets it, or none above half of it does")
+    held_ttft_seconds: PercentilesSection | None = Field(description="time to first token over the run at the held rate")
+    held_tpot_seconds: PercentilesSection | None = Field(description="time per output token over the run at the held rate")
+
+
+class PredictedLoadSection(_Section):
+    """Serving under the traffic the plan was judged at (continuous batching by the engine's
+    scheduler; `estimate --json`'s load): what a deployment of the plan should see."""
+
+    request_rate_per_second: float | None = Field(gt=0, description="requests/s sent to the plan, all replicas; null: "
+                                                                    "all at once, or a concurrency")
+    max_concurrency: int | None = Field(ge=1, description="requests in flight at most; null: no cap")
+    num_requests: int = Field(ge=1, description="requests simulated, all replicas")
+    num_replicas: int = Field(ge=1, description="replicas the traffic is spread over (dp)")
+    ttft_seconds: PercentilesSection = Field(description="time to first token from sending")
+    tpot_seconds: PercentilesSection = Field(description="time per output token after the first, per request")
+    e2e_seconds: PercentilesSection = Field(description="end-to-end latency from sending")
+    request_throughput_per_second: float = Field(ge=0, description="requests completed per second, all replicas")
+    output_tokens_per_second: float = Field(ge=0, description="output tokens per second, all replicas")
+    total_tokens_per_second: float = Field(ge=0, description="prompt and output tokens per second, all replicas")
+    saturation_request_rate_per_second: float = Field(ge=0, description="the highest rate the plan sustains with a "
+                                                                        "bounded queue")
+    saturated: bool = Field(description="the offered load is at or above what the plan sustains")
+    long_run: LongRunSection | None = Field(default=None, description="recommend's pick at a rate: the same rate over a "
+                                                                      "long run, and the rate that holds over one")
+
+    @property
+    def plan_for(self) -> tuple[float | None, PercentilesSection, PercentilesSection]:
+        """(requests/s, TTFT, TPOT) a deployment should plan for: where the judged rate breaks the
+        SLA over a long run, the rate a run as long holds and its figures; else the judged rate with
+        the long run's figures (the steadier sample), or its own where there was no long run."""
+        lr = self.long_run
+        if lr is None:
+            return self.request_rate_per_second, self.ttft_seconds, self.tpot_seconds
+        if lr.held_request_rate_per_second is not None:
+            assert lr.held_ttft_seconds is not None and lr.held_tpot_seconds is not None  # written together
+            return lr.held_request_rate_per_second, lr.held_ttft_seconds, lr.held_tpot_seconds
+        return lr.request_rate_per_second, lr.ttft_seconds, lr.tpot_seconds
+
+
 class PredictedSection(_Section):
     fits: bool = Field(description="every rank fits its memory")
     reason: str | None = Field(description="why not, when it does not fit")
@@ -443,6 +504,10 @@ class PredictedSection(_Section):
                                      "figure; empty in plans written before bands were recorded")
     fit_at_band_edge: FitAtBandEdgeSection | None = Field(
         default=None, description="the verdict at the memory band's edge; null in plans written before it was recorded")
+    load: PredictedLoadSection | None = Field(
+        default=None, description="serving judged under traffic (a rate or a concurrency): its latency percentiles and "
+                                  "throughput, which `time` (one static batch) is not; null otherwise, and in plans "
+                                  "written before it was recorded")
 
 
 class PoolSection(_Section):

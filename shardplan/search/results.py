@@ -188,15 +188,19 @@ class LongRun(Frozen):
 
     @classmethod
     def of(cls, r: LoadResult, sla: Sla, request_rate: float, replicas: int, num_requests: int,
-           held_per_replica: float | None = None) -> LongRun:
-        """From one replica's run `r` of `num_requests` requests, judged by `sla`; `held_per_replica`:
-        the highest rate a replica's run as long meets it at, where `r` breaks it (traffic.held_over_a_long_run)."""
+           held: tuple[float, LoadResult] | None = None) -> LongRun:
+        """From one replica's run `r` of `num_requests` requests, judged by `sla`; `held`: the highest
+        rate a replica's run as long meets it at, where `r` breaks it, and that run
+        (traffic.held_over_a_long_run)."""
         bad = sla.violated(r)
         key = f"p{sla.percentile}"
+        held = None if bad is None else held
         return cls(request_rate=request_rate, num_requests=num_requests * replicas, percentile=sla.percentile,
                    ttft_seconds=getattr(r.ttft_seconds, key), tpot_seconds=getattr(r.tpot_seconds, key),
                    within_sla=bad is None, why=bad,
-                   held_request_rate=None if bad is None or held_per_replica is None else held_per_replica * replicas)
+                   held_request_rate=None if held is None else held[0] * replicas,
+                   held_ttft_seconds=None if held is None else getattr(held[1].ttft_seconds, key),
+                   held_tpot_seconds=None if held is None else getattr(held[1].tpot_seconds, key))
 
     request_rate: float = Field(description="requests/s, all replicas (the pick's judged rate)")
     num_requests: int = Field(description="requests simulated, all replicas")
@@ -209,6 +213,8 @@ class LongRun(Frozen):
         None, description="requests/s, all replicas: the highest rate whose run as long meets the SLA, found below "
         "request_rate in steps of 5% then resolved to a quarter of a step; null when the long run at request_rate meets it, "
         "or none above half of it does")
+    held_ttft_seconds: float | None = Field(None, description="TTFT at the percentile over the run at held_request_rate")
+    held_tpot_seconds: float | None = Field(None, description="TPOT at the percentile over the run at held_request_rate")
 
 
 class RecommendResult(OmitNone):

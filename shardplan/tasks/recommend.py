@@ -24,6 +24,7 @@ from shardplan.search.results import (BestAtGpuCount, DisaggregatedComparison, E
 from shardplan.cost.disaggregated import best_disaggregated
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.step_model import StepModel
+from shardplan.cost.serving_load import LoadResult
 from shardplan.cost.traffic import STEADY_REQUESTS_MAX, Sla, held_over_a_long_run, most_within_sla, over_a_long_run
 from shardplan.search.space import BUDGET_SPENT, MEMORY_REASONS, Progress
 from shardplan.specs.hardware import HardwareProfile
@@ -133,7 +134,8 @@ def recommend(
     under_load = isinstance(workload, InferenceWorkload) and workload.load is not None
     by_part = dict(in_order(parts, part, space.workers if under_load else 0))
     done = [by_part[i] for i in sorted(by_part)]
-    long_run = done[-1] if check_long else None
+    long_runs = done[-1] if check_long else None
+    long_run = None if long_runs is None else long_runs[0]
     top = done[:len(res.top)]
     top = [t.model_copy(update={"runs_on": runs_on.of(e.hw, e.layout, e.workload)}) for t, e in zip(top, res.top)]
     binding = explain.binding_constraint(top[0], goal) if top else None
@@ -179,7 +181,7 @@ def recommend(
     disaggregated = done[len(res.top)] if compare_split else None
     manifest = None
     if manifest_path is not None and res.top:
-        from shardplan.plan.manifest import build_manifest, write_manifest  # only a plan written needs them
+        from shardplan.plan.manifest import build_manifest, long_run_section, write_manifest  # only a plan written needs them
         from shardplan.plan.schema import DisaggregationSection, PoolSection
 
         best = res.top[0]
@@ -191,6 +193,7 @@ def recommend(
         m = build_manifest(
             loaded=loaded, hw=best.hw, layout=best.layout, workload=best.workload, report=report,
             objective=goal.objective.value, search=summary, runs_on=top[0].runs_on,
+            long_run=None if long_runs is None else long_run_section(*long_runs),
         )
         if write_disaggregation:
             if disaggregated is None:
@@ -356,9 +359,10 @@ def _disaggregated(spec: Any, ranked: list[Any], workload: InferenceWorkload, go
         kv_transfer_seconds=d.kv_transfer_seconds, link=d.link, winner="disaggregated" if wins else "aggregated", why=why)
 
 
-def _long_run(spec: Any, e: Any, goal: Goal) -> LongRun | None:
+def _long_run(spec: Any, e: Any, goal: Goal) -> tuple[LongRun, LoadResult, LoadResult | None] | None:
     """The pick at the rate it was judged at over STEADY_REQUESTS_MAX requests a replica
-    (traffic.over_a_long_run), unless it was judged over as many."""
+    (traffic.over_a_long_run), unless it was judged over as many; with one replica's run, and
+    where it breaks the SLA, the run at the rate that holds (for the manifest)."""
     wl, layout = e.workload, e.layout
     load = wl.load
     if load is None or not math.isfinite(load.request_rate_per_second) or load.max_concurrency is not None:
@@ -372,7 +376,8 @@ def _long_run(spec: Any, e: Any, goal: Goal) -> LongRun | None:
     rate = load.request_rate_per_second / replicas
     r = over_a_long_run(step, wl, kv, rate)
     held = held_over_a_long_run(step, wl, kv, sla, rate) if sla.violated(r) else None
-    return LongRun.of(r, sla, load.request_rate_per_second, replicas, STEADY_REQUESTS_MAX, held)
+    return (LongRun.of(r, sla, load.request_rate_per_second, replicas, STEADY_REQUESTS_MAX, held), r,
+            None if held is None else held[1])
 
 
 def _sla_suggestions(res: SearchResult, goal: Goal) -> list[Suggestion]:

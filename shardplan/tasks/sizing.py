@@ -188,11 +188,12 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
         if sla.violated(r) is None:
             runs[i] = r
             continue
-        held = held_over_a_long_run(step, judged, kv, sla, rate / row.replicas)
-        if held is None:
+        found = held_over_a_long_run(step, judged, kv, sla, rate / row.replicas)
+        if found is None:
             rows[i] = row.model_copy(update={"reason": f"over {STEADY_REQUESTS_MAX:,} requests a replica even half its "
                                                        "share of the rate breaks the SLA"})
             continue
+        held = found[0]
         replicas = max(row.replicas + 1, math.ceil(rate / held - 1e-9))
         num_gpus = replicas * row.gpus_per_replica
         rows[i] = row.model_copy(update={

@@ -40,11 +40,13 @@ What is judged (outside its band: exit 4), with the plan's own recorded band (`p
                    by the band): the cache is smaller than planned, or requests are longer than the
                    plan's; the message says which figures.
 Reported, not judged (no band is measured for them): running and waiting requests (beside the
-plan's batch), TTFT and TPOT p50/p90/p99 from the histograms' buckets (Prometheus'
-histogram_quantile: linear within the bucket; since start on the first scrape, over the last
-interval afterwards) beside the plan's figures, and link throughput against the profile's
-bandwidth (DCGM_FI_PROF_*_BYTES are rates; DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL is a counter whose
-rate needs two scrapes: with one there is none, and the row says so).
+batch of a plan estimated as one static batch), TTFT and TPOT p50/p90/p99 from the histograms'
+buckets (Prometheus' histogram_quantile: linear within the bucket; since start on the first
+scrape, over the last interval afterwards) beside the plan's figures (a plan judged under
+traffic: its p50/p90/p99 at the rate to plan for, `predicted.load.plan_for`, and that rate;
+otherwise its one static batch's), and link throughput against the profile's bandwidth
+(DCGM_FI_PROF_*_BYTES are rates; DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL is a counter whose rate
+needs two scrapes: with one there is none, and the row says so).
 
 Bounds: at most MAX_PAGE_BYTES read per page, MAX_SERIES sample lines (MAX_LINES in all), lines of
 MAX_LINE_CHARS, MAX_PARSED_CHARS of the known exporters' lines handed to the (pure Python) parser,
@@ -386,6 +388,11 @@ class PlanFacts:
     batch_size: int | None
     ttft_seconds: float | None
     tpot_seconds: float | None
+    # A plan judged under traffic (`predicted.load`): the rate to plan for, one replica's share, and
+    # TTFT and TPOT (p50, p90, p99) there; its static-batch figures above are then None.
+    load_request_rate_per_replica: float | None
+    ttft_plan_seconds: tuple[float, float, float] | None
+    tpot_plan_seconds: tuple[float, float, float] | None
     gpu_memory_utilization: float | None
     nvlink_bytes_per_second: float | None  # per GPU per direction; None: the intra-node link is not NVLink
     pcie_bytes_per_second: float | None  # the host link, per direction; None: the profile could not be read
@@ -418,6 +425,12 @@ def plan_facts(m: DeploymentManifest, hw: HardwareProfile | None, source: str) -
     t = p.time
     w = m.workload
     intra = hw.intra_node if hw is not None else None
+    static = isinstance(t, ServingTime) and p.load is None
+    rate = ttft_plan = tpot_plan = None
+    if p.load is not None:
+        total, ttft, tpot = p.load.plan_for
+        rate = None if total is None else total / p.load.num_replicas
+        ttft_plan, tpot_plan = (ttft.p50, ttft.p90, ttft.p99), (tpot.p50, tpot.p90, tpot.p99)
     return PlanFacts(
         source=source, serving=serving, engine=getattr(w, "engine", None), engine_version=getattr(w, "engine_version", None),
         tp=m.layout.tp, cp=m.layout.cp, dp=m.layout.dp, gpus_per_node=m.hardware.gpus_per_node,
@@ -426,9 +439,10 @@ def plan_facts(m: DeploymentManifest, hw: HardwareProfile | None, source: str) -
         kv_band=kv.band_abs_error if kv else None,
         kv_band_note=kv.note if kv else "the plan records no KV-capacity band: KV figures are not judged",
         request_tokens=(w.input_len + w.output_len) if serving else None,  # type: ignore[union-attr]
-        batch_size=t.batch_size if isinstance(t, ServingTime) else None,
-        ttft_seconds=t.ttft_seconds if isinstance(t, ServingTime) else None,
-        tpot_seconds=t.tpot_seconds if isinstance(t, ServingTime) else None,
+        batch_size=t.batch_size if static else None,  # type: ignore[union-attr]
+        ttft_seconds=t.ttft_seconds if static else None,  # type: ignore[union-attr]
+        tpot_seconds=t.tpot_seconds if static else None,  # type: ignore[union-attr]
+        load_request_rate_per_replica=rate, ttft_plan_seconds=ttft_plan, tpot_plan_seconds=tpot_plan,
         gpu_memory_utilization=getattr(w, "gpu_memory_utilization", None),
         nvlink_bytes_per_second=intra.bandwidth_bytes_per_second
         if intra is not None and intra.kind in (LinkKind.NVLINK, LinkKind.NVSWITCH) else None,
@@ -456,6 +470,16 @@ class Percentiles(Result):
     highest_bucket_seconds: float | None = Field(description="the highest finite bucket bound, s")
     window: Literal["since start", "last interval"] = Field(description="cumulative buckets, or their change since the last scrape")
     metric: str = Field(description="the histogram read")
+
+
+class PlanPercentiles(Result):
+    p50_seconds: float
+    p90_seconds: float
+    p99_seconds: float
+
+    @classmethod
+    def of(cls, q: tuple[float, float, float] | None) -> PlanPercentiles | None:
+        return None if q is None else cls(p50_seconds=q[0], p90_seconds=q[1], p99_seconds=q[2])
 
 
 class GpuRow(Result):
@@ -493,7 +517,8 @@ class ReplicaRow(Result):
     pod: str = Field(description="the `pod` (else Prometheus' `instance`) label of a federated page; empty when absent")
     running_requests: float | None
     waiting_requests: float | None
-    predicted_batch_size: int | None = Field(description="the concurrency the plan's time figures are for")
+    predicted_batch_size: int | None = Field(description="the concurrency the plan's time figures are for; null for a "
+                                                         "plan judged under traffic")
     kv_usage_fraction: float | None
     kv_usage_ceiling_fraction: float | None = Field(description="the plan's usage for the running requests, before the band")
     kv_usage_verdict: Verdict
@@ -503,9 +528,16 @@ class ReplicaRow(Result):
     kv_capacity_error: float | None = Field(description="predicted / measured - 1")
     kv_capacity_verdict: Verdict
     ttft: Percentiles | None
-    ttft_predicted_seconds: float | None
+    ttft_predicted_seconds: float | None = Field(description="the plan's one static batch TTFT; null for a plan judged "
+                                                             "under traffic (ttft_predicted)")
     tpot: Percentiles | None
-    tpot_predicted_seconds: float | None
+    tpot_predicted_seconds: float | None = Field(description="the plan's one static batch TPOT; null for a plan judged "
+                                                             "under traffic (tpot_predicted)")
+    predicted_request_rate_per_second: float | None = Field(
+        None, description="a plan judged under traffic: this replica's share of the rate to plan for (the rate a long "
+                          "run holds where the judged one breaks the SLA over one; `predicted.load.plan_for`)")
+    ttft_predicted: PlanPercentiles | None = Field(None, description="a plan judged under traffic: its TTFT at that rate")
+    tpot_predicted: PlanPercentiles | None = Field(None, description="a plan judged under traffic: its TPOT at that rate")
     metrics_read: list[str] = Field(description="the series names this row was read from")
     notes: list[str] = Field(default_factory=list)
 
@@ -855,6 +887,8 @@ class Watcher:
             kv_capacity_tokens=capacity, kv_capacity_predicted_tokens=predicted,
             kv_band_abs_error=f.kv_band, kv_capacity_error=cap_err, kv_capacity_verdict=cap_verdict, ttft=ttft,
             ttft_predicted_seconds=f.ttft_seconds, tpot=tpot, tpot_predicted_seconds=f.tpot_seconds,
+            predicted_request_rate_per_second=f.load_request_rate_per_replica,
+            ttft_predicted=PlanPercentiles.of(f.ttft_plan_seconds), tpot_predicted=PlanPercentiles.of(f.tpot_plan_seconds),
             metrics_read=read, notes=notes)
 
     def _capacity(self, g: _EngineGroup, gauge: Callable[[str], float | None], notes: list[str]) -> tuple[float | None, bool]:

@@ -155,6 +155,7 @@ def test_the_pick_is_run_again_over_a_long_run_at_its_rate_and_the_answer_says_w
         return est["load"]["tpot_seconds"]["p90"]
 
     assert p90_tpot(held) <= 0.05 < p90_tpot(held + LONG_RUN_STEP / 4 * lr["request_rate"])
+    assert lr["held_tpot_seconds"] == pytest.approx(p90_tpot(held), rel=1e-9)
     text = " ".join(cli("recommend", "llama-3.1-8b", "--gpus", "2").stdout.split())
     m = re.search(r"#1: judged at ([\d,.]+) req/s over ([\d,]+) requests; over ([\d,]+) at that rate p90 TTFT [\d,.]+ ms, "
                   r"p90 TPOT ([\d,.]+) ms, over the SLA \(p90 TPOT over --max-tpot-ms\): over as long a run it holds "
@@ -319,3 +320,49 @@ def test_mtp_with_an_acceptance_rate_lowers_tpot_and_says_so(cli):
 ])
 def test_bad_acceptance_rate_is_one_line(cli, args, needles):
     _one_line_error(cli("estimate", "llama-3.1-8b", "--gpus", "1", *args), *needles)
+
+
+def test_the_written_plan_records_its_traffic_figures_and_the_rate_to_plan_for(cli, tmp_path):
+    """A plan judged under traffic: the manifest's `predicted.load` holds what `--json` printed for
+    the pick (not only `time`, one static batch), its long run, and the rate a run as long holds with
+    that run's percentiles, which `estimate` of the pick's layout at that rate over as many requests
+    gives again; `plan_for` is that rate."""
+    from shardplan.plan.manifest import load_manifest
+
+    path = tmp_path / "plan.yaml"
+    d = _ok(cli("recommend", "llama-3.1-8b", "--gpus", "2", "--json", "-o", str(path)))
+    pick, lr = d["top"][0]["load"], d["long_run"]
+    load = load_manifest(path).predicted.load
+    assert load is not None
+    assert load.request_rate_per_second == pytest.approx(pick["request_rate"], rel=1e-12)
+    assert load.num_requests == pick["num_requests"] and load.num_replicas == pick["num_replicas"]
+    for name in ("ttft_seconds", "tpot_seconds", "e2e_seconds"):
+        for q in ("mean", "p50", "p90", "p99"):
+            assert getattr(getattr(load, name), q) == pytest.approx(pick[name][q], rel=1e-12), (name, q)
+    assert load.output_tokens_per_second == pytest.approx(pick["output_tokens_per_second"], rel=1e-12)
+    assert load.saturated == pick["saturated"]
+    long = load.long_run
+    assert long is not None and not long.within_sla and long.num_requests == lr["num_requests"]
+    assert long.tpot_seconds.p90 == pytest.approx(lr["tpot_seconds"], rel=1e-12)
+    assert long.held_request_rate_per_second == pytest.approx(lr["held_request_rate"], rel=1e-12)
+    assert long.held_tpot_seconds is not None and long.held_ttft_seconds is not None
+    assert long.held_tpot_seconds.p90 == pytest.approx(lr["held_tpot_seconds"], rel=1e-12) and long.held_tpot_seconds.p90 <= 0.05
+    rate, ttft, tpot = load.plan_for
+    assert rate == long.held_request_rate_per_second and tpot == long.held_tpot_seconds
+    plan = d["top"][0]["plan"]
+    est = _ok(cli("estimate", "llama-3.1-8b", "--gpus", "2", "--tp", str(plan["tp"]), "--dp", str(plan["dp"]),
+                  "--request-rate", repr(rate), "--num-prompts", str(long.num_requests), "--json"))
+    assert est["load"]["ttft_seconds"]["p99"] == pytest.approx(ttft.p99, rel=1e-9)
+    assert est["load"]["tpot_seconds"]["p50"] == pytest.approx(tpot.p50, rel=1e-9)
+    shown = " ".join(cli("show", str(path)).stdout.split())
+    assert f"plan for {rate:,.2f} req/s, the rate a run as long holds" in shown
+    assert f"under traffic: at {load.request_rate_per_second:,.2f} req/s over {load.num_requests:,} requests" in shown
+    # The README's example is far below what its pick keeps up with: its long run holds, so the rate to
+    # plan for is the judged one, with the long run's figures.
+    calm_path = tmp_path / "calm.yaml"
+    _ok(cli("recommend", "llama-3.1-70b", "--gpus", "8", "--request-rate", "6", "--max-ttft-ms", "800", "--max-tpot-ms",
+            "60", "--json", "-o", str(calm_path)))
+    calm = load_manifest(calm_path).predicted.load
+    assert calm is not None and calm.long_run is not None and calm.long_run.within_sla
+    assert calm.long_run.held_request_rate_per_second is None and calm.long_run.held_tpot_seconds is None
+    assert calm.plan_for == (6.0, calm.long_run.ttft_seconds, calm.long_run.tpot_seconds)

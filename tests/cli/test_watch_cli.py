@@ -107,6 +107,13 @@ def test_healthy_sglang_deployment_exits_0(cli, serve, sglang_plan):
     assert rep["kv_capacity_verdict"] == "within" and rep["kv_usage_verdict"] == "within"
     assert rep["kv_capacity_tokens"] == pytest.approx(123859 / 0.28) and rep["kv_capacity_predicted_tokens"] == 442669
     assert rep["tpot"]["metric"] == "sglang:time_per_output_token_seconds"
+    # the plan's percentiles at its rate beside the measured ones, in the table as in --json
+    from shardplan.cli.render_common import fmt_seconds
+
+    text = " ".join(cli("watch", sglang_plan, "--metrics", s.url + "/metrics", "--once").stdout.split())
+    plan = rep["ttft_predicted"]  # (a narrow terminal leaves the TPOT column out)
+    assert f"(plan {fmt_seconds(plan['p50_seconds'])}/{fmt_seconds(plan['p90_seconds'])}/" in text, text
+    assert f"at {rep['predicted_request_rate_per_second']:,.2f} req/s)" in text
 
 
 def test_healthy_recent_vllm_deployment_exits_0(cli, serve, tmp_path):

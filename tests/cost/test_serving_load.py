@@ -312,9 +312,10 @@ def test_the_rate_held_over_a_long_run_meets_the_sla_there_and_a_quarter_step_ab
     point = best_rate(model, wl, kv, sla, 600)
     rate = point.request_rate_per_second * 1.1  # a little above what the search finds: its long run breaks the SLA
     assert sla.violated(over_a_long_run(model, wl, kv, rate)) is not None
-    held = held_over_a_long_run(model, wl, kv, sla, rate)
+    held, run = held_over_a_long_run(model, wl, kv, sla, rate)
     r = over_a_long_run(model, wl, kv, held)
     assert r.num_requests == STEADY_REQUESTS_MAX and sla.violated(r) is None
+    assert run == r  # the run it returns is that rate's long run, whole
     assert LONG_RUN_LOWEST * rate <= held < rate
     assert sla.violated(over_a_long_run(model, wl, kv, held + LONG_RUN_STEP / 4 * rate)) is not None
     alone = latency_floor(model, wl, 1024)[1]

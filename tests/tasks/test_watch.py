@@ -78,6 +78,25 @@ def scrape(plan: Path, pages: dict[str, bytes], map_path: Path | None = None, **
 
 # ----- Prometheus' histogram_quantile ------------------------------------------------------------------
 
+def test_a_plan_judged_under_traffic_is_shown_at_the_rate_to_plan_for(plans):
+    """`recommend` judges serving plans under traffic: beside the measured TTFT and TPOT, a replica's
+    row carries the plan's p50/p90/p99 at the rate to plan for (`predicted.load.plan_for`) and the
+    replica's share of that rate, not the static batch's figures (one batch of max_num_seqs)."""
+    from shardplan.plan.manifest import load_manifest
+
+    m = load_manifest(plans["dp2"])
+    assert m.predicted.load is not None and m.layout.dp == 2
+    rate, ttft, tpot = m.predicted.load.plan_for
+    assert rate is not None
+    row = scrape(plans["dp2"], {"http://a/metrics": VLLM_RECENT}).replicas[0]
+    assert row.predicted_request_rate_per_second == pytest.approx(rate / 2)
+    assert row.ttft_predicted is not None and row.tpot_predicted is not None
+    assert (row.ttft_predicted.p50_seconds, row.ttft_predicted.p90_seconds, row.ttft_predicted.p99_seconds) == \
+        (ttft.p50, ttft.p90, ttft.p99)
+    assert row.tpot_predicted.p90_seconds == tpot.p90 < 0.05  # within the default SLA
+    assert row.ttft_predicted_seconds is None and row.tpot_predicted_seconds is None and row.predicted_batch_size is None
+
+
 def test_histogram_quantile_interpolates_linearly_within_the_bucket():
     b = [(0.1, 1.0), (0.5, 3.0), (math.inf, 4.0)]
     assert w.histogram_quantile(0.5, b) == pytest.approx(0.1 + 0.4 * (2 - 1) / 2)  # rank 2 in (0.1, 0.5]
