@@ -213,8 +213,8 @@ def _top_table(top: list[RecommendEntry]) -> Table:
 
 def _show_load(console: Any, ld: PredictedLoadSection) -> None:
     """A manifest's figures under traffic: as judged, over a long run, and the rate to plan for."""
-    def q(p: PercentilesSection) -> str:
-        return "/".join(fmt_seconds(v) for v in (p.p50, p.p90, p.p99))
+    def q(p: PercentilesSection | None) -> str:
+        return "-" if p is None else "/".join(fmt_seconds(v) for v in (p.p50, p.p90, p.p99))
 
     at = "all at once" if ld.request_rate_per_second is None else f"{ld.request_rate_per_second:,.2f} req/s"
     if ld.max_concurrency is not None:
@@ -227,7 +227,7 @@ def _show_load(console: Any, ld: PredictedLoadSection) -> None:
         verdict = "meets the SLA" if lr.within_sla else f"breaks the SLA ({lr.why})"
         console.print(f"over a long run ({lr.num_requests:,} requests) at that rate: TTFT {q(lr.ttft_seconds)}, TPOT "
                       f"{q(lr.tpot_seconds)}, {verdict}", soft_wrap=True)
-        if lr.held_request_rate_per_second is not None and lr.held_ttft_seconds and lr.held_tpot_seconds:
+        if lr.held_request_rate_per_second is not None:
             console.print(f"plan for {lr.held_request_rate_per_second:,.2f} req/s, the rate a run as long holds: TTFT "
                           f"{q(lr.held_ttft_seconds)}, TPOT {q(lr.held_tpot_seconds)}", soft_wrap=True)
 

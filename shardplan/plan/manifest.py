@@ -179,9 +179,13 @@ def _floats(d: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in d.items()}
 
 
-def _percentiles(p: Any) -> PercentilesSection:
-    """Mean and percentiles, from a LoadReport's or a LoadResult's."""
-    return PercentilesSection(mean=float(p.mean), p50=float(p.p50), p90=float(p.p90), p99=float(p.p99))
+def _percentiles(p: Any) -> PercentilesSection | None:
+    """Mean and percentiles, from a LoadReport's or a LoadResult's; None where they are undefined
+    (NaN: TPOT when every output is one token, anything when no request completed)."""
+    values = (float(p.mean), float(p.p50), float(p.p90), float(p.p99))
+    if not all(math.isfinite(v) for v in values):
+        return None
+    return PercentilesSection(mean=values[0], p50=values[1], p90=values[2], p99=values[3])
 
 
 def long_run_section(lr: LongRun, run: LoadResult, held: LoadResult | None) -> LongRunSection:

@@ -448,8 +448,9 @@ class LongRunSection(_Section):
     request_rate_per_second: float = Field(gt=0, description="the judged rate, all replicas")
     num_requests: int = Field(ge=1, description="requests simulated, all replicas")
     sla_percentile: int = Field(ge=1, le=100, description="the percentile the SLA is at")
-    ttft_seconds: PercentilesSection = Field(description="time to first token over the long run")
-    tpot_seconds: PercentilesSection = Field(description="time per output token over the long run")
+    ttft_seconds: PercentilesSection | None = Field(description="time to first token over the long run")
+    tpot_seconds: PercentilesSection | None = Field(description="time per output token over the long run; null: no "
+                                                                "request had a second token")
     within_sla: bool = Field(description="the long run meets the SLA too")
     why: str | None = Field(description="the limit it breaks; null when within")
     held_request_rate_per_second: float | None = Field(
@@ -468,9 +469,12 @@ class PredictedLoadSection(_Section):
     max_concurrency: int | None = Field(ge=1, description="requests in flight at most; null: no cap")
     num_requests: int = Field(ge=1, description="requests simulated, all replicas")
     num_replicas: int = Field(ge=1, description="replicas the traffic is spread over (dp)")
-    ttft_seconds: PercentilesSection = Field(description="time to first token from sending")
-    tpot_seconds: PercentilesSection = Field(description="time per output token after the first, per request")
-    e2e_seconds: PercentilesSection = Field(description="end-to-end latency from sending")
+    ttft_seconds: PercentilesSection | None = Field(description="time to first token from sending; null: no request "
+                                                                "completed")
+    tpot_seconds: PercentilesSection | None = Field(description="time per output token after the first, per request; "
+                                                                "null: no request had a second token")
+    e2e_seconds: PercentilesSection | None = Field(description="end-to-end latency from sending; null: no request "
+                                                               "completed")
     request_throughput_per_second: float = Field(ge=0, description="requests completed per second, all replicas")
     output_tokens_per_second: float = Field(ge=0, description="output tokens per second, all replicas")
     total_tokens_per_second: float = Field(ge=0, description="prompt and output tokens per second, all replicas")
@@ -481,7 +485,7 @@ class PredictedLoadSection(_Section):
                                                                       "long run, and the rate that holds over one")
 
     @property
-    def plan_for(self) -> tuple[float | None, PercentilesSection, PercentilesSection]:
+    def plan_for(self) -> tuple[float | None, PercentilesSection | None, PercentilesSection | None]:
         """(requests/s, TTFT, TPOT) a deployment should plan for: where the judged rate breaks the
         SLA over a long run, the rate a run as long holds and its figures; else the judged rate with
         the long run's figures (the steadier sample), or its own where there was no long run."""
@@ -489,7 +493,6 @@ class PredictedLoadSection(_Section):
         if lr is None:
             return self.request_rate_per_second, self.ttft_seconds, self.tpot_seconds
         if lr.held_request_rate_per_second is not None:
-            assert lr.held_ttft_seconds is not None and lr.held_tpot_seconds is not None  # written together
             return lr.held_request_rate_per_second, lr.held_ttft_seconds, lr.held_tpot_seconds
         return lr.request_rate_per_second, lr.ttft_seconds, lr.tpot_seconds
 

@@ -430,7 +430,8 @@ def plan_facts(m: DeploymentManifest, hw: HardwareProfile | None, source: str) -
     if p.load is not None:
         total, ttft, tpot = p.load.plan_for
         rate = None if total is None else total / p.load.num_replicas
-        ttft_plan, tpot_plan = (ttft.p50, ttft.p90, ttft.p99), (tpot.p50, tpot.p90, tpot.p99)
+        ttft_plan = None if ttft is None else (ttft.p50, ttft.p90, ttft.p99)
+        tpot_plan = None if tpot is None else (tpot.p50, tpot.p90, tpot.p99)
     return PlanFacts(
         source=source, serving=serving, engine=getattr(w, "engine", None), engine_version=getattr(w, "engine_version", None),
         tp=m.layout.tp, cp=m.layout.cp, dp=m.layout.dp, gpus_per_node=m.hardware.gpus_per_node,

@@ -366,3 +366,17 @@ def test_the_written_plan_records_its_traffic_figures_and_the_rate_to_plan_for(c
     assert calm is not None and calm.long_run is not None and calm.long_run.within_sla
     assert calm.long_run.held_request_rate_per_second is None and calm.long_run.held_tpot_seconds is None
     assert calm.plan_for == (6.0, calm.long_run.ttft_seconds, calm.long_run.tpot_seconds)
+
+
+def test_a_plan_of_one_token_outputs_records_no_tpot(cli, tmp_path):
+    """With every output one token there is no time per output token (its percentiles are NaN in
+    the simulation): the manifest records none rather than failing to be written, and keeps TTFT."""
+    from shardplan.plan.manifest import load_manifest
+
+    path = tmp_path / "plan.yaml"
+    d = _ok(cli("recommend", "llama-3.1-8b", "--gpus", "1", "--output-len", "1", "--json", "-o", str(path)))
+    load = load_manifest(path).predicted.load
+    assert load is not None and load.tpot_seconds is None and load.ttft_seconds is not None
+    assert load.ttft_seconds.p90 == pytest.approx(d["top"][0]["load"]["ttft_seconds"]["p90"], rel=1e-12)
+    assert load.long_run is not None and load.long_run.tpot_seconds is None
+    assert "TPOT -" in " ".join(cli("show", str(path)).stdout.split())
