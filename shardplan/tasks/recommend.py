@@ -127,10 +127,9 @@ def recommend(
         return _long_run(spec, res.top[0], goal)
 
     # Under traffic each estimate simulates its plan again: forked workers take some (search/ahead.py). The
-    # long run, the longest part where it looks for the rate that holds, goes first, so it does not run alone last.
-    parts = list(range(len(res.top) + compare_split + check_long))
-    if check_long:
-        parts = parts[-1:] + parts[:-1]
+    # disaggregated comparison and the long run, the longest parts (each a rate search of its own), go first
+    # and run side by side, the ranked plans' estimates after them: a long part started last runs alone.
+    parts = list(range(len(res.top), len(res.top) + compare_split + check_long)) + list(range(len(res.top)))
     under_load = isinstance(workload, InferenceWorkload) and workload.load is not None
     by_part = dict(in_order(parts, part, space.workers if under_load else 0))
     done = [by_part[i] for i in sorted(by_part)]
