@@ -52,6 +52,12 @@ def entry(spec: ModelSpec, e: Evaluated, goal: Goal, rank: int,
           banded: Callable[[CostReport], CostReport] | None = None) -> RecommendEntry:
     """One ranked plan: the estimate's memory and time for it, its cost and objective;
     `banded` attaches the measured error bands and the verdict at their edge."""
+    return entry_and_report(spec, e, goal, rank, banded)[0]
+
+
+def entry_and_report(spec: ModelSpec, e: Evaluated, goal: Goal, rank: int,
+                     banded: Callable[[CostReport], CostReport] | None = None) -> tuple[RecommendEntry, CostReport]:
+    """`entry`, and the estimate it was made from (what the plan's manifest is built from)."""
     report = estimate(spec, e.hw, e.layout, e.workload)
     if banded is not None:
         report = banded(report)
@@ -74,7 +80,7 @@ def entry(spec: ModelSpec, e: Evaluated, goal: Goal, rank: int,
         load=report.load,
         tie=e.tie,
         variants=e.variants,
-    )
+    ), report
 
 
 def pareto_point(e: Evaluated) -> ParetoPoint:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shardplan.cost.estimate import estimate, plan_report
+from shardplan.cost.estimate import plan_report
 from shardplan.cost.layout import PipelineSchedule, Recompute
 from shardplan.cost.workload import InferenceWorkload, Quantization, TrainingWorkload
 from shardplan.errors import ShardplanError
@@ -120,6 +120,8 @@ def recommend(
 
     def part(i: int) -> Any:
         """The i-th top plan's estimate, then the disaggregated comparison of the pick, then its long run."""
+        if i == 0 and manifest_path is not None:  # the pick's estimate is its manifest's too
+            return explain.entry_and_report(spec, res.top[i], goal, i + 1, lambda r: banded(r, hw))
         if i < len(res.top):
             return explain.entry(spec, res.top[i], goal, i + 1, lambda r: banded(r, hw))
         if i == len(res.top) and compare_split:
@@ -136,6 +138,9 @@ def recommend(
     long_runs = done[-1] if check_long else None
     long_run = None if long_runs is None else long_runs[0]
     top = done[:len(res.top)]
+    pick_report = None
+    if top and manifest_path is not None:
+        top[0], pick_report = top[0]
     top = [t.model_copy(update={"runs_on": runs_on.of(e.hw, e.layout, e.workload)}) for t, e in zip(top, res.top)]
     binding = explain.binding_constraint(top[0], goal) if top else None
     gap = explain.gap(top[0], top[1]) if len(top) > 1 else None
@@ -184,7 +189,8 @@ def recommend(
         from shardplan.plan.schema import DisaggregationSection, PoolSection
 
         best = res.top[0]
-        report = banded(estimate(spec, best.hw, best.layout, best.workload), best.hw)
+        report = pick_report  # the pick's estimate, banded (profile_bands reads the profile, not its size)
+        assert report is not None  # part 0 returns it when a manifest is asked for
         summary: dict[str, Any] = {"num_candidates": res.num_candidates, "num_evaluated": res.num_evaluated,
                                    "num_costed": res.num_costed, "num_feasible": res.num_feasible}
         if gap is not None:
