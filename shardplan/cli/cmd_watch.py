@@ -34,11 +34,14 @@ def watch_cmd(
     and serving replicas (vLLM's engine label, pod, or --metrics order; --map when labels are not
     enough), and shows per GPU the memory used against the plan's per-GPU total and per replica the
     KV cache (tokens) and its usage against the plan, each with the plan's error band; running and
-    waiting requests; TTFT and TPOT p50/p90/p99 from the histograms; NVLink and PCIe throughput
-    against the profile's bandwidth. A KV usage near 100% is not a misprediction: usage is judged
+    waiting requests; TTFT and TPOT p50/p90/p99 from the histograms, beside the plan's own (for a
+    plan judged under traffic, its p50/p90/p99 at the rate to plan for, and that rate: the
+    manifest's predicted.load) and, from the second scrape, the requests started per second
+    between scrapes; NVLink and PCIe throughput against the profile's bandwidth. A KV usage near 100% is not a misprediction: usage is judged
     against how full the plan's cache is with the running requests (each of the plan's input_len +
     output_len tokens); memory and KV cache are judged both ways, |predicted / measured - 1| beyond
-    the band; TTFT, TPOT and links are reported, not judged (no band is measured for them). Exit 0
+    the band; TTFT, TPOT and links are reported, not judged (the plan's latency holds at the rate it
+    was sized for, which the pages do not state; links have no measured band). Exit 0
     when everything judged is within its band, 4 when a shard is outside (the line names it with the
     measured and predicted figures), 5 when an endpoint cannot be read (refused, timed out, an HTTP
     error, or not a metrics page: over 16 MiB or 100,000 series, binary, NaN or Inf where a figure

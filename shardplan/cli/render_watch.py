@@ -41,7 +41,7 @@ def _tokens(x: float | None) -> str:
 
 
 def _pcts(p: Percentiles | None, predicted: float | None, plan: PlanPercentiles | None = None,
-          rate: float | None = None) -> str:
+          rate: float | None = None, started: bool = False) -> str:
     if p is None:
         return "-"
     def one(v: float | None) -> str:
@@ -51,6 +51,8 @@ def _pcts(p: Percentiles | None, predicted: float | None, plan: PlanPercentiles 
         return ("≥" if open_ended else "") + fmt_seconds(v)
 
     q = "/".join(one(v) for v in (p.p50_seconds, p.p90_seconds, p.p99_seconds))
+    if started and p.observations_per_second is not None:  # TTFT: its count is the requests started
+        q += f" at {p.observations_per_second:,.2f} req/s"
     if plan is not None:
         at = "" if rate is None else f" at {rate:,.2f} req/s"
         return q + f" (plan {'/'.join(fmt_seconds(v) for v in (plan.p50_seconds, plan.p90_seconds, plan.p99_seconds))}{at})"
@@ -102,7 +104,8 @@ def watch_view(r: WatchScrape) -> RenderableType:
                         _tokens(p.kv_capacity_predicted_tokens)
                         + ("" if p.kv_band_abs_error is None else f" ±{_pct(p.kv_band_abs_error)}"),
                         _VERDICT[p.kv_capacity_verdict],
-                        _pcts(p.ttft, p.ttft_predicted_seconds, p.ttft_predicted, p.predicted_request_rate_per_second),
+                        _pcts(p.ttft, p.ttft_predicted_seconds, p.ttft_predicted, p.predicted_request_rate_per_second,
+                              started=True),
                         _pcts(p.tpot, p.tpot_predicted_seconds, p.tpot_predicted, p.predicted_request_rate_per_second)])
                 for p in r.replicas]
         parts.append(fitted_table("per serving replica: KV cache and usage against the plan; latency reported", cols,

@@ -39,12 +39,14 @@ What is judged (outside its band: exit 4), with the plan's own recorded band (`p
                    capacity). Outside when usage > ceiling x (1 + KV band) (the cache can be smaller
                    by the band): the cache is smaller than planned, or requests are longer than the
                    plan's; the message says which figures.
-Reported, not judged (no band is measured for them): running and waiting requests (beside the
-batch of a plan estimated as one static batch), TTFT and TPOT p50/p90/p99 from the histograms'
-buckets (Prometheus' histogram_quantile: linear within the bucket; since start on the first
+Reported, not judged (the plan's latency holds at the rate it was sized for, and the pages do not
+say what rate the deployment is sent; links have no measured band): running and waiting requests
+(beside the batch of a plan estimated as one static batch), TTFT and TPOT p50/p90/p99 from the
+histograms' buckets (Prometheus' histogram_quantile: linear within the bucket; since start on the first
 scrape, over the last interval afterwards) beside the plan's figures (a plan judged under
 traffic: its p50/p90/p99 at the rate to plan for, `predicted.load.plan_for`, and that rate;
-otherwise its one static batch's), and link throughput against the profile's bandwidth
+otherwise its one static batch's) and, from the second scrape, the requests the engine started
+per second over the interval (the TTFT histogram's count), and link throughput against the profile's bandwidth
 (DCGM_FI_PROF_*_BYTES are rates; DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL is a counter whose rate
 needs two scrapes: with one there is none, and the row says so).
 
@@ -471,6 +473,9 @@ class Percentiles(Result):
     highest_bucket_seconds: float | None = Field(description="the highest finite bucket bound, s")
     window: Literal["since start", "last interval"] = Field(description="cumulative buckets, or their change since the last scrape")
     metric: str = Field(description="the histogram read")
+    observations_per_second: float | None = Field(
+        None, description="observations per second since the last scrape (the count's change over the interval; for "
+                          "TTFT: requests that got their first token); null on the first scrape or after a reset")
 
 
 class PlanPercentiles(Result):
@@ -685,7 +690,7 @@ class Watcher:
         counters: dict[tuple, float] = {}
         histograms: dict[tuple, list[tuple[float, float]]] = {}
         gpus = self._gpu_rows(pages, interval, notes, counters)
-        replicas = self._replica_rows(pages, notes, histograms)
+        replicas = self._replica_rows(pages, notes, histograms, interval)
         self._previous = _Previous(at=now, counters=counters, histograms=histograms)
         outside = [line for r in gpus for line in _gpu_outside(r)] + \
                   [line for r in replicas for line in _replica_outside(r, self.facts)]
@@ -711,7 +716,8 @@ class Watcher:
         if f.serving:
             out.append(f"KV usage ceiling: running requests x the plan's {f.request_tokens:,} tokens per request "
                        f"(input_len + output_len) over the predicted cache")
-        out.append("TTFT, TPOT and link throughput are reported, not judged: no band is measured for them")
+        out.append("TTFT and TPOT are reported, not judged: the plan's hold at the rate it was sized for, and the pages "
+                   "do not say what rate the deployment is sent; link throughput has no measured band")
         if self._hw_note:
             out.append(self._hw_note)
         return out
@@ -814,7 +820,7 @@ class Watcher:
 
     # -- serving engines ---------------------------------------------------------------------
     def _replica_rows(self, pages: list[tuple[int, str, list[Sample]]], notes: list[str],
-                      histograms: dict[tuple, list[tuple[float, float]]]) -> list[ReplicaRow]:
+                      histograms: dict[tuple, list[tuple[float, float]]], interval: float | None) -> list[ReplicaRow]:
         k, f = self.knowledge, self.facts
         groups = _engine_groups(pages, k)
         if groups and not f.serving:
@@ -832,7 +838,7 @@ class Watcher:
             if replica is not None:
                 taken.add(replica)
             unmapped = None if replica is not None else f"not mapped: the plan has {f.dp} replica(s)" + (f" ({how})" if how else "")
-            rows.append(self._replica_row(g, replica, histograms, unmapped))
+            rows.append(self._replica_row(g, replica, histograms, unmapped, interval))
         missing = sorted(set(range(f.dp)) - taken) if rows else []
         if missing:
             notes.append(f"no engine page for replica(s) {_span(missing)}")
@@ -845,7 +851,7 @@ class Watcher:
         return None, "" if not self.map.replicas else "no map entry matches"
 
     def _replica_row(self, g: _EngineGroup, replica: int | None, histograms: dict[tuple, list[tuple[float, float]]],
-                     unmapped: str | None) -> ReplicaRow:
+                     unmapped: str | None, interval: float | None) -> ReplicaRow:
         k, f = self.knowledge, self.facts
         version = f.engine_version if f.engine == g.exporter else None
         read: list[str] = []
@@ -879,8 +885,8 @@ class Watcher:
             usage_verdict = "not judged"
         else:
             usage_verdict = "outside" if ceiling * (1 + f.kv_band) < 1 and usage > ceiling * (1 + f.kv_band) else "within"
-        ttft = self._percentiles(g, "ttft_seconds", version, histograms, read)
-        tpot = self._percentiles(g, "tpot_seconds", version, histograms, read)
+        ttft = self._percentiles(g, "ttft_seconds", version, histograms, read, interval)
+        tpot = self._percentiles(g, "tpot_seconds", version, histograms, read, interval)
         return ReplicaRow(
             replica=replica, endpoint=safe_text(g.url), exporter=g.exporter, engine=safe_text(g.engine),  # type: ignore[arg-type]
             pod=safe_text(g.pod), running_requests=running, waiting_requests=waiting, predicted_batch_size=f.batch_size,
@@ -935,7 +941,8 @@ class Watcher:
         return cap, True
 
     def _percentiles(self, g: _EngineGroup, quantity: str, version: str | None,
-                     histograms: dict[tuple, list[tuple[float, float]]], read: list[str]) -> Percentiles | None:
+                     histograms: dict[tuple, list[tuple[float, float]]], read: list[str],
+                     interval: float | None) -> Percentiles | None:
         hit = _pick(self.knowledge.names(g.exporter, quantity, version), g.samples, "_bucket")
         if hit is None:
             return None
@@ -956,16 +963,21 @@ class Watcher:
         prev = self._previous.histograms.get(key) if self._previous else None
         window: Literal["since start", "last interval"] = "since start"
         use = now
+        rate = None
         if prev is not None and [b for b, _ in prev] == [b for b, _ in now]:
             delta = [(b, c - p) for (b, c), (_, p) in zip(now, prev)]
-            if all(d >= 0 for _, d in delta) and delta[-1][1] > 0:
-                use, window = delta, "last interval"
+            if all(d >= 0 for _, d in delta):  # else the engine restarted: its counts began again
+                if interval and interval > 0 and delta and math.isinf(delta[-1][0]):
+                    rate = delta[-1][1] / interval
+                if delta[-1][1] > 0:
+                    use, window = delta, "last interval"
         qs = [histogram_quantile(q, use) for q in _QUANTILES]
         finite = [(b, c) for b, c in use if math.isfinite(b)]
         total = use[-1][1] if use and math.isinf(use[-1][0]) else 0.0
         return Percentiles(p50_seconds=qs[0], p90_seconds=qs[1], p99_seconds=qs[2], num_observations=total,
                            above_highest_bucket=max(0.0, total - finite[-1][1]) if finite else 0.0,
-                           highest_bucket_seconds=finite[-1][0] if finite else None, window=window, metric=rule.name)
+                           highest_bucket_seconds=finite[-1][0] if finite else None, window=window, metric=rule.name,
+                           observations_per_second=rate)
 
 
 # ----- judging and one-line summaries ------------------------------------------------------------------

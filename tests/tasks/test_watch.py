@@ -279,12 +279,19 @@ def test_histograms_over_the_last_interval(plans):
         return ("\n".join(out) + "\n").encode()
 
     pages = {"http://v/metrics": VLLM_09}
-    watcher = w.Watcher(plans["a100"], list(pages), fetch=lambda u: pages[u])
-    watcher.scrape()
+    now = [100.0]
+    watcher = w.Watcher(plans["a100"], list(pages), fetch=lambda u: pages[u], clock=lambda: now[0])
+    first = watcher.scrape().replicas[0].ttft
+    assert first is not None and first.observations_per_second is None  # no interval yet
     pages["http://v/metrics"] = bumped(VLLM_09.decode())
+    now[0] += 4.0
     ttft = watcher.scrape().replicas[0].ttft
     assert ttft is not None and ttft.window == "last interval" and ttft.num_observations == 10
     assert ttft.p50_seconds == pytest.approx(0.75 + 0.25 * 5 / 10)
+    assert ttft.observations_per_second == pytest.approx(10 / 4.0)  # requests started over the interval
+    now[0] += 2.0  # nothing new: no request started, and the percentiles stay those since start
+    idle = watcher.scrape().replicas[0].ttft
+    assert idle is not None and idle.observations_per_second == 0.0 and idle.window == "since start"
 
 
 # ----- mapping ---------------------------------------------------------------------------------------
