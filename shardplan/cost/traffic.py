@@ -338,6 +338,14 @@ def held_over_a_long_run(step: StepModel, wl: InferenceWorkload, kv: KvAccount |
     return lo, run
 
 
+def long_run_and_held(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: Sla,
+                      rate_per_replica: float) -> tuple[LoadResult, tuple[float, LoadResult] | None]:
+    """`over_a_long_run` at `rate_per_replica` and, where that run breaks `sla`,
+    `held_over_a_long_run` below it (None where it meets the SLA, or no rate holds)."""
+    r = over_a_long_run(step, wl, kv, rate_per_replica)
+    return r, (held_over_a_long_run(step, wl, kv, sla, rate_per_replica) if sla.violated(r) else None)
+
+
 def steady_requests(rate: float, r: LoadResult, slots: int) -> int:
     """Requests a run at `rate` needs to show its steady state: arrivals spanning STEADY_LATENCIES
     of the run's median latency, and, where the run filled every sequence slot (the KV cache or

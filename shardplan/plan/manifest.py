@@ -191,7 +191,6 @@ def _percentiles(p: Any) -> PercentilesSection | None:
 def long_run_section(lr: LongRun, run: LoadResult, held: LoadResult | None) -> LongRunSection:
     """recommend's long run of its pick (`lr`, with one replica's `run` at the judged rate and,
     where that breaks the SLA, `held`: the run at the rate that holds)."""
-    held = held if lr.held_request_rate is not None else None
     return LongRunSection(
         request_rate_per_second=float(lr.request_rate), num_requests=lr.num_requests, sla_percentile=lr.percentile,
         ttft_seconds=_percentiles(run.ttft_seconds), tpot_seconds=_percentiles(run.tpot_seconds),

@@ -25,7 +25,7 @@ from shardplan.cost.disaggregated import best_disaggregated
 from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.serving_load import LoadResult
-from shardplan.cost.traffic import STEADY_REQUESTS_MAX, Sla, held_over_a_long_run, most_within_sla, over_a_long_run
+from shardplan.cost.traffic import STEADY_REQUESTS_MAX, Sla, long_run_and_held, most_within_sla
 from shardplan.search.space import BUDGET_SPENT, MEMORY_REASONS, Progress
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.specs.loading import LoadedModel
@@ -379,8 +379,7 @@ def _long_run(spec: Any, e: Any, goal: Goal) -> tuple[LongRun, LoadResult, LoadR
     kv = serving_memory(spec, e.hw, layout, wl).kv_account
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
     rate = load.request_rate_per_second / replicas
-    r = over_a_long_run(step, wl, kv, rate)
-    held = held_over_a_long_run(step, wl, kv, sla, rate) if sla.violated(r) else None
+    r, held = long_run_and_held(step, wl, kv, sla, rate)
     return (LongRun.of(r, sla, load.request_rate_per_second, replicas, STEADY_REQUESTS_MAX, held), r,
             None if held is None else held[1])
 

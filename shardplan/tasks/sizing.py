@@ -23,8 +23,8 @@ from shardplan.cost.memory_serving import serving_memory
 from shardplan.cost.report import PredictionBand
 from shardplan.cost.serving_load import LoadResult
 from shardplan.cost.step_model import StepModel
-from shardplan.cost.traffic import (SEARCH_REQUESTS_MIN, STEADY_REQUESTS_MAX, Sla, held_over_a_long_run, latency_floor,
-                                   load_figures, most_within_sla, over_a_long_run)
+from shardplan.cost.traffic import (SEARCH_REQUESTS_MIN, STEADY_REQUESTS_MAX, Sla, latency_floor, load_figures,
+                                   long_run_and_held, most_within_sla)
 from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
 from shardplan.search.results import LongRun
 from shardplan.search.space import Space, check_layout, divisors, tp_choices
@@ -184,11 +184,10 @@ def size_for_rate(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, *
         judged = replace(wq, load=replace(load, request_rate_per_second=rate))
         step = StepModel(spec, replica_hw_of(layout.world_size), layout, judged, judged.max_num_batched_tokens,
                          judged.max_num_seqs)
-        r = over_a_long_run(step, judged, kv, rate / row.replicas)
+        r, found = long_run_and_held(step, judged, kv, sla, rate / row.replicas)
         if sla.violated(r) is None:
             runs[i] = r
             continue
-        found = held_over_a_long_run(step, judged, kv, sla, rate / row.replicas)
         if found is None:
             rows[i] = row.model_copy(update={"reason": f"over {STEADY_REQUESTS_MAX:,} requests a replica even half its "
                                                        "share of the rate breaks the SLA"})

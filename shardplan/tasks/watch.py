@@ -84,7 +84,7 @@ from shardplan.knowledge.load import metrics_file
 from shardplan.knowledge.schema import MetricName, MetricsFile, parse_version
 from shardplan.plan.manifest import load_manifest
 from shardplan.plan.readback import plan_hardware
-from shardplan.plan.schema import DeploymentManifest, ServingTime
+from shardplan.plan.schema import DeploymentManifest, PercentilesSection, ServingTime
 from shardplan.specs._base import StrictModel
 from shardplan.specs.hardware import HardwareProfile, LinkKind
 from shardplan.specs.loading import read_structured, validation_error
@@ -391,10 +391,10 @@ class PlanFacts:
     ttft_seconds: float | None
     tpot_seconds: float | None
     # A plan judged under traffic (`predicted.load`): the rate to plan for, one replica's share, and
-    # TTFT and TPOT (p50, p90, p99) there; its static-batch figures above are then None.
+    # TTFT and TPOT there; its static-batch figures above are then None.
     load_request_rate_per_replica: float | None
-    ttft_plan_seconds: tuple[float, float, float] | None
-    tpot_plan_seconds: tuple[float, float, float] | None
+    ttft_plan_seconds: PercentilesSection | None
+    tpot_plan_seconds: PercentilesSection | None
     gpu_memory_utilization: float | None
     nvlink_bytes_per_second: float | None  # per GPU per direction; None: the intra-node link is not NVLink
     pcie_bytes_per_second: float | None  # the host link, per direction; None: the profile could not be read
@@ -430,10 +430,8 @@ def plan_facts(m: DeploymentManifest, hw: HardwareProfile | None, source: str) -
     static = isinstance(t, ServingTime) and p.load is None
     rate = ttft_plan = tpot_plan = None
     if p.load is not None:
-        total, ttft, tpot = p.load.plan_for
+        total, ttft_plan, tpot_plan = p.load.plan_for
         rate = None if total is None else total / p.load.num_replicas
-        ttft_plan = None if ttft is None else (ttft.p50, ttft.p90, ttft.p99)
-        tpot_plan = None if tpot is None else (tpot.p50, tpot.p90, tpot.p99)
     return PlanFacts(
         source=source, serving=serving, engine=getattr(w, "engine", None), engine_version=getattr(w, "engine_version", None),
         tp=m.layout.tp, cp=m.layout.cp, dp=m.layout.dp, gpus_per_node=m.hardware.gpus_per_node,
@@ -484,8 +482,8 @@ class PlanPercentiles(Result):
     p99_seconds: float
 
     @classmethod
-    def of(cls, q: tuple[float, float, float] | None) -> PlanPercentiles | None:
-        return None if q is None else cls(p50_seconds=q[0], p90_seconds=q[1], p99_seconds=q[2])
+    def of(cls, q: PercentilesSection | None) -> PlanPercentiles | None:
+        return None if q is None else cls(p50_seconds=q.p50, p90_seconds=q.p90, p99_seconds=q.p99)
 
 
 class GpuRow(Result):
