@@ -8,7 +8,7 @@ from shardplan.tasks.validate import ValidateResult
 
 QUANTITY_NAMES = {"kv_capacity": "KV capacity", "peak_memory": "peak memory", "tokens_per_second": "tokens/s",
                   "start_verdict": "start/refuse", "ttft_p50": "median TTFT", "tpot_p50": "median TPOT", "itl_p50": "median ITL",
-                  "output_tokens_per_second": "output tokens/s"}
+                  "output_tokens_per_second": "output tokens/s", "layout_speed_ratio": "tokens/s, one layout / another"}
 
 
 def _versions(v: list[str]) -> str:

@@ -76,6 +76,8 @@ def _cases(kind: str, group: str, versions: list[str], num_cases: int, measured_
     if kind == "serving_load" and ", " in group:  # 'vLLM V1, saturated': the regime after the runs
         generation, regime = group.split(", ", 1)
         return f"{num_cases} {generation}{span} {words} {regime}{where}"
+    if group == "layouts":  # validation.predict.layout_pairs: two runs of one setting each
+        return f"{num_cases} pair{'s' if num_cases != 1 else ''} of measured layouts of one setting{where}"
     return f"{num_cases} {group}{span} {words}{where}"
 
 

@@ -744,7 +744,7 @@ __all__ += ["CompiledLoss", "EagerElementwise", "FineTuneRules", "StackFile"]
 # --- Measured error bands (knowledge/bands.yaml, written by `python -m shardplan.validation.bands`) ---
 
 BandQuantity = Literal["kv_capacity", "peak_memory", "tokens_per_second", "ttft_p50", "tpot_p50", "itl_p50",
-                       "output_tokens_per_second"]
+                       "output_tokens_per_second", "layout_speed_ratio"]
 BandKind = Literal["engine_log", "training", "finetune", "serving_load"]
 
 

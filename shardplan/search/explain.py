@@ -220,15 +220,18 @@ def why(top: list[RecommendEntry], goal: Goal, binding: BindingConstraint | None
     text = f"{describe(w.plan)} on {w.num_gpus} GPUs ranks first by {_objective_label(goal)} ({_headline(w)})"
     tied = [e for e in top if e.tie]
     if len(tied) > 1:
-        text += (f"; {len(tied)} plans tie within the measured ±{100 * (goal.tie_band_fraction or 0):.0f}% band of "
-                 "the ranked figure (marked =), ordered by fewer GPUs, tensor parallelism inside a node, fewer "
-                 "pipeline stages, a smaller tensor-parallel group, then the simpler schedule")
+        text += (f"; {len(tied)} plans tie within ±{100 * (goal.tie_band_fraction or 0):.1f}% of the ranked figure, "
+                 "the model's measured error in comparing two layouts (marked =), ordered by fewer GPUs, tensor "
+                 "parallelism inside a node, fewer pipeline stages, a smaller tensor-parallel group, then the "
+                 "simpler schedule")
     if binding:
         text += f"; binding constraint: {binding.constraint} ({binding.detail})"
     if len(top) > 1:
         r = top[1]
         diffs = differences(w, r)
-        text += f"; the runner-up ({describe(r.plan)}) is {100 * gap(w, r):.2f}% behind"
+        g = gap(w, r)
+        text += (f"; the runner-up ({describe(r.plan)}) is {100 * g:.2f}% behind" if g >= 0 else
+                 f"; the runner-up ({describe(r.plan)}) is {-100 * g:.2f}% ahead on the ranked figure, a tie")
         if diffs:
             d = diffs[0]
             text += f", mostly {d.component.replace('_', ' ')} ({d.delta_seconds * 1e3:+.1f} ms)"

@@ -14,13 +14,14 @@ from shardplan.errors import ShardplanError
 from shardplan.tasks._cases import read_case_file
 from shardplan.tasks._results import Result
 from shardplan.specs.cases import Case, EngineLogCase, ServingLoadCase
-from shardplan.validation.predict import Comparison, compare, shipped_predictions
+from shardplan.validation.predict import PAIRS_GROUP, Comparison, compare, layout_pairs, shipped_predictions
 from shardplan.validation.shipped import CORPUS_DIR
 from shardplan.validation.stats import BAND_PERCENTILE, group_stats
 
 UNITS = {"kv_capacity": "tokens", "peak_memory": "bytes", "tokens_per_second": "tokens_per_second_per_gpu",
          "start_verdict": "started (1) or refused (0)", "ttft_p50": "seconds", "tpot_p50": "seconds", "itl_p50": "seconds",
-         "output_tokens_per_second": "tokens_per_second"}
+         "output_tokens_per_second": "tokens_per_second",
+         "layout_speed_ratio": "ratio of the measured-faster layout's tokens/s per GPU to the other's"}
 
 
 class CaseRow(Result):
@@ -30,7 +31,8 @@ class CaseRow(Result):
     group: str = Field(description="the engine generation (a serving run's with its regime), or the stack (and "
                                    "fine-tuning method)")
     quantity: str = Field(description="kv_capacity, peak_memory, tokens_per_second, start_verdict; serving runs: "
-                                      "ttft_p50, tpot_p50, output_tokens_per_second")
+                                      "ttft_p50, tpot_p50, output_tokens_per_second; two training runs of one "
+                                      "setting (case_id 'A vs B'): layout_speed_ratio")
     unit: str = Field(description="the unit of measured and predicted")
     measured: float
     predicted: float
@@ -80,13 +82,16 @@ def validate(*, engine: str | None = None, stack: str | None = None, cases_file:
     """Predict every case and gather the errors. A user's case the model refuses is bad input
     (exit 2, naming the file and the case); a shipped one is listed as skipped with the reason."""
     comparisons: list[Comparison] = []
+    paired: list[tuple[Case, Comparison]] = []  # each case with its comparisons, for layout_pairs
     if cases_file is not None:
         cases, skipped, label = read_case_file(cases_file), [], str(cases_file)
         for case in cases:
             if not _keep(case, engine, stack):
                 continue
             try:
-                comparisons += compare(case, cases_file.parent)
+                found = compare(case, cases_file.parent)
+                comparisons += found
+                paired += [(case, c) for c in found]
             except ShardplanError as e:
                 raise ShardplanError(f"case {case.id}: {e.message}", source=label, field=e.field, hint=e.hint) from None
     else:
@@ -101,6 +106,7 @@ def validate(*, engine: str | None = None, stack: str | None = None, cases_file:
             if p.refused is not None:  # a published run with a layout shardplan cannot express yet: listed, not counted
                 skipped.append(LeftOut(case_id=p.case.id, reason=p.refused))
             comparisons += p.comparisons
+            paired += [(p.case, c) for c in p.comparisons]
     if not comparisons:
         what = " and ".join(x for x in (f"engine {engine}" if engine else "", f"stack {stack}" if stack else "") if x)
         engines = sorted({c.engine for c in cases if getattr(c, "engine", None)})
@@ -109,6 +115,8 @@ def validate(*, engine: str | None = None, stack: str | None = None, cases_file:
                              source=label,
                              hint=f"leave --engine/--stack out, or name one the cases use (engines: {', '.join(engines)}; "
                                   f"stacks: {', '.join(stacks)})")
+    # Two runs of one setting in different layouts: how far the model's ratio of their speeds is from the measured one.
+    comparisons += layout_pairs([(case, c) for case, c in paired])
     groups = [GroupRow(kind=g.kind, group=g.group, quantity=g.quantity, versions=list(g.versions),
                        num_cases=g.num_cases, mean_abs_error=g.mean_abs_error, median_abs_error=g.median_abs_error,
                        band_abs_error=g.band_abs_error, max_abs_error=g.max_abs_error,
@@ -119,7 +127,7 @@ def validate(*, engine: str | None = None, stack: str | None = None, cases_file:
                     unit=UNITS[c.quantity], measured=c.measured, predicted=c.predicted, error=c.error)
             for c in comparisons]
     return ValidateResult(corpus=label, band_percentile=BAND_PERCENTILE,
-                          num_cases=len({(c.kind, c.case_id) for c in comparisons}), groups=groups, cases=rows,
+                          num_cases=len({(c.kind, c.case_id) for c in comparisons if c.group != PAIRS_GROUP}), groups=groups, cases=rows,
                           skipped=skipped)
 
 

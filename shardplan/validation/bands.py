@@ -3,8 +3,9 @@
 
 Each band is `shardplan validate`'s p90 of |predicted / measured - 1| for one engine generation
 (KV capacity; under traffic, by regime: median TTFT, median TPOT, output tokens/s), training stack
-(peak memory, tokens/s) or stack and fine-tuning method (peak memory), over the shipped measured cases (`validation/corpus`, each row with its source). The
-file is data the estimate reads (`knowledge.load.bands_file`), not something to edit: a change
+(peak memory, tokens/s) or stack and fine-tuning method (peak memory), and for the ratio of the
+tokens/s of two measured layouts of one setting (group "layouts": `validation.predict.layout_pairs`),
+over the shipped measured cases (`validation/corpus`, each row with its source). The file is data the estimate reads (`knowledge.load.bands_file`), not something to edit: a change
 to the cost model or the corpus that moves the errors must regenerate it with
 
     python -m shardplan.validation.bands
@@ -23,19 +24,22 @@ import yaml
 from shardplan.fileio import write_text_atomic
 from shardplan.knowledge.load import BANDS_PATH
 from shardplan.knowledge.schema import BandsFile, ErrorBand
-from shardplan.validation.predict import shipped_predictions
+from shardplan.validation.predict import layout_pairs, shipped_predictions
 from shardplan.validation.shipped import CORPUS_DIR
 from shardplan.validation.stats import BAND_PERCENTILE, group_stats
 
 COMMAND = "python -m shardplan.validation.bands"
-BANDED = ("kv_capacity", "peak_memory", "tokens_per_second", "ttft_p50", "tpot_p50", "itl_p50", "output_tokens_per_second")
+BANDED = ("kv_capacity", "peak_memory", "tokens_per_second", "ttft_p50", "tpot_p50", "itl_p50", "output_tokens_per_second",
+          "layout_speed_ratio")
 DECIMALS = 6  # fractions to 1e-6: finer is float noise (the test compares within it)
 
 
 def compute_bands(corpus: Path = CORPUS_DIR) -> BandsFile:
     """The bands of the shipped corpus, in the order `shardplan validate` lists its groups. A
     shipped case the model cannot predict is left out, as `validate` lists it as skipped."""
-    comparisons = [c for p in shipped_predictions(corpus)[0] for c in p.comparisons]
+    predicted = shipped_predictions(corpus)[0]
+    comparisons = [c for p in predicted for c in p.comparisons]
+    comparisons += layout_pairs([(p.case, c) for p in predicted for c in p.comparisons])
     bands = tuple(
         ErrorBand(kind=g.kind, group=g.group, quantity=g.quantity, versions=g.versions, num_cases=g.num_cases,  # type: ignore[arg-type]
                   band_abs_error=round(g.band_abs_error, DECIMALS), mean_signed_error=round(g.mean_signed_error, DECIMALS))

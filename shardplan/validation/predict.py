@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -321,6 +322,49 @@ def compare(case: Case, corpus: Path | None = None) -> list[Comparison]:
                        predicted=_peak(rep, case.counter))]
 
 
+# What the search chooses for a training run (its layout); two runs that differ in nothing else compare layouts.
+LAYOUT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "vp", "sequence_parallel", "zero_stage", "micro_batch", "recompute")
+PAIRS_GROUP = "layouts"  # pooled over stacks: each has a few such pairs
+
+
+def _setting(case: TrainingCase) -> tuple[str, str]:
+    """What two training runs must share to compare their layouts: where they were published (the
+    document, or the repository at one commit: its CI's golden values are one software build) and
+    every field of the case but its id, source, layout and measurement."""
+    url = case.source.split(" (")[0]
+    commit = re.match(r"(https://github\.com/[^/]+/[^/]+/(?:blob|tree)/[0-9a-f]{7,40})/", url)
+    fields = case.model_dump(mode="json", exclude={"id", "source", "measured", *LAYOUT_FIELDS})
+    return commit.group(1) if commit else url, repr(sorted(fields.items()))
+
+
+def layout_pairs(predicted: list[tuple[Case, Comparison]]) -> list[Comparison]:
+    """The model's error in comparing two layouts of one setting: for each training run, against the
+    measured-fastest run of the same publication, model, GPUs, sequence length, batch and stack
+    features that differs from it only in layout (LAYOUT_FIELDS), the predicted ratio of the two
+    runs' tokens/s per GPU against the measured one, the faster first (`predicted`: each run's tokens/s
+    comparison). What every layout of a setting shares (the GPU's real efficiency, the stack's
+    overheads, the model's own bias on that model) cancels in the ratio, so this is the error a ranking
+    of layouts makes, smaller than the error of either figure (`shardplan validate`, group "layouts");
+    the search's ties are plans within its band of each other (`tasks/_bands.py`). One pair a run
+    (against the setting's fastest, the one a ranking must find), so a cases file of n runs makes
+    fewer than n pairs."""
+    by_setting: dict[tuple[str, str], list[tuple[TrainingCase, Comparison]]] = {}
+    for case, c in predicted:
+        if isinstance(case, TrainingCase) and c.quantity == "tokens_per_second":
+            by_setting.setdefault(_setting(case), []).append((case, c))
+    out = []
+    for runs in by_setting.values():
+        runs.sort(key=lambda r: (-r[1].measured, r[0].id))
+        (a, ca), rest = runs[0], runs[1:]
+        for b, cb in rest:
+            if all(getattr(a, f) == getattr(b, f) for f in LAYOUT_FIELDS):
+                continue  # the same layout as the cases state it: what differs (a schedule) is not expressed
+            out.append(Comparison(case_id=f"{a.id} vs {b.id}", source=f"{a.source}; {b.source}", kind="training",
+                                  group=PAIRS_GROUP, version=None, quantity="layout_speed_ratio",
+                                  measured=ca.measured / cb.measured, predicted=ca.predicted / cb.predicted))
+    return out
+
+
 @dataclass(frozen=True)
 class Predicted:
     """A shipped case with its comparisons, or the reason the model refuses it."""
@@ -345,6 +389,6 @@ def shipped_predictions(corpus: Path) -> tuple[tuple[Predicted, ...], tuple[Skip
     return tuple(out), tuple(skipped)
 
 
-__all__ = ["Comparison", "Predicted", "QUANTIZATION", "compare", "engine_log_inputs", "logged_device_gib",
+__all__ = ["Comparison", "LAYOUT_FIELDS", "PAIRS_GROUP", "Predicted", "QUANTIZATION", "compare", "layout_pairs", "engine_log_inputs", "logged_device_gib",
            "predict_engine_log", "predict_finetune", "predict_serving_load", "predict_training", "serving_load_inputs",
            "serving_load_requests", "shipped_predictions"]

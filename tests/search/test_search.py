@@ -345,7 +345,12 @@ def test_published_layouts_rank_close_to_the_top_with_the_reason_visible(model, 
     assert c["fits"]
     assert 0 <= c["gap_fraction"] <= tolerance
     if c["gap_fraction"] > 0:
-        assert c["differences"] and c["differences"][0]["delta_seconds"] > 0  # what makes it slower is named
+        # What makes it slower is named: the differences sum to the gap, and the largest is a cost it adds
+        # (one it saves may be larger: GPT-3 175B's pinned layout exposes no data-parallel time, 1.16 s,
+        # and spends 1.10 s more on tensor-parallel all-reduces and 0.92 s more computing).
+        deltas = [d["delta_seconds"] for d in c["differences"]]
+        assert sum(deltas) == pytest.approx(c["gap_fraction"] * out["top"][0]["objective_value"], rel=1e-6)
+        assert max(deltas) > 0
     assert all(c["plan"][k] == v for k, v in pins.items())
 
 

@@ -50,7 +50,8 @@ def test_each_band_is_the_p90_of_validates_own_case_errors():
                                   ("serving_load", "vLLM V1, saturated", "ttft_p50"),
                                   ("serving_load", "SGLang, below saturation", "tpot_p50"),
                                   ("serving_load", "vLLM V1, saturated", "itl_p50"),
-                                  ("serving_load", "vLLM V1, below saturation", "output_tokens_per_second")]:
+                                  ("serving_load", "vLLM V1, below saturation", "output_tokens_per_second"),
+                                  ("training", "layouts", "layout_speed_ratio")]:
         errors = [abs(c.error) for c in result.cases if (c.kind, c.group, c.quantity) == (kind, group, quantity)]
         band = shipped.band(kind, group, quantity)
         assert band is not None and band.num_cases == len(errors) > 0
@@ -60,7 +61,8 @@ def test_each_band_is_the_p90_of_validates_own_case_errors():
     # start-or-refuse verdicts are not bands
     assert all(b.quantity != "start_verdict" for b in shipped.bands)
     assert {b.quantity for b in shipped.bands} == {"kv_capacity", "peak_memory", "tokens_per_second", "ttft_p50",
-                                                   "tpot_p50", "itl_p50", "output_tokens_per_second"}
+                                                   "tpot_p50", "itl_p50", "output_tokens_per_second",
+                                                   "layout_speed_ratio"}
 
 
 def test_main_writes_the_file_that_reads_back(tmp_path):
