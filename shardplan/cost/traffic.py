@@ -126,9 +126,22 @@ def is_saturated(rate: float, concurrency: int | None, num_requests: int, peak_r
     """Whether requests wait in the engine's queue (module docstring): a rate at or above the
     replica's saturation rate `capacity` (inf: every request waits for the engine); with a client
     concurrency cap, also when the engine never ran all the clients' requests at once."""
+    known = saturated_whatever_the_capacity(rate, concurrency, num_requests, peak_running)
+    return known if known is not None else rate >= capacity
+
+
+def saturated_whatever_the_capacity(rate: float, concurrency: int | None, num_requests: int,
+                                    peak_running: int) -> bool | None:
+    """`is_saturated`'s verdict where the saturation rate cannot change it, else None (a caller
+    that needs only the verdict then skips the burst `saturation_rate` simulates): every request
+    sent at once waits for the engine; with a client concurrency cap, an engine that never ran all
+    the clients' requests at once is saturated, and clients that send only as requests finish (no
+    rate) are not otherwise."""
     if concurrency is not None:
-        return peak_running < min(concurrency, num_requests) or (math.isfinite(rate) and rate >= capacity)
-    return rate >= capacity
+        if peak_running < min(concurrency, num_requests):
+            return True
+        return False if not math.isfinite(rate) else None
+    return True if math.isinf(rate) else None
 
 
 @dataclass(frozen=True)

@@ -237,7 +237,7 @@ def predict_serving_load(case: ServingLoadCase, corpus: Path | None = None, hw: 
     from shardplan.cost.memory_serving import serving_memory
     from shardplan.cost.serving_load import scheduler_for, simulate_replica
     from shardplan.cost.step_model import StepModel
-    from shardplan.cost.traffic import is_saturated, saturation_rate, sequence_slots
+    from shardplan.cost.traffic import is_saturated, saturated_whatever_the_capacity, saturation_rate, sequence_slots
 
     spec, hw, layout, wl, traffic = serving_load_inputs(case, corpus, hw)
     longest = max(p + o for p, o in traffic.requests)
@@ -257,10 +257,13 @@ def predict_serving_load(case: ServingLoadCase, corpus: Path | None = None, hw: 
                              "cache holds: the engine would refuse them", field="total_input_tokens",
                              hint="check the token totals and num_requests")
     n = len(traffic.requests)
+    rate, conc = traffic.request_rate_per_second, traffic.max_concurrency
+    known = saturated_whatever_the_capacity(rate, conc, n, result.peak_running)
+    if known is not None:  # a burst, or clients capped: the verdict without simulating the saturation rate
+        return result, known
     slots = sequence_slots(wl, sm.kv_account, sum(p + o for p, o in traffic.requests) / n)
     capacity = saturation_rate(step, sched, traffic, slots, result)  # as an estimate reads its own
-    return result, is_saturated(traffic.request_rate_per_second, traffic.max_concurrency, n, result.peak_running,
-                                capacity)
+    return result, is_saturated(rate, conc, n, result.peak_running, capacity)
 
 
 def _peak(report: CostReport, counter: str) -> float:

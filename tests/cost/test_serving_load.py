@@ -460,3 +460,22 @@ def test_a_kept_composition_adds_the_same_terms_as_seconds(engine):
         a = simulate(kept, scheduler_for(wl, kv), traffic, itl=True)
         b = simulate(plain, scheduler_for(wl, kv), traffic, itl=True)
         assert a == b and a.num_steps > 200 and len(kept.fixed_by_composition) > 10
+
+
+@pytest.mark.parametrize("rate", [math.inf, 0.5, 4.0])
+@pytest.mark.parametrize("concurrency", [None, 4, 64])
+@pytest.mark.parametrize("peak", [1, 4, 64])
+def test_the_verdict_without_the_saturation_rate_is_the_verdict_with_it(rate, concurrency, peak):
+    """`saturated_whatever_the_capacity` (validate skips the saturation burst where it decides) is
+    `is_saturated` at every saturation rate where it answers, and answers for every burst."""
+    from shardplan.cost.traffic import is_saturated, saturated_whatever_the_capacity
+
+    n = 100
+    known = saturated_whatever_the_capacity(rate, concurrency, n, peak)
+    verdicts = {is_saturated(rate, concurrency, n, peak, capacity) for capacity in (0.1, 1.0, 3.9, 4.0, 1e6)}
+    if known is None:
+        assert math.isfinite(rate) and verdicts == {True, False}
+    else:
+        assert verdicts == {known}
+    if math.isinf(rate):
+        assert known is not None
