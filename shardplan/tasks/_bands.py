@@ -98,7 +98,7 @@ def goal_at_edge(goal: Goal, workload: InferenceWorkload | TrainingWorkload, hw:
     # Ties: plans whose ranked figure is within the measured error of comparing two layouts of one
     # setting (training: `layout_band`). Not the band of the figure itself: what every layout of a
     # setting shares (the GPU's real efficiency, the stack's overheads) moves them together, so the
-    # error of their ratio is smaller (Megatron's tokens/s ±44%, its ratio of two layouts ±7%). Serving:
+    # error of their ratio is several times smaller than a stack's tokens/s band (BENCHMARKS.md). Serving:
     # only equal values tie; its output tokens/s band measures whole deployments against their
     # benchmarks, not one layout against another, and no two shipped runs compare layouts.
     if isinstance(workload, TrainingWorkload):

@@ -116,7 +116,7 @@ def validate(*, engine: str | None = None, stack: str | None = None, cases_file:
                              hint=f"leave --engine/--stack out, or name one the cases use (engines: {', '.join(engines)}; "
                                   f"stacks: {', '.join(stacks)})")
     # Two runs of one setting in different layouts: how far the model's ratio of their speeds is from the measured one.
-    comparisons += layout_pairs([(case, c) for case, c in paired])
+    comparisons += layout_pairs(paired)
     groups = [GroupRow(kind=g.kind, group=g.group, quantity=g.quantity, versions=list(g.versions),
                        num_cases=g.num_cases, mean_abs_error=g.mean_abs_error, median_abs_error=g.median_abs_error,
                        band_abs_error=g.band_abs_error, max_abs_error=g.max_abs_error,
