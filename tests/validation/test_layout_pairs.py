@@ -135,3 +135,25 @@ def test_the_pick_is_not_slower_than_the_layout_band_allows(cli):
     for t in top:
         if t["tie"]:
             assert abs(t["objective_value"] - head) <= band * head + 1e-9
+
+
+def test_a_users_cases_pair_their_layouts(cli, tmp_path):
+    """Two of a user's torchtitan runs of one setting, FSDP over 8 and tp 2 x FSDP 4: validate pairs
+    them, the faster measured first, its predicted ratio the ratio of the two rows' predictions."""
+    import yaml
+
+    base = dict(kind="training", source="our cluster, job 12", stack="torchtitan", model="llama-3.1-8b",
+                hardware="h100-sxm-80gb", gpus=8, zero_stage=3, micro_batch=1, seq_len=4096, global_batch=32,
+                recompute="selective", flash_attention=True)
+    fsdp = dict(base, id="fsdp8", dp=8, measured=dict(tokens_per_second_per_gpu=6000))
+    tp2 = dict(base, id="tp2-fsdp4", tp=2, dp=4, measured=dict(tokens_per_second_per_gpu=5000))
+    path = tmp_path / "cases.yaml"
+    path.write_text(yaml.safe_dump({"cases": [tp2, fsdp]}))
+    res = cli("validate", "--cases", path, "--json")
+    assert res.exit_code == 0, res.stderr
+    d = res.json()
+    rows = {c["case_id"]: c for c in d["cases"]}
+    pair = rows["fsdp8 vs tp2-fsdp4"]
+    assert pair["group"] == PAIRS_GROUP and pair["measured"] == pytest.approx(6000 / 5000)
+    assert pair["predicted"] == pytest.approx(rows["fsdp8"]["predicted"] / rows["tp2-fsdp4"]["predicted"], rel=1e-12)
+    assert d["num_cases"] == 2
