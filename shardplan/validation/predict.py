@@ -18,6 +18,7 @@ queue: rate inf, or more clients than the engine runs at once), or below saturat
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 import re
@@ -337,7 +338,7 @@ def _setting(case: TrainingCase) -> tuple[str, str]:
     url = case.source.split(" (")[0]
     commit = re.match(r"(https://github\.com/[^/]+/[^/]+/(?:blob|tree)/[0-9a-f]{7,40})/", url)
     fields = case.model_dump(mode="json", exclude={"id", "source", "measured", *LAYOUT_FIELDS})
-    return commit.group(1) if commit else url, repr(sorted(fields.items()))
+    return commit.group(1) if commit else url, json.dumps(fields, sort_keys=True)
 
 
 def layout_pairs(predicted: list[tuple[Case, Comparison]]) -> list[Comparison]:

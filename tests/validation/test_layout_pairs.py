@@ -57,6 +57,14 @@ def test_runs_that_do_not_compare_layouts_make_no_pair(other, why):
     assert layout_pairs([_tokens(a, 1100.0), _tokens(b, 1210.0)]) == [], why
 
 
+def test_a_shape_written_in_another_order_is_the_same_setting():
+    shape = dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, family="llama")
+    a = TrainingCase(**(_case("a", URL.format("a"), 1000.0).model_dump() | {"model": None, "shape": shape}))
+    b = TrainingCase(**(_case("b", URL.format("b"), 1250.0, tp=2, dp=4).model_dump()
+                        | {"model": None, "shape": dict(reversed(list(shape.items())))}))
+    assert [p.case_id for p in layout_pairs([_tokens(a, 1100.0), _tokens(b, 1210.0)])] == ["b vs a"]
+
+
 def test_another_feature_is_not_a_layout():
     a = _case("a", URL.format("a"), 1000.0)
     b = TrainingCase(**(_case("b", URL.format("b"), 1250.0, tp=2, dp=4).model_dump() | {"fp8": True}))
