@@ -66,6 +66,8 @@ KNOWN_MISSES: dict[str, dict[str, str]] = {
     "mcore_ci_7b_tp4pp1_h100": {"tokens": "as the tp1 pp4 CI row (deterministic mode)"},
     "mcore_ci_7b_tp1pp4vp8_a100": {"tokens": "as the H100 CI rows (deterministic mode)"},
     "mcore_ci_7b_tp4pp1_a100": {"tokens": "as the H100 CI rows (deterministic mode)"},
+    "mcore_ci_7b_tp1pp4vp8_h100_coreweave": {"tokens": "as the H100 CI rows (deterministic mode)"},
+    "mcore_ci_7b_tp4pp1_h100_coreweave": {"tokens": "as the H100 CI rows (deterministic mode)"},
     "mcore_release_15b_tp8sp_h100": {"tokens": "the release run's data-parallel size is inferred from its memory, not published"},
     "mbridge2511_llama3_8b_8xb200_fp8cs": {"tokens": B200},
     "mbridge2511_llama31_405b_128xb200_fp8cs": {"tokens": B200},
