@@ -42,7 +42,10 @@ def validate_cmd(
     stack and per quantity (KV capacity, peak memory, tokens/s, the start-or-refuse verdict; for
     serving runs, by regime, the median TTFT, median TPOT and output tokens/s) the number of cases, the mean, median,
     90th-percentile and largest |error|, and the worst case with its source. The 90th percentile
-    is the band that estimate, recommend and capacity print beside their figures.
+    is the band that estimate, recommend and capacity print beside their figures. The "layouts"
+    row pairs training runs of one setting that differ only in layout and compares the model's
+    ratio of their tokens/s with the measured one: its band is how close two plans' step times
+    must be for recommend to call them a tie.
     Example: shardplan validate --engine vllm; shardplan validate --cases my-runs.yaml --cases-table"""
     from shardplan.cli import render_common, render_validate
     from shardplan.tasks.validate import validate
