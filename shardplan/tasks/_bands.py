@@ -23,6 +23,7 @@ from shardplan.errors import ShardplanError
 from shardplan.knowledge.load import bands_file, engine_generation
 from shardplan.knowledge.schema import ErrorBand
 from shardplan.search import Goal
+from shardplan.specs.cases import Case
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.validation.bands import BANDED
 from shardplan.validation.predict import PAIRS_GROUP, Comparison, compare, layout_pairs
@@ -40,16 +41,15 @@ def profile_bands(hw: HardwareProfile) -> accuracy.ProfileBands | None:
 
 @lru_cache(maxsize=32)
 def _profile_bands(hw: HardwareProfile) -> accuracy.ProfileBands:
-    comparisons: list[Comparison] = []
+    paired: list[tuple[Case, Comparison]] = []  # each case with each of its comparisons
     for i, case in enumerate(hw.measured_cases):
         try:
-            comparisons += compare(case)
+            paired += [(case, c) for c in compare(case)]
         except ShardplanError as e:
             raise ShardplanError(f"measured case {case.id}: {e.message}", source=case.hardware,
                                  field=f"measured_cases.{i}" + (f".{e.field}" if e.field else ""),
                                  hint=e.hint or "fix the case or remove it from the profile") from None
-    by_id = {case.id: case for case in hw.measured_cases}
-    comparisons += layout_pairs([(by_id[c.case_id], c) for c in comparisons])
+    comparisons = [c for _, c in paired] + layout_pairs(paired)
     bands = tuple(
         ErrorBand(kind=g.kind, group=g.group, quantity=g.quantity, versions=g.versions, num_cases=g.num_cases,  # type: ignore[arg-type]
                   band_abs_error=g.band_abs_error, mean_signed_error=g.mean_signed_error)

@@ -119,11 +119,10 @@ def recommend(
                       and workload.load is not None and workload.load.max_concurrency is None)
 
     def part(i: int) -> Any:
-        """The i-th top plan's estimate, then the disaggregated comparison of the pick, then its long run."""
-        if i == 0 and manifest_path is not None:  # the pick's estimate is its manifest's too
-            return explain.entry_and_report(spec, res.top[i], goal, i + 1, lambda r: banded(r, hw))
+        """The i-th top plan's entry with the estimate it was made from (the pick's is its manifest's), then
+        the disaggregated comparison of the pick, then its long run."""
         if i < len(res.top):
-            return explain.entry(spec, res.top[i], goal, i + 1, lambda r: banded(r, hw))
+            return explain.entry_and_report(spec, res.top[i], goal, i + 1, lambda r: banded(r, hw))
         if i == len(res.top) and compare_split:
             return _disaggregated(spec, res.top, workload, goal, num_gpus or 0, hw)
         return _long_run(spec, res.top[0], goal)
@@ -137,10 +136,8 @@ def recommend(
     done = [by_part[i] for i in sorted(by_part)]
     long_runs = done[-1] if check_long else None
     long_run = None if long_runs is None else long_runs[0]
-    top = done[:len(res.top)]
-    pick_report = None
-    if top and manifest_path is not None:
-        top[0], pick_report = top[0]
+    top = [t for t, _ in done[:len(res.top)]]
+    pick_report = done[0][1] if res.top else None
     top = [t.model_copy(update={"runs_on": runs_on.of(e.hw, e.layout, e.workload)}) for t, e in zip(top, res.top)]
     binding = explain.binding_constraint(top[0], goal) if top else None
     gap = explain.gap(top[0], top[1]) if len(top) > 1 else None
@@ -190,7 +187,7 @@ def recommend(
 
         best = res.top[0]
         report = pick_report  # the pick's estimate, banded (profile_bands reads the profile, not its size)
-        assert report is not None  # part 0 returns it when a manifest is asked for
+        assert report is not None  # a manifest is written only for a pick
         summary: dict[str, Any] = {"num_candidates": res.num_candidates, "num_evaluated": res.num_evaluated,
                                    "num_costed": res.num_costed, "num_feasible": res.num_feasible}
         if gap is not None:

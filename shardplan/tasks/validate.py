@@ -81,17 +81,14 @@ def validate(*, engine: str | None = None, stack: str | None = None, cases_file:
              corpus: Path = CORPUS_DIR) -> ValidateResult:
     """Predict every case and gather the errors. A user's case the model refuses is bad input
     (exit 2, naming the file and the case); a shipped one is listed as skipped with the reason."""
-    comparisons: list[Comparison] = []
-    paired: list[tuple[Case, Comparison]] = []  # each case with its comparisons, for layout_pairs
+    paired: list[tuple[Case, Comparison]] = []  # each case with each of its comparisons
     if cases_file is not None:
         cases, skipped, label = read_case_file(cases_file), [], str(cases_file)
         for case in cases:
             if not _keep(case, engine, stack):
                 continue
             try:
-                found = compare(case, cases_file.parent)
-                comparisons += found
-                paired += [(case, c) for c in found]
+                paired += [(case, c) for c in compare(case, cases_file.parent)]
             except ShardplanError as e:
                 raise ShardplanError(f"case {case.id}: {e.message}", source=label, field=e.field, hint=e.hint) from None
     else:
@@ -105,8 +102,8 @@ def validate(*, engine: str | None = None, stack: str | None = None, cases_file:
                 continue
             if p.refused is not None:  # a published run with a layout shardplan cannot express yet: listed, not counted
                 skipped.append(LeftOut(case_id=p.case.id, reason=p.refused))
-            comparisons += p.comparisons
             paired += [(p.case, c) for c in p.comparisons]
+    comparisons = [c for _, c in paired]
     if not comparisons:
         what = " and ".join(x for x in (f"engine {engine}" if engine else "", f"stack {stack}" if stack else "") if x)
         engines = sorted({c.engine for c in cases if getattr(c, "engine", None)})
