@@ -68,7 +68,7 @@ def watch_view(r: WatchScrape) -> RenderableType:
     parts: list[RenderableType] = []
     when = "first scrape" if r.interval_seconds is None else f"{r.interval_seconds:.1f} s after the last"
     head = Text(f"shardplan watch {r.plan} — scrape {r.scrape_index + 1} ({when}): ", no_wrap=False)
-    head.append({"ok": "everything judged is within its band", "outside": "a shard is outside its band",
+    head.append({"ok": "everything judged is within its band", "outside": "a figure is outside its band or the SLA",
                  "unreadable": "an endpoint could not be read"}[r.status],
                 style={"ok": "green", "outside": "red", "unreadable": "red"}[r.status])
     parts.append(head)
@@ -93,7 +93,7 @@ def watch_view(r: WatchScrape) -> RenderableType:
     if r.replicas:
         cols = [("replica", "right", 0), ("engine", "left", 3), ("running", "right", 1), ("waiting", "right", 2),
                 ("KV usage", "right", 0), ("", "left", 0), ("KV cache tokens", "right", 0), ("predicted", "right", 1),
-                ("", "left", 0), ("TTFT p50/p90/p99", "right", 4), ("TPOT p50/p90/p99", "right", 4)]
+                ("", "left", 0), ("TTFT p50/p90/p99", "right", 4), ("SLA", "left", 0), ("TPOT p50/p90/p99", "right", 4)]
         rows = [_cells(["-" if p.replica is None else str(p.replica),
                         f"{p.exporter} {p.engine}".strip(), _tokens(p.running_requests)
                         + ("" if p.predicted_batch_size is None else f" (plan {p.predicted_batch_size})"),
@@ -106,11 +106,14 @@ def watch_view(r: WatchScrape) -> RenderableType:
                         _VERDICT[p.kv_capacity_verdict],
                         _pcts(p.ttft, p.ttft_predicted_seconds, p.ttft_predicted, p.predicted_request_rate_per_second,
                               started=True),
+                        "-" if p.ttft_sla is None else _VERDICT[p.ttft_sla.verdict],
                         _pcts(p.tpot, p.tpot_predicted_seconds, p.tpot_predicted, p.predicted_request_rate_per_second)])
                 for p in r.replicas]
-        parts.append(fitted_table("per serving replica: KV cache and usage against the plan; latency reported", cols,
-                                  rows, caption="KV usage (≤ the plan's usage for the running requests); "
-                                                "percentiles since start on the first scrape, over the interval after"))
+        parts.append(fitted_table("per serving replica: KV cache and usage against the plan, TTFT against its SLA; "
+                                  "latency reported", cols, rows,
+                                  caption="KV usage (≤ the plan's usage for the running requests); percentiles since "
+                                          "start on the first scrape, over the interval after; SLA: the TTFT histogram "
+                                          "against the plan's limit where its buckets decide it"))
     for e in r.endpoints:
         if e.error:
             parts.append(Text(f"unreadable: {e.url}: {e.error}", style="red"))

@@ -271,10 +271,11 @@ def _assumptions(report: CostReport, hw: HardwareProfile) -> list[str]:
 def build_manifest(*, loaded: LoadedModel, hw: HardwareProfile, layout: Layout,
                    workload: InferenceWorkload | TrainingWorkload, report: CostReport,
                    objective: str | None = None, search: dict[str, Any] | None = None,
-                   runs_on: list[str] | None = None, long_run: LongRunSection | None = None) -> DeploymentManifest:
+                   runs_on: list[str] | None = None, long_run: LongRunSection | None = None,
+                   sla: SlaSection | None = None) -> DeploymentManifest:
     """The manifest of one estimated plan; `report` is `estimate(...)` for these inputs;
     `runs_on`: the targets that run it (recommend says so); `long_run`: recommend's long run
-    of it at its judged rate (`long_run_section`)."""
+    of it at its judged rate (`long_run_section`); `sla`: the limits it was ranked within."""
     spec, serving = loaded.spec, isinstance(workload, InferenceWorkload)
     chunks = layout_stage_ranges(spec.num_layers, layout)
     ranges = [[[r.start, r.stop - 1] for r in stage] for stage in chunks]
@@ -315,6 +316,7 @@ def build_manifest(*, loaded: LoadedModel, hw: HardwareProfile, layout: Layout,
         objective=objective,
         search=dict(search) if search is not None else None,
         runs_on=list(runs_on) if runs_on is not None else None,
+        sla=sla,
     )
 
 

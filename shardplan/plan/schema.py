@@ -497,6 +497,16 @@ class PredictedLoadSection(_Section):
         return lr.request_rate_per_second, lr.ttft_seconds, lr.tpot_seconds
 
 
+class SlaSection(_Section):
+    """The latency limits the plan was ranked within (recommend's goodput objective): what a
+    deployment of it promises, and what `watch` holds the engines' histograms against."""
+
+    percentile: int = Field(ge=1, le=99, description="the limits hold at this percentile of the requests")
+    max_ttft_seconds: float | None = Field(gt=0, description="time to first token at most, s; null: no limit")
+    max_tpot_seconds: float | None = Field(gt=0, description="time per output token at most, s; null: no limit")
+    defaulted: bool = Field(description="true: shardplan's default SLA (no --max-ttft-ms / --max-tpot-ms given)")
+
+
 class PredictedSection(_Section):
     fits: bool = Field(description="every rank fits its memory")
     reason: str | None = Field(description="why not, when it does not fit")
@@ -556,6 +566,8 @@ class DeploymentManifest(_Section):
     disaggregation: DisaggregationSection | None = Field(
         None, exclude_if=lambda v: v is None, description="recommend --disaggregated: the plan's GPUs split into "
                                                           "prefill and decode pools (exports launch it with --disaggregated); absent: none")
+    sla: SlaSection | None = Field(None, exclude_if=lambda v: v is None, description="the latency limits the plan was "
+                                   "ranked within (serving under traffic); absent: none, or a plan written before they were recorded")
 
     @model_validator(mode="after")
     def _possible(self) -> "DeploymentManifest":

@@ -195,7 +195,7 @@ def recommend(
         m = build_manifest(
             loaded=loaded, hw=best.hw, layout=best.layout, workload=best.workload, report=report,
             objective=goal.objective.value, search=summary, runs_on=top[0].runs_on,
-            long_run=None if long_runs is None else long_run_section(*long_runs),
+            long_run=None if long_runs is None else long_run_section(*long_runs), sla=_sla_section(goal, workload),
         )
         if write_disaggregation:
             if disaggregated is None:
@@ -557,6 +557,17 @@ def _other_stack_suggestions(spec: Any, hw: HardwareProfile, workload: TrainingW
                 f"{stack.display_name} runs {shape} on {num_gpus} GPU(s): step {e.figures['step_seconds']:,.2f} s, "
                 f"{e.figures['tokens_per_second_per_gpu']:,.0f} tokens/s per GPU")))
     return out
+
+
+def _sla_section(goal: Goal, workload: InferenceWorkload | TrainingWorkload) -> Any:
+    """The manifest's record of the latency limits a serving plan was ranked within (None: none)."""
+    if not isinstance(workload, InferenceWorkload) or goal.objective is not Objective.GOODPUT or (
+            goal.max_ttft_seconds is None and goal.max_tpot_seconds is None):
+        return None
+    from shardplan.plan.schema import SlaSection  # only a plan written needs it
+
+    return SlaSection(percentile=goal.slo_percentile, max_ttft_seconds=goal.max_ttft_seconds,
+                      max_tpot_seconds=goal.max_tpot_seconds, defaulted=goal.sla_defaulted)
 
 
 def _without_default_sla(goal: Goal) -> Goal:

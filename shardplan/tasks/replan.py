@@ -261,6 +261,10 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
     # Every variant: the least-moving layout within the margin may be any of them (not each shape's best).
     goal = Goal(objective=Objective(objective) if objective else _default_objective(old), top_k=top_k * 8,
                 group_by_shape=False)
+    sla = old.sla if goal.objective is Objective.GOODPUT else None
+    if sla is not None:  # the new layout keeps the promise the old one was ranked within
+        goal = replace(goal, max_ttft_seconds=sla.max_ttft_seconds, max_tpot_seconds=sla.max_tpot_seconds,
+                       slo_percentile=sla.percentile, sla_defaulted=sla.defaulted)
     if target is not None:
         check_target(target, spec, hw, workload, plan=source)
     space = Space(rules=search_rules(target, spec, workload), workers=workers)
@@ -294,7 +298,7 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
         m = build_manifest(loaded=loaded, hw=e.hw, layout=e.layout, workload=e.workload, report=report,
                            objective=goal.objective.value,
                            search={"num_evaluated": res.num_evaluated, "num_feasible": res.num_feasible},
-                           runs_on=runs_on.of(e.hw, e.layout, e.workload))
+                           runs_on=runs_on.of(e.hw, e.layout, e.workload), sla=sla)
         devices = Devices.build(gpus_per_node=node_size(old, m), old_num_gpus=old.hardware.num_gpus,
                                 new_num_gpus=m.hardware.num_gpus, lost=lost)
         moves, missing = moves_between(old, m, spec, devices, hw, stored)

@@ -39,6 +39,18 @@ What is judged (outside its band: exit 4), with the plan's own recorded band (`p
                    capacity). Outside when usage > ceiling x (1 + KV band) (the cache can be smaller
                    by the band): the cache is smaller than planned, or requests are longer than the
                    plan's; the message says which figures.
+  TTFT against the SLA   a plan ranked within latency limits (the manifest's `sla`): the engine's
+                   TTFT histogram over the window (since start on the first scrape, the last interval
+                   after) against max_ttft_seconds at the SLA's percentile, as far as the buckets
+                   decide it (`sla_check`): outside when fewer than that share of the requests can
+                   have had their first token within the limit (counting every observation up to the
+                   first bucket bound at or past it), within when the share up to the last bound at
+                   or under it is enough, else not judged (the limit falls inside the bucket that
+                   holds the percentile); not judged with fewer than two observations beyond the
+                   percentile (20 for a p90). The engine times a request from its own arrival, so a
+                   client sees at least what it reports: outside is certain, within is the engine's
+                   side. TPOT is not judged: the engines' histograms hold the gap between streamed
+                   outputs, not a request's mean time per output token, which the SLA limits.
 Reported, not judged (the plan's latency holds at the rate it was sized for, and the pages do not
 say what rate the deployment is sent; links have no measured band): running and waiting requests
 (beside the batch of a plan estimated as one static batch), TTFT and TPOT p50/p90/p99 from the
@@ -84,7 +96,7 @@ from shardplan.knowledge.load import metrics_file
 from shardplan.knowledge.schema import MetricName, MetricsFile, parse_version
 from shardplan.plan.manifest import load_manifest
 from shardplan.plan.readback import plan_hardware
-from shardplan.plan.schema import DeploymentManifest, PercentilesSection, ServingTime
+from shardplan.plan.schema import DeploymentManifest, PercentilesSection, ServingTime, SlaSection
 from shardplan.specs._base import StrictModel
 from shardplan.specs.hardware import HardwareProfile, LinkKind
 from shardplan.specs.loading import read_structured, validation_error
@@ -313,6 +325,40 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
     return end if in_bucket <= 0 else start + (end - start) * (rank / in_bucket)
 
 
+def sla_check(percentile: int, limit_seconds: float, buckets: list[tuple[float, float]],
+              window: Literal["since start", "last interval"], metric: str) -> SlaCheck:
+    """Whether the requests counted in cumulative `buckets` [(upper bound, count)] meet "the
+    `percentile`-th percentile is at most `limit_seconds`", as far as the buckets decide it: an
+    observation is certainly within the limit up to the last bound at or under it, and may be
+    within it up to the first bound at or past it (module docstring)."""
+    b = sorted(buckets)
+    total = b[-1][1] if b and math.isinf(b[-1][0]) else 0.0
+    q = percentile / 100
+    within = max((c for bound, c in b if bound <= limit_seconds), default=0.0)
+    may_be_within = next((c for bound, c in b if bound >= limit_seconds), total)
+    over = max(0.0, total - may_be_within)
+    needed = math.ceil(2 / (1 - q) - 1e-9)
+    ms = f"{limit_seconds * 1e3:,.0f} ms"
+    if total < needed:
+        verdict: Verdict = "not judged"
+        note = f"{total:,.0f} request(s) in the window; a p{percentile} needs {needed} (two beyond the percentile)"
+    elif may_be_within < q * total:
+        verdict = "outside"
+        note = (f"p{percentile} TTFT over the SLA's {ms}: at least {over:,.0f} of {total:,.0f} requests took longer "
+                f"(the p{percentile} allows {math.floor((1 - q) * total + 1e-9):,})")
+    elif within >= q * total:
+        verdict = "within"
+        note = f"p{percentile} TTFT within the SLA's {ms}: at least {within:,.0f} of {total:,.0f} requests within it"
+    else:
+        lo = max((bound for bound, _ in b if bound <= limit_seconds), default=0.0)
+        hi = next((bound for bound, _ in b if bound >= limit_seconds), math.inf)
+        verdict = "not judged"
+        note = (f"the SLA's {ms} falls inside the bucket ({lo:g}, {hi:g}] s that holds the p{percentile}: "
+                "the histogram cannot say")
+    return SlaCheck(percentile=percentile, limit_seconds=limit_seconds, verdict=verdict, within_at_least=within,
+                    over_at_least=over, num_observations=total, window=window, metric=metric, note=note)
+
+
 # ----- the map file ----------------------------------------------------------------------------------
 
 
@@ -396,6 +442,7 @@ class PlanFacts:
     ttft_plan_seconds: PercentilesSection | None
     tpot_plan_seconds: PercentilesSection | None
     gpu_memory_utilization: float | None
+    sla: SlaSection | None  # the latency limits the plan was ranked within (serving)
     nvlink_bytes_per_second: float | None  # per GPU per direction; None: the intra-node link is not NVLink
     pcie_bytes_per_second: float | None  # the host link, per direction; None: the profile could not be read
 
@@ -444,7 +491,7 @@ def plan_facts(m: DeploymentManifest, hw: HardwareProfile | None, source: str) -
         ttft_seconds=t.ttft_seconds if static else None,  # type: ignore[union-attr]
         tpot_seconds=t.tpot_seconds if static else None,  # type: ignore[union-attr]
         load_request_rate_per_replica=rate, ttft_plan_seconds=ttft_plan, tpot_plan_seconds=tpot_plan,
-        gpu_memory_utilization=getattr(w, "gpu_memory_utilization", None),
+        gpu_memory_utilization=getattr(w, "gpu_memory_utilization", None), sla=m.sla if serving else None,
         nvlink_bytes_per_second=intra.bandwidth_bytes_per_second
         if intra is not None and intra.kind in (LinkKind.NVLINK, LinkKind.NVSWITCH) else None,
         pcie_bytes_per_second=hw.host_link.bandwidth_bytes_per_second if hw is not None else None)
@@ -474,6 +521,20 @@ class Percentiles(Result):
     observations_per_second: float | None = Field(
         None, description="observations per second since the last scrape (the count's change over the interval; for "
                           "TTFT: requests that got their first token); null on the first scrape or after a reset")
+
+
+class SlaCheck(Result):
+    """One TTFT histogram's window held against the plan's SLA limit at its percentile (`sla_check`)."""
+
+    percentile: int = Field(description="the SLA's percentile")
+    limit_seconds: float = Field(description="the SLA's limit, s")
+    verdict: Verdict
+    within_at_least: float = Field(ge=0, description="requests certainly within the limit (buckets up to it)")
+    over_at_least: float = Field(ge=0, description="requests certainly over it (above the first bound at or past it)")
+    num_observations: float = Field(ge=0, description="requests in the window")
+    window: Literal["since start", "last interval"]
+    metric: str = Field(description="the histogram read")
+    note: str = Field(description="the verdict in words")
 
 
 class PlanPercentiles(Result):
@@ -541,6 +602,8 @@ class ReplicaRow(Result):
         None, description="a plan judged under traffic: this replica's share of the rate to plan for (the rate a long "
                           "run holds where the judged one breaks the SLA over one; `predicted.load.plan_for`)")
     ttft_predicted: PlanPercentiles | None = Field(None, description="a plan judged under traffic: its TTFT at that rate")
+    ttft_sla: SlaCheck | None = Field(None, description="the TTFT histogram against the plan's SLA; null: the plan has no "
+                                                        "TTFT limit, or the page no TTFT histogram")
     tpot_predicted: PlanPercentiles | None = Field(None, description="a plan judged under traffic: its TPOT at that rate")
     metrics_read: list[str] = Field(description="the series names this row was read from")
     notes: list[str] = Field(default_factory=list)
@@ -553,12 +616,13 @@ class WatchScrape(Result):
     scrape_index: int = Field(ge=0)
     interval_seconds: float | None = Field(description="since the previous scrape, s; null: the first")
     status: Literal["ok", "outside", "unreadable"] = Field(
-        description="ok: everything judged is within its band (exit 0); outside: a shard is not (exit 4); "
+        description="ok: everything judged is within its band (exit 0); outside: a figure is not, or a replica's TTFT "
+                    "breaks the plan's SLA (exit 4); "
                     "unreadable: an endpoint could not be read (exit 5)")
     endpoints: list[EndpointReport]
     gpus: list[GpuRow]
     replicas: list[ReplicaRow]
-    outside: list[str] = Field(description="one line per figure outside its band")
+    outside: list[str] = Field(description="one line per figure outside its band, and per replica whose TTFT breaks the SLA")
     notes: list[str] = Field(description="what could not be mapped or compared, and why")
     assumptions: list[str] = Field(description="the rules applied (bands, mapping)")
 
@@ -714,8 +778,14 @@ class Watcher:
         if f.serving:
             out.append(f"KV usage ceiling: running requests x the plan's {f.request_tokens:,} tokens per request "
                        f"(input_len + output_len) over the predicted cache")
-        out.append("TTFT and TPOT are reported, not judged: the plan's hold at the rate it was sized for, and the pages "
-                   "do not say what rate the deployment is sent; link throughput has no measured band")
+        sla = f.sla
+        if sla is not None and sla.max_ttft_seconds is not None:
+            kind = "shardplan's default SLA" if sla.defaulted else "the SLA given"
+            out.append(f"TTFT: the engine's histogram against {kind}, p{sla.percentile} <= "
+                       f"{sla.max_ttft_seconds * 1e3:,.0f} ms, where the buckets decide it; TPOT is reported, not judged "
+                       "(the engines' histograms hold the gaps between streamed outputs, the SLA a request's mean)")
+        out.append("the plan's TTFT and TPOT figures are reported, not judged: they hold at the rate it was sized for, "
+                   "and the pages do not say what rate the deployment is sent; link throughput has no measured band")
         if self._hw_note:
             out.append(self._hw_note)
         return out
@@ -883,8 +953,11 @@ class Watcher:
             usage_verdict = "not judged"
         else:
             usage_verdict = "outside" if ceiling * (1 + f.kv_band) < 1 and usage > ceiling * (1 + f.kv_band) else "within"
-        ttft = self._percentiles(g, "ttft_seconds", version, histograms, read, interval)
-        tpot = self._percentiles(g, "tpot_seconds", version, histograms, read, interval)
+        ttft, ttft_buckets = self._percentiles(g, "ttft_seconds", version, histograms, read, interval)
+        tpot, _ = self._percentiles(g, "tpot_seconds", version, histograms, read, interval)
+        sla = f.sla
+        ttft_sla = None if sla is None or sla.max_ttft_seconds is None or ttft is None else \
+            sla_check(sla.percentile, sla.max_ttft_seconds, ttft_buckets, ttft.window, ttft.metric)
         return ReplicaRow(
             replica=replica, endpoint=safe_text(g.url), exporter=g.exporter, engine=safe_text(g.engine),  # type: ignore[arg-type]
             pod=safe_text(g.pod), running_requests=running, waiting_requests=waiting, predicted_batch_size=f.batch_size,
@@ -894,7 +967,7 @@ class Watcher:
             ttft_predicted_seconds=f.ttft_seconds, tpot=tpot, tpot_predicted_seconds=f.tpot_seconds,
             predicted_request_rate_per_second=f.load_request_rate_per_replica,
             ttft_predicted=PlanPercentiles.of(f.ttft_plan_seconds), tpot_predicted=PlanPercentiles.of(f.tpot_plan_seconds),
-            metrics_read=read, notes=notes)
+            ttft_sla=ttft_sla, metrics_read=read, notes=notes)
 
     def _capacity(self, g: _EngineGroup, gauge: Callable[[str], float | None], notes: list[str]) -> tuple[float | None, bool]:
         """The engine's KV cache in tokens, and whether it may be held against the plan."""
@@ -940,10 +1013,11 @@ class Watcher:
 
     def _percentiles(self, g: _EngineGroup, quantity: str, version: str | None,
                      histograms: dict[tuple, list[tuple[float, float]]], read: list[str],
-                     interval: float | None) -> Percentiles | None:
+                     interval: float | None) -> tuple[Percentiles | None, list[tuple[float, float]]]:
+        """The histogram's percentiles over the window, and the window's cumulative buckets."""
         hit = _pick(self.knowledge.names(g.exporter, quantity, version), g.samples, "_bucket")
         if hit is None:
-            return None
+            return None, []
         rule, found = hit
         if rule.name not in read:
             read.append(rule.name)
@@ -975,7 +1049,7 @@ class Watcher:
         return Percentiles(p50_seconds=qs[0], p90_seconds=qs[1], p99_seconds=qs[2], num_observations=total,
                            above_highest_bucket=max(0.0, total - finite[-1][1]) if finite else 0.0,
                            highest_bucket_seconds=finite[-1][0] if finite else None, window=window, metric=rule.name,
-                           observations_per_second=rate)
+                           observations_per_second=rate), use
 
 
 # ----- judging and one-line summaries ------------------------------------------------------------------
@@ -1016,6 +1090,16 @@ def _replica_outside(r: ReplicaRow, f: PlanFacts) -> list[str]:
         out.append(f"{where}: KV usage {r.kv_usage_fraction:.1%} with {r.running_requests:,.0f} running requests, "
                    f"predicted at most {r.kv_usage_ceiling_fraction:.1%} +{r.kv_band_abs_error:.1%} "
                    f"({f.request_tokens:,} tokens a request in a {r.kv_capacity_predicted_tokens:,}-token cache)")
+    c = r.ttft_sla
+    if c is not None and c.verdict == "outside":
+        window = "since the engine started" if c.window == "since start" else "over the last interval"
+        rate = r.ttft.observations_per_second if r.ttft is not None else None
+        planned = r.predicted_request_rate_per_second
+        load = ""
+        if rate is not None and planned is not None:
+            load = (f"; {rate:,.2f} req/s, " + ("above" if rate > planned else "within") +
+                    f" the {planned:,.2f} a replica was planned for")
+        out.append(f"{where}: {c.note} {window}{load}")
     return out
 
 
@@ -1038,12 +1122,12 @@ def exit_error(result: WatchScrape) -> ShardplanError | None:
         return EndpointUnreadable(f"{bad[0].error}{more}", source=bad[0].url)
     if result.outside:
         more = f" (and {len(result.outside) - 1} more)" if len(result.outside) > 1 else ""
-        return OutsideBand(f"outside its band: {result.outside[0]}{more}", source=result.plan)
+        return OutsideBand(f"outside: {result.outside[0]}{more}", source=result.plan)  # the line says which band or limit
     return None
 
 
-__all__ = ["EndpointReport", "EndpointUnreadable", "FETCH_DEADLINE_SECONDS", "GpuRow", "MAX_LINE_CHARS", "MAX_LINES",
+__all__ = ["EndpointReport", "EndpointUnreadable", "SlaCheck", "FETCH_DEADLINE_SECONDS", "GpuRow", "MAX_LINE_CHARS", "MAX_LINES",
            "MAX_PAGE_BYTES", "MAX_PARSED_CHARS", "MAX_SERIES",
            "OutsideBand", "Percentiles", "PlanFacts", "ReplicaRow", "TIMEOUT_SECONDS", "WatchMap", "WatchScrape",
            "Watcher", "check_url", "decode_page", "exit_error", "fetch_page", "histogram_quantile", "load_map",
-           "open_watch", "parse_page", "plan_facts", "safe_text"]
+           "open_watch", "parse_page", "plan_facts", "safe_text", "sla_check"]

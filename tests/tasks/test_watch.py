@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from conftest import REPO, build_plan
 
 from shardplan.cost.layout import Layout
@@ -56,7 +58,10 @@ def recommend(path: Path, *args: str) -> Path:
 
 # SGLang 0.4.2, Llama 3.1 8B, one 80 GB H100: the deployment the SGLang docs page is from (its
 # cache, 442,354 tokens, is an H100's: inferred, SOURCES.md).
-SGLANG_PLAN = ("llama-3.1-8b", "-H", "h100-sxm-80gb", "--gpus", "1", "--engine", "sglang", "--engine-version", "0.4.2")
+# The page is of a benchmark run past saturation (most first tokens after 30 s): the plan's SLA limits TPOT
+# only (not judged), the SLA tests below hold the page to a TTFT limit.
+SGLANG_PLAN = ("llama-3.1-8b", "-H", "h100-sxm-80gb", "--gpus", "1", "--engine", "sglang", "--engine-version", "0.4.2",
+               "--max-tpot-ms", "50")
 # The recorded recent vLLM page's deployment: Qwen3 235B AWQ, tp 2, its flags (GPU inferred: two H200s).
 QWEN_PLAN = ("qwen3-235b-a22b", "-H", "h200-sxm-141gb", "--gpus", "2", "--tp", "2", "--engine", "vllm", "--quantization",
              "awq", "--gpu-memory-utilization", "0.8", "--max-model-len", "32768", "--enforce-eager", "--max-num-seqs", "4",
@@ -498,3 +503,98 @@ def test_only_http_urls(url):
     with pytest.raises(ShardplanError) as e:
         w.check_url(url)
     assert e.value.field == "--metrics" and e.value.exit_code == 2
+
+
+# ----- TTFT against the plan's SLA ------------------------------------------------------------------------
+
+# 1,000 first tokens: 500 within 0.25 s, 800 within 0.5, 900 within 1, 990 within 2.5, ten after.
+_TTFT = [(0.25, 500.0), (0.5, 800.0), (1.0, 900.0), (2.5, 990.0), (math.inf, 1000.0)]
+
+
+@pytest.mark.parametrize("percentile,limit,verdict,within,over", [
+    (90, 1.0, "within", 900, 100),      # 900 of 1,000 at most 1 s: the p90 is
+    (90, 0.5, "outside", 800, 200),     # at most 800 within 0.5 s (a bound): 200 certainly over
+    (90, 0.4, "outside", 500, 200),     # at most 800 within 0.4 s: those past 0.5 s are certainly over
+    (90, 0.75, "not judged", 800, 100),  # 800 certainly within, up to 900 may be: the bucket (0.5, 1] decides
+    (99, 2.5, "within", 990, 10),
+    (99, 1.0, "outside", 900, 100),
+    (50, 0.25, "within", 500, 500),
+    (99, 5.0, "within", 990, 0),        # past the highest finite bound: only the +Inf bucket's ten may be over
+])
+def test_sla_check_decides_what_the_buckets_decide(percentile, limit, verdict, within, over):
+    c = w.sla_check(percentile, limit, _TTFT, "last interval", "m")
+    assert (c.verdict, c.within_at_least, c.over_at_least, c.num_observations) == (verdict, within, over, 1000)
+    q = w.histogram_quantile(percentile / 100, _TTFT)  # Prometheus' reading agrees where the buckets decide
+    assert q is not None
+    if verdict == "outside":
+        assert q > limit and f"at least {over:,} of 1,000 requests took longer" in c.note
+    if verdict == "within":
+        assert q <= limit
+
+
+def test_sla_check_needs_two_requests_beyond_the_percentile():
+    few = [(b, c / 100) for b, c in _TTFT]  # 10 requests
+    assert w.sla_check(90, 0.25, few, "since start", "m").verdict == "not judged"  # a p90 needs 20
+    assert w.sla_check(50, 0.25, few, "since start", "m").verdict == "within"  # a p50 needs 4
+    assert w.sla_check(99, 1.0, [(b, c / 5) for b, c in _TTFT], "since start", "m").verdict == "outside"  # 200
+    assert w.sla_check(99, 1.0, [(b, c / 6) for b, c in _TTFT], "since start", "m").verdict == "not judged"  # 167
+
+
+@given(st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=8), st.sampled_from([50, 90, 99]),
+       st.floats(min_value=0.001, max_value=20, allow_nan=False))
+def test_a_decided_sla_check_agrees_with_histogram_quantile(counts, percentile, limit):
+    """Whatever the counts: outside means Prometheus' quantile is above the limit, within at or under it."""
+    bounds = [0.1 * 2 ** i for i in range(len(counts))]
+    cum, total = [], 0.0
+    for b, c in zip(bounds, counts):
+        total += c
+        cum.append((b, total))
+    buckets = cum + [(math.inf, total + 1)]
+    c = w.sla_check(percentile, limit, buckets, "last interval", "m")
+    q = w.histogram_quantile(percentile / 100, buckets)
+    if c.verdict == "outside":
+        assert q is not None and q > limit
+    elif c.verdict == "within":
+        assert q is not None and q <= limit
+    assert c.within_at_least + c.over_at_least <= c.num_observations
+
+
+def test_the_recorded_sglang_page_breaks_the_default_sla_and_a_quiet_interval_meets_it(tmp_path):
+    """The SGLang docs page's deployment under the default SLA (p90 TTFT 1 s): since its start, 27 of its
+    11,008 first tokens came within 1 s (le="1.0"), so at least 10,981 came after. A second scrape with 40
+    more, all within 0.5 s (the page's buckets from 0.5 up and its count raised by 40: the only changes),
+    meets it over the interval."""
+    plan = recommend(tmp_path / "default_sla.yaml", *SGLANG_PLAN[:-2])
+    from shardplan.plan.manifest import load_manifest
+
+    sla = load_manifest(plan).sla
+    assert sla is not None and (sla.percentile, sla.max_ttft_seconds, sla.max_tpot_seconds, sla.defaulted) == \
+        (90, 1.0, 0.05, True)
+    pages = {"http://s/metrics": SGLANG}
+    now = [0.0]
+    watcher = w.Watcher(plan, list(pages), fetch=lambda u: pages[u], clock=lambda: now[0])
+    first = watcher.scrape()
+    row = first.replicas[0]
+    assert row.ttft_sla is not None and row.ttft_sla.verdict == "outside" and row.ttft_sla.window == "since start"
+    assert (row.ttft_sla.over_at_least, row.ttft_sla.num_observations) == (10981, 11008)
+    assert first.status == "outside" and any("at least 10,981 of 11,008 requests took longer" in line
+                                             for line in first.outside)
+
+    def bumped(text: str) -> bytes:
+        out = []
+        for line in text.splitlines():
+            if line.startswith("sglang:time_to_first_token_seconds_bucket") and not any(
+                    f'le="{b}"' in line for b in ("0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1",
+                                                  "0.25")) or line.startswith("sglang:time_to_first_token_seconds_count"):
+                name, value = line.rsplit(" ", 1)
+                line = f"{name} {float(value) + 40}"
+            out.append(line)
+        return ("\n".join(out) + "\n").encode()
+
+    pages["http://s/metrics"] = bumped(SGLANG.decode())
+    now[0] += 10.0
+    second = watcher.scrape()
+    c = second.replicas[0].ttft_sla
+    assert c is not None and (c.window, c.verdict, c.within_at_least, c.num_observations) == ("last interval", "within", 40, 40)
+    assert not any("TTFT" in line for line in second.outside)
+    assert any("p90 <= 1,000 ms" in a for a in second.assumptions)
