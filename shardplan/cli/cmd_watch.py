@@ -40,11 +40,12 @@ def watch_cmd(
     between scrapes; NVLink and PCIe throughput against the profile's bandwidth. A KV usage near 100% is not a misprediction: usage is judged
     against how full the plan's cache is with the running requests (each of the plan's input_len +
     output_len tokens); memory and KV cache are judged both ways, |predicted / measured - 1| beyond
-    the band; for a plan ranked within an SLA (the manifest's sla), each replica's TTFT histogram
-    against its limit at its percentile, where the buckets decide it (outside: too few requests can
-    have had their first token within it); the plan's TTFT and TPOT figures, TPOT and links are
-    reported, not judged (the plan's latency holds at the rate it was sized for, which the pages do
-    not state; the TPOT histograms are of inter-token gaps; links have no measured band). Exit 0
+    the band; for a plan ranked within an SLA (the manifest's sla), each replica's TTFT histogram,
+    and vLLM's per-request TPOT histogram where the page has it, against the limits at the SLA's
+    percentile, where the buckets decide it (outside: too few requests can have been within the
+    limit); the plan's TTFT and TPOT figures, the inter-token histograms and links are reported, not
+    judged (the plan's latency holds at the rate it was sized for, which the pages do not state; an
+    inter-token gap is not a request's TPOT; links have no measured band). Exit 0
     when everything judged is within its band, 4 when a shard is outside or a replica breaks the SLA
     (the line names it with the measured and predicted figures), 5 when an endpoint cannot be read (refused, timed out, an HTTP
     error, or not a metrics page: over 16 MiB or 100,000 series, binary, NaN or Inf where a figure

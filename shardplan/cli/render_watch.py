@@ -93,7 +93,7 @@ def watch_view(r: WatchScrape) -> RenderableType:
     if r.replicas:
         cols = [("replica", "right", 0), ("engine", "left", 3), ("running", "right", 1), ("waiting", "right", 2),
                 ("KV usage", "right", 0), ("", "left", 0), ("KV cache tokens", "right", 0), ("predicted", "right", 1),
-                ("", "left", 0), ("TTFT p50/p90/p99", "right", 4), ("SLA", "left", 0), ("TPOT p50/p90/p99", "right", 4)]
+                ("", "left", 0), ("TTFT p50/p90/p99", "right", 4), ("SLA TTFT/TPOT", "left", 0), ("TPOT p50/p90/p99", "right", 4)]
         rows = [_cells(["-" if p.replica is None else str(p.replica),
                         f"{p.exporter} {p.engine}".strip(), _tokens(p.running_requests)
                         + ("" if p.predicted_batch_size is None else f" (plan {p.predicted_batch_size})"),
@@ -106,14 +106,15 @@ def watch_view(r: WatchScrape) -> RenderableType:
                         _VERDICT[p.kv_capacity_verdict],
                         _pcts(p.ttft, p.ttft_predicted_seconds, p.ttft_predicted, p.predicted_request_rate_per_second,
                               started=True),
-                        "-" if p.ttft_sla is None else _VERDICT[p.ttft_sla.verdict],
+                        "/".join("-" if c is None else _VERDICT[c.verdict] for c in (p.ttft_sla, p.tpot_sla)),
                         _pcts(p.tpot, p.tpot_predicted_seconds, p.tpot_predicted, p.predicted_request_rate_per_second)])
                 for p in r.replicas]
-        parts.append(fitted_table("per serving replica: KV cache and usage against the plan, TTFT against its SLA; "
+        parts.append(fitted_table("per serving replica: KV cache and usage against the plan, latency against its SLA; "
                                   "latency reported", cols, rows,
                                   caption="KV usage (≤ the plan's usage for the running requests); percentiles since "
-                                          "start on the first scrape, over the interval after; SLA: the TTFT histogram "
-                                          "against the plan's limit where its buckets decide it"))
+                                          "start on the first scrape, over the interval after; SLA: the per-request "
+                                          "TTFT and (vLLM's) TPOT histograms against the plan's limits where their "
+                                          "buckets decide it"))
     for e in r.endpoints:
         if e.error:
             parts.append(Text(f"unreadable: {e.url}: {e.error}", style="red"))

@@ -796,7 +796,7 @@ __all__ += ["BandKind", "BandQuantity", "BandsFile", "ErrorBand"]
 MetricExporter = Literal["vllm", "sglang", "dcgm"]
 MetricQuantity = Literal[
     "running_requests", "waiting_requests", "kv_usage_fraction", "kv_used_tokens", "kv_capacity_tokens",
-    "cache_config", "ttft_seconds", "tpot_seconds", "memory_used_mib", "memory_free_mib", "nvlink_bytes_total",
+    "cache_config", "ttft_seconds", "tpot_seconds", "request_tpot_seconds", "memory_used_mib", "memory_free_mib", "nvlink_bytes_total",
     "nvlink_tx_bytes_per_second", "pcie_tx_bytes_per_second"]
 LabelRole = Literal["gpu_index", "gpu_uuid", "gpu_model", "host", "mig_instance", "pod", "engine_index"]
 

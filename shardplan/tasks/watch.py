@@ -39,7 +39,7 @@ What is judged (outside its band: exit 4), with the plan's own recorded band (`p
                    capacity). Outside when usage > ceiling x (1 + KV band) (the cache can be smaller
                    by the band): the cache is smaller than planned, or requests are longer than the
                    plan's; the message says which figures.
-  TTFT against the SLA   a plan ranked within latency limits (the manifest's `sla`): the engine's
+  latency against SLA   a plan ranked within latency limits (the manifest's `sla`): the engine's
                    TTFT histogram over the window (since start on the first scrape, the last interval
                    after) against max_ttft_seconds at the SLA's percentile, as far as the buckets
                    decide it (`sla_check`): outside when fewer than that share of the requests can
@@ -49,8 +49,10 @@ What is judged (outside its band: exit 4), with the plan's own recorded band (`p
                    holds the percentile); not judged with fewer than two observations beyond the
                    percentile (20 for a p90). The engine times a request from its own arrival, so a
                    client sees at least what it reports: outside is certain, within is the engine's
-                   side. TPOT is not judged: the engines' histograms hold the gap between streamed
-                   outputs, not a request's mean time per output token, which the SLA limits.
+                   side. TPOT the same way where the page has vLLM's per-request histogram
+                   (vllm:request_time_per_output_token_seconds: one observation per finished request,
+                   its decode time over its tokens after the first); the inter-token histograms hold
+                   the gap between streamed outputs, not a request's TPOT, and are shown, not judged.
 Reported, not judged (the plan's latency holds at the rate it was sized for, and the pages do not
 say what rate the deployment is sent; links have no measured band): running and waiting requests
 (beside the batch of a plan estimated as one static batch), TTFT and TPOT p50/p90/p99 from the
@@ -326,7 +328,7 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
 
 
 def sla_check(percentile: int, limit_seconds: float, buckets: list[tuple[float, float]],
-              window: Literal["since start", "last interval"], metric: str) -> SlaCheck:
+              window: Literal["since start", "last interval"], metric: str, quantity: str = "TTFT") -> SlaCheck:
     """Whether the requests counted in cumulative `buckets` [(upper bound, count)] meet "the
     `percentile`-th percentile is at most `limit_seconds`", as far as the buckets decide it: an
     observation is certainly within the limit up to the last bound at or under it, and may be
@@ -344,11 +346,11 @@ def sla_check(percentile: int, limit_seconds: float, buckets: list[tuple[float, 
         note = f"{total:,.0f} request(s) in the window; a p{percentile} needs {needed} (two beyond the percentile)"
     elif may_be_within < q * total:
         verdict = "outside"
-        note = (f"p{percentile} TTFT over the SLA's {ms}: at least {over:,.0f} of {total:,.0f} requests took longer "
+        note = (f"p{percentile} {quantity} over the SLA's {ms}: at least {over:,.0f} of {total:,.0f} requests took longer "
                 f"(the p{percentile} allows {math.floor((1 - q) * total + 1e-9):,})")
     elif within >= q * total:
         verdict = "within"
-        note = f"p{percentile} TTFT within the SLA's {ms}: at least {within:,.0f} of {total:,.0f} requests within it"
+        note = f"p{percentile} {quantity} within the SLA's {ms}: at least {within:,.0f} of {total:,.0f} requests within it"
     else:
         lo = max((bound for bound, _ in b if bound <= limit_seconds), default=0.0)
         hi = next((bound for bound, _ in b if bound >= limit_seconds), math.inf)
@@ -524,7 +526,8 @@ class Percentiles(Result):
 
 
 class SlaCheck(Result):
-    """One TTFT histogram's window held against the plan's SLA limit at its percentile (`sla_check`)."""
+    """One per-request latency histogram's window (TTFT, or vLLM's per-request TPOT) held against the
+    plan's SLA limit at its percentile (`sla_check`)."""
 
     percentile: int = Field(description="the SLA's percentile")
     limit_seconds: float = Field(description="the SLA's limit, s")
@@ -604,6 +607,10 @@ class ReplicaRow(Result):
     ttft_predicted: PlanPercentiles | None = Field(None, description="a plan judged under traffic: its TTFT at that rate")
     ttft_sla: SlaCheck | None = Field(None, description="the TTFT histogram against the plan's SLA; null: the plan has no "
                                                         "TTFT limit, or the page no TTFT histogram")
+    request_tpot: Percentiles | None = Field(None, description="vLLM's per-request TPOT histogram (one observation per "
+                                                               "finished request); null: the page has none")
+    tpot_sla: SlaCheck | None = Field(None, description="the per-request TPOT histogram against the plan's SLA; null: the "
+                                                        "plan has no TPOT limit, or the page no per-request histogram")
     tpot_predicted: PlanPercentiles | None = Field(None, description="a plan judged under traffic: its TPOT at that rate")
     metrics_read: list[str] = Field(description="the series names this row was read from")
     notes: list[str] = Field(default_factory=list)
@@ -779,11 +786,14 @@ class Watcher:
             out.append(f"KV usage ceiling: running requests x the plan's {f.request_tokens:,} tokens per request "
                        f"(input_len + output_len) over the predicted cache")
         sla = f.sla
-        if sla is not None and sla.max_ttft_seconds is not None:
+        if sla is not None:
             kind = "shardplan's default SLA" if sla.defaulted else "the SLA given"
-            out.append(f"TTFT: the engine's histogram against {kind}, p{sla.percentile} <= "
-                       f"{sla.max_ttft_seconds * 1e3:,.0f} ms, where the buckets decide it; TPOT is reported, not judged "
-                       "(the engines' histograms hold the gaps between streamed outputs, the SLA a request's mean)")
+            limits = [f"{q} <= {v * 1e3:,.0f} ms" for q, v in (("TTFT", sla.max_ttft_seconds), ("TPOT", sla.max_tpot_seconds))
+                      if v is not None]
+            out.append(f"SLA ({kind}, p{sla.percentile}): {', '.join(limits)}; held against the engine's per-request "
+                       "histograms where the buckets decide it: TTFT, and TPOT where the page has vLLM's per-request "
+                       "histogram (vllm:request_time_per_output_token_seconds); the inter-token histograms are a gap "
+                       "between streamed outputs, not a request's TPOT, and are shown, not judged")
         out.append("the plan's TTFT and TPOT figures are reported, not judged: they hold at the rate it was sized for, "
                    "and the pages do not say what rate the deployment is sent; link throughput has no measured band")
         if self._hw_note:
@@ -955,9 +965,12 @@ class Watcher:
             usage_verdict = "outside" if ceiling * (1 + f.kv_band) < 1 and usage > ceiling * (1 + f.kv_band) else "within"
         ttft, ttft_buckets = self._percentiles(g, "ttft_seconds", version, histograms, read, interval)
         tpot, _ = self._percentiles(g, "tpot_seconds", version, histograms, read, interval)
+        request_tpot, tpot_buckets = self._percentiles(g, "request_tpot_seconds", version, histograms, read, interval)
         sla = f.sla
         ttft_sla = None if sla is None or sla.max_ttft_seconds is None or ttft is None else \
             sla_check(sla.percentile, sla.max_ttft_seconds, ttft_buckets, ttft.window, ttft.metric)
+        tpot_sla = None if sla is None or sla.max_tpot_seconds is None or request_tpot is None else \
+            sla_check(sla.percentile, sla.max_tpot_seconds, tpot_buckets, request_tpot.window, request_tpot.metric, "TPOT")
         return ReplicaRow(
             replica=replica, endpoint=safe_text(g.url), exporter=g.exporter, engine=safe_text(g.engine),  # type: ignore[arg-type]
             pod=safe_text(g.pod), running_requests=running, waiting_requests=waiting, predicted_batch_size=f.batch_size,
@@ -967,7 +980,7 @@ class Watcher:
             ttft_predicted_seconds=f.ttft_seconds, tpot=tpot, tpot_predicted_seconds=f.tpot_seconds,
             predicted_request_rate_per_second=f.load_request_rate_per_replica,
             ttft_predicted=PlanPercentiles.of(f.ttft_plan_seconds), tpot_predicted=PlanPercentiles.of(f.tpot_plan_seconds),
-            ttft_sla=ttft_sla, metrics_read=read, notes=notes)
+            ttft_sla=ttft_sla, request_tpot=request_tpot, tpot_sla=tpot_sla, metrics_read=read, notes=notes)
 
     def _capacity(self, g: _EngineGroup, gauge: Callable[[str], float | None], notes: list[str]) -> tuple[float | None, bool]:
         """The engine's KV cache in tokens, and whether it may be held against the plan."""
@@ -1090,16 +1103,15 @@ def _replica_outside(r: ReplicaRow, f: PlanFacts) -> list[str]:
         out.append(f"{where}: KV usage {r.kv_usage_fraction:.1%} with {r.running_requests:,.0f} running requests, "
                    f"predicted at most {r.kv_usage_ceiling_fraction:.1%} +{r.kv_band_abs_error:.1%} "
                    f"({f.request_tokens:,} tokens a request in a {r.kv_capacity_predicted_tokens:,}-token cache)")
-    c = r.ttft_sla
-    if c is not None and c.verdict == "outside":
-        window = "since the engine started" if c.window == "since start" else "over the last interval"
-        rate = r.ttft.observations_per_second if r.ttft is not None else None
-        planned = r.predicted_request_rate_per_second
-        load = ""
-        if rate is not None and planned is not None:
-            load = (f"; {rate:,.2f} req/s, " + ("above" if rate > planned else "within") +
-                    f" the {planned:,.2f} a replica was planned for")
-        out.append(f"{where}: {c.note} {window}{load}")
+    rate = r.ttft.observations_per_second if r.ttft is not None else None  # requests started over the interval
+    planned = r.predicted_request_rate_per_second
+    load = ""
+    if rate is not None and planned is not None:
+        load = f"; {rate:,.2f} req/s, " + ("above" if rate > planned else "within") + f" the {planned:,.2f} a replica was planned for"
+    for c in (r.ttft_sla, r.tpot_sla):
+        if c is not None and c.verdict == "outside":
+            window = "since the engine started" if c.window == "since start" else "over the last interval"
+            out.append(f"{where}: {c.note} {window}{load}")
     return out
 
 

@@ -597,4 +597,40 @@ def test_the_recorded_sglang_page_breaks_the_default_sla_and_a_quiet_interval_me
     c = second.replicas[0].ttft_sla
     assert c is not None and (c.window, c.verdict, c.within_at_least, c.num_observations) == ("last interval", "within", 40, 40)
     assert not any("TTFT" in line for line in second.outside)
-    assert any("p90 <= 1,000 ms" in a for a in second.assumptions)
+    assert any("SLA (shardplan's default SLA, p90): TTFT <= 1,000 ms, TPOT <= 50 ms" in a for a in second.assumptions)
+    assert second.replicas[0].tpot_sla is None  # SGLang's histograms are of inter-token gaps: TPOT is not judged
+
+
+# vLLM's per-request TPOT histogram (vllm:request_time_per_output_token_seconds) appended to the recorded
+# recent page: its bucket bounds as vllm/v1/metrics/loggers.py declares them, the counts ours (1,000
+# finished requests: 700 within 25 ms, 850 within 50 ms, 950 within 75 ms, 990 within 100 ms).
+_TPOT_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_TPOT_COUNTS = {0.01: 100, 0.025: 700, 0.05: 850, 0.075: 950, 0.1: 990}
+
+
+def _with_request_tpot(page: bytes, extra: int = 0) -> bytes:
+    labels = 'engine="0",model_name="qwen3-vl-235b-awq"'
+    lines = ["# TYPE vllm:request_time_per_output_token_seconds histogram"]
+    for b in _TPOT_BOUNDS:
+        count = next((c for bound, c in sorted(_TPOT_COUNTS.items()) if b <= bound), 1000) + extra
+        lines.append(f'vllm:request_time_per_output_token_seconds_bucket{{{labels},le="{b}"}} {float(count)}')
+    lines.append(f'vllm:request_time_per_output_token_seconds_bucket{{{labels},le="+Inf"}} {1000.0 + extra}')
+    lines.append(f"vllm:request_time_per_output_token_seconds_count{{{labels}}} {1000.0 + extra}")
+    return page.rstrip(b"\n") + b"\n" + ("\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize("limit_ms,verdict", [(50, "outside"), (100, "within"), (60, "not judged")])
+def test_vllms_per_request_tpot_is_held_against_the_sla(tmp_path, limit_ms, verdict):
+    """p90 TPOT: 850 of the 1,000 requests within 50 ms (fewer than 900: outside), 990 within 100 ms
+    (within), and 60 ms inside the (50, 75] ms bucket that holds the p90 (not judged)."""
+    plan = recommend(tmp_path / "q.yaml", *QWEN_PLAN, "--max-tpot-ms", str(limit_ms), "--max-ttft-ms", "60000")
+    r = scrape(plan, {"http://q/metrics": _with_request_tpot(VLLM_RECENT)})
+    row = r.replicas[0]
+    assert row.request_tpot is not None and row.request_tpot.metric == "vllm:request_time_per_output_token_seconds"
+    assert row.request_tpot.num_observations == 1000
+    assert row.tpot_sla is not None and row.tpot_sla.verdict == verdict and row.tpot_sla.limit_seconds == limit_ms / 1e3
+    if verdict == "outside":
+        assert r.status == "outside" and any(
+            f"p90 TPOT over the SLA's {limit_ms} ms: at least 150 of 1,000 requests took longer" in line for line in r.outside)
+    else:
+        assert not any("TPOT" in line for line in r.outside)
