@@ -379,6 +379,11 @@ def manifest_report(m: DeploymentManifest) -> None:
     if pr.fit_at_band_edge is not None:
         console.print(f"at the error band's edge: {escape(pr.fit_at_band_edge.note)}", soft_wrap=True)
     tm = pr.time
+    if m.sla is not None:
+        limits = [f"{q} <= {fmt_seconds(v)}" for q, v in (("TTFT", m.sla.max_ttft_seconds), ("TPOT", m.sla.max_tpot_seconds))
+                  if v is not None]
+        console.print(f"SLA it was ranked within: p{m.sla.percentile} {', '.join(limits)}"
+                      + (" (shardplan's default)" if m.sla.defaulted else ""), soft_wrap=True)
     if pr.load is not None:
         _show_load(console, pr.load)
     if isinstance(tm, ServingTime):

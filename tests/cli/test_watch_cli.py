@@ -186,6 +186,8 @@ def test_replan_keeps_the_sla_its_plan_was_ranked_within(cli, tmp_path):
     load = new.predicted.load
     assert load is not None and load.ttft_seconds is not None and load.tpot_seconds is not None
     assert load.ttft_seconds.p99 <= 2.0 and load.tpot_seconds.p99 <= 0.04
+    shown = " ".join(cli("show", tmp_path / "new.yaml").stdout.split())
+    assert "SLA it was ranked within: p99 TTFT <= 2.00 s, TPOT <= 40.00 ms" in shown and "default" not in shown
 
 
 def test_idle_gpu_exits_4_naming_the_rank(cli, serve, a100_plan):
