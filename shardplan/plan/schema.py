@@ -501,10 +501,17 @@ class SlaSection(_Section):
     """The latency limits the plan was ranked within (recommend's goodput objective): what a
     deployment of it promises, and what `watch` holds the engines' histograms against."""
 
-    percentile: int = Field(ge=1, le=99, description="the limits hold at this percentile of the requests")
+    percentile: Literal[50, 90, 99] = Field(description="the limits hold at this percentile of the requests "
+                                                        "(recommend's --slo-percentile)")
     max_ttft_seconds: float | None = Field(gt=0, description="time to first token at most, s; null: no limit")
     max_tpot_seconds: float | None = Field(gt=0, description="time per output token at most, s; null: no limit")
     defaulted: bool = Field(description="true: shardplan's default SLA (no --max-ttft-ms / --max-tpot-ms given)")
+
+    @model_validator(mode="after")
+    def _a_limit(self) -> "SlaSection":
+        if self.max_ttft_seconds is None and self.max_tpot_seconds is None:
+            raise ValueError("an SLA limits TTFT, TPOT or both: give max_ttft_seconds or max_tpot_seconds, or drop sla")
+        return self
 
 
 class PredictedSection(_Section):

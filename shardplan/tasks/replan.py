@@ -271,6 +271,11 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
     if isinstance(workload, InferenceWorkload):
         space = replace(space, quantizations=(workload.quantization,), kv_cache_dtypes=(workload.kv_cache_dtype,))
     res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, progress=progress)
+    if not res.top and sla is not None and sla.defaulted:
+        # A default SLA is a preference (as recommend takes it): when no layout on the new count meets it,
+        # rank by goodput without it, and the new plan records none.
+        sla, goal = None, replace(goal, max_ttft_seconds=None, max_tpot_seconds=None, sla_defaulted=False)
+        res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, progress=progress)
     seen, candidates = set(), []
     for e in res.top:  # serving ranks batch sizes of one layout apart; the moves depend on the layout
         key = (e.layout, getattr(e.workload, "quantization", None), getattr(e.workload, "kv_cache_dtype", None))

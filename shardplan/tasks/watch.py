@@ -40,19 +40,24 @@ What is judged (outside its band: exit 4), with the plan's own recorded band (`p
                    by the band): the cache is smaller than planned, or requests are longer than the
                    plan's; the message says which figures.
   latency against SLA   a plan ranked within latency limits (the manifest's `sla`): the engine's
-                   TTFT histogram over the window (since start on the first scrape, the last interval
-                   after) against max_ttft_seconds at the SLA's percentile, as far as the buckets
-                   decide it (`sla_check`): outside when fewer than that share of the requests can
-                   have had their first token within the limit (counting every observation up to the
-                   first bucket bound at or past it), within when the share up to the last bound at
-                   or under it is enough, else not judged (the limit falls inside the bucket that
-                   holds the percentile); not judged with fewer than two observations beyond the
-                   percentile (20 for a p90). The engine times a request from its own arrival, so a
-                   client sees at least what it reports: outside is certain, within is the engine's
-                   side. TPOT the same way where the page has vLLM's per-request histogram
-                   (vllm:request_time_per_output_token_seconds: one observation per finished request,
-                   its decode time over its tokens after the first); the inter-token histograms hold
-                   the gap between streamed outputs, not a request's TPOT, and are shown, not judged.
+                   TTFT histogram over the window (since start on the first scrape; after it the
+                   last interval, an empty one too: the history was judged before) against
+                   max_ttft_seconds at the SLA's percentile, as far as the buckets decide it
+                   (`sla_check`, shares in whole numbers): outside when fewer than that share of the
+                   requests can have had their first token within the limit (counting every
+                   observation up to the first bucket bound at or past it); within when the share up
+                   to the last bound at or under it is enough even with the requests still waiting
+                   for a first token counted as over it; else not judged (the limit falls inside the
+                   bucket that holds the percentile, the waiting requests could tip it, fewer than
+                   two requests lie beyond the percentile, 20 for a p90, or the counts do not rise
+                   with their bounds), and the row's note says why. The engine times a request from
+                   its own arrival, so a client sees at least what it reports: outside holds for
+                   the clients too. TPOT the same way, over the requests finished in the window (as
+                   a benchmark client counts them), where the page has vLLM's per-request histogram
+                   (vllm:request_time_per_output_token_seconds: one observation per finished
+                   request, its decode time over its tokens after the first); the inter-token
+                   histograms hold the gap between streamed outputs, not a request's TPOT, and are
+                   shown, not judged.
 Reported, not judged (the plan's latency holds at the rate it was sized for, and the pages do not
 say what rate the deployment is sent; links have no measured band): running and waiting requests
 (beside the batch of a plan estimated as one static batch), TTFT and TPOT p50/p90/p99 from the
@@ -328,34 +333,46 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
 
 
 def sla_check(percentile: int, limit_seconds: float, buckets: list[tuple[float, float]],
-              window: Literal["since start", "last interval"], metric: str, quantity: str = "TTFT") -> SlaCheck:
+              window: Literal["since start", "last interval"], metric: str, quantity: str = "TTFT",
+              unseen: float = 0.0) -> SlaCheck:
     """Whether the requests counted in cumulative `buckets` [(upper bound, count)] meet "the
     `percentile`-th percentile is at most `limit_seconds`", as far as the buckets decide it: an
     observation is certainly within the limit up to the last bound at or under it, and may be
-    within it up to the first bound at or past it (module docstring)."""
+    within it up to the first bound at or past it (module docstring). `unseen`: requests the
+    histogram has not counted yet whose figure may still break the limit (TTFT: the requests
+    waiting for their first token); "within" must hold with them counted as over it. Shares
+    are compared in whole numbers (100 x count against percentile x total)."""
     b = sorted(buckets)
     total = b[-1][1] if b and math.isinf(b[-1][0]) else 0.0
-    q = percentile / 100
+    limit = f"{limit_seconds * 1e3:,.4g} ms"
     within = max((c for bound, c in b if bound <= limit_seconds), default=0.0)
     may_be_within = next((c for bound, c in b if bound >= limit_seconds), total)
     over = max(0.0, total - may_be_within)
-    needed = math.ceil(2 / (1 - q) - 1e-9)
-    ms = f"{limit_seconds * 1e3:,.0f} ms"
-    if total < needed:
-        verdict: Verdict = "not judged"
+    needed = math.ceil(200 / (100 - percentile))  # two requests beyond the percentile
+    counts = [c for _, c in b]
+    verdict: Verdict = "not judged"
+    if any(later < earlier for earlier, later in zip(counts, counts[1:])):
+        within = over = 0.0
+        note = ("the buckets' counts do not rise with their bounds (series of different bucket sets summed, or a "
+                "page read while it was written): not judged")
+    elif total < needed:
         note = f"{total:,.0f} request(s) in the window; a p{percentile} needs {needed} (two beyond the percentile)"
-    elif may_be_within < q * total:
+    elif 100 * may_be_within < percentile * total:
         verdict = "outside"
-        note = (f"p{percentile} {quantity} over the SLA's {ms}: at least {over:,.0f} of {total:,.0f} requests took longer "
-                f"(the p{percentile} allows {math.floor((1 - q) * total + 1e-9):,})")
-    elif within >= q * total:
+        note = (f"p{percentile} {quantity} over the SLA's {limit}: at least {over:,.0f} of {total:,.0f} requests took "
+                f"longer (the p{percentile} allows {(100 - percentile) * total // 100:,.0f})")
+    elif 100 * within >= percentile * (total + unseen):
         verdict = "within"
-        note = f"p{percentile} {quantity} within the SLA's {ms}: at least {within:,.0f} of {total:,.0f} requests within it"
+        note = f"p{percentile} {quantity} within the SLA's {limit}: at least {within:,.0f} of {total:,.0f} requests within it"
+        if unseen:
+            note += f", and would be with the {unseen:,.0f} still waiting over it"
+    elif 100 * within >= percentile * total:
+        note = (f"{within:,.0f} of {total:,.0f} requests within the SLA's {limit}, but {unseen:,.0f} are still waiting "
+                f"for theirs: the p{percentile} is not decided")
     else:
         lo = max((bound for bound, _ in b if bound <= limit_seconds), default=0.0)
         hi = next((bound for bound, _ in b if bound >= limit_seconds), math.inf)
-        verdict = "not judged"
-        note = (f"the SLA's {ms} falls inside the bucket ({lo:g}, {hi:g}] s that holds the p{percentile}: "
+        note = (f"the SLA's {limit} falls inside the bucket ({lo:g}, {hi:g}] s that holds the p{percentile}: "
                 "the histogram cannot say")
     return SlaCheck(percentile=percentile, limit_seconds=limit_seconds, verdict=verdict, within_at_least=within,
                     over_at_least=over, num_observations=total, window=window, metric=metric, note=note)
@@ -624,12 +641,12 @@ class WatchScrape(Result):
     interval_seconds: float | None = Field(description="since the previous scrape, s; null: the first")
     status: Literal["ok", "outside", "unreadable"] = Field(
         description="ok: everything judged is within its band (exit 0); outside: a figure is not, or a replica's TTFT "
-                    "breaks the plan's SLA (exit 4); "
+                    "or TPOT breaks the plan's SLA (exit 4); "
                     "unreadable: an endpoint could not be read (exit 5)")
     endpoints: list[EndpointReport]
     gpus: list[GpuRow]
     replicas: list[ReplicaRow]
-    outside: list[str] = Field(description="one line per figure outside its band, and per replica whose TTFT breaks the SLA")
+    outside: list[str] = Field(description="one line per figure outside its band, and per latency that breaks the plan's SLA")
     notes: list[str] = Field(description="what could not be mapped or compared, and why")
     assumptions: list[str] = Field(description="the rules applied (bands, mapping)")
 
@@ -963,14 +980,24 @@ class Watcher:
             usage_verdict = "not judged"
         else:
             usage_verdict = "outside" if ceiling * (1 + f.kv_band) < 1 and usage > ceiling * (1 + f.kv_band) else "within"
-        ttft, ttft_buckets = self._percentiles(g, "ttft_seconds", version, histograms, read, interval)
+        ttft, (ttft_buckets, ttft_window) = self._percentiles(g, "ttft_seconds", version, histograms, read, interval)
         tpot, _ = self._percentiles(g, "tpot_seconds", version, histograms, read, interval)
-        request_tpot, tpot_buckets = self._percentiles(g, "request_tpot_seconds", version, histograms, read, interval)
+        request_tpot, (tpot_buckets, tpot_window) = self._percentiles(g, "request_tpot_seconds", version, histograms,
+                                                                      read, interval)
         sla = f.sla
+        # TTFT: a request still waiting has no first token in the histogram yet, and may be over the limit.
         ttft_sla = None if sla is None or sla.max_ttft_seconds is None or ttft is None else \
-            sla_check(sla.percentile, sla.max_ttft_seconds, ttft_buckets, ttft.window, ttft.metric)
+            sla_check(sla.percentile, sla.max_ttft_seconds, ttft_buckets, ttft_window, ttft.metric,
+                      unseen=waiting or 0.0)
+        # TPOT over the requests finished in the window, as a benchmark client counts it.
         tpot_sla = None if sla is None or sla.max_tpot_seconds is None or request_tpot is None else \
-            sla_check(sla.percentile, sla.max_tpot_seconds, tpot_buckets, request_tpot.window, request_tpot.metric, "TPOT")
+            sla_check(sla.percentile, sla.max_tpot_seconds, tpot_buckets, tpot_window, request_tpot.metric, "TPOT")
+        for c in (ttft_sla, tpot_sla):
+            if c is not None and c.verdict == "not judged":
+                notes.append(f"SLA not judged: {c.note}")
+        if sla is not None and sla.max_tpot_seconds is not None and request_tpot is None:
+            notes.append("SLA's TPOT not judged: the page has no per-request TPOT histogram (vLLM's "
+                         "vllm:request_time_per_output_token_seconds); its inter-token histogram is not a request's TPOT")
         return ReplicaRow(
             replica=replica, endpoint=safe_text(g.url), exporter=g.exporter, engine=safe_text(g.engine),  # type: ignore[arg-type]
             pod=safe_text(g.pod), running_requests=running, waiting_requests=waiting, predicted_batch_size=f.batch_size,
@@ -1026,11 +1053,13 @@ class Watcher:
 
     def _percentiles(self, g: _EngineGroup, quantity: str, version: str | None,
                      histograms: dict[tuple, list[tuple[float, float]]], read: list[str],
-                     interval: float | None) -> tuple[Percentiles | None, list[tuple[float, float]]]:
-        """The histogram's percentiles over the window, and the window's cumulative buckets."""
+                     interval: float | None) -> tuple[Percentiles | None, tuple[list[tuple[float, float]], Literal["since start", "last interval"]]]:
+        """The histogram's percentiles over their window (since start, or the last interval when it
+        saw requests), and the cumulative buckets an SLA is judged over with their window (the last
+        interval, even an empty one, once there was a scrape before: the history was judged then)."""
         hit = _pick(self.knowledge.names(g.exporter, quantity, version), g.samples, "_bucket")
         if hit is None:
-            return None, []
+            return None, ([], "since start")
         rule, found = hit
         if rule.name not in read:
             read.append(rule.name)
@@ -1047,13 +1076,16 @@ class Watcher:
         histograms[key] = now
         prev = self._previous.histograms.get(key) if self._previous else None
         window: Literal["since start", "last interval"] = "since start"
-        use = now
+        use = judged = now
+        judged_window: Literal["since start", "last interval"] = "since start"
         rate = None
         if prev is not None and [b for b, _ in prev] == [b for b, _ in now]:
             delta = [(b, c - p) for (b, c), (_, p) in zip(now, prev)]
             if all(d >= 0 for _, d in delta):  # else the engine restarted: its counts began again
                 if interval and interval > 0 and delta and math.isinf(delta[-1][0]):
                     rate = delta[-1][1] / interval
+                # The SLA is judged over the interval, even an empty one: the history was judged before.
+                judged, judged_window = delta, "last interval"
                 if delta[-1][1] > 0:
                     use, window = delta, "last interval"
         qs = [histogram_quantile(q, use) for q in _QUANTILES]
@@ -1062,7 +1094,7 @@ class Watcher:
         return Percentiles(p50_seconds=qs[0], p90_seconds=qs[1], p99_seconds=qs[2], num_observations=total,
                            above_highest_bucket=max(0.0, total - finite[-1][1]) if finite else 0.0,
                            highest_bucket_seconds=finite[-1][0] if finite else None, window=window, metric=rule.name,
-                           observations_per_second=rate), use
+                           observations_per_second=rate), (judged, judged_window)
 
 
 # ----- judging and one-line summaries ------------------------------------------------------------------
@@ -1105,13 +1137,16 @@ def _replica_outside(r: ReplicaRow, f: PlanFacts) -> list[str]:
                    f"({f.request_tokens:,} tokens a request in a {r.kv_capacity_predicted_tokens:,}-token cache)")
     rate = r.ttft.observations_per_second if r.ttft is not None else None  # requests started over the interval
     planned = r.predicted_request_rate_per_second
-    load = ""
-    if rate is not None and planned is not None:
-        load = f"; {rate:,.2f} req/s, " + ("above" if rate > planned else "within") + f" the {planned:,.2f} a replica was planned for"
     for c in (r.ttft_sla, r.tpot_sla):
         if c is not None and c.verdict == "outside":
-            window = "since the engine started" if c.window == "since start" else "over the last interval"
-            out.append(f"{where}: {c.note} {window}{load}")
+            if c.window == "since start":
+                out.append(f"{where}: {c.note} since the engine started")
+                continue
+            load = ""
+            if rate is not None and planned is not None:
+                load = (f" at {rate:,.2f} req/s, " + ("above" if rate > planned else "within") +
+                        f" the {planned:,.2f} a replica was planned for")
+            out.append(f"{where}: {c.note} over the last interval{load}")
     return out
 
 

@@ -190,6 +190,26 @@ def test_replan_keeps_the_sla_its_plan_was_ranked_within(cli, tmp_path):
     assert "SLA it was ranked within: p99 TTFT <= 2.00 s, TPOT <= 40.00 ms" in shown and "default" not in shown
 
 
+def test_replan_drops_a_default_sla_the_new_count_cannot_meet_and_any_sla_off_goodput(cli, tmp_path):
+    """Llama 3.1 70B with 20,000-token prompts, ranked within the default SLA on 8 H100s: on 2 no layout
+    prefills such a prompt within p90 TTFT 1 s, and the default is a preference (as recommend takes it):
+    the new plan is ranked by goodput without it and records none. Ranked by throughput, a plan carries
+    no SLA either."""
+    from shardplan.plan.manifest import load_manifest
+
+    old = _plan(cli, tmp_path / "old.yaml", "llama-3.1-70b", "-H", "h100-sxm-80gb", "--gpus", "8", "--input-len",
+                "20000", "--output-len", "100")
+    sla = load_manifest(old).sla
+    assert sla is not None and sla.defaulted
+    r = cli("replan", old, "--gpus", "2", "-o", tmp_path / "two.yaml", "--json")
+    assert r.exit_code == 0, r.stderr
+    two = load_manifest(tmp_path / "two.yaml")
+    assert two.sla is None and two.objective == "goodput" and two.layout.tp * two.layout.pp * two.layout.dp == 2
+    r = cli("replan", old, "--gpus", "16", "--objective", "throughput", "-o", tmp_path / "t.yaml", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert load_manifest(tmp_path / "t.yaml").sla is None
+
+
 def test_idle_gpu_exits_4_naming_the_rank(cli, serve, a100_plan):
     """The recorded DCGM page as it is: an idle A100 (741 MiB used) where the plan has an engine."""
     s = serve({"/metrics": DCGM})
