@@ -1137,16 +1137,18 @@ def _replica_outside(r: ReplicaRow, f: PlanFacts) -> list[str]:
                    f"({f.request_tokens:,} tokens a request in a {r.kv_capacity_predicted_tokens:,}-token cache)")
     rate = r.ttft.observations_per_second if r.ttft is not None else None  # requests started over the interval
     planned = r.predicted_request_rate_per_second
+    whose = " (shardplan's default SLA: recommend's --max-ttft-ms / --max-tpot-ms set yours)" \
+        if f.sla is not None and f.sla.defaulted else ""
     for c in (r.ttft_sla, r.tpot_sla):
         if c is not None and c.verdict == "outside":
             if c.window == "since start":
-                out.append(f"{where}: {c.note} since the engine started")
+                out.append(f"{where}: {c.note} since the engine started{whose}")
                 continue
             load = ""
             if rate is not None and planned is not None:
                 load = (f" at {rate:,.2f} req/s, " + ("above" if rate > planned else "within") +
                         f" the {planned:,.2f} a replica was planned for")
-            out.append(f"{where}: {c.note} over the last interval{load}")
+            out.append(f"{where}: {c.note} over the last interval{load}{whose}")
     return out
 
 

@@ -684,5 +684,6 @@ def test_vllms_per_request_tpot_is_held_against_the_sla(tmp_path, limit_ms, verd
     if verdict == "outside":
         assert r.status == "outside" and any(
             f"p90 TPOT over the SLA's {limit_ms} ms: at least 150 of 1,000 requests took longer" in line for line in r.outside)
+        assert not any("default SLA" in line for line in r.outside)  # the limits given
     else:
         assert not any("TPOT" in line for line in r.outside)
