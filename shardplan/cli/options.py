@@ -48,7 +48,7 @@ BlockSizeOpt = Annotated[Optional[int], typer.Option(min=1, help="Tokens per KV 
 KvCacheDtypeOpt = Annotated[Optional[str], typer.Option(
     help="auto, bf16, fp16, fp8; llama.cpp: q8_0, q4_0 (ggml blocks, 8.5/4.5 bits).", rich_help_panel=SERVE)]
 WeightDtypeOpt = Annotated[Optional[str], typer.Option(help="bf16, fp16, fp8, int8, int4.", rich_help_panel=SERVE)]
-QuantizationOpt = Annotated[Optional[Quantization], typer.Option(help="Weight quantization of the linear layers. mxfp4: gpt-oss's routed experts as the checkpoint ships them (the default for gpt-oss on vLLM 0.10.1+ and SGLang); mxfp4_marlin: the same padded as vLLM's Marlin kernel holds them (its default on GPUs without FP4 tensor cores).", rich_help_panel=SERVE)]
+QuantizationOpt = Annotated[Optional[Quantization], typer.Option(help="Weight quantization of the linear layers. mxfp4: gpt-oss's routed experts as the checkpoint ships them (the default for gpt-oss on vLLM 0.10.1+ and SGLang); mxfp4_marlin: the same padded as vLLM's Marlin kernel holds them (its default on GPUs without FP4 tensor cores). fp8 is the default for a block-quantized FP8 checkpoint (DeepSeek-V3/R1, Qwen3 FP8 releases) on vLLM 0.6.6+ and SGLang 0.4.1+ on GPUs with FP8 tensor cores, as those engines serve it; --weight-dtype bf16 plans a 16-bit copy.", rich_help_panel=SERVE)]
 EnforceEagerOpt = Annotated[bool, typer.Option(help="No CUDA graphs: decode steps pay the host's time to issue every op of every layer (slower at small batches); graphs no longer take memory.", rich_help_panel=SERVE)]
 InputLenOpt = Annotated[Optional[int], typer.Option(
     min=1, help="Prompt tokens per request, for time to first token and throughput (default: 1024; with --output-len "

@@ -182,9 +182,10 @@ def inference_workload(
     the dataclass defaults. `vision`: a multimodal model's tower, whose profiling pass the engine
     version's rules size (`images_per_prompt`: its limit_mm_per_prompt for images). `encoder_decoder`:
     the language model cross-attends to the encoder (Mllama), which vLLM ran only on its V0 engine
-    (`_check_encoder_decoder`). `checkpoint_expert_format`: the format the model's routed experts
-    ship in (ModelSpec.expert_dtype, gpt-oss: mxfp4); an engine that runs it as shipped plans it so
-    unless another format is asked for. `mla`: the model's attention is MLA (SGLang's reserve for
+    (`_check_encoder_decoder`). `checkpoint_expert_format`: the format the checkpoint ships in
+    (ModelSpec.shipped_format: gpt-oss's MXFP4 experts, a block-quantized FP8 checkpoint's fp8); an
+    engine that runs it as shipped (its knowledge's checkpoint_formats) plans it so unless another
+    format is asked for. `mla`: the model's attention is MLA (SGLang's reserve for
     prefill CUDA graphs differs). `sliding_window`: some of its layers attend within a window (how
     the engine version caches them is stated with the answer). `overlap_scheduling`: the next step's
     batch is formed while a step runs (vLLM --async-scheduling, SGLang without
@@ -220,10 +221,16 @@ def inference_workload(
                                  hint="use --engine vllm or sglang, or another --quantization")
     mxfp4_note = None
     fmt = shipped.get(checkpoint_expert_format or "")
+    if fmt is not None and fmt.needs_fp8_tensor_cores and (hw is None or DType.FP8 not in hw.peak_flops):
+        fmt = None  # the model's own dtype on such GPUs (the format's needs_fp8_tensor_cores_source)
     if quantization is None and wd is None and fmt is not None and engine is not None:
         quant = Quantization(fmt.format)
-        mxfp4_note = (f"{engine.label}: the routed experts stay in MXFP4 as the checkpoint ships them, 4.25 bits a "
-                      f"weight (OCP MX: 32 FP4 values share an 8-bit scale; {fmt.source})")
+        if fmt.format == "fp8":
+            mxfp4_note = (f"{engine.label}: the linear weights stay in FP8 as the block-quantized checkpoint ships them "
+                          f"(its quantization_config; {fmt.source}); --weight-dtype bf16 plans a 16-bit copy")
+        else:
+            mxfp4_note = (f"{engine.label}: the routed experts stay in MXFP4 as the checkpoint ships them, 4.25 bits a "
+                          f"weight (OCP MX: 32 FP4 values share an 8-bit scale; {fmt.source})")
         if fmt.without_fp4_tensor_cores is not None and hw is not None and DType.FP4 not in hw.peak_flops:
             quant = Quantization(fmt.without_fp4_tensor_cores)
             mxfp4_note += f"; without FP4 tensor cores they are held as {quant.value} ({fmt.without_fp4_tensor_cores_source})"

@@ -465,7 +465,10 @@ class CheckpointFormat(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
-    format: Literal["mxfp4"] = Field(description="shardplan's name for it (--quantization)")
+    format: Literal["mxfp4", "fp8"] = Field(description="shardplan's name for it (--quantization): mxfp4, gpt-oss's "
+                                                     "routed experts; fp8, a block-quantized FP8 checkpoint's linear "
+                                                     "weights (quantization_config quant_method fp8 with a "
+                                                     "weight_block_size: DeepSeek-V3/R1, Qwen3 FP8 releases)")
     min_version: str = Field(description="first release that runs it")
     source: str = Field(description="where the support and its first release come from")
     without_fp4_tensor_cores: Literal["mxfp4_marlin"] | None = Field(
@@ -473,12 +476,17 @@ class CheckpointFormat(BaseModel):
                           "peak); null: as shipped")
     without_fp4_tensor_cores_source: str = Field("", description="where that layout comes from, with what it was "
                                                                  "measured against")
+    needs_fp8_tensor_cores: bool = Field(False, description="planned as shipped only on GPUs with FP8 tensor cores (the "
+                                                            "profile has an fp8 peak); elsewhere the model's own dtype")
+    needs_fp8_tensor_cores_source: str = Field("", description="why, with its source")
 
     @model_validator(mode="after")
     def _check(self) -> "CheckpointFormat":
         parse_version(self.min_version)
         if self.without_fp4_tensor_cores is not None and not self.without_fp4_tensor_cores_source:
             raise ValueError("without_fp4_tensor_cores needs without_fp4_tensor_cores_source")
+        if self.needs_fp8_tensor_cores and not self.needs_fp8_tensor_cores_source:
+            raise ValueError("needs_fp8_tensor_cores needs needs_fp8_tensor_cores_source")
         return self
 
 

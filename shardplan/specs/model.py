@@ -351,6 +351,15 @@ class ModelSpec(StrictModel):
 
     # ----- derived figures -------------------------------------------------------------
     @property
+    def shipped_format(self) -> str | None:
+        """The weight format the checkpoint ships in that an engine may run as it is (knowledge's
+        `checkpoint_formats`): "mxfp4" (gpt-oss's routed experts), "fp8" (a block-quantized FP8
+        checkpoint's linear weights), or None (the model's dtype)."""
+        if self.expert_dtype == "mxfp4":
+            return "mxfp4"
+        return "fp8" if self.fp8_weight_block_size else None
+
+    @property
     def embedding_width(self) -> int:
         """Columns of the word embeddings and of the lm_head."""
         return self.word_embed_proj_dim or self.hidden_size

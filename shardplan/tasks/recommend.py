@@ -485,7 +485,7 @@ def _other_engine_plans(spec: Any, hw: HardwareProfile, workload: InferenceWorkl
                 max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=None, block_size=None,
                 kv_cache_dtype=None, weight_dtype=None, quantization=None, enforce_eager=False,
                 input_len=workload.input_len, output_len=workload.output_len, batch_size=workload.batch_size,
-                checkpoint_expert_format=spec.expert_dtype, mla=spec.mla is not None,
+                checkpoint_expert_format=spec.shipped_format, mla=spec.mla is not None,
                 sliding_window=spec.num_sliding_layers > 0)
         except ShardplanError:
             continue

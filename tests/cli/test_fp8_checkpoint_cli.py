@@ -1,0 +1,66 @@
+"""A block-quantized FP8 checkpoint as it ships (DeepSeek-V3/R1, Qwen3's FP8 releases: a
+quantization_config with quant_method fp8 and a weight_block_size): vLLM from 0.6.6 and SGLang from
+0.4.1 serve its FP8 weights with no --quantization (knowledge/engines/{vllm,sglang}.yaml
+checkpoint_formats, with their sources), so on GPUs with FP8 tensor cores a plan that names no
+format is planned in FP8, exactly as `--quantization fp8` plans it; `--weight-dtype bf16` plans a
+16-bit copy; older releases, and GPUs without FP8 tensor cores, keep the model's dtype.
+
+The published figure: DeepSeek-R1 (DeepSeek-V3's architecture, the same 163-shard FP8 checkpoint
+layout) loaded at tensor parallelism 8 by vLLM's Gaudi fork: "Pre-loading model weights on hpu:0 took
+79.41 GiB of device memory" on each of the 8 devices (https://github.com/HabanaAI/vllm-fork/issues/809,
+the issue's start-up log). The weights a rank holds do not depend on the accelerator."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO
+
+from shardplan.units import BYTES_PER_GIB
+
+QWEN3_8B_FP8 = str(REPO / "shardplan" / "validation" / "corpus" / "serving_load" / "models" / "qwen3-8b-fp8.json")
+DS_R1_TP8_WEIGHTS_GIB = 79.41  # HabanaAI/vllm-fork#809, per device at tp 8
+DS_ON_H200 = ("estimate", "deepseek-v3", "-H", "h200-sxm-141gb", "--gpus", "8", "--tp", "8", "--json")
+
+
+def _json(res):
+    assert res.exit_code in (0, 3), (res.exit_code, res.stderr[-2000:])  # 3: does not fit, the report still printed
+    return res.json()
+
+
+def _weights_gib(d) -> float:
+    return d["memory"]["per_gpu_bytes"]["weights"] / BYTES_PER_GIB
+
+
+def test_deepseek_v3_is_planned_in_the_fp8_it_ships_in(cli):
+    shipped = _json(cli(*DS_ON_H200))
+    asked = _json(cli(*DS_ON_H200, "--quantization", "fp8"))
+    assert shipped["workload"]["quantization"] == asked["workload"]["quantization"] == "fp8"
+    assert shipped["memory"] == asked["memory"]
+    assert _weights_gib(shipped) == pytest.approx(DS_R1_TP8_WEIGHTS_GIB, rel=0.01)
+    assert any("stay in FP8 as the block-quantized checkpoint ships them" in a for a in shipped["assumptions"])
+    copy = _json(cli(*DS_ON_H200, "--weight-dtype", "bf16"))  # a 16-bit copy of the checkpoint: twice the bytes
+    assert copy["workload"]["quantization"] == "none" and 1.9 < _weights_gib(copy) / _weights_gib(shipped) < 2.0
+
+
+@pytest.mark.parametrize("engine,before,first", [("vllm", "0.6.5", "0.6.6"), ("sglang", "0.4.0", "0.4.1")])
+def test_releases_before_the_format_keep_the_models_dtype(cli, engine, before, first):
+    for version, expected in ((before, "none"), (first, "fp8")):
+        d = _json(cli(*DS_ON_H200, "--engine", engine, "--engine-version", version))
+        assert d["workload"]["quantization"] == expected, (engine, version)
+
+
+def test_a_config_json_of_an_fp8_release_and_gpus_without_fp8_tensor_cores(cli):
+    """Qwen3-8B-FP8's config.json (quant_method fp8, weight_block_size [128, 128]): FP8 on an H100; on an
+    A100, which has no FP8 tensor cores, the model's bf16 (how an engine runs the block format there is
+    not established: the knowledge's needs_fp8_tensor_cores_source)."""
+    h100 = _json(cli("estimate", QWEN3_8B_FP8, "-H", "h100-sxm-80gb", "--gpus", "1", "--json"))
+    a100 = _json(cli("estimate", QWEN3_8B_FP8, "-H", "a100-sxm-80gb", "--gpus", "1", "--json"))
+    assert (h100["workload"]["quantization"], a100["workload"]["quantization"]) == ("fp8", "none")
+    assert 1.5 < _weights_gib(a100) / _weights_gib(h100) < 2.0  # the embeddings and lm_head stay 16-bit in both
+
+
+def test_recommend_ranks_deepseek_v3_in_fp8_on_two_h200_nodes(cli):
+    """Without --allow-quantization the search keeps to the format the checkpoint ships in: every ranked
+    plan on 16 H200s is FP8 (it was bf16, a copy no engine loads from this checkpoint)."""
+    d = _json(cli("recommend", "deepseek-v3", "-H", "h200-sxm-141gb", "--gpus", "16", "--json"))
+    assert d["top"] and {e["plan"]["quantization"] for e in d["top"]} == {"fp8"}
