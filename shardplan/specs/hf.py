@@ -15,6 +15,7 @@ TRANSLATORS is built by transformers on the meta device when it is installed (hf
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -568,11 +569,38 @@ def _head_fields(cfg: Config) -> dict[str, Any]:
     return {"head": "sequence_classification", "num_labels": n, "tie_word_embeddings": False}
 
 
+_QUANT_METHOD = re.compile(r"[A-Za-z0-9_.-]{1,40}")
+
+
+def _shipped_quantization_note(cfg: Config) -> str | None:
+    """A note for a checkpoint whose quantization_config names a format shardplan does not plan as
+    shipped (it plans block-quantized FP8 and gpt-oss's MXFP4 experts as shipped: ModelSpec.shipped_format):
+    AWQ, GPTQ, bitsandbytes, compressed-tensors... Engines read the format from the checkpoint (vLLM's
+    --quantization: "If None, we first check the quantization_config attribute in the model config
+    file", docs.vllm.ai engine_args), so the plan at the model's dtype overstates the weights."""
+    quant = cfg.get("quantization_config")
+    if not isinstance(quant, Mapping) or _fp8_weight_block(quant) is not None:
+        return None
+    method = quant.get("quant_method")
+    if not isinstance(method, str) or method == "mxfp4":
+        return None
+    shown = method if _QUANT_METHOD.fullmatch(method) else "a method shardplan does not print"
+    bits = quant.get("bits")
+    size = f"{bits}-bit " if isinstance(bits, int) and not isinstance(bits, bool) and 1 <= bits <= 16 else ""
+    return (f"the checkpoint's weights are quantized ({size}{shown}, its quantization_config) and engines load them "
+            "so; shardplan plans the model's dtype unless --quantization names the format (4-bit AWQ or GPTQ: "
+            "--quantization awq or gptq)")
+
+
 def translate(cfg: Config, name: str) -> Translation:
-    """An HF config dict as ModelSpec fields, with a warning naming each key not understood."""
+    """An HF config dict as ModelSpec fields, with a warning naming each key not understood and a
+    note for a quantized checkpoint planned at the model's dtype."""
     t = _translate(cfg, name)
     head = _head_fields(cfg)
-    return Translation({**t.fields, **head}, t.warnings, t.notes) if head else t
+    if head:
+        t = Translation({**t.fields, **head}, t.warnings, t.notes)
+    note = _shipped_quantization_note(cfg)
+    return Translation(t.fields, t.warnings, t.notes + (note,)) if note else t
 
 
 def _translate(cfg: Config, name: str) -> Translation:

@@ -64,3 +64,29 @@ def test_recommend_ranks_deepseek_v3_in_fp8_on_two_h200_nodes(cli):
     plan on 16 H200s is FP8 (it was bf16, a copy no engine loads from this checkpoint)."""
     d = _json(cli("recommend", "deepseek-v3", "-H", "h200-sxm-141gb", "--gpus", "16", "--json"))
     assert d["top"] and {e["plan"]["quantization"] for e in d["top"]} == {"fp8"}
+
+
+def test_a_checkpoint_in_another_shipped_format_is_named_in_a_note(cli, tmp_path):
+    """Qwen2.5-7B's config with a 4-bit GPTQ quantization_config (Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4's:
+    bits 4, group_size 128, sym, desc_act false): engines load it as GPTQ, shardplan plans the model's
+    dtype unless told, and says so on stderr; --quantization gptq plans the 4-bit weights."""
+    import json
+
+    import yaml
+
+    cfg = dict(yaml.safe_load((REPO / "model_specs" / "qwen2.5-7b.yaml").read_text())["hf_config"])
+    cfg["quantization_config"] = {"bits": 4, "group_size": 128, "quant_method": "gptq", "sym": True, "desc_act": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    base = ("estimate", str(path), "-H", "l40s-48gb", "--gpus", "1", "--json")
+    plain = cli(*base)
+    d = _json(plain)
+    assert d["workload"]["quantization"] == "none"
+    assert "note: the checkpoint's weights are quantized (4-bit gptq, its quantization_config)" in plain.stderr
+    assert "--quantization awq or gptq" in plain.stderr
+    asked = _json(cli(*base, "--quantization", "gptq"))
+    assert asked["workload"]["quantization"] == "gptq" and _weights_gib(asked) < 0.4 * _weights_gib(d)
+    cfg["quantization_config"] = {"quant_method": "\x1b[31mevil", "bits": True}  # a hostile method name: not printed
+    path.write_text(json.dumps(cfg))
+    hostile = cli(*base)
+    assert hostile.exit_code in (0, 3) and "\x1b" not in hostile.stderr and "(a method shardplan does not print," in hostile.stderr
