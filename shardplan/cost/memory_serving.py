@@ -540,7 +540,7 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
                 nvme_bytes=off.nvme_bytes,
             )
         )
-        split_problem = spec_decode.draft_split_problem(sp, layout.tp)
+        split_problem = spec_decode.draft_split_problem(sp, layout.tp) or fp8_block_split_problem(spec, layout, wl)
         if split_problem is not None:
             reasons.append(f"stage {stage}: {split_problem}")
         elif kv_bytes <= 0 and wl.accounting != "fixed_context":
@@ -614,3 +614,33 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         fits=not reasons,
         reason="; ".join(reasons) or None,
     )
+
+
+def fp8_block_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> str | None:
+    """Why the engines refuse to load a block-quantized FP8 checkpoint split this way, or None. Each
+    rank's share of an MLP's width (the gate/up projections' outputs, the down projection's input)
+    must be a whole number of the checkpoint's weight blocks: vLLM and SGLang raise "Weight
+    output_partition_size = 576 is not divisible by weight quantization block_n = 128" for
+    DeepSeek-R1 at tp 32 (18,432 / 32; https://github.com/sgl-project/sglang/issues/3491 and #3345),
+    and a recipe capped DeepSeek-V4-Pro at tp 8 for the same reason (moe_intermediate_size 3,072 /
+    16 = 192; https://github.com/vllm-project/recipes/pull/567). Dense MLPs and shared experts split
+    over tp, routed experts over the expert tensor-parallel degree."""
+    block = spec.fp8_weight_block_size
+    if block is None or wl.quantization.value != "fp8":
+        return None
+    step = math.lcm(*block)  # the width is the up projections' output (n) and the down projection's input (k)
+    widths: list[tuple[str, int, int]] = []
+    moe = spec.moe
+    dense = moe is None or moe.first_dense_layers > 0 or bool(moe.dense_layer_indices) or moe.moe_layer_step > 1
+    if dense:
+        widths.append(("intermediate_size", spec.intermediate_size, layout.tp))
+    if moe is not None:
+        widths.append(("the routed experts' width", moe.expert_intermediate_size, layout.expert_tp))
+        if moe.num_shared_experts:
+            widths.append(("the shared experts' width", moe.shared_intermediate_size * moe.num_shared_experts, layout.tp))
+    for name, width, parts in widths:
+        if parts > 1 and (width // parts) % step:
+            return (f"the engine refuses to load the block-quantized FP8 checkpoint: {name} {width:,} / {parts} = "
+                    f"{width // parts:,} per rank is not a multiple of its {step}-wide weight blocks (use a smaller "
+                    "tensor-parallel degree, expert parallelism, or another format)")
+    return None

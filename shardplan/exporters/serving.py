@@ -12,6 +12,27 @@ from shardplan.exporters.base import ExportContext, cannot, engine_gpus, gpus_pe
 DEFAULT_PORT = 8000
 
 
+def shipped_as_planned(ctx: ExportContext) -> bool:
+    """The checkpoint ships the plan's weight format (ModelSpec.shipped_format: block FP8, gpt-oss's
+    MXFP4 experts), so the engine reads it from its quantization_config and needs no --quantization."""
+    spec = ctx.spec
+    return spec is not None and spec.shipped_format is not None and \
+        spec.shipped_format == ctx.manifest.layout.weight_quantization
+
+
+def shipped_notes(ctx: ExportContext, engine: str) -> list[str]:
+    """A plan of a checkpoint that ships a quantized format, in another one the engine will not load
+    from it: the engine loads the shipped format whatever the flags say, so the plan needs another
+    checkpoint (a 16-bit copy of a block-FP8 release, DeepSeek-V3's inference/fp8_cast_bf16.py)."""
+    spec = ctx.spec
+    planned = ctx.manifest.layout.weight_quantization
+    if spec is None or spec.shipped_format is None or spec.shipped_format == planned or planned == "mxfp4_marlin":
+        return []
+    shown = "16-bit" if planned == "none" else planned
+    return [f"the checkpoint ships {spec.shipped_format} weights (its quantization_config), which {engine} loads as "
+            f"they are; this plan's {shown} weights need a checkpoint in that format: point the model at one"]
+
+
 @dataclass(frozen=True)
 class Replica:
     slot: int  # index on its node

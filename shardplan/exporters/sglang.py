@@ -49,6 +49,8 @@ from shardplan.exporters.base import (
 )
 from shardplan.exporters.serving import (
     DEFAULT_PORT,
+    shipped_as_planned,
+    shipped_notes,
     each_node_note,
     node_replicas,
     plan_split,
@@ -124,7 +126,7 @@ def server_args(ctx: ExportContext, *, data_parallel: int, port: int, nnodes: in
              ("mem-fraction-static", mem_fraction_static(ctx)), ("page-size", wl.block_size)]
     if L.kv_cache_dtype != wl.activation_dtype:
         args.append(("kv-cache-dtype", kv_cache_dtype(ctx, table)))
-    if L.weight_quantization in _QUANT:
+    if L.weight_quantization in _QUANT and not shipped_as_planned(ctx):  # else SGLang reads it from the checkpoint
         args.append(("quantization", _QUANT[L.weight_quantization]))
     # With DP attention SGLang divides both over the DP ranks (server_args.py: chunked_prefill_size //= dp_size;
     # the model runner: max_running_requests // dp_size), so a group of k replicas is given k times the plan's.
@@ -177,7 +179,8 @@ def export_sglang(ctx: ExportContext) -> list[ExportFile]:
     check(ctx, TARGET)
     port = ctx.options.port or DEFAULT_PORT
     header = [*plan_header(m, TARGET, flags(ctx)),
-              f"--mem-fraction-static {mem_fraction_static(ctx):.2f}: the plan's weights + KV cache share of the GPU"]
+              f"--mem-fraction-static {mem_fraction_static(ctx):.2f}: the plan's weights + KV cache share of the GPU",
+              *shipped_notes(ctx, "SGLang")]
     if ctx.options.disaggregated:
         return _disaggregated(ctx, header, port)
     g = group_replicas(ctx)

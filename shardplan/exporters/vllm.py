@@ -16,7 +16,10 @@ base.engine_flags picks the list, by default the pinned one), and the image is t
 - --gpu-memory-utilization: the plan's, when its predicted KV cache holds one max_model_len
   sequence (vLLM refuses to start otherwise); else the least share that does.
 - weights: fp8 -> --quantization fp8 (vLLM quantizes a 16-bit checkpoint at load); awq/gptq name
-  their method; int8/int4 need a pre-quantized checkpoint, whose config names the method.
+  their method; int8/int4 need a pre-quantized checkpoint, whose config names the method. A
+  checkpoint that ships the plan's format (block FP8, gpt-oss's MXFP4 experts: ModelSpec.shipped_format)
+  gets no --quantization: vLLM reads it from the checkpoint's quantization_config. A 16-bit plan of
+  such a checkpoint says that vLLM would load the shipped format, and to point at a 16-bit copy.
 - KV cache: --kv-cache-dtype auto in the activation dtype, else fp8 / bfloat16 / float16 where the
   version's CacheDType lists it (the flag list's choices_source); a plan with another is refused.
 - weight offload (`layout.offload_layers`): --cpu-offload-gb, the plan's host_offload_bytes per GPU in
@@ -69,6 +72,8 @@ from shardplan.exporters.base import (
 )
 from shardplan.exporters.serving import (
     DECODE_PORT_OFFSET,
+    shipped_as_planned,
+    shipped_notes,
     DEFAULT_PORT,
     each_node_note,
     node_replicas,
@@ -167,7 +172,7 @@ def serve_args(ctx: ExportContext, *, data_parallel: int, port: int, ray: bool =
         ("block-size", wl.block_size),
         ("kv-cache-dtype", kv_cache_dtype(ctx)),
     ]
-    if L.weight_quantization in _QUANT:
+    if L.weight_quantization in _QUANT and not shipped_as_planned(ctx):
         args.append(("quantization", _QUANT[L.weight_quantization]))
     offload = cpu_offload_gib(ctx)
     if offload is not None:
@@ -246,6 +251,7 @@ def _notes(ctx: ExportContext) -> list[str]:
     if L.weight_quantization in ("int8", "int4"):
         out.append(f"{L.weight_quantization} weights: point the model at a pre-quantized {L.weight_quantization} "
                    "checkpoint (GPTQ/AWQ/compressed-tensors); vLLM reads the method from its config")
+    out += shipped_notes(ctx, "vLLM")
     return out
 
 

@@ -587,9 +587,10 @@ def _shipped_quantization_note(cfg: Config) -> str | None:
     shown = method if _QUANT_METHOD.fullmatch(method) else "a method shardplan does not print"
     bits = quant.get("bits")
     size = f"{bits}-bit " if isinstance(bits, int) and not isinstance(bits, bool) and 1 <= bits <= 16 else ""
+    named = {"awq": "--quantization awq", "gptq": "--quantization gptq", "fp8": "--quantization fp8"}.get(method)
+    how = f" ({named})" if named else " (fp8, int8, int4, awq or gptq)"
     return (f"the checkpoint's weights are quantized ({size}{shown}, its quantization_config) and engines load them "
-            "so; shardplan plans the model's dtype unless --quantization names the format (4-bit AWQ or GPTQ: "
-            "--quantization awq or gptq)")
+            f"so; shardplan plans the model's dtype unless --quantization names the format{how}")
 
 
 def translate(cfg: Config, name: str) -> Translation:
@@ -597,6 +598,9 @@ def translate(cfg: Config, name: str) -> Translation:
     note for a quantized checkpoint planned at the model's dtype."""
     t = _translate(cfg, name)
     head = _head_fields(cfg)
+    block = _fp8_weight_block(cfg.get("quantization_config"))
+    if block is not None and "fp8_weight_block_size" not in t.fields:
+        head = {**head, "fp8_weight_block_size": block}  # the paths through transformers or a text_config
     if head:
         t = Translation({**t.fields, **head}, t.warnings, t.notes)
     note = _shipped_quantization_note(cfg)

@@ -334,6 +334,10 @@ def serving_capacity(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload
     # gptq store what int4 does); an engine without the list: fp8, int8, int4.
     engine_formats = [Quantization(f) for f in wl.weight_formats if f not in ("awq", "gptq")]
     formats = [Quantization.NONE, *(engine_formats or QUANTIZED_FORMATS)]
+    if wl.quantization is not Quantization.NONE:
+        # The format the checkpoint ships in, which the engine loads as it is (inputs.inference_workload:
+        # block FP8, gpt-oss's MXFP4 experts), is the first row; a 16-bit copy is not what it loads.
+        formats = [wl.quantization, *(f for f in formats if f not in (wl.quantization, Quantization.NONE))]
     context = wl.max_model_len or spec.max_position_embeddings
     wl = replace(wl, max_model_len=context)
     rows: list[FormatRow] = []

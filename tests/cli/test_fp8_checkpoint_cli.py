@@ -83,10 +83,61 @@ def test_a_checkpoint_in_another_shipped_format_is_named_in_a_note(cli, tmp_path
     d = _json(plain)
     assert d["workload"]["quantization"] == "none"
     assert "note: the checkpoint's weights are quantized (4-bit gptq, its quantization_config)" in plain.stderr
-    assert "--quantization awq or gptq" in plain.stderr
+    assert "unless --quantization names the format (--quantization gptq)" in plain.stderr
     asked = _json(cli(*base, "--quantization", "gptq"))
     assert asked["workload"]["quantization"] == "gptq" and _weights_gib(asked) < 0.4 * _weights_gib(d)
     cfg["quantization_config"] = {"quant_method": "\x1b[31mevil", "bits": True}  # a hostile method name: not printed
     path.write_text(json.dumps(cfg))
     hostile = cli(*base)
     assert hostile.exit_code in (0, 3) and "\x1b" not in hostile.stderr and "(a method shardplan does not print," in hostile.stderr
+
+
+def test_a_split_the_engines_refuse_to_load_does_not_fit(cli):
+    """vLLM and SGLang refuse DeepSeek-R1 at tp 32: "Weight output_partition_size = 576 is not divisible by
+    weight quantization block_n = 128" (18,432 / 32; https://github.com/sgl-project/sglang/issues/3491). At
+    tp 16 every width splits into whole blocks (18,432 / 16 = 1,152, the experts' 2,048 / 16 = 128)."""
+    r = cli("estimate", "deepseek-v3", "-H", "h200-sxm-141gb", "--gpus", "32", "--tp", "32", "--json")
+    assert r.exit_code == 3, r.stderr
+    assert "intermediate_size 18,432 / 32 = 576 per rank is not a multiple of its 128-wide weight blocks" in \
+        r.json()["reason"]
+    assert cli("estimate", "deepseek-v3", "-H", "h200-sxm-141gb", "--gpus", "16", "--tp", "16", "--json").exit_code == 0
+    top = _json(cli("recommend", "deepseek-v3", "-H", "h200-sxm-141gb", "--gpus", "32", "--json"))["top"]
+    assert top and all(e["plan"]["tp"] <= 16 or e["plan"]["quantization"] != "fp8" for e in top)
+
+
+def test_capacity_starts_from_the_format_the_checkpoint_ships(cli):
+    d = _json(cli("capacity", "deepseek-v3", "-H", "h200-sxm-141gb", "--json"))
+    formats = [f["quantization"] for f in d["formats"]]
+    assert formats[0] == "fp8" and "none" not in formats  # no row for a 16-bit copy the engines do not load
+
+
+def test_exports_leave_the_shipped_format_to_the_engine_and_flag_a_copy(cli, tmp_path):
+    """An FP8 plan of the FP8 checkpoint: no --quantization (the engine reads the checkpoint's config, as it
+    does with no flag). A 16-bit plan of it: the launch script says the engine would load FP8 from it."""
+    plan = tmp_path / "fp8.yaml"
+    assert cli("recommend", "deepseek-v3", "-H", "h200-sxm-141gb", "--gpus", "8", "-o", plan).exit_code == 0
+    for target, launcher in (("vllm", "vllm serve"), ("sglang", "sglang.launch_server")):
+        text = cli("export", plan, "--to", target).stdout
+        assert launcher in text and "--quantization" not in text and "ships fp8 weights" not in text, target
+    copy = tmp_path / "bf16.yaml"
+    assert cli("recommend", "deepseek-v3", "-H", "h200-sxm-141gb", "--gpus", "16", "--weight-dtype", "bf16",
+               "-o", copy).exit_code == 0
+    text = cli("export", copy, "--to", "vllm").stdout
+    assert "the checkpoint ships fp8 weights (its quantization_config), which vLLM loads as they are; this plan's " \
+           "16-bit weights need a checkpoint in that format" in " ".join(text.replace("#", " ").split())
+
+
+def test_a_block_fp8_config_translated_through_transformers_is_planned_in_fp8(cli, tmp_path):
+    """A model_type shardplan has no translator for (olmo2: built on the meta device by transformers) with
+    a block-FP8 quantization_config: the same default as the translated families."""
+    import json
+
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("olmo2").to_dict()
+    cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128], "fmt": "e4m3",
+                                  "activation_scheme": "dynamic"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    d = _json(cli("estimate", str(path), "-H", "h100-sxm-80gb", "--gpus", "1", "--json"))
+    assert d["workload"]["quantization"] == "fp8"

@@ -3,6 +3,7 @@
 # predicted peak per GPU: 125.83 GiB of 139.81 GiB (binding: stage 0, weights)
 # flags checked against SGLang 0.5.23 (the pinned version: the plan names no engine version; https://pypi.org/project/sglang/0.5.23/)
 # --mem-fraction-static 0.88: the plan's weights + KV cache share of the GPU
+# the checkpoint ships fp8 weights (its quantization_config), which SGLang loads as they are; this plan's 16-bit weights need a checkpoint in that format: point the model at one
 # expert parallelism spans 16 replicas: they run as one server with DP attention (--attn-dp-size 16, --ep-size 16); SGLang supports DP attention for DeepSeek- and Qwen-MoE-style models
 # each of the 1 server(s) spans 2 nodes: run on each of them with HEAD_ADDR (the server's first node) and NODE_RANK (0..1) set
 set -euo pipefail

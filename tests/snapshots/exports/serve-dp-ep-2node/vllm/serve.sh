@@ -3,6 +3,7 @@
 # predicted peak per GPU: 125.83 GiB of 139.81 GiB (binding: stage 0, weights)
 # flags checked against vLLM 0.33.0 (the pinned version: the plan names no engine version; https://pypi.org/project/vllm/0.33.0/)
 # predicted KV cache: 237,680 tokens per replica at --gpu-memory-utilization 0.90 (8192-token max_model_len)
+# the checkpoint ships fp8 weights (its quantization_config), which vLLM loads as they are; this plan's 16-bit weights need a checkpoint in that format: point the model at one
 # expert parallelism spans 16 replicas: they run as one vLLM server, --data-parallel-size 16 --enable-expert-parallel (ep = tp x dp = 16)
 # each of the 1 server(s) spans 2 nodes: run serve.sh on each of them with HEAD_ADDR (the first node) and NODE_RANK (0..1) set; node 0 serves the API
 # or apply lws.yaml (LeaderWorkerSet) on Kubernetes
