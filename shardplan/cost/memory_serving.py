@@ -623,8 +623,10 @@ def fp8_block_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorklo
     output_partition_size = 576 is not divisible by weight quantization block_n = 128" for
     DeepSeek-R1 at tp 32 (18,432 / 32; https://github.com/sgl-project/sglang/issues/3491 and #3345),
     and a recipe capped DeepSeek-V4-Pro at tp 8 for the same reason (moe_intermediate_size 3,072 /
-    16 = 192; https://github.com/vllm-project/recipes/pull/567). Dense MLPs and shared experts split
-    over tp, routed experts over the expert tensor-parallel degree."""
+    16 = 192; https://github.com/vllm-project/recipes/pull/567). Still so in 2026: vLLM issue #52997
+    ("Block-FP8 tensor-parallel shards smaller than a quantization block fail to load", open, with the
+    padding fix #52915 open), and the MoE padding of #39046 was closed. Dense MLPs and shared experts
+    split over tp, routed experts over the expert tensor-parallel degree."""
     block = spec.fp8_weight_block_size
     if block is None or wl.quantization.value != "fp8":
         return None
