@@ -182,7 +182,7 @@ def capacity(
             gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
             weight_dtype=None, quantization=None, enforce_eager=enforce_eager, input_len=1024, output_len=128, batch_size=None,
             vision=loaded.spec.vision, encoder_decoder=loaded.spec.num_cross_attention_layers > 0,
-            checkpoint_expert_format=loaded.spec.shipped_format, mla=loaded.spec.mla is not None,
+            checkpoint_format=loaded.spec.shipped_format, mla=loaded.spec.mla is not None,
             sliding_window=loaded.spec.num_sliding_layers > 0,
         )
         if concurrency > wl_s.max_num_seqs:
@@ -220,7 +220,7 @@ def _size_for_rate(spec, hw, engine: str, engine_version: Optional[str], limit: 
         gpu_memory_utilization=o["gpu_memory_utilization"], block_size=o["block_size"], kv_cache_dtype=o["kv_cache_dtype"],
         weight_dtype=None, quantization=None, enforce_eager=o["enforce_eager"], input_len=input_len,
         output_len=output_len, batch_size=None, vision=spec.vision,
-        encoder_decoder=spec.num_cross_attention_layers > 0, checkpoint_expert_format=spec.shipped_format,
+        encoder_decoder=spec.num_cross_attention_layers > 0, checkpoint_format=spec.shipped_format,
         mla=spec.mla is not None, sliding_window=spec.num_sliding_layers > 0)
     lengths, name = None, "fixed"
     if o["dataset_lengths"]:

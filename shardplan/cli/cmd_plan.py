@@ -578,7 +578,7 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
         input_len=input_len, output_len=output_len, batch_size=o["batch_size"],
         vision=o["loaded"].spec.vision, images_per_prompt=o.get("limit_mm_per_prompt"),
         encoder_decoder=o["loaded"].spec.num_cross_attention_layers > 0,
-        checkpoint_expert_format=o["loaded"].spec.shipped_format, mla=o["loaded"].spec.mla is not None,
+        checkpoint_format=o["loaded"].spec.shipped_format, mla=o["loaded"].spec.mla is not None,
         sliding_window=o["loaded"].spec.num_sliding_layers > 0,
     )
     if shortened:

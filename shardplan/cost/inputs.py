@@ -171,7 +171,7 @@ def inference_workload(
     vision: VisionSpec | None = None,
     images_per_prompt: int | None = None,
     encoder_decoder: bool = False,
-    checkpoint_expert_format: str | None = None,
+    checkpoint_format: str | None = None,
     mla: bool = False,
     sliding_window: bool = False,
     overlap_scheduling: bool | None = None,
@@ -182,7 +182,7 @@ def inference_workload(
     the dataclass defaults. `vision`: a multimodal model's tower, whose profiling pass the engine
     version's rules size (`images_per_prompt`: its limit_mm_per_prompt for images). `encoder_decoder`:
     the language model cross-attends to the encoder (Mllama), which vLLM ran only on its V0 engine
-    (`_check_encoder_decoder`). `checkpoint_expert_format`: the format the checkpoint ships in
+    (`_check_encoder_decoder`). `checkpoint_format`: the format the checkpoint ships in
     (ModelSpec.shipped_format: gpt-oss's MXFP4 experts, a block-quantized FP8 checkpoint's fp8); an
     engine that runs it as shipped (its knowledge's checkpoint_formats) plans it so unless another
     format is asked for. `mla`: the model's attention is MLA (SGLang's reserve for
@@ -213,27 +213,27 @@ def inference_workload(
             raise ShardplanError(f"no weight format for {wd.value}", field="--weight-dtype", hint="use fp8, int8 or int4") from None
     shipped = {c.format: c for c in engine.checkpoint_formats} if engine is not None else {}
     if quant.is_mxfp4:
-        if checkpoint_expert_format != "mxfp4":
+        if checkpoint_format != "mxfp4":
             raise ShardplanError(f"{quant.value} is the format gpt-oss's routed experts ship in; this model's experts "
                                  "do not", field="--quantization", hint="use fp8, int8 or int4, or leave it out")
         if engine is not None and "mxfp4" not in shipped:
             raise ShardplanError(f"{engine.label} does not run MXFP4 experts", field="--quantization",
                                  hint="use --engine vllm or sglang, or another --quantization")
-    mxfp4_note = None
-    fmt = shipped.get(checkpoint_expert_format or "")
+    shipped_note = None
+    fmt = shipped.get(checkpoint_format or "")
     if fmt is not None and fmt.needs_fp8_tensor_cores and (hw is None or DType.FP8 not in hw.peak_flops):
         fmt = None  # the model's own dtype on such GPUs (the format's needs_fp8_tensor_cores_source)
     if quantization is None and wd is None and fmt is not None and engine is not None:
         quant = Quantization(fmt.format)
         if fmt.format == "fp8":
-            mxfp4_note = (f"{engine.label}: the linear weights stay in FP8 as the block-quantized checkpoint ships them "
+            shipped_note = (f"{engine.label}: the linear weights stay in FP8 as the block-quantized checkpoint ships them "
                           f"(its quantization_config; {fmt.source}); --weight-dtype bf16 plans a 16-bit copy")
         else:
-            mxfp4_note = (f"{engine.label}: the routed experts stay in MXFP4 as the checkpoint ships them, 4.25 bits a "
+            shipped_note = (f"{engine.label}: the routed experts stay in MXFP4 as the checkpoint ships them, 4.25 bits a "
                           f"weight (OCP MX: 32 FP4 values share an 8-bit scale; {fmt.source})")
         if fmt.without_fp4_tensor_cores is not None and hw is not None and DType.FP4 not in hw.peak_flops:
             quant = Quantization(fmt.without_fp4_tensor_cores)
-            mxfp4_note += f"; without FP4 tensor cores they are held as {quant.value} ({fmt.without_fp4_tensor_cores_source})"
+            shipped_note += f"; without FP4 tensor cores they are held as {quant.value} ({fmt.without_fp4_tensor_cores_source})"
     base = InferenceWorkload()
     switches: dict = {}
     batched_given = max_num_batched_tokens is not None
@@ -314,8 +314,8 @@ def inference_workload(
                                    f"KV cache {kv_format.value}: {engine.kv_block_formats_source}")
     if speculative is not None:
         switches["assumptions"] = (*switches.get("assumptions", ()), spec_decode.assumption(speculative))
-    if mxfp4_note is not None:
-        switches["assumptions"] = (*switches.get("assumptions", ()), mxfp4_note)
+    if shipped_note is not None:
+        switches["assumptions"] = (*switches.get("assumptions", ()), shipped_note)
     return InferenceWorkload(
         max_model_len=max_model_len,
         max_num_seqs=base.max_num_seqs if max_num_seqs is None else max_num_seqs,

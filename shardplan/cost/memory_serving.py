@@ -30,7 +30,7 @@ from shardplan.cost import speculative as spec_decode
 from shardplan.cost.offload import offload_memory
 from shardplan.cost.vision import vision_profile_peak_bytes
 from shardplan.cost.weights import stage_weights
-from shardplan.cost.workload import InferenceWorkload
+from shardplan.cost.workload import InferenceWorkload, Quantization
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.errors import ShardplanError
 from shardplan.specs.model import ModelSpec
@@ -628,9 +628,9 @@ def fp8_block_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorklo
     padding fix #52915 open), and the MoE padding of #39046 was closed. Dense MLPs and shared experts
     split over tp, routed experts over the expert tensor-parallel degree."""
     block = spec.fp8_weight_block_size
-    if block is None or wl.quantization.value != "fp8":
+    if block is None or wl.quantization is not Quantization.FP8:
         return None
-    step = math.lcm(*block)  # the width is the up projections' output (n) and the down projection's input (k)
+    block_width = math.lcm(*block)  # the width is the up projections' output (n) and the down projection's input (k)
     widths: list[tuple[str, int, int]] = []
     moe = spec.moe
     dense = moe is None or moe.first_dense_layers > 0 or bool(moe.dense_layer_indices) or moe.moe_layer_step > 1
@@ -641,8 +641,8 @@ def fp8_block_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorklo
         if moe.num_shared_experts:
             widths.append(("the shared experts' width", moe.shared_intermediate_size * moe.num_shared_experts, layout.tp))
     for name, width, parts in widths:
-        if parts > 1 and (width // parts) % step:
+        if parts > 1 and (width // parts) % block_width:
             return (f"the engine refuses to load the block-quantized FP8 checkpoint: {name} {width:,} / {parts} = "
-                    f"{width // parts:,} per rank is not a multiple of its {step}-wide weight blocks (use a smaller "
+                    f"{width // parts:,} per rank is not a multiple of its {block_width}-wide weight blocks (use a smaller "
                     "tensor-parallel degree, expert parallelism, or another format)")
     return None

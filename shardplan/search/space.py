@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import lru_cache
 from typing import Any, Callable
@@ -86,6 +86,10 @@ class Goal:
                                      hint="leave the option out for no limit")
         if self.min_throughput_tokens_per_second == 0:  # a minimum of nothing: no limit
             object.__setattr__(self, "min_throughput_tokens_per_second", None)
+
+    def without_sla(self) -> "Goal":
+        """The same goal with no latency limits (goodput then ranks at the most each plan sustains)."""
+        return replace(self, max_ttft_seconds=None, max_tpot_seconds=None, sla_defaulted=False)
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ def recommend(
         floors = ", ".join(f"p{goal.slo_percentile} {k.upper()} {v * 1e3:,.1f} ms" for k, v in sorted(res.sla_floor_seconds.items()))
         dropped = (f"no layout meets the default SLA (the fastest, one request at a time or at the lightest load: {floors}); ranked by goodput "
                    "without it, at the highest rate each sustains")
-        goal = replace(goal, max_ttft_seconds=None, max_tpot_seconds=None, sla_defaulted=False)
+        goal = goal.without_sla()
         res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, progress=progress)
     runs_on = RunsOn(spec)
     compare_split = bool(res.top and isinstance(workload, InferenceWorkload) and goal.objective is Objective.GOODPUT
@@ -485,7 +485,7 @@ def _other_engine_plans(spec: Any, hw: HardwareProfile, workload: InferenceWorkl
                 max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=None, block_size=None,
                 kv_cache_dtype=None, weight_dtype=None, quantization=None, enforce_eager=False,
                 input_len=workload.input_len, output_len=workload.output_len, batch_size=workload.batch_size,
-                checkpoint_expert_format=spec.shipped_format, mla=spec.mla is not None,
+                checkpoint_format=spec.shipped_format, mla=spec.mla is not None,
                 sliding_window=spec.num_sliding_layers > 0)
         except ShardplanError:
             continue
@@ -571,7 +571,7 @@ def _sla_section(goal: Goal, workload: InferenceWorkload | TrainingWorkload) -> 
 
 
 def _without_default_sla(goal: Goal) -> Goal:
-    return replace(goal, max_ttft_seconds=None, max_tpot_seconds=None, sla_defaulted=False) if goal.sla_defaulted else goal
+    return goal.without_sla() if goal.sla_defaulted else goal
 
 
 def with_allowed_dtypes(space: Space, allowed: list[str]) -> Space:

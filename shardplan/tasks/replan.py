@@ -274,7 +274,7 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
     if not res.top and sla is not None and sla.defaulted:
         # A default SLA is a preference (as recommend takes it): when no layout on the new count meets it,
         # rank by goodput without it, and the new plan records none.
-        sla, goal = None, replace(goal, max_ttft_seconds=None, max_tpot_seconds=None, sla_defaulted=False)
+        sla, goal = None, goal.without_sla()
         res = search(spec, hw, workload, space, goal, num_gpus=num_gpus, progress=progress)
     seen, candidates = set(), []
     for e in res.top:  # serving ranks batch sizes of one layout apart; the moves depend on the layout

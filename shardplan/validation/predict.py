@@ -130,7 +130,7 @@ def engine_log_inputs(case: EngineLogCase, corpus: Path | None = None):
         quantization=QUANTIZATION[quant], enforce_eager=bool(f.enforce_eager), input_len=1024, output_len=128,
         batch_size=None, engine=engine_rules(case.engine, case.engine_version), hw=hw,
         model_max_len=spec.max_position_embeddings, enable_chunked_prefill=f.enable_chunked_prefill,
-        vision=spec.vision, images_per_prompt=f.limit_mm_per_prompt, checkpoint_expert_format=spec.shipped_format,
+        vision=spec.vision, images_per_prompt=f.limit_mm_per_prompt, checkpoint_format=spec.shipped_format,
         mla=spec.mla is not None, sliding_window=spec.num_sliding_layers > 0)
     return spec, hw, Layout(tp=case.tp, pp=case.pp), wl
 
@@ -222,7 +222,7 @@ def serving_load_inputs(case: ServingLoadCase, corpus: Path | None = None, hw: H
         max_model_len=f.max_model_len, max_num_seqs=f.max_num_seqs, max_num_batched_tokens=f.max_num_batched_tokens,
         gpu_memory_utilization=f.gpu_memory_utilization, block_size=None, kv_cache_dtype=None, weight_dtype=None,
         quantization=case.quantization, enforce_eager=bool(f.enforce_eager), input_len=1024, output_len=128,
-        batch_size=None, checkpoint_expert_format=spec.shipped_format,
+        batch_size=None, checkpoint_format=spec.shipped_format,
         overlap_scheduling=f.async_scheduling if f.async_scheduling is not None
         else None if f.disable_overlap_schedule is None else not f.disable_overlap_schedule)
     traffic = Traffic(requests=serving_load_requests(case), max_concurrency=case.max_concurrency,

@@ -22,7 +22,7 @@ HW = load_hardware("h100-sxm-80gb")
 WL = inference_workload(engine=engine_rules("vllm", "0.11.0"), hw=HW, model_max_len=SPEC.max_position_embeddings,
                         max_model_len=8192, max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=None,
                         block_size=None, kv_cache_dtype=None, weight_dtype=None, quantization=None, enforce_eager=False,
-                        input_len=1024, output_len=128, batch_size=None, checkpoint_expert_format=SPEC.expert_dtype,
+                        input_len=1024, output_len=128, batch_size=None, checkpoint_format=SPEC.expert_dtype,
                         overlap_scheduling=None)
 GROUP = Layout(tp=1, dp=4, ep=4)  # attention data-parallel over 4 replicas, experts split over their 4 GPUs
 

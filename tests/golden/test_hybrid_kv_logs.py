@@ -155,7 +155,7 @@ def test_llamacpp_sliding_layers_get_their_window_and_a_ubatch(entry):
         max_model_len=check["n_ctx"], max_num_seqs=check["n_seq"], max_num_batched_tokens=check["n_ubatch"],
         gpu_memory_utilization=None, block_size=None, kv_cache_dtype=None, weight_dtype=None, quantization=None,
         enforce_eager=False, input_len=1024, output_len=128, batch_size=None,
-        checkpoint_expert_format=spec.expert_dtype, sliding_window=True)
+        checkpoint_format=spec.expert_dtype, sliding_window=True)
     assert iswa_cells(spec, wl, check["n_ctx"]) == check["swa_cells"]
     kv = serving_memory(spec, hw, Layout(tp=1, pp=1, dp=1), wl).ranks[0].breakdown.kv_cache
     assert kv / 2**20 == pytest.approx(check["kv_mib"], abs=0.01)

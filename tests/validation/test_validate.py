@@ -231,7 +231,7 @@ def _serving_by_hand(model, hw_name, tp, engine, version, requests, conc):
                             gpu_memory_utilization=None, block_size=None, kv_cache_dtype=None, weight_dtype=None,
                             quantization=None, enforce_eager=False, input_len=1024, output_len=128, batch_size=None,
                             engine=engine_rules(engine, version), hw=hw, model_max_len=spec.max_position_embeddings,
-                            checkpoint_expert_format=spec.expert_dtype)
+                            checkpoint_format=spec.expert_dtype)
     layout = Layout(tp=tp)
     kv = serving_memory(spec, hw, layout, wl).kv_account
     return serve_traffic(spec, hw, layout, wl, Traffic(requests=requests, max_concurrency=conc), kv=kv, itl=True)
