@@ -5,9 +5,11 @@ The search takes shortcuts that change how much work it does, never what it find
     each layer kind at one representative layer (`compute.kinds_forward`); a replica's memory
     and time are costed once across the GPU counts of `--max-gpus` (`search/serving.py`);
   - training: a per-stage memory verdict before the full memory model
-    (`memory_training.training_memory_unless_over_gpu`).
+    (`memory_training.training_memory_unless_over_gpu`);
+  - goodput: a replica whose bound on goodput cannot reach the top plans is not simulated
+    (`search/serving.py`, `_goodput_bound`).
 `reference_path()` turns them all off, so that a test can run the search both ways in one
-process and compare the rankings (tests/search/test_search_memo.py). Pure caches of pure
+process and compare the rankings (tests/search/test_search_memo.py, test_goodput_bound.py). Pure caches of pure
 functions (`lru_cache`) stay on either way: they cannot change a result; `hash_once` below
 makes the frozen inputs cheap to look up in them.
 """

@@ -198,9 +198,10 @@ def _search(
         wide = replace(space, quantizations=space.quantizations + extra)
         search_serving(spec, hwc, workload, wide, goal, res, offload=True, memo=replicas)  # type: ignore[arg-type]
     # Plans that fit only at the prediction ("tight") rank after those that fit at the band's
-    # edge. Serving costs every point, so this order is exact; training's branch and bound keeps
-    # each GPU count's best K by the objective, and this orders those (with --strict-fit the
-    # search rejects tight plans where it decides fit, so the K kept all fit at the edge).
+    # edge. Serving leaves out only points that cannot change what this shows (search/serving.py,
+    # `_top_floor` reads this order and the shapes), so the order is exact; training's branch and
+    # bound keeps each GPU count's best K by the objective, and this orders those (with --strict-fit
+    # the search rejects tight plans where it decides fit, so the K kept all fit at the edge).
     ranked = sorted(res.feasible, key=lambda e: (e.tight, e.objective_value, e.key))
     res.top = honest_top(ranked, goal)
     if not training:

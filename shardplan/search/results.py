@@ -240,7 +240,10 @@ class RecommendResult(OmitNone):
     rejected: dict[str, int] = Field(description="layouts rejected, by reason")
     invalid_degree_combinations: dict[str, int] = Field(description="degree combinations that cannot exist, by reason")
     top: list[RecommendEntry] = Field(description="the best plans, best first")
-    pareto: list[ParetoPoint] = Field(description="serving: the latency vs throughput-per-GPU frontier")
+    pareto: list[ParetoPoint] = Field(description="serving: the latency vs throughput-per-GPU frontier of the plans "
+                                                  "costed in full (goodput: a plan whose bound on goodput cannot "
+                                                  "reach the plans shown is not simulated, so not on it; `rejected` "
+                                                  "counts them)")
     best_per_num_gpus: list[BestAtGpuCount] = Field(description="training: the best plan at each GPU count")
     binding_constraint: BindingConstraint | None = Field(description="the pick's tightest limit")
     runner_up_gap_fraction: float | None = Field(description="how far the runner-up is behind, fraction")

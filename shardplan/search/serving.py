@@ -14,6 +14,7 @@ import operator
 from dataclasses import fields, replace
 from typing import Any, Iterator, NamedTuple
 
+from shardplan.cost import memo as shortcuts
 from shardplan.cost.accuracy import kv_holds_at_edge
 from shardplan.cost.layout import Layout, Offload
 from shardplan.cost.memory_serving import KvAccount, ServingMemory, serving_memory
@@ -322,15 +323,56 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
 def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[Any], goal: Goal, res: SearchResult,
                             memo: Memo | None, workers: int = 0) -> None:
     """Cost the goodput points of one GPU count, the highest bound first; once the count has a
-    plan, a point whose bound cannot reach the top K is left out (counted as such). Exact: the bound
-    (`_goodput_bound`) is never below what the simulation finds. `workers` forked processes
-    (search/ahead.py) simulate the next points while this one simulates one; each verdict is
-    applied at its turn, so the plans, their order and the counts are those of one process."""
+    plan, a point whose bound (`_goodput_bound`) cannot reach the plans shown (`_top_floor`), and
+    whose shape no other variant of it can bring among them (so that each shown shape counts all
+    its variants), is left out (counted as such). Exact for what the ranking shows: the bound is
+    never below what the simulation finds, and the need only rises as plans are found
+    (tests/search/test_goodput_bound.py compares the reference path). Not for the Pareto front,
+    which holds the plans costed in full. `workers` forked processes (search/ahead.py) simulate the
+    next points while this one simulates one; each verdict is applied at its turn, so the plans,
+    their order and the counts are those of one process."""
     if not pending:
         return
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
     open_loop = (pending[0][1].load or ServingLoad()).open_loop
-    keys = [_goodput_memo_key(hw, layout, wlq, goal) for layout, wlq, _, _ in pending]
+    keys = [_goodput_memo_key(hw, layout, wlq, goal, sm.kv_account) for layout, wlq, sm, _ in pending]
+
+    floors: dict[tuple[Any, ...], float | None] = {}  # (plans so far, shape, tight) -> _top_floor
+    shapes: dict[tuple[int, ...], list[int]] = {}  # shape -> its points
+    for i, (layout, _, _, _) in enumerate(pending):
+        shapes.setdefault(_shape_of(layout), []).append(i)
+    # Point -> the most goodput per GPU it may still show: its bound until it is simulated (or left
+    # out), then what it got (-inf where it was rejected). Set below.
+    reach: dict[int, float] = {}
+    shown: dict[tuple[Any, ...], bool] = {}  # (plans so far, shape) -> whether a plan of it may be shown
+
+    def floor_of(shape: tuple[int, ...], tight: bool) -> float | None:
+        key = (len(res.feasible), shape, tight)
+        if key not in floors:
+            floors[key] = _top_floor(res, goal, count, shape, tight)
+        return floors[key]
+
+    def need_of(i: int) -> float | None:
+        """The goodput per GPU point i's bound must reach for the search to need its simulation:
+        while its shape may be shown (another point of it may still reach the plans shown) every
+        variant counts (`Evaluated.variants`), so None; otherwise what it needs itself to reach
+        them (`_top_floor`), or None while it could reach them at any value."""
+        layout, _, _, tight = pending[i]
+        shape = _shape_of(layout)
+        need = floor_of(shape, tight)
+        if need is not None and goal.group_by_shape:
+            for j in shapes[shape]:
+                if j != i:
+                    floor = floor_of(shape, pending[j][3])
+                    if floor is None or reach[j] >= floor:
+                        return None
+            key = (len(res.feasible), shape)
+            if key not in shown:  # its variants an earlier pass over this count found (the offload pass)
+                shown[key] = any(_shape_of(e.layout) == shape and -e.objective_value >= (floor_of(shape, e.tight)
+                                 or -math.inf) for e in res.feasible)
+            if shown[key]:
+                return None
+        return need
 
     def found_for(i: int) -> Any:
         layout, wlq, sm, _ = pending[i]
@@ -345,8 +387,11 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
         _, store = _looked_up(memo, keys[i])
         if store and keys[i] not in memo:  # a worker's verdict, kept as this process's own would be
             memo[keys[i]] = found  # type: ignore[index]
+        before = len(res.feasible)
         _goodput(hw, layout, wlq, sm, goal, res, tight, found)
+        reach[i] = -res.feasible[-1].objective_value if len(res.feasible) > before else -math.inf
 
+    count = pending[0][0].world_size
     if not open_loop:  # at the load's own rate or concurrency: every point, in order
         indices = list(range(len(pending)))
         ahead = workers if sum(1 for i in indices if worth(i)) >= AHEAD_MIN_POINTS else 0
@@ -357,10 +402,9 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
     # model's interpolation between the points it reads off pass_time.
     bounds = [(BOUND_MARGIN * _goodput_bound(spec, hw, layout, wlq, sla, memo) / (layout.tp * layout.pp), i)
               for i, (layout, wlq, sm, tight) in enumerate(pending)]
-    count = pending[0][0].world_size
     order = sorted(bounds, key=lambda x: (-x[0], x[1]))
     limit = goal.min_throughput_tokens_per_second
-    if limit is not None:
+    if limit is not None and shortcuts.ENABLED:  # on the reference path the limit rejects what it simulates
         # Over all GPUs: a point whose bound times its GPUs is short of the limit cannot meet it. A bound
         # of 0 (no batch meets the TPOT limit) takes the usual path, which records the SLA's floors
         # (the default SLA's fallback and the looser limits suggested read them).
@@ -374,18 +418,13 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
             res.rejected[BOUNDED_UNDER_MIN_THROUGHPUT] += refused
             order = [(bound, i) for bound, i in order if not short(bound)]
 
-    def need() -> float | None:
-        """The goodput per GPU a point's bound must reach once this count has a plan: the top K's last."""
-        if not any(e.num_gpus == count for e in res.feasible):
-            return None
-        best = sorted(-e.objective_value for e in res.feasible)[::-1][:goal.top_k]
-        return best[-1] if len(best) >= goal.top_k else None
-
-    floor = [need()]  # updated after each point: `keep` reads it
     by_index = {i: bound for bound, i in order}
+    reach.update(by_index)
+    reach.update({i: -math.inf for i in range(len(pending)) if i not in by_index})  # refused by --min-throughput
 
     def keep(i: int) -> bool:
-        return floor[0] is None or by_index[i] >= floor[0]
+        need = need_of(i)
+        return need is None or by_index[i] >= need
 
     ahead = workers if sum(1 for _, i in order if worth(i)) >= AHEAD_MIN_POINTS else 0
     for i, found in in_order([i for _, i in order], found_for, ahead, keep, worth):
@@ -395,7 +434,48 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
             res.rejected[BOUNDED_OUT] += 1
             continue
         apply(i, found)
-        floor[0] = need()
+
+
+def _shape_of(layout: Layout) -> tuple[int, ...]:
+    """A pending point's parallel shape, as `search.parallel_shape` reads it off a ranked plan."""
+    return (layout.world_size, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep)
+
+
+def _top_floor(res: SearchResult, goal: Goal, count: int, shape: tuple[int, ...], tight: bool) -> float | None:
+    """The goodput per GPU that a point of `shape` (`tight`: fits only at the prediction) must
+    exceed to be among the plans `search` shows, once this GPU count has a plan (so that each count
+    keeps its best); None while any value could. The ranking (`search.honest_top`) puts plans that
+    fit at the band's edge before tight ones, shows each parallel shape once (by its best variant)
+    unless `goal.group_by_shape` is off, and lists the plans tied with the first ahead of the rest:
+    so the floor is the K-th best among the plans ranked ahead of such a point, of K other shapes,
+    and no higher than the edge of a tie with the first."""
+    feasible = res.feasible
+    if not shortcuts.ENABLED or not any(e.num_gpus == count for e in feasible):
+        return None  # the reference path (`memo.reference_path()`) simulates every point
+    grouped = goal.group_by_shape
+    best: dict[Any, float] = {}
+    head: tuple[bool, float] | None = None
+    for n, e in enumerate(feasible):
+        goodput = -e.objective_value
+        if head is None or (e.tight, -goodput) < (head[0], -head[1]):
+            head = (e.tight, goodput)
+        if e.tight > tight:
+            continue  # ranked after any plan of this point
+        value = math.inf if e.tight < tight else goodput
+        s = (e.layout.world_size, e.layout.tp, e.layout.pp, e.layout.dp, e.layout.cp, e.layout.ep)
+        if grouped:
+            if s == shape:
+                continue  # its own shape's other variants do not keep it out of the shown shapes
+            if value > best.get(s, -math.inf):
+                best[s] = value
+        else:
+            best[n] = value
+    values = sorted(best.values(), reverse=True)
+    floor = values[goal.top_k - 1] if len(values) >= goal.top_k else None
+    band = goal.tie_band_fraction or 0.0
+    if floor is not None and head is not None and head[0] == tight and band > 0:
+        floor = min(floor, head[1] - band * abs(head[1]))  # within the band of the first: a tie, shown
+    return floor
 
 
 BOUNDED_OUT = "cannot reach the top plans: even its bound on goodput is lower"
@@ -491,10 +571,13 @@ def _goodput_key(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload) -> 
     return ("goodput", k[0] if offloads else None, k[1], k[2], k[4] if offloads else None, k[5])
 
 
-def _goodput_memo_key(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, goal: Goal) -> tuple[Any, ...]:
-    """What a replica's verdict under traffic depends on: its figures (`_goodput_key`), the SLA,
-    and with a fixed rate or concurrency the replicas it is split over."""
-    return (_goodput_key(hw, layout, wl), Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile),
+def _goodput_memo_key(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, goal: Goal,
+                      kv: KvAccount) -> tuple[Any, ...]:
+    """What a replica's verdict under traffic depends on: its figures (`_goodput_key`), the KV
+    cache its requests draw on (which the memory at this count gives: with more than one rank NCCL's
+    buffers take their share, so a one-GPU replica and the same replica beside others hold
+    different caches), the SLA, and with a fixed rate or concurrency the replicas it is split over."""
+    return (_goodput_key(hw, layout, wl), kv, Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile),
             None if (wl.load or ServingLoad()).open_loop else layout.dp)
 
 
@@ -506,7 +589,7 @@ def _goodput_found(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
     load = wl.load or ServingLoad()
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
     open_loop = load.open_loop
-    key = _goodput_memo_key(hw, layout, wl, goal) if memo is not None else None
+    key = _goodput_memo_key(hw, layout, wl, goal, sm.kv_account) if memo is not None else None
     found, store = _looked_up(memo, key)
     if found is None:
         step = _step_model(spec, hw, layout, wl, memo)
