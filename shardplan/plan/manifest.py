@@ -50,6 +50,7 @@ from shardplan.plan.schema import (
     PredictedLoadSection,
     PredictedSection,
     ServingTime,
+    SlaSection,
     StageMemory,
     TrainingTime,
     TrainingWorkloadSection,
