@@ -192,9 +192,9 @@ def _search(
         # say what more GPUs give). Ranked together by the objective.
         hwc = topology(hw, counts[0])
         extra = tuple(q for q in space.fallback_quantizations if q not in space.quantizations)
-        if extra:
+        if extra:  # the offload pass follows: its plans may show a shape whose variants this pass would leave out
             search_serving(spec, hwc, workload, replace(space, quantizations=extra), goal, res,  # type: ignore[arg-type]
-                           memo=replicas)
+                           memo=replicas, bound=False)
         wide = replace(space, quantizations=space.quantizations + extra)
         search_serving(spec, hwc, workload, wide, goal, res, offload=True, memo=replicas)  # type: ignore[arg-type]
     # Plans that fit only at the prediction ("tight") rank after those that fit at the band's

@@ -236,13 +236,15 @@ def _points_rejected(goal: Goal, wlq: InferenceWorkload, wl: InferenceWorkload) 
 
 
 def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, space: Space, goal: Goal,
-                   res: SearchResult, *, offload: bool = False, memo: Memo | None = None) -> None:
+                   res: SearchResult, *, offload: bool = False, memo: Memo | None = None, bound: bool = True) -> None:
     """Cost every replica. `offload`: a second pass, run when nothing fit on the GPUs alone, that
     gives each replica that did not fit the fewest offloaded layers that make it fit; its points
     were counted as rejected by the first pass and are counted again here instead. `memo`: one
     dict for every GPU count of a search: a replica costed at one count is not costed again at
     another where the figures it depends on are the same (`_replica_key`); the counts of what
-    was costed stay those of costing it again, so the step budget runs out where it did."""
+    was costed stay those of costing it again, so the step budget runs out where it did. `bound`
+    False: no goodput point is left out by its bound (a pass another pass of this count follows,
+    whose plans may show a shape this one's bound would have judged out of reach)."""
     ctx = wl.input_len + wl.output_len
     with_batch: dict[tuple[int, int], InferenceWorkload] = {}  # (id of the format's workload, batch) -> workload
     pending: list[tuple[Layout, InferenceWorkload, _ReplicaMemory, bool]] = []  # goodput: costed after the loop
@@ -317,11 +319,11 @@ def search_serving(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, 
             if wlb is None:
                 wlb = with_batch[(id(wlq), b)] = replace(wlq, batch_size=b)
             res.feasible.append(Evaluated(layout, wlb, hw, serving_objective(goal, figures), key, figures, tight))
-    _goodput_in_bound_order(spec, hw, pending, goal, res, memo, space.workers)
+    _goodput_in_bound_order(spec, hw, pending, goal, res, memo, space.workers, bound)
 
 
 def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[Any], goal: Goal, res: SearchResult,
-                            memo: Memo | None, workers: int = 0) -> None:
+                            memo: Memo | None, workers: int = 0, bound: bool = True) -> None:
     """Cost the goodput points of one GPU count, the highest bound first; once the count has a
     plan, a point whose bound (`_goodput_bound`) cannot reach the plans shown (`_top_floor`), and
     whose shape no other variant of it can bring among them (so that each shown shape counts all
@@ -423,7 +425,7 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
     reach.update({i: -math.inf for i in range(len(pending)) if i not in by_index})  # refused by --min-throughput
 
     def keep(i: int) -> bool:
-        need = need_of(i)
+        need = need_of(i) if bound else None
         return need is None or by_index[i] >= need
 
     ahead = workers if sum(1 for _, i in order if worth(i)) >= AHEAD_MIN_POINTS else 0
@@ -471,7 +473,8 @@ def _top_floor(res: SearchResult, goal: Goal, count: int, shape: tuple[int, ...]
         else:
             best[n] = value
     values = sorted(best.values(), reverse=True)
-    floor = values[goal.top_k - 1] if len(values) >= goal.top_k else None
+    k = max(1, goal.top_k)  # as `honest_top` shows at least one
+    floor = values[k - 1] if len(values) >= k else None
     band = goal.tie_band_fraction or 0.0
     if floor is not None and head is not None and head[0] == tight and band > 0:
         floor = min(floor, head[1] - band * abs(head[1]))  # within the band of the first: a tie, shown

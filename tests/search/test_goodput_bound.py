@@ -5,7 +5,10 @@ SLAs, the search with the bound and the reference path (`memo.reference_path()`:
 simulated) show the same plans, in the same order, with the same figures, variant counts and
 ties; and every replica the reference path simulated gets no more goodput per GPU than its bound.
 (Not the Pareto front: a plan left out is not on it, as `SearchResult.pareto` says.) Each case
-also says whether the bound leaves something out, so that one that no longer prunes fails.
+also says whether the bound leaves something out, so that one that no longer prunes fails. The
+ranking settings the grid does not reach (a tie band, tight plans, --expand, K of 0 to 5, the
+fallback search's two passes of one count) are checked on random points through the bound order
+itself, against the reference path.
 
 Across GPU counts a replica's verdict is looked up, not simulated again, where everything it
 depends on is the same: the reference path found that a one-GPU replica's verdict had been
@@ -19,6 +22,7 @@ from dataclasses import replace
 import pytest
 
 from shardplan.cost import inputs, memo
+from shardplan.cost.layout import Layout
 from shardplan.cost.traffic import Sla
 from shardplan.cost.workload import Quantization, ServingLoad
 from shardplan.knowledge.load import engine_rules
@@ -76,3 +80,89 @@ def test_the_bound_leaves_out_only_what_the_reference_path_does_not_show(model, 
         lay = e.layout
         bound = serving_search._goodput_bound(spec, e.hw, lay, replace(e.workload, load=wl.load), sla, None)
         assert e.figures["throughput_tokens_per_second_per_gpu"] <= serving_search.BOUND_MARGIN * bound / (lay.tp * lay.pp)
+
+
+# Random points (shapes, bounds, what a simulation would find, rejections, tight plans) through the
+# bound order itself, with the bound and on the reference path: what `honest_top` shows must be the
+# same under every ranking setting (K, shapes grouped or --expand, a tie band), over one GPU count or
+# several, and over the fallback search's two passes of one count (the extra formats, unbounded, then
+# the offloaded plans), where a shape the first pass judged out of reach can be shown by the second.
+_SHAPES = {n: [(tp, pp, n // (tp * pp)) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) if n % (tp * pp) == 0]
+           for n in (2, 4, 8)}
+
+
+class _Fake:
+    """A replica's workload as the fakes below read it: its bound per replica and its verdict."""
+
+    def __init__(self, uid: int, bound: float, value: float | None) -> None:
+        self.uid, self.bound, self.value, self.load = uid, bound, value, ServingLoad()
+
+
+class _NoMemory:
+    kv_account = None  # what the memo key reads (the fakes key nothing)
+
+
+_NO_MEMORY = _NoMemory()
+
+
+def _random_passes(rng, fallback: bool):
+    uid = iter(range(10**6))
+
+    def points(n: int, count: int, tight_share: float):
+        out = []
+        for _ in range(count):
+            tp, pp, dp = rng.choice(_SHAPES[n])
+            per_gpu_bound = rng.choice((1, 2, 3, 4, 6, 8, 10))
+            value = None if rng.random() < 0.2 else rng.choice([v for v in (1, 2, 3, 4, 6, 8, 10) if v <= per_gpu_bound])
+            out.append((Layout(tp=tp, pp=pp, dp=dp), _Fake(next(uid), per_gpu_bound * tp * pp, value), _NO_MEMORY,
+                        rng.random() < tight_share))
+        return out
+    if fallback:
+        n = rng.choice((4, 8))
+        return [(points(n, rng.randint(1, 12), rng.choice((0.0, 0.3, 0.8))), False),
+                (points(n, rng.randint(1, 8), rng.choice((0.0, 0.3))), True)]
+    return [(points(n, rng.randint(1, 12), rng.choice((0.0, 0.3))), True) for n in rng.choice(([4], [8], [2, 4, 8]))]
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["counts", "fallback-passes"])
+def test_leaving_out_by_bound_never_changes_what_is_shown_on_random_points(monkeypatch, fallback):
+    import random
+
+    from shardplan.search import honest_top
+    from shardplan.search.space import Evaluated
+
+    class Hw:
+        gpus_per_node = 8
+
+    def simulated(hw, layout, wl, sm, goal, res, tight, found):
+        res.num_candidates += 1
+        if found is None:
+            res.rejected["over the SLA"] += 1
+        else:
+            res.feasible.append(Evaluated(layout, wl, hw, -found, (layout.world_size, layout.tp, layout.pp, wl.uid), {},
+                                          tight))
+    monkeypatch.setattr(serving_search, "_goodput_bound", lambda spec, hw, layout, wl, sla, m: wl.bound)
+    monkeypatch.setattr(serving_search, "_goodput_found", lambda spec, hw, layout, wl, sm, goal, m: wl.value)
+    monkeypatch.setattr(serving_search, "_goodput", simulated)
+    monkeypatch.setattr(serving_search, "_goodput_memo_key", lambda *a: None)
+
+    def shown(passes, goal) -> tuple[list, SearchResult]:
+        res = SearchResult(training=False, goal=goal, gpu_counts=[])
+        for pending, bounded in passes:
+            serving_search._goodput_in_bound_order(None, Hw(), pending, goal, res, None, 0, bounded)
+        ranked = sorted(res.feasible, key=lambda e: (e.tight, e.objective_value, e.key))
+        return [(e.layout, e.workload.uid, e.objective_value, e.tight, e.variants, e.tie)
+                for e in honest_top(ranked, goal)], res
+
+    left_out = 0
+    for seed in range(600):
+        rng = random.Random(seed)
+        passes = _random_passes(rng, fallback)
+        goal = Goal(Objective.GOODPUT, top_k=rng.choice((0, 1, 2, 3, 5)), group_by_shape=rng.random() < 0.7,
+                    tie_band_fraction=rng.choice((None, None, 0.1, 0.3)))
+        fast, res = shown(passes, goal)
+        with memo.reference_path():
+            every, _ = shown(passes, goal)
+        assert fast == every, (seed, goal)
+        left_out += res.rejected.get(serving_search.BOUNDED_OUT, 0)
+    assert left_out > 100  # the bound did leave points out
