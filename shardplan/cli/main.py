@@ -22,10 +22,10 @@ try:  # newer typer carries its own copy of click
 except ImportError:  # older typer runs on click itself
     from click.exceptions import Abort, ClickException  # type: ignore[no-redef,assignment]
 
+from typer.main import get_command_name
+
 from shardplan.cli import render_common
 from shardplan.errors import EXIT_INTERNAL, ShardplanError
-
-from typer.main import get_command_name
 
 from shardplan.cli.app import app
 from shardplan.cli import cmd_catalog, cmd_plan, cmd_capacity, cmd_deploy, cmd_validate, cmd_verify, cmd_watch  # noqa: F401 - they register commands

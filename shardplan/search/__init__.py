@@ -29,6 +29,7 @@ from shardplan.search.space import (
     Progress,
     SearchResult,
     Space,
+    layout_shape,
     gpu_counts,
     price_per_gpu_hour,
     topology,
@@ -44,10 +45,8 @@ PROGRESS_STEPS = 1000  # progress units per GPU count
 
 
 def parallel_shape(e: Evaluated) -> tuple[int, ...]:
-    """What a plan's GPUs do: (GPUs, tp, pp, dp, cp, ep). Formats, batch, ZeRO stage, recompute,
-    virtual stages and micro-batch are variants of a shape."""
-    lay = e.layout
-    return (e.num_gpus, lay.tp, lay.pp, lay.dp, lay.cp, lay.ep)
+    """What a plan's GPUs do (`layout_shape`)."""
+    return layout_shape(e.layout)
 
 
 def secondary_key(e: Evaluated) -> tuple[Any, ...]:

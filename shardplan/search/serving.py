@@ -33,6 +33,7 @@ from shardplan.search.space import (
     SearchResult,
     Space,
     check_layout,
+    layout_shape,
     cost_figures,
     divisors,
     memory_reason,
@@ -337,12 +338,13 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
         return
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
     open_loop = (pending[0][1].load or ServingLoad()).open_loop
+    count = pending[0][0].world_size
     keys = [_goodput_memo_key(hw, layout, wlq, goal, sm.kv_account) for layout, wlq, sm, _ in pending]
 
     floors: dict[tuple[Any, ...], float | None] = {}  # (plans so far, shape, tight) -> _top_floor
     shapes: dict[tuple[int, ...], list[int]] = {}  # shape -> its points
     for i, (layout, _, _, _) in enumerate(pending):
-        shapes.setdefault(_shape_of(layout), []).append(i)
+        shapes.setdefault(layout_shape(layout), []).append(i)
     # Point -> the most goodput per GPU it may still show: its bound until it is simulated (or left
     # out), then what it got (-inf where it was rejected). Set below.
     reach: dict[int, float] = {}
@@ -360,18 +362,17 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
         variant counts (`Evaluated.variants`), so None; otherwise what it needs itself to reach
         them (`_top_floor`), or None while it could reach them at any value."""
         layout, _, _, tight = pending[i]
-        shape = _shape_of(layout)
+        shape = layout_shape(layout)
         need = floor_of(shape, tight)
         if need is not None and goal.group_by_shape:
             for j in shapes[shape]:
                 if j != i:
-                    floor = floor_of(shape, pending[j][3])
-                    if floor is None or reach[j] >= floor:
+                    if _reaches(reach[j], floor_of(shape, pending[j][3])):
                         return None
             key = (len(res.feasible), shape)
             if key not in shown:  # its variants an earlier pass over this count found (the offload pass)
-                shown[key] = any(_shape_of(e.layout) == shape and -e.objective_value >= (floor_of(shape, e.tight)
-                                 or -math.inf) for e in res.feasible)
+                shown[key] = any(layout_shape(e.layout) == shape
+                                 and _reaches(-e.objective_value, floor_of(shape, e.tight)) for e in res.feasible)
             if shown[key]:
                 return None
         return need
@@ -393,7 +394,6 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
         _goodput(hw, layout, wlq, sm, goal, res, tight, found)
         reach[i] = -res.feasible[-1].objective_value if len(res.feasible) > before else -math.inf
 
-    count = pending[0][0].world_size
     if not open_loop:  # at the load's own rate or concurrency: every point, in order
         indices = list(range(len(pending)))
         ahead = workers if sum(1 for i in indices if worth(i)) >= AHEAD_MIN_POINTS else 0
@@ -425,8 +425,7 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
     reach.update({i: -math.inf for i in range(len(pending)) if i not in by_index})  # refused by --min-throughput
 
     def keep(i: int) -> bool:
-        need = need_of(i) if bound else None
-        return need is None or by_index[i] >= need
+        return not bound or _reaches(by_index[i], need_of(i))
 
     ahead = workers if sum(1 for _, i in order if worth(i)) >= AHEAD_MIN_POINTS else 0
     for i, found in in_order([i for _, i in order], found_for, ahead, keep, worth):
@@ -436,11 +435,6 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
             res.rejected[BOUNDED_OUT] += 1
             continue
         apply(i, found)
-
-
-def _shape_of(layout: Layout) -> tuple[int, ...]:
-    """A pending point's parallel shape, as `search.parallel_shape` reads it off a ranked plan."""
-    return (layout.world_size, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep)
 
 
 def _top_floor(res: SearchResult, goal: Goal, count: int, shape: tuple[int, ...], tight: bool) -> float | None:
@@ -464,7 +458,7 @@ def _top_floor(res: SearchResult, goal: Goal, count: int, shape: tuple[int, ...]
         if e.tight > tight:
             continue  # ranked after any plan of this point
         value = math.inf if e.tight < tight else goodput
-        s = (e.layout.world_size, e.layout.tp, e.layout.pp, e.layout.dp, e.layout.cp, e.layout.ep)
+        s = layout_shape(e.layout)
         if grouped:
             if s == shape:
                 continue  # its own shape's other variants do not keep it out of the shown shapes
@@ -479,6 +473,11 @@ def _top_floor(res: SearchResult, goal: Goal, count: int, shape: tuple[int, ...]
     if floor is not None and head is not None and head[0] == tight and band > 0:
         floor = min(floor, head[1] - band * abs(head[1]))  # within the band of the first: a tie, shown
     return floor
+
+
+def _reaches(value: float, floor: float | None) -> bool:
+    """Whether a plan of `value` goodput per GPU may be shown against `floor` (`_top_floor`; None: any may)."""
+    return floor is None or value >= floor
 
 
 BOUNDED_OUT = "cannot reach the top plans: even its bound on goodput is lower"

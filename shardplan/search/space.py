@@ -152,6 +152,12 @@ class Evaluated:
         return self.layout.world_size
 
 
+def layout_shape(layout: Layout) -> tuple[int, ...]:
+    """What a layout's GPUs do, the parallel shape the ranking groups plans by: (GPUs, tp, pp, dp, cp,
+    ep). Formats, batch, ZeRO stage, recompute, virtual stages and micro-batch are its variants."""
+    return (layout.world_size, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep)
+
+
 @dataclass
 class SearchResult:
     training: bool

@@ -68,6 +68,7 @@ from shardplan.search.space import (
     Space,
     check_layout,
     divisors,
+    layout_shape,
     memory_reason,
     price_per_gpu_hour,
     tp_choices,
@@ -404,18 +405,13 @@ def search_training(
         res.invalid.update(adm.refused)
 
 
-def _shape_of(lay: Layout) -> tuple[int, ...]:
-    """A layout's parallel shape: (GPUs, tp, pp, dp, cp, ep)."""
-    return (lay.world_size, lay.tp, lay.pp, lay.dp, lay.cp, lay.ep)
-
-
 def _shape(e: Evaluated) -> tuple[int, ...]:
-    return _shape_of(e.layout)
+    return layout_shape(e.layout)
 
 
 def _kept_value(best: list[Evaluated], layout: Layout) -> float | None:
     """The objective of the variant of `layout`'s parallel shape among the top K kept, if any."""
-    shape = _shape_of(layout)
+    shape = layout_shape(layout)
     for e in best:
         if _shape(e) == shape:
             return e.objective_value
