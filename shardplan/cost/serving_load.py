@@ -232,6 +232,14 @@ class SlaBroken(Exception):
     """Raised by `simulate` with `give_up`: more requests broke a limit than the percentile allows."""
 
 
+class _SteadyKnown(Exception):
+    """Raised by `_run` asked for the steady throughput alone, as soon as it is known (`steady_throughput`)."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(value)
+        self.value = value
+
+
 @dataclass(frozen=True)
 class GiveUp:
     """Stop a simulation as soon as its percentile cannot meet a limit: more than `allowed`
@@ -261,12 +269,34 @@ def simulate(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: Give
     raise AssertionError("a replica stepping alone asks for no step times")
 
 
-def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp | None, itl: bool, lockstep: bool):
+def steady_throughput(model: StepModel, sched: Scheduler, traffic: Traffic) -> float:
+    """`simulate_replica(model, sched, traffic).steady_request_throughput_per_second`, the same
+    float, with the run stopped as soon as that figure is known: it reads only the times at which
+    the first and third quarters of the requests had finished (`_result`), and requests finish in
+    time order, so where no request can be refused (their count is then known from the start) the
+    run stops at the finish that ends the third quarter, unless the two times are equal (the figure
+    is then read off the whole run). A burst's last quarter, its drain included, is not simulated.
+    A replica stepping in an expert group runs whole (`simulate_group`)."""
+    if model.group > 1:
+        return simulate_replica(model, sched, traffic).steady_request_throughput_per_second
+    run = _run(model, sched, traffic, None, False, lockstep=False, steady=True)
+    try:
+        next(run)
+    except StopIteration as done:
+        return _result([done.value]).steady_request_throughput_per_second
+    except _SteadyKnown as known:
+        return known.value
+    raise AssertionError("a replica stepping alone asks for no step times")
+
+
+def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp | None, itl: bool, lockstep: bool,
+         steady: bool = False):
     """`simulate`'s scheduler loop as a generator. Alone (`lockstep` False) it computes its own step
     times and yields nothing: it returns its `_Outcome` at once. In a group (`simulate_group`) it
     yields each step's composition, ("step", tokens, sampled, decoding, kv_tokens, prompt_units,
     prompt_step), and is sent the group's step time; with nothing to run it yields ("idle", the next
-    request's arrival) and is sent the group's clock."""
+    request's arrival) and is sent the group's clock. With `steady`, it may instead raise
+    _SteadyKnown with the run's steady throughput as soon as that is known (`steady_throughput`)."""
     n = len(traffic.requests)
     broken = 0
     per_step = model.tokens_per_decode_step
@@ -428,8 +458,13 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
         if give_up is not None and broken > give_up.allowed:
             raise SlaBroken
 
+    # `steady`: the finishes that end the first and the third quarters of the requests (1-based; 0:
+    # not watched, as where a request may be refused) and the time of the first (`steady_throughput`).
+    q1_done = q3_done = 0
+    q1_time = math.nan
+
     def finish(r: _Request, t: float) -> None:
-        nonlocal finished, in_flight, last_free
+        nonlocal finished, in_flight, last_free, q1_time
         r.done = t
         if tpot_limit is not None and r.output > 1 and (t - r.first_token) / (r.output - 1) > tpot_limit:
             count_broken()
@@ -442,6 +477,12 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
         if in_flight == cap:
             last_free = t
         in_flight -= 1
+        if finished == q1_done:
+            q1_time = t
+        elif finished == q3_done and t > q1_time:
+            # Every request finishes (none is refused) at or after this one: `_result`'s quartile ends
+            # are q1_time and t, and its steady throughput this quotient.
+            raise _SteadyKnown((q3_done - q1_done) / (t - q1_time))
 
     def refuse(r: _Request) -> None:
         """A request the engine can never hold (prompt past the cache or the unchunked budget)."""
@@ -506,8 +547,10 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
     # decode step, a cache that holds any request alone and a budget that holds its prompt (or chunks).
     longest = max((p + max(1, o) for p, o in requests), default=0)
     longest_charge = longest + (charge * min(longest, window) if windowed else 0.0)
-    early = (ttft_limit is not None and give_up is not None and not reserve and per_step == 1.0
-             and longest_charge <= capacity and (chunked or longest <= budget))
+    certain = not reserve and per_step == 1.0 and longest_charge <= capacity and (chunked or longest <= budget)
+    early = ttft_limit is not None and give_up is not None and certain
+    if steady and certain and (3 * n) // 4 > n // 4:
+        q1_done, q3_done = n // 4 + 1, (3 * n) // 4 + 1
     allowed = give_up.allowed if give_up is not None else n
     send_ready()
     while finished < n:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import KvAccount
-from shardplan.cost.serving_load import GiveUp, LoadResult, Scheduler, SlaBroken, Traffic, scheduler_for, simulate_replica
+from shardplan.cost.serving_load import (GiveUp, LoadResult, Scheduler, SlaBroken, Traffic, scheduler_for, simulate_replica,
+                                        steady_throughput)
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.workload import InferenceWorkload, ServingLoad
 from shardplan.specs.hardware import HardwareProfile
@@ -119,7 +120,7 @@ def saturation_rate(step: StepModel, sched: Scheduler, traffic: Traffic, slots: 
     else:
         reqs = draw(n_capacity) if draw is not None else tuple(traffic.requests[i % n] for i in range(n_capacity))
     burst = replace(traffic, requests=reqs, request_rate_per_second=math.inf, max_concurrency=None)
-    return simulate_replica(step, sched, burst).steady_request_throughput_per_second
+    return steady_throughput(step, sched, burst)
 
 
 def is_saturated(rate: float, concurrency: int | None, num_requests: int, peak_running: int, capacity: float) -> bool:
@@ -237,7 +238,7 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
     # The rate it keeps up with every request waiting (its steady state, not the ramp and the drain
     # of a finite run): above it the queue, and with it TTFT, grows without bound.
     burst = _traffic(wl, load, num_requests, rate=math.inf, conc=None)
-    cap = simulate_replica(step, sched, burst).steady_request_throughput_per_second
+    cap = steady_throughput(step, sched, burst)
     if cap <= 0:
         return None
     mean_in = wl.input_len if load.lengths is None else load.lengths.mean_input_tokens

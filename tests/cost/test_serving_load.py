@@ -11,7 +11,9 @@ import pytest
 from shardplan.cost import inputs
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import serving_memory
-from shardplan.cost.serving_load import Scheduler, Traffic, percentile, scheduler_for, serve_traffic, simulate
+from shardplan.cost import serving_load
+from shardplan.cost.serving_load import (Scheduler, Traffic, percentile, scheduler_for, serve_traffic, simulate,
+                                        steady_throughput)
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.traffic import Sla, best_concurrency, best_rate, latency_floor
 from shardplan.cost.workload import ServingLoad
@@ -479,3 +481,50 @@ def test_the_verdict_without_the_saturation_rate_is_the_verdict_with_it(rate, co
         assert verdicts == {known}
     if math.isinf(rate):
         assert known is not None
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tgi"])
+@pytest.mark.parametrize("kv_tokens", [6_000, 60_000, 1_000_000])
+def test_the_steady_rate_read_before_the_run_ends_is_the_whole_runs(engine, kv_tokens):
+    """`steady_throughput` stops a burst once its quartile finishes are known: the same float as the
+    whole run's steady throughput, with drawn lengths and fixed ones, a cache that preempts and one
+    that holds everything, request counts around the quartiles' edges (1 to 4 requests, where the
+    whole run decides) and a request too long for the cache (refusals: the whole run decides)."""
+    wl = _wl(engine)
+    model = _model(wl)
+    sched = scheduler_for(wl, kv_tokens)
+    for n in (1, 2, 3, 4, 5, 7, 63, 301):
+        for fixed in (True, False):
+            reqs = ((1024, 128),) * n if fixed else tuple((64 + 97 * i % 3000, 1 + 53 * i % 400) for i in range(n))
+            if n == 63 and not fixed:
+                reqs = reqs + ((kv_tokens + 10, 8),)  # longer than the cache holds: refused (64 sent, 63 done)
+            burst = Traffic(requests=reqs, request_rate_per_second=math.inf)
+            whole = simulate(model, sched, burst).steady_request_throughput_per_second
+            assert steady_throughput(model, sched, burst) == whole, (n, fixed)
+
+
+def test_the_steady_rate_stops_the_run_at_the_third_quartiles_finish():
+    """The shortcut is taken: a burst of 400 requests is stopped once 301 have finished (their
+    steady throughput is read there), which a run that finished them all would not be."""
+    wl = _wl()
+    model = _model(wl)
+    sched = scheduler_for(wl, 1_000_000)
+    reqs = tuple((512 + 31 * i % 700, 16 + 29 * i % 300) for i in range(400))
+    finished: list[int] = []
+    original = serving_load._Request.__setattr__
+
+    def watch(self, name, value):  # count the requests given a finish time
+        if name == "done" and not math.isnan(value):
+            finished.append(self.i)
+        original(self, name, value)
+
+    burst = Traffic(requests=reqs, request_rate_per_second=math.inf)
+    whole = simulate(model, sched, burst).steady_request_throughput_per_second
+    finished.clear()
+    serving_load._Request.__setattr__ = watch  # type: ignore[method-assign]
+    try:
+        value = steady_throughput(model, sched, burst)
+    finally:
+        serving_load._Request.__setattr__ = original  # type: ignore[method-assign]
+    assert value == whole
+    assert len(finished) == 3 * 400 // 4 + 1
