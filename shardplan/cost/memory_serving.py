@@ -28,6 +28,7 @@ from shardplan.cost.kv import kv_elements_per_token_per_layer, sliding_window_bl
 from shardplan.cost.layout import Layout
 from shardplan.cost import speculative as spec_decode
 from shardplan.cost.offload import offload_memory
+from shardplan.cost.params import layer_flags
 from shardplan.cost.vision import vision_profile_peak_bytes
 from shardplan.cost.weights import stage_weights
 from shardplan.cost.workload import InferenceWorkload, Quantization
@@ -334,7 +335,8 @@ def vllm_kv_pool(spec: ModelSpec, wl: InferenceWorkload, kv_layers: Sequence[int
     bs = wl.block_size
     full_blocks = math.ceil(max_len / bs)
     extra = math.ceil((max_len + spec_decode.lookahead_tokens(wl.speculative)) / bs) - full_blocks
-    sliding = [i for i in kv_layers if spec.is_sliding_layer(i)]
+    slides = layer_flags(spec)[0]
+    sliding = [i for i in kv_layers if slides[i]]
     num_full = len(kv_layers) - len(sliding)
     sw_blocks = (sliding_window_blocks_per_request(spec.sliding_window, max_len, wl.max_num_batched_tokens, bs,
                                                    wl.sliding_window_in_flight_batches)
@@ -462,7 +464,9 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         per_layer_token = kv_bytes_per_token_per_layer_per_rank(spec, layout.tp, kv_elt)
         draft_tok_bytes = spec_decode.draft_kv_bytes_per_token_per_rank(spec, sp, layout.tp, kv_elt) if sp else 0.0
         # Linear-attention layers keep no KV but one fixed state per sequence (kv.py).
-        kv_layers = [i for i in w.layers if not spec.is_linear_attention_layer(i) and i not in off.kv_layers_off_gpu]
+        linear = layer_flags(spec)[1]
+        kv_off = set(off.kv_layers_off_gpu)
+        kv_layers = [i for i in w.layers if not linear[i] and i not in kv_off]
         tok_bytes = per_layer_token * len(kv_layers) + draft_tok_bytes
         per_token.append(tok_bytes)
         if wl.accounting == "warmup" and stage == layout.pp - 1:

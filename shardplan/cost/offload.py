@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from shardplan.cost.layout import Layout, Offload
-from shardplan.cost.params import WeightKind, block_weights, embedding_weights, layer_kind
+from shardplan.cost.params import WeightKind, block_weights, embedding_weights, kinds_by_layer, layer_kind
 from shardplan.cost.weights import bytes_per_weight_element, numel_per_rank
 from shardplan.cost.workload import InferenceWorkload, Quantization
 from shardplan.units import DType
@@ -66,6 +66,17 @@ def layer_bytes_per_rank(spec: ModelSpec, layout: Layout, wl: InferenceWorkload,
     kind = layer_kind(spec, layer)
     # Layers of one kind weigh the same, except under a GGUF mixture, whose types follow the index.
     return _kind_bytes_per_rank(spec, layout, q, wl.activation_dtype, kind, layer if q.is_gguf else None)
+
+
+def _layers_bytes_per_rank(spec: ModelSpec, layout: Layout, wl: InferenceWorkload, layers: tuple[int, ...],
+                           q: Quantization) -> list[float]:
+    """`layer_bytes_per_rank` of each of `layers` in format `q`, in their order: each kind's bytes
+    looked up once (a GGUF mixture's types follow the index: each layer then on its own)."""
+    if q.is_gguf:
+        return [layer_bytes_per_rank(spec, layout, wl, i, q) for i in layers]
+    kinds = kinds_by_layer(spec)
+    of_kind = {k: _kind_bytes_per_rank(spec, layout, q, wl.activation_dtype, k, None) for k in {kinds[i] for i in layers}}
+    return [of_kind[kinds[i]] for i in layers]
 
 
 @lru_cache(maxsize=16384)
@@ -156,8 +167,8 @@ def offload_memory(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> Of
     # Offloaded layers the engine holds unquantized (transformers + bitsandbytes) leave the GPU in
     # the plan's format and sit on the host in the model dtype.
     held = None if wl.offload_keeps_quantization else Quantization.NONE
-    on_gpu = [layer_bytes_per_rank(spec, layout, wl, i) for i in layers]
-    per_layer = on_gpu if held is None else [layer_bytes_per_rank(spec, layout, wl, i, held) for i in layers]
+    on_gpu = _layers_bytes_per_rank(spec, layout, wl, layers, wl.quantization)
+    per_layer = on_gpu if held is None else _layers_bytes_per_rank(spec, layout, wl, layers, held)
     gpu_freed = sum(on_gpu)
     off = sum(per_layer)
     embedding = 0.0

@@ -246,6 +246,20 @@ def layer_kind(spec: ModelSpec, layer_index: int) -> tuple[bool, bool]:
     return spec.is_moe_layer(layer_index), spec.is_linear_attention_layer(layer_index)
 
 
+@lru_cache(maxsize=64)
+def kinds_by_layer(spec: ModelSpec) -> tuple[tuple[bool, bool], ...]:
+    """`layer_kind` of every layer of the main stack, by index (computed once per spec: sums over
+    thousands of layers read it many times a search)."""
+    return tuple(layer_kind(spec, i) for i in range(spec.num_layers))
+
+
+@lru_cache(maxsize=64)
+def layer_flags(spec: ModelSpec) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """(sliding-window layer, linear-attention layer) of every layer of the main stack, by index."""
+    return (tuple(spec.is_sliding_layer(i) for i in range(spec.num_layers)),
+            tuple(spec.is_linear_attention_layer(i) for i in range(spec.num_layers)))
+
+
 def layer_kinds(spec: ModelSpec, layers: Iterable[int] | None = None) -> dict[tuple[bool, bool], int]:
     """(MoE layer, linear-attention layer) -> how many of `layers` (None: the main stack) are of that
     kind. Every per-layer sum over weights goes through this, so layer i's weights follow its type."""

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from shardplan.errors import InputFileError, UnsupportedModelError
+from shardplan.units import DTYPE_ALIASES
 from shardplan.specs.model import (
     LayerType,
     LinearAttentionSpec,
@@ -55,6 +56,70 @@ def _req(cfg: Config, key: str) -> Any:
     return cfg[key]
 
 
+def _flag(cfg: Config, key: str, default: bool = False) -> bool:
+    """A boolean key (`default` where absent, false where null). JSON's own true/false only: the
+    string "false" would read as true, and transformers' config classes refuse 0/1."""
+    value = cfg.get(key, default)
+    if value is not None and not isinstance(value, bool):
+        raise InputFileError(f"must be a JSON boolean, got {_shown(value)}", field=_where(cfg, key),
+                             hint=f'write "{_where(cfg, key)}": true or false, without quotes')
+    return bool(value)
+
+
+def _short(value: Any) -> str:
+    """`value` for an error message, bounded; a string quoted."""
+    return repr(value[:40]) if isinstance(value, str) else str(value)[:40]
+
+
+def _shown(value: Any) -> str:
+    """`value` for an error message, saying when it is a string (the string "false" is not false)."""
+    return f"the string {_short(value)}" if isinstance(value, str) else _short(value)
+
+
+def _kv_heads(cfg: Config, heads: Any, key: str = "num_key_value_heads") -> Any:
+    """KV heads: `heads` (multi-head attention) where the key is absent or null, as transformers'
+    config classes read it; else a positive divisor of `heads`. transformers takes 0, negatives and
+    non-divisors into the config but cannot build the model (num_attention_heads // 0, a negative
+    k_proj width, repeat_kv's mismatch), and vLLM asserts the division. A default (hf_defaults.yaml)
+    that does not divide the file's num_attention_heads is left to ModelSpec, which names both."""
+    value = cfg.get(key)
+    if value is None:
+        return heads
+    heads_known = isinstance(heads, int) and not isinstance(heads, bool) and heads > 0
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # 8.0 reads as 8
+    if isinstance(value, bool) or not whole or value <= 0:
+        bad = True
+    else:
+        in_file = key in cfg._cfg if isinstance(cfg, _Tracked) else True
+        bad = in_file and heads_known and heads % value != 0
+    if bad:
+        of = f" of num_attention_heads ({heads})" if heads_known else ""
+        raise InputFileError(f"must be a positive divisor{of}, got {_shown(value)}", field=_where(cfg, key),
+                             hint="give the model's KV heads (e.g. 8 for grouped-query attention), or leave it "
+                                  "out or null for one KV head per attention head")
+    return value
+
+
+# The keys a checkpoint's dtype is under (transformers >= 4.56 writes `dtype`, older ones `torch_dtype`).
+DTYPE_KEYS = ("torch_dtype", "dtype")
+
+
+def config_dtype(cfg: Config, default: str | None) -> str | None:
+    """The checkpoint's dtype (torch_dtype, else dtype, else `default`), a name units.DTYPE_ALIASES
+    knows; any other value, in either key, is the file's error (`checkpoint` and every byte figure
+    read it)."""
+    found = None
+    for key in DTYPE_KEYS:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or value.strip().lower() not in DTYPE_ALIASES:
+            raise InputFileError(f"unknown dtype {_short(value)}; shardplan knows {', '.join(DTYPE_ALIASES)}",
+                                 field=_where(cfg, key), hint='give the checkpoint\'s dtype, e.g. "bfloat16"')
+        found = found or value
+    return found or default
+
+
 def _common(cfg: Config, name: str, model_type: str) -> dict[str, Any]:
     """Keys shared by the Llama-like families."""
     hidden = _req(cfg, "hidden_size")
@@ -66,13 +131,13 @@ def _common(cfg: Config, name: str, model_type: str) -> dict[str, Any]:
         hidden_size=hidden,
         num_layers=_req(cfg, "num_hidden_layers"),
         num_attention_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        num_kv_heads=_kv_heads(cfg, heads),
         head_dim=cfg.get("head_dim"),
         intermediate_size=_req(cfg, "intermediate_size"),
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         rope_theta=_rope_theta(cfg),
         hidden_act=cfg.get("hidden_act", "silu"),
-        dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+        dtype=config_dtype(cfg, "bfloat16"),
     )
 
 
@@ -121,12 +186,12 @@ def _sliding(cfg: Config) -> int | None:
 
 def _llama(cfg: Config, name: str) -> dict[str, Any]:
     d = _common(cfg, name, "llama")
-    bias = bool(cfg.get("attention_bias", False))
+    bias = _flag(cfg, "attention_bias")
     d.update(
         qkv_bias=bias,
         o_bias=bias,
-        mlp_bias=bool(cfg.get("mlp_bias", False)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        mlp_bias=_flag(cfg, "mlp_bias"),
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
     )
     return d
 
@@ -155,23 +220,29 @@ def _granitemoe(cfg: Config, name: str) -> dict[str, Any]:
     intermediate_size, no shared expert) with tied embeddings; its multipliers change no shape."""
     d = _mixtral(cfg, name)
     d.update(model_type="granitemoe", sliding_window=None,
-             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)))
+             tie_word_embeddings=_flag(cfg, "tie_word_embeddings", True))
     return d
 
 
 def _qwen2(cfg: Config, name: str) -> dict[str, Any]:
     d = _common(cfg, name, "qwen2")
     # Qwen2Attention hard-codes bias=True on q/k/v and bias=False on o_proj.
-    d.update(qkv_bias=True, o_bias=False, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)))
-    if cfg.get("use_sliding_window"):
-        d["sliding_window"] = _sliding(cfg)
-    elif isinstance(cfg, _Tracked):
-        # Qwen2Config drops sliding_window unless use_sliding_window, and a layer_types of only
-        # full_attention layers is what it derives itself: neither changes a shape or the cache.
-        cfg.acknowledge("sliding_window")
-        if set(cfg._cfg.get("layer_types") or ()) <= {"full_attention"}:
-            cfg.acknowledge("layer_types")
+    d.update(qkv_bias=True, o_bias=False, tie_word_embeddings=_flag(cfg, "tie_word_embeddings"))
+    _qwen_sliding(cfg, d)
     return d
+
+
+def _qwen_sliding(cfg: Config, d: dict[str, Any]) -> None:
+    """Qwen2/Qwen3: a window only with use_sliding_window. Their config classes drop sliding_window
+    otherwise, and a layer_types of only full_attention layers is what they derive themselves:
+    neither changes a shape or the cache."""
+    if _flag(cfg, "use_sliding_window"):
+        d["sliding_window"] = _sliding(cfg)
+        return
+    _acknowledge(cfg, "sliding_window")
+    given = cfg._cfg.get("layer_types") if isinstance(cfg, _Tracked) else None
+    if isinstance(given, list) and set(given) <= {"full_attention"}:
+        _acknowledge(cfg, "layer_types")
 
 
 def _qwen_moe_layers(cfg: Config) -> dict[str, Any]:
@@ -186,6 +257,7 @@ def _qwen2_moe(cfg: Config, name: str) -> dict[str, Any]:
     shared = cfg.get("shared_expert_intermediate_size") or 0
     d.update(
         model_type="qwen2_moe",
+        qkv_bias=_flag(cfg, "qkv_bias", True),  # Qwen2MoeConfig's since transformers 5 (Qwen2's fixed True before)
         moe=MoESpec(
             num_experts=_req(cfg, "num_experts"),
             num_experts_per_token=_req(cfg, "num_experts_per_tok"),
@@ -201,17 +273,27 @@ def _qwen2_moe(cfg: Config, name: str) -> dict[str, Any]:
 
 def _qwen3(cfg: Config, name: str) -> dict[str, Any]:
     d = _common(cfg, name, "qwen3")
-    bias = bool(cfg.get("attention_bias", False))
+    bias = _flag(cfg, "attention_bias")
     d.update(
         head_dim=cfg.get("head_dim") or 128,  # Qwen3Config default
         qkv_bias=bias,
         o_bias=bias,
         qk_norm=QKNorm.PER_HEAD,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
     )
-    if cfg.get("use_sliding_window"):
-        d["sliding_window"] = _sliding(cfg)
+    _qwen_sliding(cfg, d)
     return d
+
+
+def _routed_experts(cfg: Config) -> Any:
+    """Qwen3MoeConfig's routed experts: num_experts up to transformers 4, num_local_experts in the
+    configs transformers 5 writes (both are read; two different counts are refused)."""
+    old, new = cfg.get("num_experts"), cfg.get("num_local_experts")
+    if old is not None and new is not None and old != new:
+        raise InputFileError(f"num_experts {_shown(old)} and num_local_experts {_shown(new)} differ",
+                             field=_where(cfg, "num_local_experts"),
+                             hint="keep one of them: the number of routed experts per MoE layer")
+    return _req(cfg, "num_local_experts" if new is not None else "num_experts")
 
 
 def _qwen3_moe(cfg: Config, name: str) -> dict[str, Any]:
@@ -219,7 +301,7 @@ def _qwen3_moe(cfg: Config, name: str) -> dict[str, Any]:
     d.update(
         model_type="qwen3_moe",
         moe=MoESpec(
-            num_experts=_req(cfg, "num_experts"),
+            num_experts=_routed_experts(cfg),
             num_experts_per_token=_req(cfg, "num_experts_per_tok"),
             expert_intermediate_size=_req(cfg, "moe_intermediate_size"),
             **_qwen_moe_layers(cfg),
@@ -230,14 +312,14 @@ def _qwen3_moe(cfg: Config, name: str) -> dict[str, Any]:
 
 def _gemma(cfg: Config, name: str) -> dict[str, Any]:
     d = _common(cfg, name, "gemma")
-    bias = bool(cfg.get("attention_bias", False))
+    bias = _flag(cfg, "attention_bias")
     d.update(
         head_dim=cfg.get("head_dim") or 256,
         qkv_bias=bias,
         o_bias=bias,
         mlp_gated=True,
         hidden_act=cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh",
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings", True),
     )
     return d
 
@@ -247,6 +329,12 @@ def _gemma2(cfg: Config, name: str) -> dict[str, Any]:
     # Gemma2DecoderLayer: input, post_attention, pre_feedforward, post_feedforward norms;
     # even layers slide over `sliding_window` tokens, odd layers attend globally.
     d.update(model_type="gemma2", num_norms_per_layer=4, sliding_window=_sliding(cfg) or 4096, global_layer_every=2)
+    # Gemma2Config derives this same pattern as layer_types (transformers >= 4.56 saves it): a copy of
+    # it changes nothing; any other list is not read, so it is named in a warning.
+    given = cfg._cfg.get("layer_types") if isinstance(cfg, _Tracked) else None
+    if isinstance(given, list) and len(given) == d["num_layers"] and given == [
+            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(len(given))]:
+        _acknowledge(cfg, "layer_types")
     return d
 
 
@@ -266,10 +354,10 @@ def _gpt2(cfg: Config, name: str) -> dict[str, Any]:
         qkv_bias=True,
         o_bias=True,
         norm_type=NormType.LAYERNORM,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings", True),
         position_embedding=PositionEmbedding.LEARNED,
         max_position_embeddings=cfg.get("n_positions", 1024),
-        dtype=str(cfg.get("torch_dtype") or "float32"),
+        dtype=config_dtype(cfg, "float32"),
     )
 
 
@@ -281,8 +369,8 @@ def _opt(cfg: Config, name: str) -> dict[str, Any]:
     A word_embed_proj_dim other than hidden_size (OPT-350m) narrows the word embeddings and the
     lm_head, with project_in/project_out (bias-free) between them and the blocks."""
     hidden = _req(cfg, "hidden_size")
-    pre_ln = bool(cfg.get("do_layer_norm_before", True))
-    bias = bool(cfg.get("enable_bias", True))
+    pre_ln = _flag(cfg, "do_layer_norm_before", True)
+    bias = _flag(cfg, "enable_bias", True)
     return dict(
         name=name,
         model_type="opt",
@@ -297,13 +385,13 @@ def _opt(cfg: Config, name: str) -> dict[str, Any]:
         qkv_bias=bias,
         o_bias=bias,
         norm_type=NormType.LAYERNORM,
-        final_norm=pre_ln and not bool(cfg.get("_remove_final_layer_norm", False)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        final_norm=pre_ln and not _flag(cfg, "_remove_final_layer_norm"),
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings", True),
         position_embedding=PositionEmbedding.LEARNED,
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         position_embedding_offset=OPT_POSITION_OFFSET,
         word_embed_proj_dim=cfg.get("word_embed_proj_dim") if _opt_projects_embeddings(cfg) else None,
-        dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float16"),
+        dtype=config_dtype(cfg, "float16"),
     )
 
 
@@ -318,7 +406,7 @@ def _opt_projects_embeddings(cfg: Config) -> bool:
 
 def _gpt_neox(cfg: Config, name: str) -> dict[str, Any]:
     d = _common(cfg, name, "gpt_neox")
-    bias = bool(cfg.get("attention_bias", True))
+    bias = _flag(cfg, "attention_bias", True)
     d.update(
         num_kv_heads=None,
         head_dim=None,
@@ -328,10 +416,10 @@ def _gpt_neox(cfg: Config, name: str) -> dict[str, Any]:
         qkv_bias=bias,
         o_bias=bias,
         norm_type=NormType.LAYERNORM,
-        parallel_residual=bool(cfg.get("use_parallel_residual", True)),
+        parallel_residual=_flag(cfg, "use_parallel_residual", True),
         rotary_fraction=_number(cfg, *_first_key(cfg, ("rotary_pct", "partial_rotary_factor"), 0.25)),
         rope_theta=_number(cfg, *_first_key(cfg, ("rotary_emb_base", "rope_theta"), 10000)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
     )
     return d
 
@@ -339,17 +427,22 @@ def _gpt_neox(cfg: Config, name: str) -> dict[str, Any]:
 def _falcon(cfg: Config, name: str) -> dict[str, Any]:
     hidden = _req(cfg, "hidden_size")
     heads = _req(cfg, "num_attention_heads")
-    new_arch = bool(cfg.get("new_decoder_architecture", False))
-    parallel = bool(cfg.get("parallel_attn", True))
+    new_arch = _flag(cfg, "new_decoder_architecture")
+    parallel = _flag(cfg, "parallel_attn", True)
     if new_arch:
-        kv = cfg.get("num_kv_heads") or heads
-        # FalconDecoderLayer: ln_attn + ln_mlp unless num_ln_in_parallel_attn == 1.
-        norms = 1 if cfg.get("num_ln_in_parallel_attn") == 1 else 2
+        kv = _kv_heads(cfg, heads, "num_kv_heads")
+        _acknowledge(cfg, "multi_query")  # FalconAttention sizes q/k/v by num_kv_heads alone here
     else:
-        kv = 1 if cfg.get("multi_query", True) else heads
-        norms = 1 if parallel else 2
-    bias = bool(cfg.get("bias", False))
-    alibi = bool(cfg.get("alibi", False))
+        kv = 1 if _flag(cfg, "multi_query", True) else heads
+        # The fused q/k/v is hidden + 2 heads (multi-query) or 3 x hidden: num_kv_heads shapes nothing.
+        _acknowledge(cfg, "num_kv_heads")
+    # FalconDecoderLayer: two norms (input, post-attention) without parallel attention; with it,
+    # ln_attn + ln_mlp where num_ln_in_parallel_attn is 2 (its default under the new architecture),
+    # else one input_layernorm.
+    num_ln = cfg.get("num_ln_in_parallel_attn")
+    norms = 2 if not parallel or num_ln == 2 or (num_ln is None and new_arch) else 1
+    bias = _flag(cfg, "bias")
+    alibi = _flag(cfg, "alibi")
     return dict(
         name=name,
         model_type="falcon",
@@ -368,18 +461,18 @@ def _falcon(cfg: Config, name: str) -> dict[str, Any]:
         norm_type=NormType.LAYERNORM,
         num_norms_per_layer=norms,
         parallel_residual=parallel or new_arch,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings", True),
         position_embedding=PositionEmbedding.ALIBI if alibi else PositionEmbedding.ROPE,
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         rope_theta=_number(cfg, "rope_theta", cfg.get("rope_theta", 10000.0)),
-        dtype=str(cfg.get("torch_dtype") or "bfloat16"),
+        dtype=config_dtype(cfg, "bfloat16"),
     )
 
 
 def _phi3(cfg: Config, name: str) -> dict[str, Any]:
     d = _common(cfg, name, "phi3")
     d.update(
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
         rotary_fraction=_number(cfg, "partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)),
         sliding_window=_sliding(cfg),
     )
@@ -389,7 +482,7 @@ def _phi3(cfg: Config, name: str) -> dict[str, Any]:
 def _deepseek(cfg: Config, name: str, model_type: str) -> dict[str, Any]:
     hidden = _req(cfg, "hidden_size")
     heads = _req(cfg, "num_attention_heads")
-    bias = bool(cfg.get("attention_bias", False))
+    bias = _flag(cfg, "attention_bias")
     n_routed = cfg.get("n_routed_experts")
     moe = None
     if n_routed:
@@ -414,7 +507,7 @@ def _deepseek(cfg: Config, name: str, model_type: str) -> dict[str, Any]:
         intermediate_size=_req(cfg, "intermediate_size"),
         qkv_bias=bias,
         o_bias=bias,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
         max_position_embeddings=cfg.get("max_position_embeddings", 4096),
         rope_theta=_rope_theta(cfg),
         hidden_act=cfg.get("hidden_act", "silu"),
@@ -427,7 +520,7 @@ def _deepseek(cfg: Config, name: str, model_type: str) -> dict[str, Any]:
         ),
         moe=moe,
         num_mtp_layers=cfg.get("num_nextn_predict_layers", 0) or 0,
-        dtype=str(cfg.get("torch_dtype") or "bfloat16"),
+        dtype=config_dtype(cfg, "bfloat16"),
     )
 
 
@@ -622,12 +715,17 @@ def _translate(cfg: Config, name: str) -> Translation:
             fields["fp8_weight_block_size"] = block
         if fields.get("vision") is None:
             fields.update(_dropouts(tracked, model_type))
-        dtype = cfg.get("torch_dtype") or cfg.get("dtype")
-        if fields.get("vision") is not None and isinstance(dtype, str):
+        dtype = config_dtype(tracked, None)
+        if fields.get("vision") is not None and dtype is not None:
             fields["dtype"] = dtype  # a composite's dtype is the top-level one
         notes = (f"routed experts stored as {fields['expert_dtype']}",) if fields.get("expert_dtype") else ()
         return Translation(fields, tuple(tracked.unread_warnings()), notes)
+    outer = None
     if "text_config" in cfg and "hidden_size" not in cfg and isinstance(cfg["text_config"], Mapping):
+        # A composite read for its language model alone: its other keys (a vision_config...) are
+        # named in warnings like any other key nothing reads.
+        outer = _Tracked(cfg, {})
+        outer.acknowledge("text_config")
         cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
     try:
         model_type = detect_model_type(cfg)
@@ -638,9 +736,16 @@ def _translate(cfg: Config, name: str) -> Translation:
 
             return hf_meta.translate_with_transformers(cfg, name)
         raise
-    block = _fp8_weight_block(cfg.get("quantization_config"))
-    return Translation({**TRANSLATORS[model_type](cfg, name), **_dropouts(cfg, model_type),
-                        **({"fp8_weight_block_size": block} if block is not None else {})})
+    # The same bookkeeping as DEFAULTED's, without defaults under it: each family's translator
+    # states its own.
+    tracked = _Tracked(cfg, {}, prefix="text_config." if outer is not None else "")
+    block = _fp8_weight_block(tracked.get("quantization_config"))
+    fields = {**TRANSLATORS[model_type](tracked, name), **_dropouts(tracked, model_type),
+              **({"fp8_weight_block_size": block} if block is not None else {})}
+    if outer is None:
+        return Translation(fields, tuple(tracked.unread_warnings()))
+    outer._children.append(tracked)
+    return Translation(fields, tuple(outer.unread_warnings()))
 
 
 def spec_from_hf_config(cfg: Config, name: str, source: str | None = None) -> ModelSpec:
@@ -700,7 +805,26 @@ HARMLESS_KEYS = frozenset({
     "vision_output_dim", "mrope_section", "rope_type", "original_max_position_embeddings",
     "ignore_index", "pixel_shuffle_ratio", "vision_feature_layer",  # shape-free (the projector reads the composite's)
     "id2label", "label2id", "num_labels", "problem_type",  # read by _head_fields (a classification head)
+    # The same kinds of key as their config classes (transformers 5.x) define them for the families of
+    # TRANSLATORS: numerics, routing, scalars, training-only switches, and copies transformers ignores.
+    "layer_norm_epsilon", "rope_interleave", "use_mrope", "apply_residual_connection_post_layernorm",
+    "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+    "n_group", "topk_group", "routed_scaling_factor", "scoring_func", "ep_size", "aux_loss_alpha",
+    "seq_aux",  # DeepSeek's routing: which experts, never how many or how wide
+    "attention_multiplier", "embedding_multiplier", "logits_scaling", "residual_multiplier",  # Granite's scalars
+    "init_std", "layerdrop", "activation_dropout", "classifier_dropout", "is_decoder",
+    "attention_probs_dropout_prob", "hidden_dropout_prob",  # GPT-NeoX-20B's old names, which GPTNeoXConfig ignores
+    "n_ctx", "sliding_window_size", "qk_head_dim",  # copies of n_positions, sliding_window, qk_nope + qk_rope
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout",  # GPT2DoubleHeadsModel's head, which a causal LM does not build
+    "task_specific_params", "prefix", "tokenizer_class", "gradient_checkpointing",  # pipelines', tokenizers', training
 })
+# Keys that change no shape at this value only (at another they add or remove tensors).
+HARMLESS_VALUES: dict[str, bool] = {
+    "add_cross_attention": False,  # GPT-2: true adds a cross-attention block to each layer
+    "layer_norm_elementwise_affine": True,  # OPT: false drops the LayerNorms' weights and biases
+    "mlp_bias": False,  # DeepSeek-V2 (transformers 5): true adds biases to every MLP
+}
 
 
 class _Tracked(Mapping[str, Any]):
@@ -740,7 +864,9 @@ class _Tracked(Mapping[str, Any]):
         if raw is None:
             raw = dict(absent or {})
         if not isinstance(raw, Mapping):
-            raise ValueError(f"{self.prefix}{key} must be a mapping of keys to values")
+            raise InputFileError(f"must be a mapping of keys to values, got {type(raw).__name__} {_shown(raw)}",
+                                 field=f"{self.prefix}{key}", hint=f"give {key} as an object of the model's config "
+                                                                   "keys, as in its config.json, or leave it out")
         sub = _Tracked(raw, defaults, prefix=f"{self.prefix}{key}.")
         self._children.append(sub)
         return sub
@@ -754,12 +880,19 @@ class _Tracked(Mapping[str, Any]):
 
     def unread_warnings(self) -> Iterator[str]:
         yield from self._notes
-        for key in sorted(self._cfg):
-            if key not in self._read and key not in HARMLESS_KEYS:
+        for key in sorted(self._cfg, key=str):
+            if key not in self._read and key not in HARMLESS_KEYS and not (
+                    key in HARMLESS_VALUES and self._cfg[key] is HARMLESS_VALUES[key]):
                 yield (f"config key '{self.prefix}{key}' is not understood by shardplan and was ignored; "
                        f"check that it changes no parameter count or cache size")
         for sub in self._children:
             yield from sub.unread_warnings()
+
+
+def _acknowledge(cfg: Config, key: str) -> None:
+    """Mark `key` as accounted for where `cfg` tracks its reads (a translator may get a plain dict)."""
+    if isinstance(cfg, _Tracked):
+        cfg.acknowledge(key)
 
 
 def _where(cfg: Config, key: str) -> str:
@@ -774,20 +907,27 @@ def _int(cfg: Config, key: str) -> int:
     return value
 
 
-def _flag(cfg: Config, key: str) -> bool:
-    value = cfg.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise InputFileError(f"must be true or false, got {str(value)[:40]!r}", field=_where(cfg, key))
-    return bool(value)
+SLIDING_OR_FULL = frozenset({LayerType.SLIDING, LayerType.FULL})  # gpt-oss, Gemma 3
 
 
-def _layer_types(cfg: Config, num_layers: int, default: Callable[[int], LayerType]) -> tuple[LayerType, ...]:
+def _layer_types(cfg: Config, num_layers: int, default: Callable[[int], LayerType],
+                 allowed: frozenset[LayerType]) -> tuple[LayerType, ...]:
+    """The config's layer_types (each one of `allowed`, the types the family's modelling code builds),
+    else `default(i)` for each layer as the config class derives them."""
     given = cfg.get("layer_types")
-    if given:
-        if not isinstance(given, list) or len(given) != num_layers:
-            raise ValueError(f"layer_types must list one type for each of the {num_layers} layers")
-        return tuple(LayerType(t) for t in given)
-    return tuple(default(i) for i in range(num_layers))
+    if not given:
+        return tuple(default(i) for i in range(num_layers))
+    field = _where(cfg, "layer_types")
+    names = " or ".join(sorted(t.value for t in allowed))
+    if not isinstance(given, list) or len(given) != num_layers:
+        raise InputFileError(f"must list one layer type for each of the {num_layers} layers", field=field,
+                             hint=f"give {num_layers} of {names}, or leave it out for the family's pattern")
+    for i, name in enumerate(given):
+        if not isinstance(name, str) or name not in {t.value for t in allowed}:
+            raise InputFileError(f"layer {i} is {_shown(name)}, not a layer type this model builds ({names})",
+                                 field=field, hint="use the value from the model's config.json, or leave "
+                                                   "layer_types out for the family's pattern")
+    return tuple(LayerType(t) for t in given)
 
 
 # ----- text families --------------------------------------------------------------------------
@@ -806,7 +946,8 @@ def _gpt_oss(cfg: Config, name: str) -> dict[str, Any]:
         qkv_bias=bias, o_bias=bias, mlp_bias=True, attention_sinks=True,
         tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
         sliding_window=_sliding(cfg),
-        layer_types=_layer_types(cfg, layers, lambda i: LayerType.SLIDING if (i + 1) % 2 else LayerType.FULL),
+        layer_types=_layer_types(cfg, layers, lambda i: LayerType.SLIDING if (i + 1) % 2 else LayerType.FULL,
+                                 SLIDING_OR_FULL),
         moe=MoESpec(num_experts=_int(cfg, "num_local_experts"), num_experts_per_token=_int(cfg, "num_experts_per_tok"),
                     expert_intermediate_size=_int(cfg, "intermediate_size"), router_linear_bias=True),
         expert_dtype="mxfp4" if mxfp4 else None,
@@ -834,12 +975,15 @@ def _gemma3_text(cfg: Config, name: str) -> dict[str, Any]:
     d = _gemma(cfg, name)
     pattern = cfg.get("sliding_window_pattern", 6)
     if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern <= 0:
-        raise ValueError(f"sliding_window_pattern must be a positive integer, got {pattern!r}")
+        raise InputFileError(f"must be a positive integer, got {_shown(pattern)}",
+                             field=_where(cfg, "sliding_window_pattern"),
+                             hint="use the value from the model's config.json")
     d.update(
         model_type="gemma3_text", num_norms_per_layer=4, qk_norm=QKNorm.PER_HEAD,
         sliding_window=_sliding(cfg),
         layer_types=_layer_types(cfg, d["num_layers"],
-                                 lambda i: LayerType.SLIDING if (i + 1) % pattern else LayerType.FULL),
+                                 lambda i: LayerType.SLIDING if (i + 1) % pattern else LayerType.FULL,
+                                 SLIDING_OR_FULL),
     )
     return d
 
@@ -870,7 +1014,8 @@ def _llama4_text(cfg: Config, name: str) -> dict[str, Any]:
         intermediate_size=_int(cfg, "intermediate_size_mlp"), qkv_bias=bias, o_bias=bias,
         tie_word_embeddings=_flag(cfg, "tie_word_embeddings"), moe=moe,
         attention_chunk_size=int(chunk) if chunk else None,
-        layer_types=_layer_types(cfg, layers, lambda i: LayerType.CHUNKED if no_rope[i] and chunk else LayerType.FULL),
+        layer_types=_layer_types(cfg, layers, lambda i: LayerType.CHUNKED if no_rope[i] and chunk else LayerType.FULL,
+                                 frozenset({LayerType.CHUNKED, LayerType.FULL})),
     )
     return d
 
@@ -885,7 +1030,8 @@ def _qwen3_next(cfg: Config, name: str) -> dict[str, Any]:
     d.update(
         model_type="qwen3_next", head_dim=_int(cfg, "head_dim"), attention_output_gate=True,
         layer_types=_layer_types(cfg, d["num_layers"],
-                                 lambda i: LayerType.LINEAR if (i + 1) % interval else LayerType.FULL),
+                                 lambda i: LayerType.LINEAR if (i + 1) % interval else LayerType.FULL,
+                                 frozenset({LayerType.LINEAR, LayerType.FULL})),
         linear_attention=LinearAttentionSpec(
             num_key_heads=_int(cfg, "linear_num_key_heads"), num_value_heads=_int(cfg, "linear_num_value_heads"),
             key_head_dim=_int(cfg, "linear_key_head_dim"), value_head_dim=_int(cfg, "linear_value_head_dim"),
@@ -926,7 +1072,7 @@ def _siglip_tower(cfg: Config) -> dict[str, Any]:
     LayerNorm and an MLP)."""
     h, inter = _int(cfg, "hidden_size"), _int(cfg, "intermediate_size")
     extra: list[NamedShape] = []
-    if cfg.get("vision_use_head", True):
+    if _flag(cfg, "vision_use_head", True):
         extra = [NamedShape(name=n, shape=s) for n, s in (
             ("head.probe", (1, 1, h)), ("head.attention.in_proj_weight", (3 * h, h)),
             ("head.attention.in_proj_bias", (3 * h,)), ("head.attention.out_proj.weight", (h, h)),
@@ -1001,7 +1147,7 @@ def _llava(cfg: _Tracked, name: str) -> dict[str, Any]:
     tcfg, d = _text(cfg, composite, name)
     vcfg, tower = _tower(cfg, composite)
     th, vh = d["hidden_size"], tower["hidden_size"]
-    bias = cfg.get("multimodal_projector_bias", True)
+    bias = _flag(cfg, "multimodal_projector_bias", True)
     proj = [("linear_1.weight", (th, vh * _feature_layers(cfg))), ("linear_2.weight", (th, th))]
     if bias:
         proj += [("linear_1.bias", (th,)), ("linear_2.bias", (th,))]
@@ -1046,7 +1192,7 @@ def _mistral3(cfg: _Tracked, name: str) -> dict[str, Any]:
     merge = _int(cfg, "spatial_merge_size")
     proj = [("norm.weight", (vh,)), ("patch_merger.merging_layer.weight", (vh, vh * merge**2)),
             ("linear_1.weight", (th, vh * _feature_layers(cfg))), ("linear_2.weight", (th, th))]
-    if cfg.get("multimodal_projector_bias"):
+    if _flag(cfg, "multimodal_projector_bias"):
         proj += [("linear_1.bias", (th,)), ("linear_2.bias", (th,))]
     # vLLM's PixtralHFEncoderInfo (pixtral.py at v0.10.2): a square image of vision image_size runs
     # (image_size / patch)^2 patches and takes (image_size / (patch x spatial_merge_size))^2 tokens.
@@ -1091,7 +1237,7 @@ def _llama4(cfg: _Tracked, name: str) -> dict[str, Any]:
                                 NamedShape(name="vision_adapter.mlp.fc2.weight", shape=(pout, pout))))
     th = d["hidden_size"]
     proj = [("linear_1.weight", (th, _int(v, "vision_output_dim")))]
-    if v.get("multi_modal_projector_bias"):
+    if _flag(v, "multi_modal_projector_bias"):
         proj.append(("linear_1.bias", (th,)))
     # The largest image: LLAMA4_MAX_TILES tiles of image_size (16:1) plus the global tile the processor
     # adds to a tiled image; each tile runs (patches + class) tokens through the tower and keeps

@@ -43,9 +43,10 @@ def _first(cfg: Any, *names: str) -> Any:
 
 def translate_with_transformers(cfg: Mapping[str, Any], name: str) -> Translation:
     """Build `cfg` with transformers on the meta device and describe it as ModelSpec fields."""
-    from shardplan.specs.hf import SPEC_FIELDS_HINT, Translation
+    from shardplan.specs.hf import HARMLESS_KEYS, SPEC_FIELDS_HINT, Translation, config_dtype
 
     label = cfg.get("model_type")
+    dtype = config_dtype(cfg, "bfloat16")  # the file's error before any build
     try:
         import torch
         import transformers
@@ -92,7 +93,8 @@ def translate_with_transformers(cfg: Mapping[str, Any], name: str) -> Translatio
         raise UnsupportedModelError(
             f"unsupported model_type {label!r}: transformers builds it, but it has no attention layers "
             "and shardplan plans attention decoders", field="model_type", hint=SPEC_FIELDS_HINT)
-    kv = _first(text, "num_key_value_heads", "num_kv_heads") or heads
+    kv = _first(text, "num_key_value_heads", "num_kv_heads")
+    kv = heads if kv is None else kv  # ModelSpec refuses 0 and non-divisors with the key named
     head_dim = _first(text, "head_dim")
     if not isinstance(head_dim, int):
         head_dim = hidden // heads
@@ -102,9 +104,22 @@ def translate_with_transformers(cfg: Mapping[str, Any], name: str) -> Translatio
         num_attention_heads=heads, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter,
         max_position_embeddings=_first(text, "max_position_embeddings", "n_positions") or 2048,
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-        dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+        dtype=dtype,
     )
     fields["measured_num_params"] = _stored_numel(model)
     note = (f"spec derived from transformers {transformers.__version__} on the meta device "
             f"({type(model).__name__}); per-layer shapes are Llama-like, the total is the module's")
-    return Translation(fields, (), (note,))
+    warnings = tuple(f"config key '{key}' is not understood by shardplan and was ignored, as {type(config).__name__} "
+                     f"does not define it either; check that it changes no parameter count or cache size"
+                     for key in sorted(set(cfg) - _defined_keys(config) - HARMLESS_KEYS))
+    return Translation(fields, warnings, (note,))
+
+
+def _defined_keys(config: Any) -> set[str]:
+    """The keys `config`'s class defines (its defaults' keys and attribute_map aliases): transformers
+    builds the model from these, and keeps any other key as an attribute no modelling code reads."""
+    try:
+        defaults = type(config)().to_dict()
+    except Exception:  # noqa: BLE001 - a foreign config class may refuse its own defaults: name nothing then
+        return set(config.to_dict())
+    return set(defaults) | set(getattr(config, "attribute_map", None) or {})

@@ -27,7 +27,7 @@ from shardplan.errors import InputFileError, ShardplanError, UnknownNameError
 from shardplan.specs._base import StrictModel
 from shardplan.specs.hardware import HardwareProfile, HardwareProfileFile, profile_from_file
 from shardplan.specs import hub
-from shardplan.specs.hf import MissingField, translate
+from shardplan.specs.hf import MissingField, config_dtype, translate
 from shardplan.specs.model import ModelSpec
 
 MAX_INPUT_FILE_BYTES = 16 * 1024 * 1024
@@ -301,6 +301,7 @@ def quiet_notes() -> Iterator[None]:
 
 
 def _spec_from_hf(cfg: dict[str, Any], name: str, source: str, prefix: str = "") -> ModelSpec:
+    _expect_hf_config(cfg, source, prefix)
     try:
         translation = translate(cfg, name)
         fields = translation.fields
@@ -361,6 +362,10 @@ def model_from_data(data: Any, source: str, default_name: str) -> LoadedModel:
                         field=f"architecture.{reserved}",
                         hint=f"move '{reserved}' up one level",
                     )
+            try:  # the dtype first, for its fix (ModelSpec refuses an unknown one too, without one)
+                config_dtype(arch, None)
+            except InputFileError as e:
+                raise InputFileError(e.message, source=source, field=f"architecture.{e.field}", hint=e.hint) from None
             try:
                 spec = ModelSpec.model_validate({**arch, "name": f.name, "source": source})
             except ValidationError as e:
@@ -368,6 +373,46 @@ def model_from_data(data: Any, source: str, default_name: str) -> LoadedModel:
         return LoadedModel(spec, source, f.published_num_params, f.hf_id, sources, f.notes)
     # A bare Hugging Face config.json.
     return LoadedModel(_spec_from_hf(data, default_name, source), source)
+
+
+# Top-level keys that tell another shardplan file from a model (hardware_profiles/*.yaml; a plan).
+_HARDWARE_KEYS = frozenset({"gpu", "node", "efficiency", "runtime"})
+_PLAN_KEYS = frozenset({"schema_version", "layout", "predicted", "placement"})
+
+
+def _expect_hf_config(data: dict[str, Any], source: str, prefix: str = "") -> None:
+    """A config.json (or a model YAML's `hf_config:` block, under `prefix`) names its model type:
+    model_type, architectures, or a text_config holding them. A whole file that does not is refused
+    for what it looks like, with the fix for that."""
+    if any(k in data for k in ("model_type", "architectures", "text_config")):
+        return
+    if not prefix:
+        _refuse_other_file(data, source)
+    raise InputFileError("required key is missing: a Hugging Face config.json names its model_type (or "
+                         "architectures)", source=source, field=prefix + "model_type",
+                         hint='add "model_type" (e.g. "llama") as in the model\'s config.json, or write a '
+                              "shardplan model YAML with an architecture: block")
+
+
+def _refuse_other_file(data: dict[str, Any], source: str) -> None:
+    """Refuse a hardware profile, a plan or a model YAML without its block, given as a model."""
+    keys = {k for k in data if isinstance(k, str)}
+    hardware = sorted(keys & _HARDWARE_KEYS)
+    if len(hardware) >= 2:
+        named = ", ".join(f"'{k}'" for k in hardware)
+        raise InputFileError(f"not a model: the file is a hardware profile (it has {named})", source=source,
+                             field="model_type", hint="pass a hardware profile with -H/--hardware, and as MODEL a "
+                                                      "bundled name, a config.json or a model YAML")
+    if len(keys & _PLAN_KEYS) >= 2:
+        raise InputFileError("not a model: the file is a shardplan plan", source=source, field="model_type",
+                             hint="pass a plan to the commands that take one (show, export, checkpoint, verify, "
+                                  "replan), and as MODEL a bundled name, a config.json or a model YAML")
+    if keys and keys <= set(ModelSpecFile.model_fields):
+        raise InputFileError("a shardplan model YAML needs an 'architecture:' block (or 'hf_config:'), and this one "
+                             "has neither", source=source, field="architecture",
+                             hint="add architecture: with the ModelSpec fields (hidden_size, num_layers, "
+                                  "num_attention_heads, ...; `shardplan models show debug --json` lists them), or "
+                                  "hf_config: with the model's config.json")
 
 
 def _name_from_path(path: Path) -> str:

@@ -18,9 +18,10 @@ from __future__ import annotations
 from enum import Enum
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from shardplan.specs._base import StrictModel
+from shardplan.units import DTYPE_ALIASES
 
 # Upper bounds, far above any published model (Llama 3.1 405B: 126 layers, 53248-wide MLP;
 # Gemma 3: 262k vocabulary; Kimi K2: 384 experts; Llama 4 Scout: 10M tokens of context), that
@@ -28,7 +29,7 @@ from shardplan.specs._base import StrictModel
 # past them is a mistake or an attack, and is refused with the field named.
 MAX_WIDTH = 2**20  # hidden, MLP, head and latent dimensions (elements)
 MAX_VOCAB = 2**24
-MAX_LAYERS = 16_384
+MAX_LAYERS = 1024  # 8x the deepest released LLM (126), above DeepNet's 1,000 (Wang et al. 2022, arXiv:2203.00555)
 MAX_HEADS = 2**16
 MAX_EXPERTS = 2**16
 MAX_TOKENS = 2**30  # context lengths and windows
@@ -305,6 +306,14 @@ class ModelSpec(StrictModel):
     # masks kept for backward and elementwise work when either is above zero.
     attention_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the attention probabilities")
     hidden_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the residual branches and embeddings")
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        """A name units.DTYPE_ALIASES maps (bytes per weight, `checkpoint`'s safetensors dtype read it)."""
+        if value.strip().lower() not in DTYPE_ALIASES:
+            raise ValueError(f"unknown dtype {value[:40]!r}; shardplan knows {', '.join(DTYPE_ALIASES)}")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
