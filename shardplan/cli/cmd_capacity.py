@@ -143,9 +143,12 @@ def capacity(
     from shardplan.specs import loading
     from shardplan.tasks.capacity import CapacityResult, default_max_gpus, serving_capacity, training_capacity
 
+    from shardplan.specs import cluster
+
+    cluster.at_most(max_gpus, cluster.MAX_GPUS, "--max-gpus")
     loaded = loading.load_model(model)
     base = loading.load_hardware(hardware)
-    hw = base.with_topology(gpus_per_node=gpus_per_node or base.gpus_per_node, num_nodes=1)
+    hw = cluster.cluster(base, gpus=None, nodes=None, gpus_per_node=gpus_per_node)
     limit = max_gpus or default_max_gpus(hw)
     model_context = loaded.spec.max_position_embeddings
     if context > model_context:  # the engines refuse a max_model_len past the model's context

@@ -63,8 +63,9 @@ def hardware_show(
     """GPU, node and link figures of one profile, with their sources in --json."""
     from shardplan.cli import render_catalog, render_common
     from shardplan.specs import loading
+    from shardplan.specs.cluster import cluster
     from shardplan.tasks.catalog import hardware_report
 
-    hw = loading.load_hardware(hardware).with_topology(gpus_per_node=gpus_per_node, num_nodes=nodes)
+    hw = cluster(loading.load_hardware(hardware), gpus=None, nodes=nodes, gpus_per_node=gpus_per_node)
     r = hardware_report(hw)
     render_common.emit(r.model_dump(mode="json") if json_out else r, json_out, render_catalog.hardware_detail)

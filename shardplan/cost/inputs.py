@@ -334,6 +334,11 @@ def inference_workload(
     )
 
 
+# Tokens a drafter may propose per step: published setups propose 1-10 (vLLM's n-gram and draft-model
+# examples), SGLang's EAGLE trees up to 64 draft tokens; each is also a KV slot held ahead per sequence.
+MAX_SPECULATIVE_TOKENS = 128
+
+
 def speculative_setup(spec: ModelSpec, *, method: str | None, num_speculative_tokens: int | None,
                       draft: ModelSpec | None, draft_source: str | None,
                       draft_hf_id: str | None = None) -> Speculative | None:
@@ -368,7 +373,7 @@ def speculative_setup(spec: ModelSpec, *, method: str | None, num_speculative_to
     if k < 1:
         raise ShardplanError(f"{k} tokens: at least 1 must be proposed", field="--num-speculative-tokens",
                              hint="e.g. --num-speculative-tokens 4")
-    at_most(k, MAX_TOKENS, "--num-speculative-tokens")
+    at_most(k, MAX_SPECULATIVE_TOKENS, "--num-speculative-tokens")
     return Speculative(method=m, num_speculative_tokens=k, draft=draft, draft_source=draft_source, draft_hf_id=draft_hf_id)
 
 

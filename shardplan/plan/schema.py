@@ -12,12 +12,16 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, model_validator
 
+from shardplan.cost.inputs import MAX_SEQUENCES, MAX_SPECULATIVE_TOKENS
 from shardplan.cost.layout import Offload, PipelineSchedule, Recompute
 from shardplan.cost.params import Split
 from shardplan.cost.workload import Framework, Optimizer, Quantization
 from shardplan.knowledge.schema import BandKind, BandQuantity
+from shardplan.errors import ShardplanError
+from shardplan.knowledge.load import engine_rules
+from shardplan.specs.model import MAX_TOKENS
 from shardplan.units import DType
 
 SCHEMA_VERSION: int = 1
@@ -88,7 +92,8 @@ class SpeculativeSection(_Section):
     """Speculative decoding (cost/speculative.py), as vLLM's --speculative-config names it."""
 
     method: Literal["draft_model", "mtp", "ngram"] = Field(description="draft_model, mtp (the model's own MTP layers) or ngram")
-    num_speculative_tokens: int = Field(ge=1, description="tokens proposed per step (K); lookahead slots per sequence")
+    num_speculative_tokens: int = Field(ge=1, le=MAX_SPECULATIVE_TOKENS,
+                                        description="tokens proposed per step (K); lookahead slots per sequence")
     draft_model: str | None = Field(None, description="the draft model's spec name; null: none (mtp, ngram)")
     draft_source: str | None = Field(None, description="where the draft spec is read from: bundled:<name> or a path")
     draft_hf_id: str | None = Field(None, description="the draft's Hugging Face id, what the engine loads; null: unknown")
@@ -117,8 +122,8 @@ class LengthsSection(_Section):
 class LoadSection(_Section):
     """`cost.workload.ServingLoad`: the traffic the plan was judged under (continuous batching)."""
 
-    request_rate_per_second: float | None = Field(description="requests per second; null: all at once (inf)")
-    max_concurrency: int | None = Field(description="requests in flight at most; null: no cap")
+    request_rate_per_second: float | None = Field(gt=0, description="requests per second; null: all at once (inf)")
+    max_concurrency: int | None = Field(ge=1, le=MAX_SEQUENCES, description="requests in flight at most; null: no cap")
     num_requests: int = Field(ge=1, description="requests simulated")
     lengths: LengthsSection | None = Field(description="request lengths; null: input_len in, output_len out")
     lengths_name: str = Field(description="where the lengths came from, as printed")
@@ -133,18 +138,18 @@ class InferenceWorkloadSection(_Section):
     """`cost.workload.InferenceWorkload`, field for field (vLLM semantics)."""
 
     kind: Literal["inference"] = Field(description="serving")
-    max_model_len: int | None = Field(ge=1, description="tokens of one sequence; null: the model's maximum")
-    max_num_seqs: int = Field(ge=1, description="sequences in one batch at most")
-    max_num_batched_tokens: int = Field(ge=1, description="tokens in one forward pass at most")
+    max_model_len: int | None = Field(ge=1, le=MAX_TOKENS, description="tokens of one sequence; null: the model's maximum")
+    max_num_seqs: int = Field(ge=1, le=MAX_SEQUENCES, description="sequences in one batch at most")
+    max_num_batched_tokens: int = Field(ge=1, le=MAX_TOKENS, description="tokens in one forward pass at most")
     gpu_memory_utilization: float = Field(gt=0, le=1, description="share of GPU memory the engine may use")
-    block_size: int = Field(ge=1, description="tokens per paged KV-cache block")
+    block_size: int = Field(ge=1, le=MAX_TOKENS, description="tokens per paged KV-cache block")
     kv_cache_dtype: DTypeName | None = Field(description="KV-cache format; null: the activation dtype")
     activation_dtype: DTypeName = Field(description="activation and unquantized weight format")
     quantization: QuantizationName = Field(description="weight format of the blocks' linear layers")
     enforce_eager: bool = Field(description="true: no CUDA graphs")
-    input_len: int = Field(ge=1, description="prompt tokens per request (time figures)")
-    output_len: int = Field(ge=1, description="generated tokens per request (time figures)")
-    batch_size: int | None = Field(ge=1, description="concurrent requests; null: the most that fit")
+    input_len: int = Field(ge=1, le=MAX_TOKENS, description="prompt tokens per request (time figures)")
+    output_len: int = Field(ge=1, le=MAX_TOKENS, description="generated tokens per request (time figures)")
+    batch_size: int | None = Field(ge=1, le=MAX_SEQUENCES, description="concurrent requests; null: the most that fit")
     kv_read_per_query_head: bool = Field(description="decode attention reads K/V once per query head")
     # Engine rules (knowledge/engines/*.yaml); the defaults are what plans written before them meant.
     engine: str = Field("vllm", description="the serving engine the plan was made for")
@@ -164,7 +169,7 @@ class InferenceWorkloadSection(_Section):
                                           "qk_norm, dense_mlp, moe, per_fp8_block_linear, per_all_reduce); empty: "
                                           "python_ops_per_layer for every layer")
     python_ops_per_step: float = Field(0.0, ge=0, description="eager framework ops per step for the logits and the sampler")
-    cuda_graph_max_batch: int = Field(512, ge=0, description="decode batches up to this size replay CUDA graphs; 0: none")
+    cuda_graph_max_batch: int = Field(512, ge=0, le=MAX_SEQUENCES, description="decode batches up to this size replay CUDA graphs; 0: none")
     cuda_graph_max_batch_by_tp: list[GraphBatchRow] = Field(
         default_factory=list, description="where the engine captures more at larger tensor-parallel sizes (SGLang from "
                                           "0.5.3 at tp >= 4): the batch from each tp up, largest first; empty: "
@@ -353,14 +358,14 @@ class PlacementSection(_Section):
 class StageMemory(_Section):
     stage: int = Field(ge=0, description="pipeline stage index")
     num_ranks: int = Field(ge=1, description="GPUs that share this memory picture")
-    per_gpu_bytes: dict[str, float] = Field(description="bytes per GPU by category; `total` is their sum")
+    per_gpu_bytes: dict[str, NonNegativeFloat] = Field(description="bytes per GPU by category; `total` is their sum")
     headroom_bytes: float = Field(description="capacity minus total; negative: does not fit")
     host_offload_bytes: float = Field(ge=0, description="bytes each rank keeps in CPU memory")
     nvme_offload_bytes: float = Field(ge=0, description="bytes each rank keeps on NVMe")
 
 
 class MemorySection(_Section):
-    per_gpu_bytes: dict[str, float] = Field(description="the binding rank's bytes by category; `total` is their sum")
+    per_gpu_bytes: dict[str, NonNegativeFloat] = Field(description="the binding rank's bytes by category; `total` is their sum")
     headroom_bytes: float = Field(description="capacity minus the binding rank's total")
     budget_bytes: float = Field(description="bytes a rank may use (serving: gpu_memory_utilization of capacity)")
     binding_stage: int = Field(ge=0, description="the stage that limits the plan")
@@ -619,6 +624,20 @@ def _check_layout(m: DeploymentManifest) -> None:
     if (L.weight_quantization is None or L.kv_cache_dtype is None) == serving:
         raise Invalid("layout.weight_quantization", "weight_quantization and kv_cache_dtype are set for serving only",
                       "set both for inference, null both for training")
+    if serving:
+        _check_serving_workload(m)
+
+
+def _check_serving_workload(m: DeploymentManifest) -> None:
+    """The engine and its version are ones shardplan knows: their rules shaped the plan, and its
+    exports launch that engine."""
+    w = m.workload
+    assert isinstance(w, InferenceWorkloadSection)
+    try:
+        engine_rules(w.engine, w.engine_version)
+    except ShardplanError as e:
+        raise Invalid("workload.engine_version" if e.field == "--engine-version" else "workload.engine", e.message,
+                      "restore what shardplan wrote, or re-run shardplan recommend with --engine/--engine-version") from None
 
 
 def _check_placement(m: DeploymentManifest) -> None:

@@ -27,7 +27,9 @@ def cluster(hw: HardwareProfile, *, gpus: int | None, nodes: int | None, gpus_pe
     at_most(nodes, MAX_GPUS, "--nodes")
     at_most(gpus_per_node, MAX_GPUS, "--gpus-per-node")
     gpn = gpus_per_node or hw.gpus_per_node
-    at_most(gpn * (nodes or 1), MAX_GPUS, "--nodes")
+    if gpn * (nodes or 1) > MAX_GPUS:
+        raise ShardplanError(f"{nodes or 1} node(s) of {gpn} GPUs is {gpn * (nodes or 1)} GPUs, more than the {MAX_GPUS} "
+                             "shardplan plans for", field="--nodes", hint=f"give at most {MAX_GPUS // gpn} nodes of {gpn}")
     if gpus is None:
         return hw.with_topology(gpus_per_node=gpn, num_nodes=nodes or 1)
     if gpus <= gpn and not nodes:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from shardplan import units
 from shardplan.errors import ShardplanError
@@ -34,6 +34,11 @@ MAX_BANDWIDTH_GB_PER_S = 1e9
 MAX_TFLOPS = 1e9
 MAX_MICROSECONDS = 1e9  # latencies and per-kernel costs (1000 s)
 MAX_GPUS_PER_NODE = 2**16
+# Lower bounds, orders of magnitude below any device (1 MFLOP/s, 1 kB/s, 0.1% of a peak): a rate or
+# a share near zero makes a time overflow a float (a step of 1e300 s, squared in the roofline).
+MIN_TFLOPS = 1e-6
+MIN_BANDWIDTH_GB_PER_S = 1e-6
+MIN_FRACTION = 1e-3
 MAX_MEASURED_CASES = 100  # a profile's own cases are predicted with every estimate: a few, not a corpus
 
 
@@ -51,23 +56,23 @@ class LinkKind(str, Enum):
 class PeakTflopsFile(StrictModel):
     """Dense (no 2:4 sparsity) peak per dtype, decimal TFLOP/s (TOPS for int8)."""
 
-    fp32: float = Field(..., gt=0, le=MAX_TFLOPS)
-    tf32: float | None = Field(None, gt=0, le=MAX_TFLOPS)
-    bf16: float | None = Field(None, gt=0, le=MAX_TFLOPS)
-    fp16: float = Field(..., gt=0, le=MAX_TFLOPS)
-    fp8: float | None = Field(None, gt=0, le=MAX_TFLOPS)
-    int8: float | None = Field(None, gt=0, le=MAX_TFLOPS)
-    int4: float | None = Field(None, gt=0, le=MAX_TFLOPS)
-    fp4: float | None = Field(None, gt=0, le=MAX_TFLOPS)
+    fp32: float = Field(..., ge=MIN_TFLOPS, le=MAX_TFLOPS)
+    tf32: float | None = Field(None, ge=MIN_TFLOPS, le=MAX_TFLOPS)
+    bf16: float | None = Field(None, ge=MIN_TFLOPS, le=MAX_TFLOPS)
+    fp16: float = Field(..., ge=MIN_TFLOPS, le=MAX_TFLOPS)
+    fp8: float | None = Field(None, ge=MIN_TFLOPS, le=MAX_TFLOPS)
+    int8: float | None = Field(None, ge=MIN_TFLOPS, le=MAX_TFLOPS)
+    int4: float | None = Field(None, ge=MIN_TFLOPS, le=MAX_TFLOPS)
+    fp4: float | None = Field(None, ge=MIN_TFLOPS, le=MAX_TFLOPS)
 
 
 class GpuFile(StrictModel):
     model: str = Field(..., min_length=1)
     memory_capacity_gib: float = Field(..., ge=2**-20, le=MAX_CAPACITY_GIB, description="total memory as the device reports it, GiB (at least one KiB: a smaller figure rounds to zero bytes)")
-    memory_bandwidth_gb_per_s: float = Field(..., gt=0, le=MAX_BANDWIDTH_GB_PER_S)
+    memory_bandwidth_gb_per_s: float = Field(..., ge=MIN_BANDWIDTH_GB_PER_S, le=MAX_BANDWIDTH_GB_PER_S)
     peak_dense_tflops: PeakTflopsFile
     power_limited_compute_fraction: float = Field(
-        1.0, gt=0, le=1,
+        1.0, ge=MIN_FRACTION, le=1,
         description="the share of the dense peaks the GPU sustains at its board power limit, for a part run below "
                     "its chip's rated power (a capped GPU lowers its clocks under tensor-core load; memory-bound "
                     "work draws less and is not slowed): the peaks above are the chip's, each is scaled by this")
@@ -76,7 +81,7 @@ class GpuFile(StrictModel):
 
 class LinkFile(StrictModel):
     kind: LinkKind
-    bandwidth_gb_per_s: float = Field(..., gt=0, le=MAX_BANDWIDTH_GB_PER_S, description="per GPU, per direction")
+    bandwidth_gb_per_s: float = Field(..., ge=MIN_BANDWIDTH_GB_PER_S, le=MAX_BANDWIDTH_GB_PER_S, description="per GPU, per direction")
     latency_us: float = Field(..., ge=0, le=MAX_MICROSECONDS)
 
 
@@ -84,7 +89,7 @@ class HostLinkFile(StrictModel):
     kind: LinkKind = LinkKind.PCIE
     generation: int | None = Field(None, gt=0, le=100)
     lanes: int | None = Field(None, gt=0, le=1024)
-    bandwidth_gb_per_s: float = Field(..., gt=0, le=MAX_BANDWIDTH_GB_PER_S, description="per GPU, per direction")
+    bandwidth_gb_per_s: float = Field(..., ge=MIN_BANDWIDTH_GB_PER_S, le=MAX_BANDWIDTH_GB_PER_S, description="per GPU, per direction")
 
 
 class NodeFile(StrictModel):
@@ -94,19 +99,26 @@ class NodeFile(StrictModel):
     host_link: HostLinkFile
     host_memory_gib: float = Field(..., gt=0, le=MAX_CAPACITY_GIB)
     nvme_capacity_gib: float = Field(..., ge=0, le=MAX_CAPACITY_GIB)
-    nvme_bandwidth_gb_per_s: float = Field(..., ge=0, le=MAX_BANDWIDTH_GB_PER_S)
+    nvme_bandwidth_gb_per_s: float = Field(..., ge=0, le=MAX_BANDWIDTH_GB_PER_S, description="0: no NVMe")
     host_memory_bandwidth_gb_per_s: float | None = Field(
-        None, gt=0, le=MAX_BANDWIDTH_GB_PER_S,
+        None, ge=MIN_BANDWIDTH_GB_PER_S, le=MAX_BANDWIDTH_GB_PER_S,
         description="peak DRAM bandwidth one GPU's process can read from (its socket's channels x transfer rate x 8 "
                     "bytes), GB/s; layers run on the CPU (llama.cpp -ngl) are bound by it; null: unknown")
+
+    @field_validator("nvme_bandwidth_gb_per_s")
+    @classmethod
+    def _nvme_none_or_real(cls, v: float) -> float:
+        if 0 < v < MIN_BANDWIDTH_GB_PER_S:
+            raise ValueError(f"must be 0 (no NVMe) or at least {MIN_BANDWIDTH_GB_PER_S:g} GB/s")
+        return v
 
 
 class AttentionKernelFile(StrictModel):
     """Achieved / dense 16-bit peak of one fused attention kernel on this GPU, at long sequences
     (the causal half counted once), forward and backward separately."""
 
-    forward: float = Field(..., gt=0, le=1)
-    backward: float = Field(..., gt=0, le=1)
+    forward: float = Field(..., ge=MIN_FRACTION, le=1)
+    backward: float = Field(..., ge=MIN_FRACTION, le=1)
 
 
 class EfficiencyFile(StrictModel):
@@ -114,9 +126,9 @@ class EfficiencyFile(StrictModel):
     model. `shardplan calibrate` (or a hand edit) may replace them; the cost model has no
     other tuning constants."""
 
-    matmul: float = Field(..., gt=0, le=1, description="large 16-bit GEMMs: achieved / dense peak")
+    matmul: float = Field(..., ge=MIN_FRACTION, le=1, description="large 16-bit GEMMs: achieved / dense peak")
     matmul_fp8: float | None = Field(
-        None, gt=0, le=1, description="large fp8/int8 GEMMs: achieved / that dtype's peak; None: same as matmul"
+        None, ge=MIN_FRACTION, le=1, description="large fp8/int8 GEMMs: achieved / that dtype's peak; None: same as matmul"
     )
     matmul_half_dim: float = Field(
         64.0,
@@ -126,7 +138,7 @@ class EfficiencyFile(StrictModel):
         "(tile and wave quantisation): share = matmul x prod(d / (d + half_dim))",
     )
     attention: float | None = Field(
-        None, gt=0, le=1, description="fused (flash) attention kernels: achieved / dense peak; None: same as matmul"
+        None, ge=MIN_FRACTION, le=1, description="fused (flash) attention kernels: achieved / dense peak; None: same as matmul"
     )
     attention_kernels: dict[Literal["fa2", "fa3", "cudnn"], AttentionKernelFile] = Field(
         default_factory=dict,
@@ -134,7 +146,7 @@ class EfficiencyFile(StrictModel):
         "PyTorch SDPA's flash backend; fa3: FlashAttention-3; cudnn: cuDNN fused attention, as Transformer Engine "
         "uses it); a training stack's preferred kernel is looked up here, else `attention` applies",
     )
-    memory_bandwidth: float = Field(..., gt=0, le=1)
+    memory_bandwidth: float = Field(..., ge=MIN_FRACTION, le=1)
     kernel_overhead_us: float = Field(
         4.0, ge=0, le=MAX_MICROSECONDS, description="GPU-side fixed cost per kernel on top of its roofline time (ramp-up, tail), microseconds"
     )
@@ -156,21 +168,21 @@ class EfficiencyFile(StrictModel):
     )
     overlap_compute_share: float = Field(
         0.8,
-        gt=0,
+        ge=MIN_FRACTION,
         le=1,
         description="share of compute throughput left while a collective runs alongside it (NCCL kernels "
         "take SMs and HBM bandwidth)",
     )
-    intra_node_link: float = Field(..., gt=0, le=1)
-    inter_node_link: float = Field(..., gt=0, le=1)
-    host_link: float = Field(..., gt=0, le=1)
-    nvme: float = Field(..., gt=0, le=1)
+    intra_node_link: float = Field(..., ge=MIN_FRACTION, le=1)
+    inter_node_link: float = Field(..., ge=MIN_FRACTION, le=1)
+    host_link: float = Field(..., ge=MIN_FRACTION, le=1)
+    nvme: float = Field(..., ge=MIN_FRACTION, le=1)
     host_link_pageable: float | None = Field(
-        None, gt=0, le=1, description="achieved / peak host-to-device rate of copies from pageable (not pinned) host "
+        None, ge=MIN_FRACTION, le=1, description="achieved / peak host-to-device rate of copies from pageable (not pinned) host "
                                       "memory, which the driver stages through a pinned buffer (accelerate's offload "
                                       "hooks); null: unknown, costed at the pinned rate with a note")
     host_memory: float | None = Field(
-        None, gt=0, le=1, description="achieved / peak host DRAM bandwidth of a CPU matrix-vector product (llama.cpp "
+        None, ge=MIN_FRACTION, le=1, description="achieved / peak host DRAM bandwidth of a CPU matrix-vector product (llama.cpp "
                                       "token generation on the CPU); null: unknown")
 
 

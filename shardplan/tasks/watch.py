@@ -202,7 +202,9 @@ def fetch_page(url: str, *, timeout_seconds: float = TIMEOUT_SECONDS, max_bytes:
             if length.isdigit() and int(length) > max_bytes:
                 raise too_big
             chunks, n = [], 0
-            while chunk := resp.read(_READ_CHUNK_BYTES):
+            # read1: what has arrived (up to a chunk), so that a page trickling in a few bytes at a time
+            # meets the deadline check between arrivals (read() waits for a whole chunk or the end).
+            while chunk := resp.read1(_READ_CHUNK_BYTES):
                 n += len(chunk)
                 if n > max_bytes:
                     raise too_big

@@ -465,6 +465,19 @@ def _slow(h: BaseHTTPRequestHandler) -> None:
     time.sleep(2.0)
 
 
+def _trickle(h: BaseHTTPRequestHandler) -> None:
+    """Headers, no length, then a few bytes every 0.2 s for far longer than a page may take."""
+    h.send_response(200)
+    h.end_headers()
+    try:
+        for _ in range(100):
+            h.wfile.write(b"# x\n")
+            h.wfile.flush()
+            time.sleep(0.2)
+    except OSError:
+        pass
+
+
 def _redirect_to_file(h: BaseHTTPRequestHandler) -> None:
     h.send_response(302)
     h.send_header("Location", "file:///etc/passwd")
@@ -482,11 +495,12 @@ def test_fetch_reads_a_recorded_page(server):
     ("/stream", {}, "over the 16,777,216-byte limit"),
     ("/slow", {"timeout_seconds": 0.3}, "timed out"),
     ("/redirect", {}, "HTTP 302"),
+    ("/trickle", {"deadline_seconds": 1.0}, "took over 1 s"),  # each read within the socket timeout, the page not
 ])
 def test_fetch_bounds(server, route, kw, needle):
     big = b"a" * (w.MAX_PAGE_BYTES + 1)
     url = server({"/big": big, "/stream": _stream_without_length(w.MAX_PAGE_BYTES + 2 * 2**20), "/slow": _slow,
-                  "/redirect": _redirect_to_file})
+                  "/redirect": _redirect_to_file, "/trickle": _trickle})
     t = time.monotonic()
     with pytest.raises(w.EndpointUnreadable) as e:
         w.fetch_page(url + route, **kw)

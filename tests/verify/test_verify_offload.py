@@ -171,7 +171,7 @@ def test_checkpoint_of_another_model_is_one_line(cli, config_dir, tmp_path):
 
 @pytest.mark.parametrize("edit,field", [
     (lambda d: d["layout"].update(offload_params="none", offload_layers=0), "layout.offload_layers"),
-    (lambda d: d["workload"].update(engine="vllm"), "workload.engine"),
+    (lambda d: d["workload"].update(engine="vllm", engine_version=None), "workload.engine"),
     (lambda d: d["workload"].update(quantization="int8"), "workload.quantization"),
 ])
 def test_a_plan_that_is_not_offloaded_transformers_serving_is_one_line(cli, config_dir, tmp_path, edit, field):
