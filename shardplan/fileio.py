@@ -8,6 +8,8 @@ import contextlib
 import os
 import secrets
 import stat
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from shardplan.errors import InputFileError, ShardplanError
@@ -23,25 +25,152 @@ def write_bytes_atomic(path: str | Path, data: bytes, *, executable: bool = Fals
     """write_text_atomic for bytes already rendered (images). The target must be a regular file or
     not exist: renaming over a device (`-o /dev/null` as root), a FIFO or a folder would replace it.
     A symbolic link is written through: its target is the file replaced."""
-    path = regular_target(path)
+    write_files_atomic([PendingFile(path=Path(path), data=data, executable=executable)])
+
+
+@dataclass(frozen=True)
+class PendingFile:
+    """One file of a write that is all or nothing (`write_files_atomic`)."""
+
+    path: Path
+    data: bytes
+    executable: bool = False  # mode 0o777 before the umask (scripts), else 0o666
+    what: str | None = None  # how an error names it (e.g. "--moves", "serve.sh"); None: by its path
+
+
+def write_files_atomic(files: Sequence[PendingFile]) -> None:
+    """Write several files all or nothing: every target is checked (a regular file or none, no two
+    of them one file), every file is written and fsynced to a temporary file beside its target, and
+    only then is each renamed over its target. When a check, a write or a rename fails, no target
+    is replaced (renames already done are undone from hard-link copies of the old files), the
+    temporary files are removed and a ShardplanError names the file. Symbolic links are written
+    through, as `write_bytes_atomic` does."""
+    targets = [regular_target(f.path) for f in files]
+    check_distinct_outputs([(f.what or str(f.path), t) for f, t in zip(files, targets)])
+    staged: list[Path] = []
+    try:
+        for f, target in zip(files, targets):
+            staged.append(_temp_beside(target))
+            _write_new(staged[-1], f.data, f.executable, label=target)
+        _rename_all(list(zip(staged, targets)))
+    finally:
+        for tmp in staged:
+            tmp.unlink(missing_ok=True)  # after the renames none is left; after a failure, all are
+    for folder in dict.fromkeys(t.parent for t in targets):
+        _fsync_dir(folder)
+
+
+def check_distinct_outputs(outputs: Iterable[tuple[str, str | Path | None]]) -> None:
+    """The outputs of one command, as (option or name, path; None: not given), name different files:
+    else a ShardplanError naming both (exit 2), raised before anything is written. Two names of one
+    file count as the same file: a symbolic link and its target, hard links, `a/../b` and `b`."""
+    seen: dict[tuple[object, ...], str] = {}
+    for what, path in outputs:
+        if path is None or not str(path):
+            continue
+        key = _file_identity(Path(path))
+        if key in seen:
+            raise ShardplanError(f"{seen[key]} and {what} name the same file: one would overwrite the other",
+                                 source=str(path), hint="give each output its own file name")
+        seen[key] = what
+
+
+def check_output_targets(outputs: Iterable[tuple[str, str | Path | None]], folders_made: Iterable[str] = ()) -> None:
+    """Before a command does its work: its outputs (option, path; None: not given) name different
+    files, each a regular file or none (`regular_target`), in a folder that exists (or that the
+    command makes: the options in `folders_made`); a ShardplanError (exit 2) otherwise, with
+    nothing written."""
+    given = [(what, path) for what, path in outputs if path is not None]
+    check_distinct_outputs(given)
+    made = set(folders_made)
+    for what, path in given:
+        target = regular_target(path)
+        if what not in made and not target.parent.is_dir():
+            raise ShardplanError(f"cannot write {what}: no folder {str(target.parent)!r}", source=str(path),
+                                 hint="check that the folder exists and is writable")
+
+
+def _file_identity(path: Path) -> tuple[object, ...]:
+    """What tells files apart: the device and inode of an existing file (its links and hard links
+    share them), else the folder's device and inode and the name (symbolic links resolved first)."""
+    real = Path(os.path.realpath(path))
+    with contextlib.suppress(OSError):
+        st = real.stat()
+        return ("file", st.st_dev, st.st_ino)
+    with contextlib.suppress(OSError):
+        st = real.parent.stat()
+        return ("new", st.st_dev, st.st_ino, real.name)
+    return ("path", str(real))
+
+
+def _temp_beside(path: Path) -> Path:
+    """A fresh temporary name in `path`'s folder (a rename from it is atomic); a name near the file
+    system's 255-byte limit gets a short one."""
     token = secrets.token_hex(6)
-    # The temporary file sits beside the target; a name near the file system's 255-byte limit gets a short one.
-    tmp = path.with_name(f".{path.name}.{token}.tmp" if len(path.name.encode()) <= 200 else f".shardplan.{token}.tmp")
+    return path.with_name(f".{path.name}.{token}.tmp" if len(path.name.encode()) <= 200 else f".shardplan.{token}.tmp")
+
+
+def _write_new(tmp: Path, data: bytes, executable: bool, *, label: Path) -> None:
+    """Create `tmp` (it must not exist), write `data` and fsync it; an OSError becomes a
+    ShardplanError naming `label`, the file the data is for."""
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o777 if executable else 0o666)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise ShardplanError(f"cannot write: {e.strerror}", source=str(path),
+        raise ShardplanError(f"cannot write: {e.strerror}", source=str(label),
+                             hint="check that the folder exists and is writable") from None
+
+
+def _rename_all(staged: list[tuple[Path, Path]]) -> None:
+    """Rename each (temporary, target) pair; when one fails, undo those done: a target that was new
+    is removed, one that existed gets its old file back from a hard link made before the rename
+    (where the file system has no hard links, the new file stays)."""
+    done: list[tuple[Path, Path | None, bool]] = []  # (target, hard link to its old file, whether it existed)
+    try:
+        for tmp, target in staged:
+            existed = target.exists()
+            backup = _hard_link_beside(target) if existed else None
+            try:
+                os.replace(tmp, target)
+            except BaseException:
+                if backup is not None:
+                    backup.unlink(missing_ok=True)
+                raise
+            done.append((target, backup, existed))
+    except OSError as e:
+        _undo(done)
+        raise ShardplanError(f"cannot write: {e.strerror}", source=str(staged[len(done)][1]),
                              hint="check that the folder exists and is writable") from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _undo(done)
         raise
-    _fsync_dir(path.parent)
+    for _, backup, _ in done:
+        if backup is not None:
+            backup.unlink(missing_ok=True)
+
+
+def _hard_link_beside(path: Path) -> Path | None:
+    """A second name for the file at `path` (so that it can be put back), or None where no hard link
+    can be made."""
+    link = _temp_beside(path).with_suffix(".old")
+    try:
+        os.link(path, link)
+    except OSError:
+        return None
+    return link
+
+
+def _undo(done: list[tuple[Path, Path | None, bool]]) -> None:
+    """Put back what `_rename_all` replaced, last first."""
+    for target, backup, existed in reversed(done):
+        with contextlib.suppress(OSError):
+            if backup is not None:
+                os.replace(backup, target)
+            elif not existed:
+                target.unlink()
 
 
 # The longest path and file name the file systems take (Linux PATH_MAX, NAME_MAX): past them the OS
@@ -121,3 +250,62 @@ def read_regular_file_bytes(path: str | Path, *, max_bytes: int, label: str, wha
     if len(data) > max_bytes:
         raise too_big
     return data
+
+
+# Parsed data from a file anyone may have written is nested at most this deep (SECURITY.md).
+MAX_JSON_NESTING_DEPTH = 64
+
+
+def loads_json(text: str | bytes, *, label: str, hint: str, what: str = "the file", field: str | None = None,
+               max_depth: int = MAX_JSON_NESTING_DEPTH) -> object:
+    """Strict JSON from a file anyone may have written (a safetensors header, a checkpoint index):
+    text that is not UTF-8, NaN or Infinity, a key twice in one object, and nesting past
+    `max_depth` levels are each an InputFileError naming `label` and `field` (one line, exit 2),
+    never a traceback; `what` names the text in the message ("header"). Nesting deep enough to
+    exhaust the parser's recursion is reported the same way; below that the depth is checked
+    without recursion once parsed."""
+    import json
+
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputFileError(f"{what} is not UTF-8 text (byte {e.start})", source=label, field=field,
+                                 hint=hint) from None
+    too_deep = InputFileError(f"{what} is nested more than {max_depth} levels deep", source=label, field=field,
+                              hint=hint)
+    try:
+        data = json.loads(text, parse_constant=_refuse_json_constant, object_pairs_hook=_unique_json_keys)
+    except RecursionError:
+        raise too_deep from None
+    except json.JSONDecodeError as e:
+        raise InputFileError(f"{what} is not JSON: line {e.lineno} column {e.colno}: {e.msg}", source=label,
+                             field=field, hint=hint) from None
+    except ValueError as e:  # a key twice, NaN or Infinity
+        raise InputFileError(f"{what} {e}", source=label, field=field, hint=hint) from None
+    stack = [(data, 1)] if isinstance(data, (dict, list)) else []
+    while stack:
+        item, depth = stack.pop()
+        for child in (item.values() if isinstance(item, dict) else item):
+            if isinstance(child, (dict, list)):
+                if depth >= max_depth:
+                    raise too_deep
+                stack.append((child, depth + 1))
+    return data
+
+
+def _refuse_json_constant(value: str) -> object:
+    raise ValueError(f"holds {value}, which is not a number JSON allows")
+
+
+def _unique_json_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """An object with a key twice is refused (json keeps the last one silently)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                shown = key if len(key) <= 80 else key[:77] + "..."
+                raise ValueError(f"holds the key {shown!r} twice in one object")
+            seen.add(key)
+    return out

@@ -14,7 +14,7 @@ from shardplan.cli.app import app, JsonOpt
 
 # The exporters, the tasks and the renderers are imported when a command runs (`shardplan
 # --help` loads none of them).
-from shardplan.cli.options import ObjectiveChoice, ToOpt
+from shardplan.cli.options import ObjectiveChoice, ToOpt, check_outputs
 from shardplan.cli.targets import TargetOpt
 
 
@@ -107,7 +107,9 @@ def replan_cmd(
     --lost-ranks are never sources. Serving: also the rollout, the order that starts the new
     replicas (each serving once its weights are read from storage) and drains the old ones,
     with each step's time and the served rate as a share of the old plan's; e.g.
-    `shardplan replan plan.yaml --gpus 24 --min-capacity 0.75` serves 75% or more throughout. Exit 3
+    `shardplan replan plan.yaml --gpus 24 --min-capacity 0.75` serves 75% or more throughout. The move
+    list names each piece of the first 512 new ranks (the rest are counted); a rollout is planned for
+    up to 65,536 replicas, old and new (past that the answer says so). Exit 3
     when nothing fits, when slices only lost ranks held have no --from-checkpoint to come from,
     or when no rollout order keeps --min-capacity (the best order is still printed)."""
     from shardplan.cli import render_common, render_deploy
@@ -119,6 +121,7 @@ def replan_cmd(
 
     if (gpus is None) == (nodes is None):
         raise ShardplanError("give the changed cluster as --gpus N or --nodes N", field="--gpus", hint="give one of them")
+    check_outputs(("-o", output), ("--moves", moves))
     dead_nodes = _index_list(lost_nodes, "--lost-nodes")
     dead_ranks = _index_list(lost_ranks, "--lost-ranks")
     old = load_manifest(plan)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -24,6 +25,7 @@ from shardplan.cli.targets import TargetOpt
 if TYPE_CHECKING:
     from shardplan.cost.report import CostReport
 from shardplan.cli.options import (
+    check_outputs,
     CpuOffloadGbOpt,
     NCpuMoeOpt,
     NGpuLayersOpt,
@@ -370,6 +372,7 @@ def recommend(
     if export_to is not None and output is None:
         raise ShardplanError("--export needs -o PLAN.yaml: the export is written beside the plan", field="--export",
                              hint="add -o plan.yaml")
+    check_outputs(("-o", output), ("--plot", plot), folders_made=("-o",) if export_to is not None else ())
     _check_plot(plot)
     loaded = loading.load_model(model)
     base = loading.load_hardware(hardware)
@@ -427,29 +430,37 @@ def recommend(
             # offload), one of each size (awq and gptq store what int4 does).
             formats = [Quantization(f) for f in wl.weight_formats if f not in ("awq", "gptq")]
             space = replace(space, fallback_quantizations=tuple(formats))
-    with render_common.progress("searching layouts") as progress:
-        try:
-            result = run_recommend(
-                loaded, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, compare_layout=compare,
-                manifest_path=output, progress=progress, strict_fit=strict_fit, write_disaggregation=disaggregated,
-                target=target,
-                engine_given=any(given(ctx, o) for o in ("engine", "engine_version", "cpu_offload_gb", "gpu_memory_utilization")),
-            )
-        except ShardplanError as e:
-            if e.field == "--target" and export_to is not None and not given(ctx, "target"):
-                # the target is the one --export implies: name the option the user gave
-                e.field, e.message = "--export", f"{export_to} launches {target}'s plans, and {e.message}"
-            raise
-    if result.top and export_to is not None:
-        from shardplan.exporters import ExportOptions
-        from shardplan.search.results import ExportSummary
-        from shardplan.tasks.export import export_plan
+    with contextlib.ExitStack() as staging:
+        manifest_path = output
+        if export_to is not None and output is not None:
+            # The manifest is staged apart and written with the export's files, all or none.
+            import tempfile
 
-        assert output is not None
-        engine_opt = {"engine": target} if export_to == "kubernetes" and target and not training else {}
-        exported = export_plan(output, export_to, ExportOptions(plan_file=str(output), **engine_opt), output.parent)
-        summary = ExportSummary(target=export_to, files=[f.path for f in exported.files if f.path is not None])
-        result = result.model_copy(update={"export": summary})
+            folder = staging.enter_context(tempfile.TemporaryDirectory(prefix="shardplan-"))
+            manifest_path = Path(folder) / "plan.yaml"
+        with render_common.progress("searching layouts") as progress:
+            try:
+                result = run_recommend(
+                    loaded, hw, wl, space, goal, num_gpus=num_gpus, max_gpus=max_gpus, compare_layout=compare,
+                    manifest_path=manifest_path, progress=progress, strict_fit=strict_fit,
+                    write_disaggregation=disaggregated, target=target,
+                    engine_given=any(given(ctx, o) for o in ("engine", "engine_version", "cpu_offload_gb", "gpu_memory_utilization")),
+                )
+            except ShardplanError as e:
+                if e.field == "--target" and export_to is not None and not given(ctx, "target"):
+                    # the target is the one --export implies: name the option the user gave
+                    e.field, e.message = "--export", f"{export_to} launches {target}'s plans, and {e.message}"
+                raise
+        if result.top and export_to is not None and output is not None and manifest_path is not None:
+            from shardplan.exporters import ExportOptions
+            from shardplan.search.results import ExportSummary
+            from shardplan.tasks.export import export_plan
+
+            engine_opt = {"engine": target} if export_to == "kubernetes" and target and not training else {}
+            exported = export_plan(manifest_path, export_to, ExportOptions(plan_file=str(output), **engine_opt),
+                                   output.parent, plan_copy=output)
+            summary = ExportSummary(target=export_to, files=[f.path for f in exported.files if f.path is not None])
+            result = result.model_copy(update={"export": summary, "manifest": str(output)})
     if json_out:
         render_common.print_json(result.model_dump(mode="json"))
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Callable, Optional
 
 import typer
@@ -118,6 +119,16 @@ ReduceBucketSizeOpt = Annotated[Optional[str], typer.Option(
          "it in. The DeepSpeed export writes the same value. Example: --stack deepspeed --zero-stage 2 "
          "--reduce-bucket-size 2e8.", show_default=False, rich_help_panel=TRAIN)]
 OverlapGradReduceOpt = Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)]
+
+
+def check_outputs(*outputs: tuple[str, Optional[Path]], folders_made: tuple[str, ...] = ()) -> None:
+    """Before a command with several outputs does any work: the files its output options name
+    (option, path; None: not given) are different files, each a file or none in a folder that
+    exists or that the command makes (`folders_made`: `recommend -o DIR/plan.yaml --export` makes
+    DIR) (`fileio.check_output_targets`); else exit 2 with nothing written."""
+    from shardplan.fileio import check_output_targets
+
+    check_output_targets(outputs, folders_made)
 
 
 class ObjectiveChoice(str, Enum):

@@ -97,6 +97,8 @@ def replan_report(r: ReplanResult) -> None:
     console.print(t)
     if r.rollout is not None:
         rollout_report(r.rollout)
+    elif r.rollout_not_planned:
+        console.print(f"rollout: not planned ({r.rollout_not_planned})")
 
 
 _LIMITS = {"start": "the replicas lost before the rollout leave only that",

@@ -13,7 +13,14 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from shardplan.exporters.base import CannotExpress, ExportContext, ExportFile, ExportOptions, PlanDoesNotFit
+from shardplan.exporters.base import (
+    CannotExpress,
+    ExportContext,
+    ExportFile,
+    ExportOptions,
+    PlanDoesNotFit,
+    refuse_unfit,
+)
 from shardplan.errors import ShardplanError
 from shardplan.plan.schema import DeploymentManifest
 from shardplan.specs.model import ModelSpec
@@ -50,6 +57,7 @@ def export(manifest: DeploymentManifest, target: str, *, spec: ModelSpec | None 
     if t is None:
         raise ShardplanError(f"unknown export target '{target}'", field="--to",
                              hint=f"use one of {', '.join(TARGETS)}")
+    refuse_unfit(manifest, target)  # one check for every target, before its exporter runs
     fn = getattr(importlib.import_module(f"shardplan.exporters.{t.module}"), t.function)
     return fn(ExportContext(manifest=manifest, spec=spec, options=options or ExportOptions()))
 

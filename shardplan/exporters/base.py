@@ -63,7 +63,17 @@ class CannotExpress(ShardplanError):
 
 
 class PlanDoesNotFit(ShardplanError):
+    """The plan does not fit its GPUs: what a target launches from it would fail (exit 3)."""
+
     exit_code = EXIT_DOES_NOT_FIT
+
+
+# Serving targets whose exporters take a plan whose only shortfall is a KV cache short of one sequence
+# and decide themselves (`refuse_unfit`): vLLM, SGLang, TGI, TensorRT-LLM (and Kubernetes pods running
+# them) start with a larger memory share (`share_holding_one_sequence`), llama.cpp refuses with its own
+# reason (`llamacpp.slots`), transformers (accelerate) grows its cache as it generates. torchrun, slurm
+# and jax start no engine that could resize anything: they refuse such a plan like any other.
+KV_SHORTFALL_TARGETS = frozenset({"vllm", "sglang", "tgi", "trtllm", "kubernetes", "llamacpp", "accelerate"})
 
 
 def cannot(target: str, field: str, what: str, hint: str) -> CannotExpress:
@@ -74,12 +84,11 @@ def cannot(target: str, field: str, what: str, hint: str) -> CannotExpress:
 
 
 def serving(ctx: ExportContext, target: str) -> InferenceWorkloadSection:
-    """The serving workload; a training plan or one that does not fit is refused."""
+    """The serving workload; a training plan is refused (a plan that does not fit was, by `export`)."""
     m = ctx.manifest
     if not isinstance(m.workload, InferenceWorkloadSection):
         raise cannot(target, "workload.kind", f"{target} serves models and this is a training plan "
                      f"(zero_stage={m.layout.zero_stage})", "export it --to deepspeed, torchrun, slurm, accelerate or kubernetes")
-    _fits(m)
     return m.workload
 
 
@@ -88,21 +97,25 @@ def training(ctx: ExportContext, target: str) -> TrainingWorkloadSection:
     if not isinstance(m.workload, TrainingWorkloadSection):
         raise cannot(target, "workload.kind", f"{target} launches training and this is a serving plan",
                      "export it --to vllm, sglang, tgi, trtllm or kubernetes")
-    _fits(m)
     return m.workload
 
 
-def _fits(m: DeploymentManifest) -> None:
-    """Refuse a plan that does not fit, except a serving plan whose only shortfall is a KV cache
-    smaller than one max_model_len sequence: engines take a larger memory share for that
-    (vLLM's own advice), which `share_holding_one_sequence` works out. (A KV cache that is there but
-    short is the serving model's only failure with every stage's weights in budget.)"""
-    kv = m.predicted.kv_cache
-    if kv is not None and 0 < kv.capacity_tokens < kv.max_model_len_tokens:
+def refuse_unfit(m: DeploymentManifest, target: str) -> None:
+    """Refuse a plan that does not fit (PlanDoesNotFit, exit 3), whatever the target: `export` calls
+    this once, before any exporter runs. One exception: a serving plan whose only shortfall is a KV
+    cache smaller than one max_model_len sequence, exported to a serving target (KV_SHORTFALL_TARGETS):
+    engines take a larger memory share for that (vLLM's own advice), which `share_holding_one_sequence`
+    works out. (A KV cache that is there but short is the serving model's only failure with every
+    stage's weights in budget.)"""
+    if m.predicted.fits:
         return
-    if not m.predicted.fits:
-        raise PlanDoesNotFit(f"the plan does not fit ({m.predicted.reason}); its export would fail at start-up",
-                             field="predicted.fits", hint="re-run shardplan recommend and export its plan")
+    kv = m.predicted.kv_cache
+    if target in KV_SHORTFALL_TARGETS and kv is not None and 0 < kv.capacity_tokens < kv.max_model_len_tokens:
+        return
+    reason = (m.predicted.reason or "").strip()
+    raise PlanDoesNotFit(f"the plan does not fit{f' ({reason})' if reason else ''}: what {target} launches from it "
+                         "would run out of memory", field="predicted.fits",
+                         hint="re-run shardplan recommend and export its plan")
 
 
 def model_ref(ctx: ExportContext) -> str:

@@ -187,41 +187,113 @@ def _tp_box(t: Tensor, split: str, parts: int, index: int, num_kv_heads: int) ->
     return tuple(box)
 
 
-def rank_holdings(m: DeploymentManifest, spec: ModelSpec, state: str = "weights") -> list[list[Holding]]:
-    """For every rank (list index), the tensor slices it holds at rest. `state`: "weights", or
-    "optimizer" (training: the optimizer states of those elements, partitioned by ZeRO >= 1)."""
-    L = m.layout
-    tensors = model_tensors(spec)
-    by_layer: dict[int | None, list[Tensor]] = {}
-    for t in tensors:
-        by_layer.setdefault(t.layer, []).append(t)
-    per_stage = L.tp * L.cp * L.dp
-    training = m.workload.kind == "training"
-    sharded = training and (L.zero_stage >= 3 if state == "weights" else L.zero_stage >= 1)
-    layout = Layout(tp=L.tp, pp=L.pp, dp=L.dp, cp=L.cp, ep=L.ep, etp=L.etp, hybrid_shard=L.hybrid_shard)
-    dense_group, expert_group = zero_shard_degrees(layout, m.placement.gpus_per_node)
-    ranges = m.placement.experts.expert_ranges if m.placement.experts is not None else None
-    out: list[list[Holding]] = []
-    for rank in range(m.hardware.num_gpus):
-        stage, local = divmod(rank, per_stage)
+class Holdings:
+    """What every rank of a plan holds of one state, computed once per shard make-up.
+
+    Within its stage (local = rank % (tp x cp x dp)) a rank's slices depend only on local % tp,
+    on (local // etp) % ep and local % etp (routed experts), and where ZeRO shards the state on
+    its index in the shard group, (local // tp) % dense_group or (local // (ep x etp)) %
+    expert_group: all of them functions of local % `period`, the least common multiple of those
+    moduli. A make-up is (stage, local % period), numbered stage x `width` + residue; its ranks
+    are `members(i)`, every `period`-th of the stage, and they hold the same slices (the
+    replicas of a data-parallel group, the ranks of a ZeRO group's same index). Make-ups whose
+    coordinates agree (`key`) share one list, so a plan of 2^24 replicas costs one list of
+    slices, not 2^24."""
+
+    def __init__(self, m: DeploymentManifest, spec: ModelSpec, state: str = "weights") -> None:
+        L = m.layout
+        self.manifest, self.spec, self.state = m, spec, state
+        self.num_ranks = m.hardware.num_gpus
+        self.per_stage = L.tp * L.cp * L.dp
+        self.num_stages = L.pp
+        training = m.workload.kind == "training"
+        self.sharded = training and (L.zero_stage >= 3 if state == "weights" else L.zero_stage >= 1)
+        layout = Layout(tp=L.tp, pp=L.pp, dp=L.dp, cp=L.cp, ep=L.ep, etp=L.etp, hybrid_shard=L.hybrid_shard)
+        self.dense_group, self.expert_group = zero_shard_degrees(layout, m.placement.gpus_per_node)
+        self.ranges = m.placement.experts.expert_ranges if m.placement.experts is not None else None
+        tensors = model_tensors(spec)
+        self._by_layer: dict[int | None, list[Tensor]] = {}
+        for t in tensors:
+            self._by_layer.setdefault(t.layer, []).append(t)
+        self.has_experts = any(t.expert is not None for t in tensors)
+        # A ZeRO shard index past every tensor's rows holds nothing of any: such indices are one make-up.
+        self._max_rows = max((t.shape[0] for t in tensors if t.shape), default=1)
+        moduli = [L.tp]
+        if self.has_experts:
+            moduli += [L.etp * L.ep]
+        if self.sharded:
+            moduli += [L.tp * self.dense_group] + ([L.ep * L.etp * self.expert_group] if self.has_experts else [])
+        self.period = math.lcm(*moduli)
+        self.width = min(self.period, self.per_stage)  # residues that have ranks
+        self._lists: dict[tuple[int, ...], list[Holding]] = {}
+
+    @property
+    def num_make_ups(self) -> int:
+        return self.num_stages * self.width
+
+    def make_up(self, rank: int) -> int:
+        stage, local = divmod(rank, self.per_stage)
+        return stage * self.width + local % self.period
+
+    def members(self, i: int) -> range:
+        """The ranks of make-up i, in order."""
+        stage, residue = divmod(i, self.width)
+        start = stage * self.per_stage + residue
+        return range(start, min((stage + 1) * self.per_stage, self.num_ranks), self.period)
+
+    def key(self, rank: int) -> tuple[int, ...]:
+        """The coordinates that decide what `rank` holds (those that do not are 0)."""
+        L = self.manifest.layout
+        stage, local = divmod(rank, self.per_stage)
+        ep_rank = (local // L.etp) % L.ep if self.has_experts else 0
+        etp_rank = local % L.etp if self.has_experts else 0
+        dense = expert = 0
+        if self.sharded:
+            dense = min((local // L.tp) % self.dense_group, self._max_rows)
+            if self.has_experts:
+                expert = min((local // (L.ep * L.etp)) % self.expert_group, self._max_rows)
+        return stage, local % L.tp, ep_rank, etp_rank, dense, expert
+
+    def make_up_key(self, i: int) -> tuple[int, ...]:
+        return self.key(self.members(i)[0])
+
+    def of_rank(self, rank: int) -> list[Holding]:
+        """The slices `rank` holds (one list per make-up: do not change it)."""
+        return self.of_key(self.key(rank))
+
+    def of_key(self, key: tuple[int, ...]) -> list[Holding]:
+        held = self._lists.get(key)
+        if held is None:
+            held = self._lists[key] = self._holdings(*key)
+        return held
+
+    def _holdings(self, stage: int, tp_rank: int, ep_rank: int, etp_rank: int, dense: int, expert: int,
+                  ) -> list[Holding]:
+        m, L = self.manifest, self.manifest.layout
         held: list[Holding] = []
-        for t in _stage_tensors(spec, m, stage, by_layer):
+        for t in _stage_tensors(self.spec, m, stage, self._by_layer):
             split = m.placement.tp_splits[t.split_name]
             if t.expert is not None:
-                ep_rank = (local // L.etp) % L.ep
-                if ranges is not None and not ranges[ep_rank][0] <= t.expert <= ranges[ep_rank][1]:
+                if self.ranges is not None and not self.ranges[ep_rank][0] <= t.expert <= self.ranges[ep_rank][1]:
                     continue
-                box = _tp_box(t, split, L.etp, local % L.etp, m.model.num_kv_heads)
-                group, index = expert_group, (local // (L.ep * L.etp)) % expert_group
+                box = _tp_box(t, split, L.etp, etp_rank, m.model.num_kv_heads)
+                group, index = self.expert_group, expert
             else:
-                box = _tp_box(t, split, L.tp, local % L.tp, m.model.num_kv_heads)
-                group, index = dense_group, (local // L.tp) % dense_group
-            if sharded and group > 1:
+                box = _tp_box(t, split, L.tp, tp_rank, m.model.num_kv_heads)
+                group, index = self.dense_group, dense
+            if self.sharded and group > 1:
                 box = (chunk(*box[0], group, index), *box[1:])
             if box_numel(box):
                 held.append(Holding(t, box))
-        out.append(held)
-    return out
+        return held
+
+
+def rank_holdings(m: DeploymentManifest, spec: ModelSpec, state: str = "weights") -> list[list[Holding]]:
+    """For every rank (list index), the tensor slices it holds at rest. `state`: "weights", or
+    "optimizer" (training: the optimizer states of those elements, partitioned by ZeRO >= 1).
+    Ranks of one make-up (`Holdings`) share one list."""
+    holdings = Holdings(m, spec, state)
+    return [holdings.of_rank(rank) for rank in range(m.hardware.num_gpus)]
 
 
 def bytes_per_element(m: DeploymentManifest, t: Tensor, state: str = "weights") -> float:

@@ -12,7 +12,6 @@ are read, never tensor data.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from shardplan.errors import InputFileError, ShardplanError
+from shardplan.fileio import loads_json, read_regular_file_bytes
 from shardplan.plan.placement import Box, model_tensors
 from shardplan.specs.model import ModelSpec
 from shardplan.units import parse_dtype
@@ -89,10 +89,8 @@ def read_header(path: Path, rel: str) -> list[StoredTensor]:
             raw = f.read(n)
     except OSError as e:
         raise InputFileError(f"cannot read: {e.strerror}", source=label, hint="check the path and permissions") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputFileError(f"header is not JSON: {e}", source=label, field="header", hint=hint) from None
+    # strict: a key twice (SECURITY.md), NaN, or nesting past 64 levels is refused, naming the file
+    header = loads_json(raw, label=label, what="header", field="header", hint=hint)
     if not isinstance(header, dict):
         raise InputFileError("header is not a JSON object", source=label, field="header", hint=hint)
     return _stored_tensors(header, rel, label, HEADER_LENGTH_BYTES + n, size - HEADER_LENGTH_BYTES - n)
@@ -145,7 +143,7 @@ def read_checkpoint(path: Path) -> tuple[Path, list[StoredTensor], dict[str, int
     tensors: list[StoredTensor] = []
     sizes: dict[str, int] = {}
     for rel in files:
-        p = _confined(folder, rel, str(folder / chosen), "weight_map")
+        p = folder / rel if weight_map is not None else _confined(folder, rel, str(folder / chosen), "weight_map")
         if not p.is_file():
             raise InputFileError(f"names {rel!r}, which does not exist", source=str(folder / chosen), field="weight_map",
                                  hint="copy every shard of the checkpoint into the folder")
@@ -157,18 +155,26 @@ def read_checkpoint(path: Path) -> tuple[Path, list[StoredTensor], dict[str, int
 
 
 def _weight_map(index: Path) -> dict[str, str]:
+    """The index's weight_map, each file it names confined to the folder. The map names many
+    tensors per file: each file is resolved once, and at most MAX_SHARDS files are named."""
     label = str(index)
-    if index.stat().st_size > MAX_INDEX_BYTES:
-        raise InputFileError(f"larger than {MAX_INDEX_BYTES} bytes", source=label, hint="pass a Hugging Face index file")
-    try:
-        data = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputFileError(f"cannot read the index: {e}", source=label, hint="pass a Hugging Face index file") from None
+    hint = "pass a Hugging Face index file"
+    raw = read_regular_file_bytes(index, max_bytes=MAX_INDEX_BYTES, label=label, what="a checkpoint index", hint=hint)
+    data = loads_json(raw, label=label, what="the index", hint=hint)  # strict, as a header is read
     wm = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(wm, dict) or not wm:
         raise InputFileError("no weight_map", source=label, field="weight_map",
                              hint="give weight_map: {tensor name: file name}")
+    first_named: dict[str, str] = {}  # file -> the first tensor naming it, for the error
     for name, rel in wm.items():
+        if not isinstance(rel, str):
+            _confined(index.parent, rel, label, f"weight_map.{name}")  # refuses it, naming the tensor
+        if rel not in first_named:
+            first_named[rel] = name
+            if len(first_named) > MAX_SHARDS:
+                raise InputFileError(f"names more than {MAX_SHARDS} files", source=label, field="weight_map",
+                                     hint="a checkpoint has at most that many shards; check the index")
+    for rel, name in first_named.items():
         _confined(index.parent, rel, label, f"weight_map.{name}")
     return wm
 

@@ -15,6 +15,9 @@ For a serving plan the chosen layout also comes with its rollout (`tasks/_rollou
 order that starts the new replicas and drains the old ones keeping the served rate above
 `min_capacity` (a share of the old plan's full rate; None: the highest any order keeps), with
 each step's time and rate; a floor no order keeps gives `rollout.keeps_floor` false (exit 3).
+Past MAX_LISTED_RANKS (512) new ranks, the per-rank table (`moves.ranks`) and the move list
+hold the first 512 only; the totals, the slowest rank and the candidates' figures count every
+rank, and `num_ranks_not_listed` / `num_pieces_not_listed` say what was left out.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from pydantic import Field
 from shardplan.cost.estimate import estimate
 from shardplan.cost.workload import InferenceWorkload
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
-from shardplan.fileio import write_text_atomic
+from shardplan.fileio import PendingFile, write_files_atomic, write_text_atomic
 from shardplan.plan import readback
-from shardplan.plan.manifest import DeploymentManifest, build_manifest, write_manifest
+from shardplan.plan.manifest import DeploymentManifest, build_manifest, dump_manifest
 from shardplan.plan.placement import check_nameable
 from shardplan.search import Goal, Objective, Space, search
 from shardplan.search import explain
@@ -45,12 +48,17 @@ from shardplan.tasks._moves import (
     Unrecoverable,
     intersect,
     link_costs,
+    MAX_LISTED_RANKS,
     move_summary,
     moves_between,
+    plan_moves,
     subtract,
 )
 from shardplan.tasks._results import Result
 from shardplan.tasks._rollout import Rollout, plan_rollout
+
+# Replicas (old and new together) a rollout is planned for: it orders and lists each of them.
+ROLLOUT_MAX_REPLICAS = 65_536
 from shardplan.tasks._targets import RunsOn, check_target, search_rules
 from shardplan.tasks._safetensors import StoredTensor, check_tensors, expected_dtype, read_checkpoint
 
@@ -104,7 +112,10 @@ class MoveSummary(Result):
     time_seconds: float = Field(description="predicted time of the whole move: its slowest new rank's (s)")
     slowest_rank: int = Field(description="the new rank that takes longest")
     links: dict[str, LinkFigures] = Field(description="the figures each piece's time is computed from")
-    ranks: list[RankMoves]
+    num_ranks_not_listed: int = Field(0, description=f"new ranks past the first {MAX_LISTED_RANKS:,}: in every total "
+                                      "and in slowest_rank, but not in `ranks` nor in the move list (count)")
+    num_pieces_not_listed: int = Field(0, description="their pieces, in num_pieces but not in the move list (count)")
+    ranks: list[RankMoves] = Field(description=f"the first {MAX_LISTED_RANKS:,} new ranks")
 
 
 class ReplanCandidate(Result):
@@ -160,7 +171,10 @@ class ReplanResult(Result):
     moves_file: str | None = Field(description="where the move list was written")
     moves: MoveSummary | None = Field(description="the chosen candidate's moves")
     rollout: Rollout | None = Field(description="serving: the order that starts the chosen layout's replicas and "
-                                                "drains the old ones; None for training or when nothing fits")
+                                                "drains the old ones; None for training, when nothing fits, or past "
+                                                "the replicas a rollout is planned for (rollout_not_planned)")
+    rollout_not_planned: str | None = Field(None, description="serving: why no rollout was planned (more replicas, old "
+                                                              "and new, than ROLLOUT_MAX_REPLICAS); None: planned")
 
 
 # ----- lost ranks --------------------------------------------------------------------------------
@@ -306,10 +320,11 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
                            runs_on=runs_on.of(e.hw, e.layout, e.workload), sla=sla)
         devices = Devices.build(gpus_per_node=node_size(old, m), old_num_gpus=old.hardware.num_gpus,
                                 new_num_gpus=m.hardware.num_gpus, lost=lost)
-        moves, missing = moves_between(old, m, spec, devices, hw, stored)
-        if missing:  # every layout needs every weight: the first candidate shows it for all
-            raise _unrecoverable(missing)
-        summary = move_summary(moves, devices, links)
+        planned = plan_moves(old, m, spec, devices, hw, stored, source=source)  # MAX_LISTED_RANKS listed
+        if planned.missing:  # every layout needs every weight: the first candidate shows it for all
+            raise _unrecoverable(planned.missing)
+        moves = planned.moves
+        summary = move_summary(moves, devices, links, planned.rest, planned.num_listed)
         built.append((m, moves, summary, devices))
         rows.append({
             "rank": i + 1, "plan": explain.plan_dict(e, report), "objective_value": e.objective_value,
@@ -323,25 +338,36 @@ def replan(old: DeploymentManifest, *, source: str, hw: HardwareProfile, num_gpu
             progress(i + 1, len(candidates))
     pick = min((c for c in rows if c["within_margin"]), key=lambda c: (c[prefer], c["rank"]))["rank"]
     m, moves, summary, devices = built[pick - 1]
-    rollout = None
-    if old.workload.kind == "inference":
+    rollout = not_planned = None
+    replicas = old.layout.dp + m.layout.dp
+    if old.workload.kind == "inference" and replicas > ROLLOUT_MAX_REPLICAS:
+        # A rollout lists every replica and step: past this many it is neither readable nor bounded work.
+        not_planned = (f"{old.layout.dp:,} old and {m.layout.dp:,} new replicas: a rollout is planned for up to "
+                       f"{ROLLOUT_MAX_REPLICAS:,} replicas in all")
+        if min_capacity is not None:
+            raise ShardplanError(f"no rollout is planned here ({not_planned})", field="--min-capacity",
+                                 hint="leave --min-capacity out, or re-plan for fewer replicas")
+    elif old.workload.kind == "inference":
         rollout = plan_rollout(old, m, spec, devices, hw, stored, min_capacity)
         if rollout is None and min_capacity is not None:
             raise ShardplanError(f"{source} predicts no throughput to take a share of", field="--min-capacity",
                                  hint="re-plan it with `shardplan recommend`, or leave --min-capacity out")
     manifest = moves_file = None
+    outputs: list[PendingFile] = []  # the manifest and the move list are written all or none
     if manifest_path is not None:
-        write_manifest(m, manifest_path)
+        outputs.append(PendingFile(path=manifest_path, data=dump_manifest(m).encode(), what="-o"))
         manifest = str(manifest_path)
         moves_path = moves_path or manifest_path.with_name(manifest_path.stem + ".moves.json")
     if moves_path is not None:
-        write_moves(moves_path, old, m, source, moves, summary, links)
+        text = moves_text(moves_path, old, m, source, moves, summary, links)
+        outputs.append(PendingFile(path=moves_path, data=text.encode(), what="--moves"))
         moves_file = str(moves_path)
+    write_files_atomic(outputs)
     return ReplanResult(
         **head,
         candidates=[ReplanCandidate(**c, chosen=c["rank"] == pick) for c in rows],
         chosen=pick, manifest=manifest, moves_file=moves_file, moves=MoveSummary.model_validate(summary),
-        rollout=rollout,
+        rollout=rollout, rollout_not_planned=not_planned,
     )
 
 
@@ -359,7 +385,13 @@ def check_min_capacity(old: DeploymentManifest, min_capacity: float | None) -> N
 
 def write_moves(path: Path, old: DeploymentManifest, new: DeploymentManifest, source: str, moves: list[Move],
                 summary: dict[str, Any], links: dict[str, Any]) -> None:
-    """The move list as JSON (or YAML for a .yaml/.yml path), written atomically."""
+    """The move list (`moves_text`), written atomically."""
+    write_text_atomic(path, moves_text(path, old, new, source, moves, summary, links))
+
+
+def moves_text(path: Path, old: DeploymentManifest, new: DeploymentManifest, source: str, moves: list[Move],
+               summary: dict[str, Any], links: dict[str, Any]) -> str:
+    """The move list as JSON (or YAML for a .yaml/.yml path)."""
     doc = {
         "from_plan": source, "from_num_gpus": old.hardware.num_gpus, "to_num_gpus": new.hardware.num_gpus,
         "gpus_per_node": node_size(old, new),
@@ -378,9 +410,9 @@ def write_moves(path: Path, old: DeploymentManifest, new: DeploymentManifest, so
         head = json.dumps({k: v for k, v in doc.items() if k != "moves"}, indent=1)
         lines = ",\n  ".join(json.dumps(mv.as_dict(links), separators=(", ", ": ")) for mv in moves)
         text = head[:-2] + ',\n "moves": [\n  ' + lines + "\n ]\n}\n"
-    write_text_atomic(path, text)
+    return text
 
 
 __all__ = ["ROUTES", "Devices", "Move", "MoveSummary", "ReplanCandidate", "ReplanResult", "Rollout",
            "UnrecoverableError", "check_min_capacity", "intersect", "link_costs", "lost_old_ranks", "move_summary",
-           "moves_between", "replan", "subtract", "write_moves"]
+           "moves_between", "moves_text", "replan", "subtract", "write_moves"]

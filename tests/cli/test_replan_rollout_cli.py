@@ -6,6 +6,7 @@ shares outside (0, 1] exit 2 with one line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,22 @@ def test_min_capacity_outside_zero_to_one_exits_2_with_one_line(tmp_path, cli, v
 def test_help_documents_min_capacity_with_an_example(cli):
     out = " ".join(cli("replan", "--help").stdout.replace("│", " ").split())
     assert "--min-capacity" in out and "e.g. --min-capacity 0.75" in out
+
+
+def test_past_the_replicas_a_rollout_is_planned_for_it_says_so(tmp_path, cli, monkeypatch):
+    """More replicas, old and new, than ROLLOUT_MAX_REPLICAS: the layout and its moves as always, no
+    rollout but a line saying why (its per-replica lists would not be bounded work: 2^24 GPUs); with
+    --min-capacity, which needs the rollout, one line and exit 2."""
+    from shardplan.tasks import replan
+
+    old = _plan(tmp_path, 8, Layout(tp=1, dp=8))
+    planned = json.loads(cli("replan", old, "--nodes", "2", "--json").stdout)
+    monkeypatch.setattr(replan, "ROLLOUT_MAX_REPLICAS", 8 + 16 - 1)  # one fewer than the replicas, old and new
+    r = cli("replan", old, "--nodes", "2", "--json")
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert planned["rollout"] is not None and out["rollout"] is None
+    assert out["rollout_not_planned"].startswith("8 old and 16 new replicas")
+    assert out["moves"] == planned["moves"] and out["chosen"] == planned["chosen"]
+    r = cli("replan", old, "--nodes", "2", "--min-capacity", "0.5")
+    assert r.exit_code == 2 and "--min-capacity" in r.stderr and len(r.stderr.strip().splitlines()) == 1
