@@ -8,6 +8,7 @@ import contextlib
 import os
 import secrets
 import stat
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -281,8 +282,10 @@ def loads_json(text: str | bytes, *, label: str, hint: str, what: str = "the fil
     except json.JSONDecodeError as e:
         raise InputFileError(f"{what} is not JSON: line {e.lineno} column {e.colno}: {e.msg}", source=label,
                              field=field, hint=hint) from None
-    except ValueError as e:  # a key twice, NaN or Infinity
-        raise InputFileError(f"{what} {e}", source=label, field=field, hint=hint) from None
+    except ValueError as e:  # a key twice, NaN or Infinity, an integer too long to convert
+        too_long = long_integer(e)
+        raise InputFileError(f"{what} holds {too_long}" if too_long else f"{what} {e}", source=label, field=field,
+                             hint=hint) from None
     stack = [(data, 1)] if isinstance(data, (dict, list)) else []
     while stack:
         item, depth = stack.pop()
@@ -309,3 +312,11 @@ def _unique_json_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
                 raise ValueError(f"holds the key {shown!r} twice in one object")
             seen.add(key)
     return out
+
+
+def long_integer(e: ValueError) -> str | None:
+    """What a JSON parse's ValueError means when it is about an integer past Python's digit limit
+    (its own text names an interpreter setting, not the file's problem); None for any other."""
+    if "integer string conversion" in str(e):
+        return f"an integer of more than {sys.get_int_max_str_digits():,} digits (no count or size is that long)"
+    return None

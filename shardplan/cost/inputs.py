@@ -683,6 +683,9 @@ def check_request_fits(input_len: int, output_len: int, max_model_len: int | Non
     """A request of `input_len` prompt and `output_len` output tokens must fit the context the engine
     admits (`max_model_len`, the model's own when not set): the engine refuses a longer one."""
     if max_model_len is not None and input_len + output_len > max_model_len:
+        if max_model_len < 2:  # a request is at least one prompt and one output token
+            raise ShardplanError(f"a context of {max_model_len} token holds no request (one prompt and one output "
+                                 "token at least)", field=context_option, hint=f"raise {context_option} to 2 or more")
         out = max(1, min(output_len, max_model_len // 8))
         raise ShardplanError(f"--input-len {input_len} + --output-len {output_len} exceed the context "
                              f"({max_model_len:,} tokens)", field="--input-len",

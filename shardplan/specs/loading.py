@@ -189,6 +189,10 @@ def _parse(text: str, path: Path, label: str) -> Any:
         except RecursionError:
             raise InputFileError("JSON nested too deeply", source=label, hint=NESTING_HINT) from None
         except (json.JSONDecodeError, ValueError) as e:
+            too_long = None if isinstance(e, json.JSONDecodeError) else fileio.long_integer(e)
+            if too_long:
+                raise InputFileError(f"invalid JSON: {too_long}", source=label,
+                                     hint="check that this is the file meant, and the number in it") from None
             where = f"line {e.lineno} column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else str(e)
             raise InputFileError(f"invalid JSON at {where}", source=label, hint="fix the JSON syntax") from None
     try:

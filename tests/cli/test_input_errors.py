@@ -131,3 +131,17 @@ def test_debug_env_shows_traceback(cli, tmp_path, monkeypatch):
     p = _write(tmp_path, "config.json", "{")
     res = cli("models", "show", str(p))
     assert res.exit_code == 2 and "Traceback" in res.stderr
+
+
+def test_an_integer_past_pythons_digit_limit_is_named_as_such(cli, tmp_path):
+    """Python's own message names an interpreter setting (sys.set_int_max_str_digits), not the file's problem."""
+    p = _write(tmp_path, "config.json", '{"model_type": "llama", "hidden_size": ' + "1" * 5000 + "}")
+    res = cli("models", "show", str(p))
+    _assert_one_line_error(res, str(p), "an integer of more than 4,300 digits")
+    assert "set_int_max_str_digits" not in res.stderr
+
+
+def test_a_one_token_context_asks_for_a_longer_one_not_the_same_request(cli):
+    """A context of 1 token holds no request: the fix is a longer context, not --input-len 1 --output-len 1."""
+    res = cli("estimate", "debug", "--max-model-len", "1", "--input-len", "1", "--output-len", "1")
+    _assert_one_line_error(res, "'--max-model-len'", "raise --max-model-len to 2 or more")
