@@ -169,13 +169,17 @@ def mean_bytes_per_element(w: WeightKind, mixture: Quantization, layers: tuple[i
     """Bytes per element of tensor kind `w` averaged over the decoder layers `layers` that carry
     it (the type of attn_v and ffn_down changes with the layer index)."""
     idx = layers or (0,)
+    rules = (num_layers, num_experts, gqa_ratio, tied_embeddings, llama_70b)
     if min(idx) < 0 or max(idx) >= num_layers:  # not layers of the main stack: each on its own
-        return sum(bytes_per_element(tensor_type(w, mixture, layer=i, num_layers=num_layers, num_experts=num_experts,
-                                                 gqa_ratio=gqa_ratio, tied_embeddings=tied_embeddings,
-                                                 llama_70b=llama_70b))
-                   for i in idx) / len(idx)
-    by_layer = _bytes_by_layer(w, mixture, num_layers, num_experts, gqa_ratio, tied_embeddings, llama_70b)
+        return sum(_bytes_in_layer(w, mixture, i, *rules) for i in idx) / len(idx)
+    by_layer = _bytes_by_layer(w, mixture, *rules)
     return sum(by_layer[i] for i in idx) / len(idx)
+
+
+def _bytes_in_layer(w: WeightKind, mixture: Quantization, layer: int, num_layers: int, num_experts: int,
+                    gqa_ratio: int, tied_embeddings: bool, llama_70b: bool) -> float:
+    return bytes_per_element(tensor_type(w, mixture, layer=layer, num_layers=num_layers, num_experts=num_experts,
+                                         gqa_ratio=gqa_ratio, tied_embeddings=tied_embeddings, llama_70b=llama_70b))
 
 
 @lru_cache(maxsize=1024)
@@ -184,11 +188,7 @@ def _bytes_by_layer(w: WeightKind, mixture: Quantization, num_layers: int, num_e
     """`bytes_per_element` of tensor kind `w`'s type in each decoder layer, by index (a model of
     thousands of layers averages it over many layer sets; computed once). Only attn_v's and ffn_down's
     types follow the layer (`tensor_type`); any other kind's is its type in layer 0 throughout."""
+    rules = (num_layers, num_experts, gqa_ratio, tied_embeddings, llama_70b)
     if not quantizable(w) or _role(w) not in ("attn_v", "ffn_down"):
-        return (bytes_per_element(tensor_type(w, mixture, layer=0, num_layers=num_layers, num_experts=num_experts,
-                                              gqa_ratio=gqa_ratio, tied_embeddings=tied_embeddings,
-                                              llama_70b=llama_70b)),) * num_layers
-    return tuple(bytes_per_element(tensor_type(w, mixture, layer=i, num_layers=num_layers, num_experts=num_experts,
-                                               gqa_ratio=gqa_ratio, tied_embeddings=tied_embeddings,
-                                               llama_70b=llama_70b))
-                 for i in range(num_layers))
+        return (_bytes_in_layer(w, mixture, 0, *rules),) * num_layers
+    return tuple(_bytes_in_layer(w, mixture, i, *rules) for i in range(num_layers))
