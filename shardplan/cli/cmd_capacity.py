@@ -10,6 +10,7 @@ import typer
 
 # Module level: what the command's signature needs (the enums are light). The task, the specs
 # and the renderers are imported when the command runs, so `shardplan --help` loads none of them.
+from shardplan.cost.inputs import MAX_SEQUENCES
 from shardplan.cost.workload import Optimizer
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
 
@@ -190,8 +191,11 @@ def capacity(
         )
         if concurrency > wl_s.max_num_seqs:
             given = "--max-num-seqs" if max_num_seqs is not None else f"{rules.label}'s default max_num_seqs on this GPU"
+            # The fix names a --max-num-seqs that is itself accepted, or the most any is.
+            fix = (f"add --max-num-seqs {concurrency}" if concurrency <= MAX_SEQUENCES
+                   else f"give --concurrency at most {MAX_SEQUENCES}, with --max-num-seqs as many")
             raise ShardplanError(f"--concurrency {concurrency} exceeds {given} ({wl_s.max_num_seqs}), the most the engine "
-                                 "runs at once", field="--concurrency", hint=f"add --max-num-seqs {concurrency}")
+                                 "runs at once", field="--concurrency", hint=fix)
         result = CapacityResult(serving_capacity(loaded.spec, hw, wl_s, concurrency=concurrency, max_gpus=limit,
                                                  target=target))
     render_common.emit(result.model_dump(mode="json") if json_out else result.root, json_out, render_capacity.capacity_report)

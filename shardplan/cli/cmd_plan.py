@@ -432,8 +432,8 @@ def recommend(
             space = replace(space, fallback_quantizations=tuple(formats))
     with contextlib.ExitStack() as staging:
         manifest_path = output
-        if export_to is not None and output is not None:
-            # The manifest is staged apart and written with the export's files, all or none.
+        if (export_to is not None or plot is not None) and output is not None:
+            # The manifest is staged apart and written with the export's files and the plot, all or none.
             import tempfile
 
             folder = staging.enter_context(tempfile.TemporaryDirectory(prefix="shardplan-"))
@@ -451,6 +451,14 @@ def recommend(
                     # the target is the one --export implies: name the option the user gave
                     e.field, e.message = "--export", f"{export_to} launches {target}'s plans, and {e.message}"
                 raise
+        from shardplan.fileio import PendingFile, write_files_atomic
+
+        drawn: list[PendingFile] = []
+        if plot is not None and result.top:  # drawn before anything is written, and written with it
+            from shardplan.cli import plots
+
+            drawn.append(PendingFile(path=plot, data=plots.render(plots.recommend_figure(result), plots.plot_format(plot)),
+                                     what="--plot"))
         if result.top and export_to is not None and output is not None and manifest_path is not None:
             from shardplan.exporters import ExportOptions
             from shardplan.search.results import ExportSummary
@@ -458,9 +466,14 @@ def recommend(
 
             engine_opt = {"engine": target} if export_to == "kubernetes" and target and not training else {}
             exported = export_plan(manifest_path, export_to, ExportOptions(plan_file=str(output), **engine_opt),
-                                   output.parent, plan_copy=output)
+                                   output.parent, plan_copy=output, also=drawn)
             summary = ExportSummary(target=export_to, files=[f.path for f in exported.files if f.path is not None])
             result = result.model_copy(update={"export": summary, "manifest": str(output)})
+        elif result.top and output is not None and manifest_path is not None and manifest_path != output:
+            write_files_atomic([PendingFile(path=output, data=manifest_path.read_bytes(), what="-o"), *drawn])
+            result = result.model_copy(update={"manifest": str(output)})
+        elif drawn:
+            write_files_atomic(drawn)
     if json_out:
         render_common.print_json(result.model_dump(mode="json"))
     else:
@@ -470,9 +483,6 @@ def recommend(
 
             render_deploy.export_report(exported, written=True)
     if plot is not None and result.top:
-        from shardplan.cli import plots
-
-        plots.write_plot(plot, plots.recommend_figure(result))
         render_common.file_written(plot, "plot")
     if not result.top:
         raise typer.Exit(EXIT_DOES_NOT_FIT)

@@ -21,6 +21,7 @@ from shardplan.cost.memory_serving import KvAccount, ServingMemory, serving_memo
 from shardplan.cost.time_serving import ServingTime, pass_time, serving_time
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.traffic import Sla, latency_floor, load_figures, most_within_sla
+from shardplan.cost.weights import stage_weights
 from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
 from shardplan.search.ahead import SKIPPED, in_order
 from shardplan.search.targets import serving_refusal
@@ -690,3 +691,24 @@ def pareto_front(points: list[Evaluated]) -> list[Evaluated]:
             front.append(e)
             best = e.figures["throughput_tokens_per_second_per_gpu"]
     return front
+
+
+def weights_exceed_memory(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload, space: Space, gpus: int) -> bool:
+    """Whether no serving layout of at most `gpus` GPUs can hold the model's weights: a necessary
+    condition of any fit, cheap to check where a search is not (a config of a thousand layers and
+    tens of thousands of experts costs seconds a search). The ranks of a layout hold each weight at
+    least once between them (tp, pp and ep split it, dp copies it), so some GPU holds at least the
+    whole model's weights / `gpus`, in the lightest format the space may pick (its formats and its
+    fallback formats); where the space may offload, each node's host memory (and NVMe, for an engine
+    that offloads there: `offload_targets`) beside the GPUs holds some too. When this is True,
+    `search` over the space finds nothing (an exact skip, tests/search/test_weights_bound.py); it
+    judges nothing else (KV cache, activations, overheads)."""
+    formats = set(space.quantizations) | set(space.fallback_quantizations)
+    lightest = min(stage_weights(spec, Layout(), 0, quantization=q, dense_dtype=wl.activation_dtype).bytes
+                   for q in formats)
+    held = gpus * hw.memory_capacity_bytes
+    if space.allow_offload or space.offload is not None:
+        nodes = -(-gpus // hw.gpus_per_node)
+        held += nodes * (hw.host_memory_bytes_per_node * ("cpu" in wl.offload_targets)
+                         + hw.nvme_capacity_bytes_per_node * ("nvme" in wl.offload_targets))
+    return lightest > held

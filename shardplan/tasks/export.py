@@ -4,6 +4,7 @@ exporter, write its files into a folder, all or none (or return them for stdout)
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import Field
@@ -34,12 +35,13 @@ class ExportResult(Result):
 
 
 def export_plan(plan: Path, target: str, options: ExportOptions, out_dir: Path | None, *,
-                plan_copy: Path | None = None) -> ExportResult:
+                plan_copy: Path | None = None, also: Sequence[PendingFile] = ()) -> ExportResult:
     """Export; with `out_dir`, write the files there (created if missing), all or none
     (`fileio.write_files_atomic`): when one cannot be written (a folder in the way, an unwritable
     folder), no file is replaced and a folder made for them is removed. `plan_copy` (recommend -o PLAN
     --export): `plan` is the manifest staged elsewhere, written to `plan_copy` in the same all-or-none
-    write; errors and the result name `plan_copy`. Returns a summary: target, and per file its name,
+    write; errors and the result name `plan_copy`. `also`: more files of that write (recommend's
+    --plot). Returns a summary: target, and per file its name,
     path (when written), bytes and text."""
     label = str(plan_copy or plan)
     m = load_manifest(plan)
@@ -51,6 +53,7 @@ def export_plan(plan: Path, target: str, options: ExportOptions, out_dir: Path |
             e.source = label
         raise
     pending = [] if plan_copy is None else [PendingFile(path=plan_copy, data=plan.read_bytes(), what="-o")]
+    pending += also
     if out_dir is not None:
         pending += [PendingFile(path=out_dir / f.name, data=f.text.encode(), executable=f.executable,
                                 what=f"the {target} export's {f.name}") for f in files]

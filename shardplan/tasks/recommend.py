@@ -17,7 +17,7 @@ from shardplan.errors import ShardplanError
 from shardplan.cost.inputs import offload_pair
 from shardplan.search import Goal, Objective, SearchResult, Space, search
 from shardplan.search import explain
-from shardplan.search.serving import THROUGHPUT_REASONS
+from shardplan.search.serving import THROUGHPUT_REASONS, weights_exceed_memory
 from shardplan.search.ahead import in_order
 from shardplan.search.results import (BestAtGpuCount, DisaggregatedComparison, EngineFallback, LongRun,
                                       RecommendResult, SearchBudget, Suggestion)
@@ -155,6 +155,8 @@ def recommend(
         n = num_gpus or (res.gpu_counts[-1] if res.gpu_counts else hw.num_gpus)
 
         def run(wl: Any, sp: Space, g: Goal, *, num_gpus: int | None, max_gpus: int | None, first_fit: bool = False) -> SearchResult:
+            if _holds_nothing(spec, hw, wl, sp, max_gpus or num_gpus or hw.num_gpus):
+                return SearchResult(training=False, goal=g, gpu_counts=[])
             return search(spec, hw, wl, sp, g, num_gpus=num_gpus, max_gpus=max_gpus, first_fit=first_fit)
 
         # A default SLA is a preference: the single changes that make something fit are judged without it
@@ -467,6 +469,14 @@ def _refused_only_for(rejected: Counter, reasons: frozenset[str]) -> bool:
     return bool(rejected) and all(reason in reasons for reason in rejected)
 
 
+def _holds_nothing(spec: Any, hw: HardwareProfile, workload: InferenceWorkload | TrainingWorkload, space: Space,
+                   gpus: int) -> bool:
+    """A suggestion's search that is certain to find nothing, and is skipped: a serving model whose
+    weights alone exceed what `gpus` GPUs (and, offloading, their nodes) hold in any format the
+    space tries (search.serving.weights_exceed_memory)."""
+    return isinstance(workload, InferenceWorkload) and weights_exceed_memory(spec, hw, workload, space, gpus)
+
+
 def _other_engine_plans(spec: Any, hw: HardwareProfile, workload: InferenceWorkload, space: Space, goal: Goal,
                         num_gpus: int) -> list[_OtherEngine]:
     """Engines that run offloaded layers on the CPU with their KV cache (llama.cpp) can serve a
@@ -492,6 +502,8 @@ def _other_engine_plans(spec: Any, hw: HardwareProfile, workload: InferenceWorkl
         wl = replace(wl, load=workload.load)
         sp = replace(space, quantizations=(wl.quantization,), kv_cache_dtypes=(None,),
                      fallback_quantizations=tuple(Quantization(f) for f in wl.weight_formats))
+        if _holds_nothing(spec, hw, wl, sp, num_gpus):
+            continue
         try:
             r = search(spec, hw, wl, sp, replace(goal, top_k=1), num_gpus=num_gpus, max_gpus=None)
         except ShardplanError:  # e.g. a profile without the host's DRAM bandwidth

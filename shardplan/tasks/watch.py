@@ -111,6 +111,10 @@ from shardplan.tasks._results import Result, absent
 
 MAX_PAGE_BYTES = 16 * 2**20  # a vLLM page is ~100 KiB, a DCGM page of 8 GPUs ~200 KiB
 MAX_SERIES = 100_000  # sample lines per page
+# What to do about a page watch cannot read (the address is not an engine's or DCGM's exporter page,
+# or that page is broken).
+PAGE_HINT = ("point --metrics at a vLLM or SGLang server's /metrics page or a DCGM exporter's, the page Prometheus "
+             "scrapes, with finite 'name{labels} value' lines")
 MAX_LINES = 4 * MAX_SERIES  # all lines, comments included
 MAX_LINE_CHARS = 65_536  # vLLM's cache_config_info line, the longest real one, is ~1 KiB
 MAX_PARSED_CHARS = 4 * 2**20  # of vLLM, SGLang and DCGM lines: the parser is pure Python; this bounds its time
@@ -248,11 +252,11 @@ def decode_page(data: bytes, url: str) -> str:
     """The page as text, or EndpointUnreadable: binary data, not UTF-8, too many series."""
     label = safe_text(url)
     if b"\x00" in data:
-        raise EndpointUnreadable("binary data (NUL bytes), not a Prometheus text page", source=label)
+        raise EndpointUnreadable("binary data (NUL bytes), not a Prometheus text page", source=label, hint=PAGE_HINT)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise EndpointUnreadable(f"not UTF-8 text (byte {e.start})", source=label) from None
+        raise EndpointUnreadable(f"not UTF-8 text (byte {e.start})", source=label, hint=PAGE_HINT) from None
     # Lines counted without splitting the text (a page of tiny lines would be millions of strings).
     lines = text.count("\n") + 1
     skipped = text.count("\n#") + text.count("\n\n") + text.startswith("#")
@@ -260,7 +264,7 @@ def decode_page(data: bytes, url: str) -> str:
         raise EndpointUnreadable(f"over {MAX_SERIES:,} series ({lines - skipped:,} sample lines)", source=label,
                                  hint="point --metrics at one exporter's /metrics page, not a federation of many")
     if _longest_line(text) > MAX_LINE_CHARS:
-        raise EndpointUnreadable(f"a line over {MAX_LINE_CHARS:,} characters", source=label)
+        raise EndpointUnreadable(f"a line over {MAX_LINE_CHARS:,} characters", source=label, hint=PAGE_HINT)
     return text
 
 
@@ -285,7 +289,7 @@ def parse_page(text: str, url: str) -> list[Sample]:
         raise EndpointUnreadable(f"over {MAX_PARSED_CHARS:,} characters of vLLM, SGLang or DCGM series",
                                  source=safe_text(url), hint="point --metrics at one exporter's /metrics page")
     if text.strip() and not known and not _looks_like_exposition(text):
-        raise EndpointUnreadable("not a Prometheus text page (no metric line)", source=safe_text(url))
+        raise EndpointUnreadable("not a Prometheus text page (no metric line)", source=safe_text(url), hint=PAGE_HINT)
     out: list[Sample] = []
     try:
         for family in text_string_to_metric_families(known + "\n"):
@@ -294,7 +298,7 @@ def parse_page(text: str, url: str) -> list[Sample]:
                     out.append(Sample(s.name, family.name, dict(s.labels), float(s.value)))
     except Exception as e:  # noqa: BLE001 - a hostile page can make the third-party parser raise anything
         raise EndpointUnreadable(f"not a Prometheus text page ({type(e).__name__}: {safe_text(str(e), 60)})",
-                                 source=safe_text(url)) from None
+                                 source=safe_text(url), hint=PAGE_HINT) from None
     return out
 
 
@@ -665,7 +669,8 @@ def _non_finite(samples: list[Sample], known: set[str]) -> str | None:
         base = re.sub(r"_(bucket|sum|count|total)$", "", s.name)
         if (s.name in known or s.family in known or base in known) and not math.isfinite(s.value):
             lab = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            return f"{safe_text(s.name)}{{{safe_text(lab, 60)}}} is {s.value} (a measurement must be a finite number)"
+            return (f"{safe_text(s.name)}{{{safe_text(lab, 60)}}} is {s.value}: a measurement must be a finite number "
+                    f"(fix: {PAGE_HINT})")
     return None
 
 
@@ -769,7 +774,8 @@ class Watcher:
                 error = _non_finite(samples, known)
             exporters = sorted({e for e, p in _PREFIXES.items() if any(s.name.startswith(p) for s in samples)})
             if error is None and not exporters:
-                error = "holds no vLLM, SGLang or DCGM series shardplan knows (knowledge/metrics.yaml)"
+                error = ("holds no vLLM, SGLang or DCGM series shardplan knows (knowledge/metrics.yaml) "
+                         f"(fix: {PAGE_HINT})")
             endpoints.append(EndpointReport(url=safe_text(url), exporters=exporters, num_series=len(samples),  # type: ignore[arg-type]
                                             fetch_seconds=round(seconds, 4), error=error))
             if error is None:

@@ -179,14 +179,19 @@ def silent_ranks_hung(statuses: list[dict[str, Any]], root: int | None = None) -
 
 def hung_cause(status: dict[str, Any], *, now: float | None, launched_at: float | None, timeout_seconds: float,
                by_peers: bool) -> str:
-    """'rank R hung: no progress for N s (...)'. N: wall-clock seconds from the rank's last status
-    file write (or the launch, for a rank that never wrote one) to when the launcher gave up;
-    --timeout when neither time is known."""
+    """Why a rank that never finished is blamed. Its peers timing out on it (`by_peers`) is a hang:
+    'rank R hung: no progress for N s (...)'. The launcher's --timeout alone cannot tell a hang from
+    a run that needs longer (a rank reports when it starts and when it ends, not each step), so
+    that cause says both, and what to change. N: wall-clock seconds from the rank's last status file
+    write (or the launch, for a rank that never wrote one) to when the launcher gave up; --timeout
+    when neither time is known."""
     since = status.get("time") or launched_at
     seconds = now - since if now is not None and since is not None else timeout_seconds
-    why = ("its peers' collectives timed out waiting for it; torchrun then stopped it" if by_peers
-           else f"stopped at --timeout {timeout_seconds:g} s")
-    return f"rank {status['rank']} hung: no progress for {seconds:.0f} s ({why})"
+    if by_peers:
+        return (f"rank {status['rank']} hung: no progress for {seconds:.0f} s (its peers' collectives timed out "
+                "waiting for it; torchrun then stopped it)")
+    return (f"rank {status['rank']} had not finished {seconds:.0f} s after its last report when --timeout "
+            f"{timeout_seconds:g} s stopped the run: it hung, or the run needs longer (raise --timeout or lower --steps)")
 
 
 def failure_report(plan: str, run: RunSpec, statuses: list[dict[str, Any]], *, timed_out: bool, timeout_seconds: float,

@@ -150,3 +150,37 @@ def test_recommend_export_writes_the_manifest_and_the_export_together(cli, tmp_p
     m = load_manifest(tmp_path / "plan.yaml")
     assert m.hardware.num_gpus == 2 and m.predicted.fits
     assert f"--tensor-parallel-size {m.layout.tp}" in (tmp_path / "serve.sh").read_text() or m.layout.tp == 1
+
+
+# ----- the plot is one of recommend's files -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("export", [None, "vllm"])
+def test_recommend_plot_that_cannot_be_written_leaves_the_old_manifest(cli, tmp_path, monkeypatch, export):
+    """A disk that fills as the plot is written (after the search) fails the whole write: the
+    manifest named by -o (and the export) are not replaced or left half-written."""
+    (tmp_path / "plan.yaml").write_text("a good older plan\n")
+    before = _tree(tmp_path)
+    real_open = os.open
+
+    def no_space_for_the_plot(path, flags, mode=0o777, **kw):
+        if Path(path).name.startswith(".plot.svg."):
+            raise OSError(28, "No space left on device")
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(fileio.os, "open", no_space_for_the_plot)
+    r = cli(*RECOMMEND, "-o", tmp_path / "plan.yaml", "--plot", tmp_path / "plot.svg",
+            *(["--export", export] if export else []))
+    _one_line(r, 2, "plot.svg: cannot write: No space left on device")
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("export", [None, "vllm"])
+def test_recommend_writes_the_manifest_the_plot_and_the_export_together(cli, tmp_path, export):
+    args = ["-o", tmp_path / "plan.yaml", "--plot", tmp_path / "plot.svg", "--json"]
+    r = cli(*RECOMMEND, *args, *(["--export", export] if export else []))
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["manifest"] == str(tmp_path / "plan.yaml")  # the file written, not where it was staged
+    assert sorted(_tree(tmp_path)) == ["plan.yaml", "plot.svg", *(["serve.sh"] if export else [])]
+    assert load_manifest(tmp_path / "plan.yaml").predicted.fits
+    assert (tmp_path / "plot.svg").read_text().lstrip().startswith(("<?xml", "<svg"))

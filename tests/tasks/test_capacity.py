@@ -210,6 +210,12 @@ def test_concurrency_beyond_max_num_seqs_is_bad_input(cli):
     assert small.exit_code == 2 and "(256)" in small.stderr
     old = cli("capacity", "llama-3.1-8b", "--concurrency", "512", "--engine-version", "0.8.5", "--json")
     assert old.exit_code == 2 and "vLLM 0.8.5's default max_num_seqs on this GPU (256)" in old.stderr
+    # Past what --max-num-seqs accepts (2**24), the fix names that limit, not a value it refuses.
+    huge = cli("capacity", MODEL, "--concurrency", str(10**9), "--json")
+    assert huge.exit_code == 2 and "--max-num-seqs 1000000000" not in huge.stderr
+    assert "give --concurrency at most 16777216" in huge.stderr
+    edge = cli("capacity", MODEL, "--concurrency", str(2**24), "--json")
+    assert edge.exit_code == 2 and f"add --max-num-seqs {2**24}" in edge.stderr
 
 
 def test_table_shows_the_answer_and_the_quantization_line(cli):

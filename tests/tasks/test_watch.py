@@ -377,7 +377,7 @@ def test_unreadable_pages_end_with_one_line(plans, mutate, needle):
     err = w.exit_error(r)
     assert isinstance(err, w.EndpointUnreadable) and err.exit_code == 5
     line = err.one_line()
-    assert needle in line and "\n" not in line
+    assert needle in line and "\n" not in line and "(fix: " in line  # each names what to do
 
 
 def test_a_million_series_is_refused_before_parsing():
