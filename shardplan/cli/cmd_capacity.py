@@ -10,7 +10,6 @@ import typer
 
 # Module level: what the command's signature needs (the enums are light). The task, the specs
 # and the renderers are imported when the command runs, so `shardplan --help` loads none of them.
-from shardplan.cost.inputs import MAX_SEQUENCES
 from shardplan.cost.workload import Optimizer
 from shardplan.errors import EXIT_DOES_NOT_FIT, ShardplanError
 
@@ -191,6 +190,8 @@ def capacity(
         )
         if concurrency > wl_s.max_num_seqs:
             given = "--max-num-seqs" if max_num_seqs is not None else f"{rules.label}'s default max_num_seqs on this GPU"
+            from shardplan.cost.inputs import MAX_SEQUENCES
+
             # The fix names a --max-num-seqs that is itself accepted, or the most any is.
             fix = (f"add --max-num-seqs {concurrency}" if concurrency <= MAX_SEQUENCES
                    else f"give --concurrency at most {MAX_SEQUENCES}, with --max-num-seqs as many")

@@ -149,6 +149,11 @@ def _batches_in_flight(engine: EngineRules, overlap_scheduling: bool | None, spe
     return 2 if overlap_scheduling else 1
 
 
+# Checkpoint formats of 4-bit linear weights (ModelSpec.checkpoint_quantization), run as shipped only
+# where the engine's kernels for them run (knowledge checkpoint_formats `architectures`).
+INT4_CHECKPOINT_FORMATS = ("awq", "gptq")
+
+
 def inference_workload(
     *,
     max_model_len: int | None,
@@ -223,11 +228,26 @@ def inference_workload(
     fmt = shipped.get(checkpoint_format or "")
     if fmt is not None and fmt.needs_fp8_tensor_cores and (hw is None or DType.FP8 not in hw.peak_flops):
         fmt = None  # the model's own dtype on such GPUs (the format's needs_fp8_tensor_cores_source)
+    architecture = hw.gpu_architecture if hw is not None else None
+    int4 = checkpoint_format in INT4_CHECKPOINT_FORMATS
+    if int4 and quantization is None and wd is None and engine is not None and (fmt is None or not fmt.runs_on(architecture)):
+        # A 4-bit checkpoint this engine version does not run here: planned at the model's dtype, and said.
+        if fmt is None:
+            why = f"shardplan's knowledge of {engine.label} (knowledge/engines) does not have it load the format as it ships"
+        else:
+            on = f"a {architecture} GPU" if architecture else "a GPU whose profile states no gpu.architecture"
+            why = f"{engine.label} runs it on {', '.join(fmt.architectures or ())} GPUs, not on {on} ({fmt.architectures_source})"
+        shipped_note = (f"the checkpoint ships 4-bit {checkpoint_format.upper()} weights (its quantization_config) and {why}: "
+                        f"planned at the model's dtype; --quantization {checkpoint_format} plans the 4-bit weights")
+        fmt = None
     if quantization is None and wd is None and fmt is not None and engine is not None:
         quant = Quantization(fmt.format)
         if fmt.format == "fp8":
             shipped_note = (f"{engine.label}: the linear weights stay in FP8 as the block-quantized checkpoint ships them "
                           f"(its quantization_config; {fmt.source}); --weight-dtype bf16 plans a 16-bit copy")
+        elif int4:
+            shipped_note = (f"{engine.label}: the linear weights stay 4-bit {fmt.format.upper()} as the checkpoint ships "
+                            f"them (its quantization_config; {fmt.source}); --weight-dtype bf16 plans a 16-bit copy")
         else:
             shipped_note = (f"{engine.label}: the routed experts stay in MXFP4 as the checkpoint ships them, 4.25 bits a "
                           f"weight (OCP MX: 32 FP4 values share an 8-bit scale; {fmt.source})")

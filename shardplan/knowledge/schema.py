@@ -465,10 +465,11 @@ class CheckpointFormat(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
-    format: Literal["mxfp4", "fp8"] = Field(description="shardplan's name for it (--quantization): mxfp4, gpt-oss's "
-                                                     "routed experts; fp8, a block-quantized FP8 checkpoint's linear "
-                                                     "weights (quantization_config quant_method fp8 with a "
-                                                     "weight_block_size: DeepSeek-V3/R1, Qwen3 FP8 releases)")
+    format: Literal["mxfp4", "fp8", "awq", "gptq"] = Field(
+        description="shardplan's name for it (--quantization): mxfp4, gpt-oss's routed experts; fp8, a block-quantized "
+                    "FP8 checkpoint's linear weights (quantization_config quant_method fp8 with a weight_block_size: "
+                    "DeepSeek-V3/R1, Qwen3 FP8 releases); awq and gptq, a 4-bit AWQ or GPTQ checkpoint's linear "
+                    "weights (quant_method awq or gptq, bits 4)")
     min_version: str = Field(description="first release that runs it")
     source: str = Field(description="where the support and its first release come from")
     without_fp4_tensor_cores: Literal["mxfp4_marlin"] | None = Field(
@@ -479,6 +480,10 @@ class CheckpointFormat(BaseModel):
     needs_fp8_tensor_cores: bool = Field(False, description="planned as shipped only on GPUs with FP8 tensor cores (the "
                                                             "profile has an fp8 peak); elsewhere the model's own dtype")
     needs_fp8_tensor_cores_source: str = Field("", description="why, with its source")
+    architectures: list[str] | None = Field(
+        None, description="the GPU architectures (the hardware profile's gpu.architecture) its kernels run on; "
+                          "elsewhere, or on a profile that states none, the model's own dtype. null: any")
+    architectures_source: str = Field("", description="where that list comes from")
 
     @model_validator(mode="after")
     def _check(self) -> "CheckpointFormat":
@@ -487,7 +492,13 @@ class CheckpointFormat(BaseModel):
             raise ValueError("without_fp4_tensor_cores needs without_fp4_tensor_cores_source")
         if self.needs_fp8_tensor_cores and not self.needs_fp8_tensor_cores_source:
             raise ValueError("needs_fp8_tensor_cores needs needs_fp8_tensor_cores_source")
+        if self.architectures is not None and not self.architectures_source:
+            raise ValueError("architectures needs architectures_source")
         return self
+
+    def runs_on(self, architecture: str | None) -> bool:
+        """Whether its kernels run on a GPU of `architecture` (None: a profile that states none)."""
+        return self.architectures is None or architecture in self.architectures
 
 
 class OverlapSwitch(BaseModel):

@@ -77,6 +77,12 @@ class GpuFile(StrictModel):
                     "its chip's rated power (a capped GPU lowers its clocks under tensor-core load; memory-bound "
                     "work draws less and is not slowed): the peaks above are the chip's, each is scaled by this")
     price_per_gpu_hour_usd: float | None = Field(None, gt=0, le=1e6)
+    architecture: str | None = Field(
+        None, pattern=r"^[a-z][a-z0-9_-]{0,31}$",
+        description="the GPU's architecture as its vendor names it (NVIDIA: volta, turing, ampere, ada, hopper, "
+                    "blackwell; AMD: cdna2, cdna3): what an engine's kernels for a checkpoint's format need "
+                    "(knowledge/engines/*.yaml checkpoint_formats architectures); null: not stated, and formats "
+                    "that need one are planned at the model's dtype")
 
 
 class LinkFile(StrictModel):
@@ -268,6 +274,7 @@ class HardwareProfile:
     host_memory_bandwidth_bytes_per_second_or_none: float | None = None
     host_memory_efficiency_or_none: float | None = None
     host_link_pageable_efficiency: float | None = None  # None: unknown (copies costed at the pinned rate)
+    gpu_architecture: str | None = None  # GpuFile.architecture (None: not stated)
 
     @property
     def host_memory_bandwidth_bytes_per_second(self) -> float:
@@ -367,4 +374,5 @@ def profile_from_file(f: HardwareProfileFile) -> HardwareProfile:
         sources=dict(f.sources),
         attention_kernels=tuple((k, v.forward, v.backward) for k, v in sorted(eff.attention_kernels.items())),
         measured_cases=tuple(f.measured_cases),
+        gpu_architecture=f.gpu.architecture,
     )

@@ -665,14 +665,27 @@ def _head_fields(cfg: Config) -> dict[str, Any]:
 _QUANT_METHOD = re.compile(r"[A-Za-z0-9_.-]{1,40}")
 
 
+def _int4_checkpoint(quant: Any) -> str | None:
+    """"awq" or "gptq" for a quantization_config of 4-bit AWQ or GPTQ weights (AutoAWQ and
+    GPTQModel/AutoGPTQ write quant_method and bits; AutoAWQ's own "w_bit" in older exports), which
+    engines that run the format load as they are (ModelSpec.shipped_format); else None."""
+    if not isinstance(quant, Mapping):
+        return None
+    method = quant.get("quant_method")
+    bits = quant.get("bits", quant.get("w_bit"))
+    if method in ("awq", "gptq") and isinstance(bits, int) and not isinstance(bits, bool) and bits == 4:
+        return method
+    return None
+
+
 def _shipped_quantization_note(cfg: Config) -> str | None:
     """A note for a checkpoint whose quantization_config names a format shardplan does not plan as
-    shipped (it plans block-quantized FP8 and gpt-oss's MXFP4 experts as shipped: ModelSpec.shipped_format):
-    AWQ, GPTQ, bitsandbytes, compressed-tensors... Engines read the format from the checkpoint (vLLM's
+    shipped (it plans block-quantized FP8, gpt-oss's MXFP4 experts and 4-bit AWQ/GPTQ as shipped:
+    ModelSpec.shipped_format): 8-bit GPTQ, bitsandbytes, compressed-tensors... Engines read the format from the checkpoint (vLLM's
     --quantization: "If None, we first check the quantization_config attribute in the model config
     file", docs.vllm.ai engine_args), so the plan at the model's dtype overstates the weights."""
     quant = cfg.get("quantization_config")
-    if not isinstance(quant, Mapping) or _fp8_weight_block(quant) is not None:
+    if not isinstance(quant, Mapping) or _fp8_weight_block(quant) is not None or _int4_checkpoint(quant) is not None:
         return None
     method = quant.get("quant_method")
     if not isinstance(method, str) or method == "mxfp4":
@@ -680,7 +693,9 @@ def _shipped_quantization_note(cfg: Config) -> str | None:
     shown = method if _QUANT_METHOD.fullmatch(method) else "a method shardplan does not print"
     bits = quant.get("bits")
     size = f"{bits}-bit " if isinstance(bits, int) and not isinstance(bits, bool) and 1 <= bits <= 16 else ""
-    named = {"awq": "--quantization awq", "gptq": "--quantization gptq", "fp8": "--quantization fp8"}.get(method)
+    # 4-bit AWQ/GPTQ are planned as shipped (_int4_checkpoint): what is left is another width or method.
+    named = ({8: "--quantization int8", 4: "--quantization int4"}.get(bits) if method in ("awq", "gptq")
+             else {"fp8": "--quantization fp8"}.get(method))
     how = f" ({named})" if named else " (fp8, int8, int4, awq or gptq)"
     return (f"the checkpoint's weights are quantized ({size}{shown}, its quantization_config) and engines load them "
             f"so; shardplan plans the model's dtype unless --quantization names the format{how}")
@@ -694,6 +709,9 @@ def translate(cfg: Config, name: str) -> Translation:
     block = _fp8_weight_block(cfg.get("quantization_config"))
     if block is not None and "fp8_weight_block_size" not in t.fields:
         head = {**head, "fp8_weight_block_size": block}  # the paths through transformers or a text_config
+    int4 = _int4_checkpoint(cfg.get("quantization_config"))
+    if int4 is not None:
+        head = {**head, "checkpoint_quantization": int4}
     if head:
         t = Translation({**t.fields, **head}, t.warnings, t.notes)
     note = _shipped_quantization_note(cfg)

@@ -296,6 +296,10 @@ class ModelSpec(StrictModel):
         "(HF quantization_config.weight_block_size: DeepSeek-V3, Qwen3 FP8 releases); engines run each such linear as "
         "activation quantization plus a block GEMM; null: not a block-quantized FP8 checkpoint"
     )
+    checkpoint_quantization: Literal["awq", "gptq"] | None = Field(
+        None, description="the checkpoint's linear weights are 4-bit AWQ or GPTQ (HF quantization_config quant_method "
+        "awq or gptq with bits 4), which engines that run the format load as they are; null: not such a checkpoint"
+    )
 
     mla: MLASpec | None = None
     moe: MoESpec | None = None
@@ -363,9 +367,11 @@ class ModelSpec(StrictModel):
     def shipped_format(self) -> str | None:
         """The weight format the checkpoint ships in that an engine may run as it is (knowledge's
         `checkpoint_formats`): "mxfp4" (gpt-oss's routed experts), "fp8" (a block-quantized FP8
-        checkpoint's linear weights), or None (the model's dtype)."""
+        checkpoint's linear weights), "awq" or "gptq" (4-bit linear weights), or None (the model's dtype)."""
         if self.expert_dtype == "mxfp4":
             return "mxfp4"
+        if self.checkpoint_quantization is not None:
+            return self.checkpoint_quantization
         return "fp8" if self.fp8_weight_block_size else None
 
     @property

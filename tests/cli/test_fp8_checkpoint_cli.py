@@ -67,25 +67,26 @@ def test_recommend_ranks_deepseek_v3_in_fp8_on_two_h200_nodes(cli):
 
 
 def test_a_checkpoint_in_another_shipped_format_is_named_in_a_note(cli, tmp_path):
-    """Qwen2.5-7B's config with a 4-bit GPTQ quantization_config (Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4's:
-    bits 4, group_size 128, sym, desc_act false): engines load it as GPTQ, shardplan plans the model's
-    dtype unless told, and says so on stderr; --quantization gptq plans the 4-bit weights."""
+    """Qwen2.5-7B's config with an 8-bit GPTQ quantization_config (Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8's:
+    bits 8, group_size 128, sym, desc_act false): engines load it as GPTQ, shardplan plans the model's
+    dtype unless told (4-bit AWQ and GPTQ are planned as shipped: tests/cli/test_int4_checkpoint_cli.py),
+    and says so on stderr; --quantization int8 plans 8-bit weights."""
     import json
 
     import yaml
 
     cfg = dict(yaml.safe_load((REPO / "model_specs" / "qwen2.5-7b.yaml").read_text())["hf_config"])
-    cfg["quantization_config"] = {"bits": 4, "group_size": 128, "quant_method": "gptq", "sym": True, "desc_act": False}
+    cfg["quantization_config"] = {"bits": 8, "group_size": 128, "quant_method": "gptq", "sym": True, "desc_act": False}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     base = ("estimate", str(path), "-H", "l40s-48gb", "--gpus", "1", "--json")
     plain = cli(*base)
     d = _json(plain)
     assert d["workload"]["quantization"] == "none"
-    assert "note: the checkpoint's weights are quantized (4-bit gptq, its quantization_config)" in plain.stderr
-    assert "unless --quantization names the format (--quantization gptq)" in plain.stderr
-    asked = _json(cli(*base, "--quantization", "gptq"))
-    assert asked["workload"]["quantization"] == "gptq" and _weights_gib(asked) < 0.4 * _weights_gib(d)
+    assert "note: the checkpoint's weights are quantized (8-bit gptq, its quantization_config)" in plain.stderr
+    assert "unless --quantization names the format (--quantization int8)" in plain.stderr
+    asked = _json(cli(*base, "--quantization", "int8"))
+    assert asked["workload"]["quantization"] == "int8" and _weights_gib(asked) < 0.7 * _weights_gib(d)
     cfg["quantization_config"] = {"quant_method": "\x1b[31mevil", "bits": True}  # a hostile method name: not printed
     path.write_text(json.dumps(cfg))
     hostile = cli(*base)

@@ -1,0 +1,165 @@
+"""A 4-bit AWQ or GPTQ checkpoint as it ships (quantization_config quant_method awq or gptq, bits 4:
+Qwen's -AWQ and -GPTQ-Int4 releases, AutoAWQ and GPTQModel exports): vLLM reads the method from the
+checkpoint and serves the 4-bit weights with no --quantization, on the GPU architectures its kernels
+run on (knowledge/engines/vllm.yaml checkpoint_formats, from vLLM's quantization hardware table: AWQ on
+Turing to Hopper, GPTQ on Volta to Hopper, neither on AMD GPUs). So a config.json of such a checkpoint
+is planned in its 4-bit format there (it was planned at the model's 16-bit dtype, with a note: a
+72B model "needed" 145 GB where vLLM loads 39 GiB), and at the model's dtype, with a note naming why,
+where the engine does not run it.
+
+The weights each rank holds, against vLLM's own start-up log line ("Loading model weights took X GB",
+which divides by 2**30 before 0.6; "Model loading took X GiB" in V1), per tensor-parallel rank:
+
+- Qwen/Qwen2.5-72B-Instruct-AWQ at tp 2 (2 A40s, vLLM 0.7.2, awq_marlin): 19.3952 GiB. The blog post
+  "Running private LARGE AI Models on Your Hardware", https://weisser-zwerg.dev/posts/local-llm-large-llms/
+  (its source: github.com/cs224/weisser-zwerg-dev-indie-web-sources, site/src/posts/local-llm-large-llms.md,
+  section "Startup Timing and Performance"). The checkpoint's config.json pads intermediate_size to
+  29,696 (29,568 in the 16-bit model) and quantizes with bits 4, group_size 128, zero_point (AutoAWQ GEMM).
+- Llama 3.1 8B Instruct, AWQ and GPTQ 4-bit exports (kaitchup/Meta-Llama-3.1-8B-Instruct-awq-4bit and
+  -gptq-4bit) at tp 1, vLLM 0.5.4 (awq_marlin, gptq_marlin): 5.3748 and 5.3494 GiB; the same run's bf16
+  model 14.9888 GiB. https://kaitchup.substack.com/p/the-best-quantization-methods-to (benchmark_throughput
+  logs, copied in github.com/xinyuwei-david/david-share, Deep-Learning/Quantization-Methods-Comparison-and-Practice).
+- Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4 at tp 1 on an L40S (vLLM 0.8.5.post1, gptq_marlin, no flag): 5.1811 GiB
+  (shardplan/validation/corpus/engine_logs/vllm_v1_l40sx1_qwen25_7b_32k_gptq_int4.log, with its source).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from conftest import REPO
+
+from shardplan.units import BYTES_PER_GIB
+
+AWQ = {"bits": 4, "group_size": 128, "quant_method": "awq", "version": "gemm", "zero_point": True}
+GPTQ = {"bits": 4, "group_size": 128, "quant_method": "gptq", "sym": True, "desc_act": False}
+
+
+def _config(tmp_path, model: str, quant: dict, **changes) -> str:
+    cfg = dict(yaml.safe_load((REPO / "model_specs" / f"{model}.yaml").read_text())["hf_config"])
+    cfg.update(changes, quantization_config=quant)
+    path = tmp_path / f"{model}-{quant['quant_method']}.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def _estimate(cli, config: str, gpu: str, tp: int, *more: str) -> tuple[dict, str]:
+    res = cli("estimate", config, "-H", gpu, "--gpus", str(tp), "--tp", str(tp), "--json", *more)
+    assert res.exit_code in (0, 3), res.stderr  # 3: does not fit, the report still printed
+    return res.json(), res.stderr
+
+
+def _weights_gib(d: dict) -> float:
+    return d["memory"]["per_gpu_bytes"]["weights"] / BYTES_PER_GIB
+
+
+@pytest.mark.parametrize("model,quant,changes,gpu,tp,version,logged_gib", [
+    ("qwen2.5-72b", AWQ, {"intermediate_size": 29696}, "l40s-48gb", 2, "0.7.2", 19.3952),
+    ("llama-3.1-8b", AWQ, {}, "a100-sxm-40gb", 1, "0.5.4", 5.3748),
+    ("llama-3.1-8b", GPTQ, {}, "a100-sxm-40gb", 1, "0.5.4", 5.3494),
+    ("qwen2.5-7b", GPTQ, {}, "l40s-48gb", 1, "0.8.5", 5.1811),
+], ids=["qwen2.5-72b-awq-tp2", "llama-3.1-8b-awq", "llama-3.1-8b-gptq", "qwen2.5-7b-gptq-l40s"])
+def test_a_4bit_checkpoint_is_planned_as_vllm_loads_it(cli, tmp_path, model, quant, changes, gpu, tp, version,
+                                                       logged_gib):
+    config = _config(tmp_path, model, quant, **changes)
+    d, _ = _estimate(cli, config, gpu, tp, "--engine-version", version)
+    method = quant["quant_method"]
+    assert d["workload"]["quantization"] == method
+    assert _weights_gib(d) == pytest.approx(logged_gib, rel=0.01)
+    assert any(f"the linear weights stay 4-bit {method.upper()} as the checkpoint ships them" in a
+               for a in d["assumptions"])
+    # The same as asking for the format; a 16-bit copy on request (the bf16 Llama 3.1 8B logged 14.9888 GiB).
+    asked, _ = _estimate(cli, config, gpu, tp, "--engine-version", version, "--quantization", method)
+    assert asked["memory"] == d["memory"]
+    copy, _ = _estimate(cli, config, gpu, tp, "--engine-version", version, "--weight-dtype", "bf16")
+    assert copy["workload"]["quantization"] == "none" and _weights_gib(copy) > 2.5 * _weights_gib(d)
+    if model == "llama-3.1-8b":
+        assert _weights_gib(copy) == pytest.approx(14.9888, rel=0.005)
+
+
+@pytest.mark.parametrize("gpu,method,planned", [
+    ("v100-sxm-32gb", "awq", "none"),  # Volta: GPTQ only
+    ("v100-sxm-32gb", "gptq", "gptq"),
+    ("mi300x-192gb", "awq", "none"),  # AMD GPUs: neither
+    ("mi300x-192gb", "gptq", "none"),
+    ("rtx-4090-24gb", "awq", "awq"),  # Ada
+    ("h100-sxm-80gb", "gptq", "gptq"),
+])
+def test_only_where_the_engine_runs_the_format(cli, tmp_path, gpu, method, planned):
+    config = _config(tmp_path, "llama-3.1-8b", AWQ if method == "awq" else GPTQ)
+    d, _ = _estimate(cli, config, gpu, 1)
+    assert d["workload"]["quantization"] == planned
+    if planned == "none":
+        note = next(a for a in d["assumptions"] if "the checkpoint ships 4-bit" in a)
+        arch = {"v100-sxm-32gb": "volta", "mi300x-192gb": "cdna3"}[gpu]
+        assert f"not on a {arch} GPU" in note and f"--quantization {method} plans the 4-bit weights" in note
+
+
+def test_a_profile_that_states_no_architecture_keeps_the_models_dtype(cli, tmp_path):
+    profile = yaml.safe_load((REPO / "hardware_profiles" / "l40s-48gb.yaml").read_text())
+    del profile["gpu"]["architecture"]
+    profile["name"] = "my-l40s"
+    path = tmp_path / "my-l40s.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    config = _config(tmp_path, "qwen2.5-7b", AWQ)
+    d, _ = _estimate(cli, config, str(path), 1)
+    assert d["workload"]["quantization"] == "none"
+    assert any("not on a GPU whose profile states no gpu.architecture" in a for a in d["assumptions"])
+
+
+def test_an_engine_that_does_not_load_the_format_says_so(cli, tmp_path):
+    """llama.cpp loads GGUF files, not AWQ safetensors: the model's dtype, and why."""
+    config = _config(tmp_path, "qwen2.5-7b", AWQ)
+    d, _ = _estimate(cli, config, "l40s-48gb", 1, "--engine", "llamacpp")
+    assert d["workload"]["quantization"] == "none"
+    assert any("the checkpoint ships 4-bit AWQ weights" in a and "does not have it load the format as it ships" in a
+               for a in d["assumptions"])
+
+
+@pytest.mark.parametrize("engine,gpu,planned", [
+    ("sglang", "l40s-48gb", "awq"),  # Marlin kernels: Ampere, Ada, Hopper
+    ("sglang", "rtx-4090-24gb", "awq"),
+    ("sglang", "v100-sxm-32gb", "none"),
+    ("sglang", "mi300x-192gb", "none"),
+])
+def test_sglang_loads_the_format_where_its_marlin_kernels_run(cli, tmp_path, engine, gpu, planned):
+    config = _config(tmp_path, "qwen2.5-7b", AWQ)
+    d, _ = _estimate(cli, config, gpu, 1, "--engine", engine)
+    assert d["workload"]["quantization"] == planned
+
+
+def test_recommend_ranks_the_72b_awq_checkpoint_on_two_l40s(cli, tmp_path):
+    """The 16-bit model (145 GB) holds on no fewer than four 48 GB GPUs; the AWQ checkpoint on two."""
+    config = _config(tmp_path, "qwen2.5-72b", AWQ, intermediate_size=29696)
+    res = cli("recommend", config, "-H", "l40s-48gb", "--gpus", "2", "--json")
+    assert res.exit_code == 0, res.stderr
+    top = res.json()["top"]
+    assert top and {e["plan"]["quantization"] for e in top} == {"awq"}
+
+
+def test_the_vllm_export_leaves_the_shipped_format_to_the_engine(cli, tmp_path):
+    """No --quantization for a plan of the format the checkpoint ships (vLLM picks awq_marlin itself;
+    `--quantization awq` would force the slower AWQ kernel)."""
+    from shardplan.plan.manifest import load_manifest
+
+    config = _config(tmp_path, "qwen2.5-7b", AWQ)
+    plan = tmp_path / "plan.yaml"
+    assert cli("recommend", config, "-H", "l40s-48gb", "--gpus", "1", "-o", plan).exit_code == 0
+    assert load_manifest(plan).layout.weight_quantization == "awq"
+    text = cli("export", plan, "--to", "vllm").stdout
+    assert "vllm serve" in text and "--quantization" not in text
+    # The 16-bit model's plan in AWQ needs the flag (and an AWQ checkpoint of it).
+    other = tmp_path / "other.yaml"
+    assert cli("recommend", "qwen2.5-7b", "-H", "l40s-48gb", "--gpus", "1", "--quantization", "awq",
+               "-o", other).exit_code == 0
+    assert "--quantization awq" in cli("export", other, "--to", "vllm").stdout
+
+
+def test_other_widths_and_methods_keep_the_note(cli, tmp_path):
+    """An 8-bit GPTQ or a 3-bit AWQ checkpoint is not one vLLM's 4-bit kernels take as such: the
+    model's dtype, with the note at load naming the format to ask for."""
+    eight = _config(tmp_path, "qwen2.5-7b", {**GPTQ, "bits": 8})
+    d, err = _estimate(cli, eight, "l40s-48gb", 1)
+    assert d["workload"]["quantization"] == "none" and "(--quantization int8)" in err
