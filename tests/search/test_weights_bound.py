@@ -95,7 +95,7 @@ def test_recommend_skips_the_suggestions_that_cannot_fit_and_suggests_the_same(c
     args = ("recommend", config, "-H", "h100-sxm-80gb", "--max-gpus", "64", "--json")
     skipped = cli(*args)
     assert skipped.exit_code == 3, skipped.stderr
-    # The search as asked alone: not "more GPUs" (up to 64 nodes: 4,096 H100s hold 3.5e14 bytes, its
+    # The search as asked alone: not "more GPUs" (up to 64 x 64 GPUs: 4,096 H100s hold 3.5e14 bytes, its
     # int4 weights are 3.8e14), the formats, the KV cache, the context halvings or llama.cpp's formats.
     assert searched == [None], searched
     searched.clear()
