@@ -428,7 +428,8 @@ def recommend(
         elif not (weight_dtype or quantization or allow_quantization):
             # Nothing fits at the model's own format: the engine's smaller formats are tried next (with
             # offload), one of each size (awq and gptq store what int4 does).
-            formats = [Quantization(f) for f in wl.weight_formats if f not in ("awq", "gptq")]
+            formats = [Quantization(f) for f in wl.weight_formats if f not in ("awq", "gptq")
+                       and not (f == "int4" and wl.quantization.value in ("awq", "gptq"))]  # the shipped 4-bit format's bytes
             space = replace(space, fallback_quantizations=tuple(formats))
     with contextlib.ExitStack() as staging:
         manifest_path = output

@@ -234,11 +234,14 @@ def inference_workload(
         # A 4-bit checkpoint this engine version does not run here: planned at the model's dtype, and said.
         if fmt is None:
             why = f"shardplan's knowledge of {engine.label} (knowledge/engines) does not have it load the format as it ships"
+            instead = "an engine that does (--engine vllm or sglang, on the GPUs they run it on) plans it as it ships"
         else:
             on = f"a {architecture} GPU" if architecture else "a GPU whose profile states no gpu.architecture"
             why = f"{engine.label} runs it on {', '.join(fmt.architectures or ())} GPUs, not on {on} ({fmt.architectures_source})"
+            instead = ("a profile stating the GPU's gpu.architecture plans it as it ships where the engine runs it"
+                       if architecture is None else f"on {', '.join(fmt.architectures or ())} GPUs it is planned as it ships")
         shipped_note = (f"the checkpoint ships 4-bit {checkpoint_format.upper()} weights (its quantization_config) and {why}: "
-                        f"planned at the model's dtype; --quantization {checkpoint_format} plans the 4-bit weights")
+                        f"planned at the model's dtype, which needs the model's 16-bit checkpoint; {instead}")
         fmt = None
     if quantization is None and wd is None and fmt is not None and engine is not None:
         quant = Quantization(fmt.format)

@@ -30,7 +30,7 @@ from shardplan.cost import speculative as spec_decode
 from shardplan.cost.offload import offload_memory
 from shardplan.cost.params import layer_flags
 from shardplan.cost.vision import vision_profile_peak_bytes
-from shardplan.cost.weights import stage_weights
+from shardplan.cost.weights import INT4_GROUP_SIZE, stage_weights
 from shardplan.cost.workload import InferenceWorkload, Quantization
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.errors import ShardplanError
@@ -544,7 +544,8 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
                 nvme_bytes=off.nvme_bytes,
             )
         )
-        split_problem = spec_decode.draft_split_problem(sp, layout.tp) or fp8_block_split_problem(spec, layout, wl)
+        split_problem = (spec_decode.draft_split_problem(sp, layout.tp) or fp8_block_split_problem(spec, layout, wl)
+                         or int4_group_split_problem(spec, layout, wl))
         if split_problem is not None:
             reasons.append(f"stage {stage}: {split_problem}")
         elif kv_bytes <= 0 and wl.accounting != "fixed_context":
@@ -618,6 +619,40 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         fits=not reasons,
         reason="; ".join(reasons) or None,
     )
+
+
+INT4_GROUPED = (Quantization.AWQ, Quantization.GPTQ, Quantization.INT4)
+
+
+def int4_group_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> str | None:
+    """Why an engine refuses to load a 4-bit AWQ/GPTQ checkpoint split this way, or None. A row-parallel
+    linear's input (the attention output projection's, the dense MLP's and the shared experts' down
+    projection's) is split over tp, and each rank's share must be whole quantization groups: vLLM's
+    AWQLinearMethod and GPTQLinearMethod.create_weights raise "The input size is not aligned with the
+    quantized weight shape. This can be caused by too large tensor parallel size" otherwise
+    (vllm/model_executor/layers/quantization/awq.py, gptq.py; Qwen2.5-VL-72B-Instruct-AWQ, whose 29,568
+    wide MLP is 115.5 groups of 128 at tp 2: https://github.com/vllm-project/vllm/issues/13980). Qwen's
+    72B -AWQ and -GPTQ releases pad the width to 29,696 for this. The group is the checkpoint's own
+    (ModelSpec.checkpoint_group_size) when it ships the format, else the 128 the byte model assumes; a
+    per-channel checkpoint (group_size -1) has none. The routed experts' kernels are not covered here."""
+    if wl.quantization not in INT4_GROUPED or layout.tp == 1:
+        return None
+    shipped = spec.shipped_format in ("awq", "gptq")
+    group = spec.checkpoint_group_size if shipped else INT4_GROUP_SIZE
+    if group is None:
+        return None
+    widths = [("the attention output's input", spec.num_attention_heads * spec.attention_head_dim)]
+    moe = spec.moe
+    if moe is None or moe.first_dense_layers > 0 or bool(moe.dense_layer_indices) or moe.moe_layer_step > 1:
+        widths.append(("intermediate_size", spec.intermediate_size))
+    if moe is not None and moe.num_shared_experts:
+        widths.append(("the shared experts' width", moe.shared_intermediate_size * moe.num_shared_experts))
+    for name, width in widths:
+        if (width // layout.tp) % group:
+            return (f"the engine refuses to load the 4-bit checkpoint: {name} {width:,} / {layout.tp} = "
+                    f"{width // layout.tp:,} per rank is not whole {group}-wide quantization groups (use a smaller "
+                    "tensor-parallel degree, or a checkpoint padded for it)")
+    return None
 
 
 def fp8_block_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> str | None:

@@ -12,12 +12,19 @@ from shardplan.exporters.base import ExportContext, cannot, engine_gpus, gpus_pe
 DEFAULT_PORT = 8000
 
 
+def _ships(shipped: str, planned: str) -> bool:
+    """Whether a checkpoint shipped in `shipped` holds a plan's `planned` weights: the same format, or
+    int4 for a 4-bit AWQ/GPTQ checkpoint (the bytes int4 plans are those formats')."""
+    return shipped == planned or (planned == "int4" and shipped in ("awq", "gptq"))
+
+
 def shipped_as_planned(ctx: ExportContext) -> bool:
     """The checkpoint ships the plan's weight format (ModelSpec.shipped_format: block FP8, gpt-oss's
-    MXFP4 experts), so the engine reads it from its quantization_config and needs no --quantization."""
+    MXFP4 experts, 4-bit AWQ/GPTQ), so the engine reads it from its quantization_config and needs no
+    --quantization."""
     spec = ctx.spec
     return spec is not None and spec.shipped_format is not None and \
-        spec.shipped_format == ctx.manifest.layout.weight_quantization
+        _ships(spec.shipped_format, ctx.manifest.layout.weight_quantization)
 
 
 def shipped_notes(ctx: ExportContext, engine: str) -> list[str]:
@@ -26,7 +33,7 @@ def shipped_notes(ctx: ExportContext, engine: str) -> list[str]:
     checkpoint (a 16-bit copy of a block-FP8 release, DeepSeek-V3's inference/fp8_cast_bf16.py)."""
     spec = ctx.spec
     planned = ctx.manifest.layout.weight_quantization
-    if spec is None or spec.shipped_format is None or spec.shipped_format == planned or planned == "mxfp4_marlin":
+    if spec is None or spec.shipped_format is None or _ships(spec.shipped_format, planned) or planned == "mxfp4_marlin":
         return []
     shown = "16-bit" if planned == "none" else planned
     return [f"the checkpoint ships {spec.shipped_format} weights (its quantization_config), which {engine} loads as "

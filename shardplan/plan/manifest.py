@@ -105,7 +105,8 @@ def spec_sha256(spec: ModelSpec) -> str:
 _FIELDS_ADDED_SINCE_FULL_DUMP = ("layer_types", "attention_chunk_size", "attention_sinks", "attention_output_gate",
                                  "linear_attention", "vision", "measured_num_params", "expert_dtype",
                                  "fp8_weight_block_size", "head", "num_labels", "word_embed_proj_dim",
-                                 "position_embedding_offset", "checkpoint_quantization")
+                                 "position_embedding_offset", "checkpoint_quantization",
+                                 "checkpoint_group_size")
 _MOE_FIELDS_ADDED_SINCE_FULL_DUMP = ("router_linear_bias",)
 
 

@@ -57,7 +57,14 @@ def source_spec(m: DeploymentManifest) -> ModelSpec | None:
 def matches_plan(spec: ModelSpec, m: DeploymentManifest) -> bool:
     """The spec hashes to what the plan recorded when it was written (by this version's rule, or
     by the full-dump rule of plans written before it)."""
-    return m.model.spec_sha256 in (spec_sha256(spec), legacy_spec_sha256(spec))
+    if m.model.spec_sha256 in (spec_sha256(spec), legacy_spec_sha256(spec)):
+        return True
+    # A plan written before shardplan read a 4-bit AWQ/GPTQ quantization_config (the same config file,
+    # read with fewer fields): it still names this model.
+    if spec.checkpoint_quantization is not None:
+        older = spec.model_copy(update={"checkpoint_quantization": None, "checkpoint_group_size": None})
+        return m.model.spec_sha256 in (spec_sha256(older), legacy_spec_sha256(older))
+    return False
 
 
 def _changed(m: DeploymentManifest, plan: str | None) -> ShardplanError:

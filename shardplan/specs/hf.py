@@ -678,6 +678,13 @@ def _int4_checkpoint(quant: Any) -> str | None:
     return None
 
 
+def _int4_group(quant: Any) -> int | None:
+    """Such a checkpoint's group_size ("q_group_size" in older AutoAWQ exports) when it is a positive
+    integer; None for -1 (one group per input channel row: no constraint on a split) or not stated."""
+    group = quant.get("group_size", quant.get("q_group_size"))
+    return group if isinstance(group, int) and not isinstance(group, bool) and 0 < group <= 1 << 20 else None
+
+
 def _shipped_quantization_note(cfg: Config) -> str | None:
     """A note for a checkpoint whose quantization_config names a format shardplan does not plan as
     shipped (it plans block-quantized FP8, gpt-oss's MXFP4 experts and 4-bit AWQ/GPTQ as shipped:
@@ -694,7 +701,8 @@ def _shipped_quantization_note(cfg: Config) -> str | None:
     bits = quant.get("bits")
     size = f"{bits}-bit " if isinstance(bits, int) and not isinstance(bits, bool) and 1 <= bits <= 16 else ""
     # 4-bit AWQ/GPTQ are planned as shipped (_int4_checkpoint): what is left is another width or method.
-    named = ({8: "--quantization int8", 4: "--quantization int4"}.get(bits) if method in ("awq", "gptq")
+    whole = isinstance(bits, int) and not isinstance(bits, bool)  # a list or a dict is no key
+    named = (({8: "--quantization int8", 4: "--quantization int4"}.get(bits) if whole else None) if method in ("awq", "gptq")
              else {"fp8": "--quantization fp8"}.get(method))
     how = f" ({named})" if named else " (fp8, int8, int4, awq or gptq)"
     return (f"the checkpoint's weights are quantized ({size}{shown}, its quantization_config) and engines load them "
@@ -711,7 +719,8 @@ def translate(cfg: Config, name: str) -> Translation:
         head = {**head, "fp8_weight_block_size": block}  # the paths through transformers or a text_config
     int4 = _int4_checkpoint(cfg.get("quantization_config"))
     if int4 is not None:
-        head = {**head, "checkpoint_quantization": int4}
+        group = _int4_group(cfg["quantization_config"])
+        head = {**head, "checkpoint_quantization": int4, **({"checkpoint_group_size": group} if group else {})}
     if head:
         t = Translation({**t.fields, **head}, t.warnings, t.notes)
     note = _shipped_quantization_note(cfg)

@@ -300,6 +300,11 @@ class ModelSpec(StrictModel):
         None, description="the checkpoint's linear weights are 4-bit AWQ or GPTQ (HF quantization_config quant_method "
         "awq or gptq with bits 4), which engines that run the format load as they are; null: not such a checkpoint"
     )
+    checkpoint_group_size: int | None = Field(
+        None, gt=0, le=1 << 20, description="such a checkpoint's quantization group along each weight's input "
+        "(quantization_config group_size): a rank's share of a row-parallel input must be whole groups; null: "
+        "per channel (group_size -1) or not stated"
+    )
 
     mla: MLASpec | None = None
     moe: MoESpec | None = None

@@ -190,7 +190,8 @@ def hung_cause(status: dict[str, Any], *, now: float | None, launched_at: float 
     if by_peers:
         return (f"rank {status['rank']} hung: no progress for {seconds:.0f} s (its peers' collectives timed out "
                 "waiting for it; torchrun then stopped it)")
-    return (f"rank {status['rank']} had not finished {seconds:.0f} s after its last report when --timeout "
+    since_what = "its last report" if status.get("time") else "the launch"
+    return (f"rank {status['rank']} had not finished {seconds:.0f} s after {since_what} when --timeout "
             f"{timeout_seconds:g} s stopped the run: it hung, or the run needs longer (raise --timeout or lower --steps)")
 
 

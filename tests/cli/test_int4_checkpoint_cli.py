@@ -94,7 +94,8 @@ def test_only_where_the_engine_runs_the_format(cli, tmp_path, gpu, method, plann
     if planned == "none":
         note = next(a for a in d["assumptions"] if "the checkpoint ships 4-bit" in a)
         arch = {"v100-sxm-32gb": "volta", "mi300x-192gb": "cdna3"}[gpu]
-        assert f"not on a {arch} GPU" in note and f"--quantization {method} plans the 4-bit weights" in note
+        assert f"not on a {arch} GPU" in note and "planned at the model's dtype, which needs the model's 16-bit checkpoint" in note
+        assert "--quantization" not in note  # which would plan weights the engine cannot run here
 
 
 def test_a_profile_that_states_no_architecture_keeps_the_models_dtype(cli, tmp_path):
@@ -163,3 +164,70 @@ def test_other_widths_and_methods_keep_the_note(cli, tmp_path):
     eight = _config(tmp_path, "qwen2.5-7b", {**GPTQ, "bits": 8})
     d, err = _estimate(cli, eight, "l40s-48gb", 1)
     assert d["workload"]["quantization"] == "none" and "(--quantization int8)" in err
+
+
+def test_a_split_into_partial_quantization_groups_does_not_fit(cli, tmp_path):
+    """vLLM's AWQ and GPTQ layers refuse a rank's share of a row-parallel input that is not whole
+    groups ("The input size is not aligned with the quantized weight shape", vllm#13980 for
+    Qwen2.5-VL-72B-Instruct-AWQ): Qwen2.5-72B's 29,568-wide MLP is 115.5 groups of 128 at tp 2, which is
+    why Qwen's 72B -AWQ release pads it to 29,696 (232 groups: whole at tp 2, 4 and 8)."""
+    unpadded = _config(tmp_path, "qwen2.5-72b", AWQ)
+    for tp in (2, 4, 8):
+        d, _ = _estimate(cli, unpadded, "l40s-48gb", tp, "--max-model-len", "8192")
+        assert not d["fits"] and "intermediate_size 29,568 / " in d["reason"] and "128-wide quantization groups" in d["reason"]
+    padded = _config(tmp_path, "qwen2.5-72b", AWQ, intermediate_size=29696)
+    for tp in (2, 4, 8):
+        d, _ = _estimate(cli, padded, "l40s-48gb", tp, "--max-model-len", "8192")
+        assert d["fits"], (tp, d["reason"])
+    # A per-channel checkpoint (group_size -1) has no groups to split.
+    channel = _config(tmp_path, "qwen2.5-72b", {**GPTQ, "group_size": -1})
+    d, _ = _estimate(cli, channel, "l40s-48gb", 2, "--max-model-len", "8192")
+    assert d["workload"]["quantization"] == "gptq" and "quantization groups" not in (d["reason"] or "")
+
+
+def test_an_awq_checkpoint_that_fits_only_by_offloading_stays_awq(cli, tmp_path):
+    """Llama 3.1 70B AWQ on one 24 GB L4: nothing fits on the GPU, so the fallback offloads layers. The
+    plans are the shipped format's, not int4 (the same bytes, which an export would then ask to find
+    another checkpoint for)."""
+    config = _config(tmp_path, "llama-3.1-70b", AWQ)
+    res = cli("recommend", config, "-H", "l4-24gb", "--gpus", "1", "--max-model-len", "4096", "--top", "6",
+              "--expand", "--json")
+    assert res.exit_code == 0, res.stderr
+    formats = [e["plan"]["quantization"] for e in res.json()["top"]]
+    assert formats[0] == "awq" and "int4" not in formats, formats
+    plan = tmp_path / "plan.yaml"
+    assert cli("recommend", config, "-H", "l4-24gb", "--gpus", "1", "--max-model-len", "4096", "-o", plan).exit_code == 0
+    text = " ".join(cli("export", plan, "--to", "vllm").stdout.replace("#", " ").split())
+    assert "need a checkpoint in that format" not in text and "--quantization" not in text
+
+
+def test_a_hostile_bits_value_loads_with_a_note(cli, tmp_path):
+    for bits in ([4], {"a": 4}, 4.0, "4", True):
+        config = _config(tmp_path, "qwen2.5-7b", {**AWQ, "bits": bits})
+        res = cli("estimate", config, "-H", "l40s-48gb", "--gpus", "1", "--json")
+        assert res.exit_code in (0, 3), (bits, res.stderr)
+        assert res.json()["workload"]["quantization"] == "none" and "note: the checkpoint's weights are quantized" in res.stderr
+
+
+def test_a_plan_written_before_the_4bit_fields_still_names_its_model(cli, tmp_path):
+    """Plans hash the model spec; a plan of an AWQ config written before shardplan read its
+    quantization_config (a 16-bit plan) carries the hash of the spec without the new fields."""
+    import yaml as _yaml
+
+    from shardplan.plan.manifest import spec_sha256
+    from shardplan.specs.loading import load_model
+
+    config = _config(tmp_path, "qwen2.5-7b", AWQ)
+    plan = tmp_path / "plan.yaml"
+    assert cli("recommend", config, "-H", "l40s-48gb", "--gpus", "1", "--weight-dtype", "bf16", "-o", plan).exit_code == 0
+    spec = load_model(config).spec
+    older = spec_sha256(spec.model_copy(update={"checkpoint_quantization": None, "checkpoint_group_size": None}))
+    doc = _yaml.safe_load(plan.read_text())
+    assert doc["model"]["spec_sha256"] != older
+    doc["model"]["spec_sha256"] = older
+    plan.write_text(_yaml.safe_dump(doc, sort_keys=False))
+    res = cli("export", plan, "--to", "vllm")
+    assert res.exit_code == 0, res.stderr
+    doc["model"]["spec_sha256"] = "0" * 64  # a spec that did change is still refused
+    plan.write_text(_yaml.safe_dump(doc, sort_keys=False))
+    assert cli("export", plan, "--to", "vllm").exit_code == 2
