@@ -16,7 +16,7 @@ from shardplan.cost.speculative import Speculative, SpeculativeMethod
 from shardplan.knowledge.schema import EngineRules, StackFile, parse_version
 from shardplan.specs.cluster import at_most
 from shardplan.specs.hardware import HardwareProfile
-from shardplan.specs.model import MAX_TOKENS, ModelSpec, VisionSpec
+from shardplan.specs.model import CHECKPOINT_KINDS, MAX_TOKENS, ModelSpec, VisionSpec
 from shardplan.units import DType, parse_dtype
 
 MAX_SEQUENCES = 2**24  # sequences in a batch or in flight
@@ -149,11 +149,6 @@ def _batches_in_flight(engine: EngineRules, overlap_scheduling: bool | None, spe
     return 2 if overlap_scheduling else 1
 
 
-# Checkpoint formats of 4-bit linear weights (ModelSpec.checkpoint_quantization), run as shipped only
-# where the engine's kernels for them run (knowledge checkpoint_formats `architectures`).
-INT4_CHECKPOINT_FORMATS = ("awq", "gptq")
-
-
 def inference_workload(
     *,
     max_model_len: int | None,
@@ -229,9 +224,11 @@ def inference_workload(
     if fmt is not None and fmt.needs_fp8_tensor_cores and (hw is None or DType.FP8 not in hw.peak_flops):
         fmt = None  # the model's own dtype on such GPUs (the format's needs_fp8_tensor_cores_source)
     architecture = hw.gpu_architecture if hw is not None else None
-    int4 = checkpoint_format in INT4_CHECKPOINT_FORMATS
-    if int4 and quantization is None and wd is None and engine is not None and (fmt is None or not fmt.runs_on(architecture)):
-        # A 4-bit checkpoint this engine version does not run here: planned at the model's dtype, and said.
+    # A quantized checkpoint's kind (ModelSpec.checkpoint_quantization): run as shipped only where the
+    # engine's kernels for it run (knowledge checkpoint_formats `architectures`).
+    kind = CHECKPOINT_KINDS.get(checkpoint_format or "")
+    if kind is not None and quantization is None and wd is None and engine is not None and (fmt is None or not fmt.runs_on(architecture)):
+        # A quantized checkpoint this engine version does not run here: planned at the model's dtype, and said.
         if fmt is None:
             why = f"shardplan's knowledge of {engine.label} (knowledge/engines) does not have it load the format as it ships"
             instead = "an engine that does (--engine vllm or sglang, on the GPUs they run it on) plans it as it ships"
@@ -240,17 +237,17 @@ def inference_workload(
             why = f"{engine.label} runs it on {', '.join(fmt.architectures or ())} GPUs, not on {on} ({fmt.architectures_source})"
             instead = ("a profile stating the GPU's gpu.architecture plans it as it ships where the engine runs it"
                        if architecture is None else f"on {', '.join(fmt.architectures or ())} GPUs it is planned as it ships")
-        shipped_note = (f"the checkpoint ships 4-bit {checkpoint_format.upper()} weights (its quantization_config) and {why}: "
+        shipped_note = (f"the checkpoint ships {kind[1]} weights (its quantization_config) and {why}: "
                         f"planned at the model's dtype, which needs the model's 16-bit checkpoint; {instead}")
         fmt = None
     if quantization is None and wd is None and fmt is not None and engine is not None:
-        quant = Quantization(fmt.format)
+        quant = Quantization(kind[0] if kind is not None else fmt.format)
         if fmt.format == "fp8":
             shipped_note = (f"{engine.label}: the linear weights stay in FP8 as the block-quantized checkpoint ships them "
                           f"(its quantization_config; {fmt.source}); --weight-dtype bf16 plans a 16-bit copy")
-        elif int4:
-            shipped_note = (f"{engine.label}: the linear weights stay 4-bit {fmt.format.upper()} as the checkpoint ships "
-                            f"them (its quantization_config; {fmt.source}); --weight-dtype bf16 plans a 16-bit copy")
+        elif kind is not None:
+            shipped_note = (f"{engine.label}: the linear weights stay {kind[1]} as the checkpoint ships them (its "
+                            f"quantization_config; {fmt.source}); --weight-dtype bf16 plans a 16-bit copy")
         else:
             shipped_note = (f"{engine.label}: the routed experts stay in MXFP4 as the checkpoint ships them, 4.25 bits a "
                           f"weight (OCP MX: 32 FP4 values share an 8-bit scale; {fmt.source})")

@@ -34,7 +34,7 @@ from shardplan.cost.weights import INT4_GROUP_SIZE, stage_weights
 from shardplan.cost.workload import InferenceWorkload, Quantization
 from shardplan.specs.hardware import HardwareProfile
 from shardplan.errors import ShardplanError
-from shardplan.specs.model import ModelSpec
+from shardplan.specs.model import GROUPED_CHECKPOINT_KINDS, ModelSpec
 from shardplan.units import BYTES_PER_GIB, DType, bytes_per_element
 
 FP32_BYTES = 4.0
@@ -637,7 +637,7 @@ def int4_group_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorkl
     per-channel checkpoint (group_size -1) has none. The routed experts' kernels are not covered here."""
     if wl.quantization not in INT4_GROUPED or layout.tp == 1:
         return None
-    shipped = spec.shipped_format in ("awq", "gptq")
+    shipped = spec.shipped_format in GROUPED_CHECKPOINT_KINDS
     group = spec.checkpoint_group_size if shipped else INT4_GROUP_SIZE
     if group is None:
         return None

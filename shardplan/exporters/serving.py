@@ -7,15 +7,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from shardplan.specs.model import CHECKPOINT_KINDS, GROUPED_CHECKPOINT_KINDS
 from shardplan.exporters.base import ExportContext, cannot, engine_gpus, gpus_per_node_used, num_engines
 
 DEFAULT_PORT = 8000
 
 
 def _ships(shipped: str, planned: str) -> bool:
-    """Whether a checkpoint shipped in `shipped` holds a plan's `planned` weights: the same format, or
-    int4 for a 4-bit AWQ/GPTQ checkpoint (the bytes int4 plans are those formats')."""
-    return shipped == planned or (planned == "int4" and shipped in ("awq", "gptq"))
+    """Whether a checkpoint shipped in `shipped` holds a plan's `planned` weights: the same format, the
+    format its kind is planned in (CHECKPOINT_KINDS: a compressed-tensors FP8 checkpoint, fp8), or int4
+    for a 4-bit grouped checkpoint (the bytes int4 plans are those formats')."""
+    kind = CHECKPOINT_KINDS.get(shipped)
+    return (shipped == planned or (kind is not None and kind[0] == planned)
+            or (planned == "int4" and shipped in GROUPED_CHECKPOINT_KINDS))
 
 
 def shipped_as_planned(ctx: ExportContext) -> bool:

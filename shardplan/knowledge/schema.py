@@ -465,11 +465,13 @@ class CheckpointFormat(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
-    format: Literal["mxfp4", "fp8", "awq", "gptq"] = Field(
+    format: Literal["mxfp4", "fp8", "awq", "gptq", "ct-fp8", "ct-int8", "ct-w4a16"] = Field(
         description="shardplan's name for it (--quantization): mxfp4, gpt-oss's routed experts; fp8, a block-quantized "
                     "FP8 checkpoint's linear weights (quantization_config quant_method fp8 with a weight_block_size: "
                     "DeepSeek-V3/R1, Qwen3 FP8 releases); awq and gptq, a 4-bit AWQ or GPTQ checkpoint's linear "
-                    "weights (quant_method awq or gptq, bits 4)")
+                    "weights (quant_method awq or gptq, bits 4); ct-fp8, ct-int8 and ct-w4a16, an llm-compressor "
+                    "compressed-tensors checkpoint's FP8, INT8 W8A8 or 4-bit W4A16 weights (planned as fp8, int8, "
+                    "int4: specs/model.py CHECKPOINT_KINDS)")
     min_version: str = Field(description="first release that runs it")
     source: str = Field(description="where the support and its first release come from")
     without_fp4_tensor_cores: Literal["mxfp4_marlin"] | None = Field(

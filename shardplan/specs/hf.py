@@ -665,24 +665,67 @@ def _head_fields(cfg: Config) -> dict[str, Any]:
 _QUANT_METHOD = re.compile(r"[A-Za-z0-9_.-]{1,40}")
 
 
-def _int4_checkpoint(quant: Any) -> str | None:
-    """"awq" or "gptq" for a quantization_config of 4-bit AWQ or GPTQ weights (AutoAWQ and
-    GPTQModel/AutoGPTQ write quant_method and bits; AutoAWQ's own "w_bit" in older exports), which
-    engines that run the format load as they are (ModelSpec.shipped_format); else None."""
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ct_scheme(quant: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """(kind, its weights' scheme) of an llm-compressor compressed-tensors quantization_config whose
+    config groups all quantize the Linear layers' weights one way: FP8 weights ("ct-fp8", with FP8 or
+    no activation quantization: W8A8 or vLLM's W8A16 Marlin), INT8 weights with INT8 activations
+    ("ct-int8", W8A8), or 4-bit integer weights alone ("ct-w4a16"); None otherwise (another scheme,
+    several, or a shape this does not read)."""
+    groups = quant.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        return None
+    kinds = set()
+    weights = None
+    for group in groups.values():
+        if not isinstance(group, Mapping) or not isinstance(group.get("weights"), Mapping):
+            return None
+        weights, acts = group["weights"], group.get("input_activations")
+        bits, typ = weights.get("num_bits"), weights.get("type")
+        act_bits = acts.get("num_bits") if isinstance(acts, Mapping) else None
+        act_type = acts.get("type") if isinstance(acts, Mapping) else None
+        if typ == "float" and bits == 8 and _whole(bits) and (acts is None or (act_type == "float" and act_bits == 8)):
+            kinds.add("ct-fp8")
+        elif typ == "int" and bits == 8 and _whole(bits) and act_type == "int" and act_bits == 8:
+            kinds.add("ct-int8")
+        elif typ == "int" and bits == 4 and _whole(bits) and acts is None:
+            kinds.add("ct-w4a16")
+        else:
+            return None
+    return (kinds.pop(), weights) if len(kinds) == 1 else None
+
+
+def _checkpoint_kind(quant: Any) -> str | None:
+    """The kind of a quantized checkpoint that engines load as it ships (ModelSpec.checkpoint_quantization,
+    CHECKPOINT_KINDS): "awq" or "gptq" for 4-bit AWQ or GPTQ weights (AutoAWQ and GPTQModel/AutoGPTQ
+    write quant_method and bits; AutoAWQ's own "w_bit" in older exports), or a compressed-tensors
+    scheme (`_ct_scheme`); else None."""
     if not isinstance(quant, Mapping):
         return None
     method = quant.get("quant_method")
+    if method == "compressed-tensors":
+        scheme = _ct_scheme(quant)
+        return scheme[0] if scheme is not None else None
     bits = quant.get("bits", quant.get("w_bit"))
-    if method in ("awq", "gptq") and isinstance(bits, int) and not isinstance(bits, bool) and bits == 4:
+    if method in ("awq", "gptq") and _whole(bits) and bits == 4:
         return method
     return None
 
 
-def _int4_group(quant: Any) -> int | None:
-    """Such a checkpoint's group_size ("q_group_size" in older AutoAWQ exports) when it is a positive
-    integer; None for -1 (one group per input channel row: no constraint on a split) or not stated."""
-    group = quant.get("group_size", quant.get("q_group_size"))
-    return group if isinstance(group, int) and not isinstance(group, bool) and 0 < group <= 1 << 20 else None
+def _checkpoint_group(quant: Mapping[str, Any]) -> int | None:
+    """Such a checkpoint's quantization group along each weight's input (group_size; "q_group_size" in
+    older AutoAWQ exports; a compressed-tensors scheme's weights' group_size with strategy "group") when
+    it is a positive integer; None for -1 or a per-channel scheme (no constraint on a split)."""
+    if quant.get("quant_method") == "compressed-tensors":
+        scheme = _ct_scheme(quant)
+        weights = scheme[1] if scheme is not None else None
+        group = weights.get("group_size") if isinstance(weights, Mapping) and weights.get("strategy") == "group" else None
+    else:
+        group = quant.get("group_size", quant.get("q_group_size"))
+    return group if _whole(group) and 0 < group <= 1 << 20 else None
 
 
 def _shipped_quantization_note(cfg: Config) -> str | None:
@@ -692,7 +735,7 @@ def _shipped_quantization_note(cfg: Config) -> str | None:
     --quantization: "If None, we first check the quantization_config attribute in the model config
     file", docs.vllm.ai engine_args), so the plan at the model's dtype overstates the weights."""
     quant = cfg.get("quantization_config")
-    if not isinstance(quant, Mapping) or _fp8_weight_block(quant) is not None or _int4_checkpoint(quant) is not None:
+    if not isinstance(quant, Mapping) or _fp8_weight_block(quant) is not None or _checkpoint_kind(quant) is not None:
         return None
     method = quant.get("quant_method")
     if not isinstance(method, str) or method == "mxfp4":
@@ -700,9 +743,8 @@ def _shipped_quantization_note(cfg: Config) -> str | None:
     shown = method if _QUANT_METHOD.fullmatch(method) else "a method shardplan does not print"
     bits = quant.get("bits")
     size = f"{bits}-bit " if isinstance(bits, int) and not isinstance(bits, bool) and 1 <= bits <= 16 else ""
-    # 4-bit AWQ/GPTQ are planned as shipped (_int4_checkpoint): what is left is another width or method.
-    whole = isinstance(bits, int) and not isinstance(bits, bool)  # a list or a dict is no key
-    named = (({8: "--quantization int8", 4: "--quantization int4"}.get(bits) if whole else None) if method in ("awq", "gptq")
+    # 4-bit AWQ/GPTQ are planned as shipped (_checkpoint_kind): what is left is another width or method.
+    named = (({8: "--quantization int8", 4: "--quantization int4"}.get(bits) if _whole(bits) else None) if method in ("awq", "gptq")
              else {"fp8": "--quantization fp8"}.get(method))
     how = f" ({named})" if named else " (fp8, int8, int4, awq or gptq)"
     return (f"the checkpoint's weights are quantized ({size}{shown}, its quantization_config) and engines load them "
@@ -717,10 +759,10 @@ def translate(cfg: Config, name: str) -> Translation:
     block = _fp8_weight_block(cfg.get("quantization_config"))
     if block is not None and "fp8_weight_block_size" not in t.fields:
         head = {**head, "fp8_weight_block_size": block}  # the paths through transformers or a text_config
-    int4 = _int4_checkpoint(cfg.get("quantization_config"))
-    if int4 is not None:
-        group = _int4_group(cfg["quantization_config"])
-        head = {**head, "checkpoint_quantization": int4, **({"checkpoint_group_size": group} if group else {})}
+    kind = _checkpoint_kind(cfg.get("quantization_config"))
+    if kind is not None:
+        group = _checkpoint_group(cfg["quantization_config"])
+        head = {**head, "checkpoint_quantization": kind, **({"checkpoint_group_size": group} if group else {})}
     if head:
         t = Translation({**t.fields, **head}, t.warnings, t.notes)
     note = _shipped_quantization_note(cfg)

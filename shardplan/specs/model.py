@@ -221,6 +221,19 @@ class MoESpec(StrictModel):
         return self.shared_expert_intermediate_size or self.expert_intermediate_size
 
 
+# A quantized checkpoint's kind (ModelSpec.checkpoint_quantization) -> the weight format it is planned in
+# (--quantization) and how a note names it.
+CHECKPOINT_KINDS: dict[str, tuple[str, str]] = {
+    "awq": ("awq", "4-bit AWQ"),
+    "gptq": ("gptq", "4-bit GPTQ"),
+    "ct-fp8": ("fp8", "FP8 (compressed-tensors)"),
+    "ct-int8": ("int8", "INT8 W8A8 (compressed-tensors)"),
+    "ct-w4a16": ("int4", "4-bit W4A16 (compressed-tensors)"),
+}
+# Kinds whose weights are 4-bit in groups along each input (ModelSpec.checkpoint_group_size).
+GROUPED_CHECKPOINT_KINDS = ("awq", "gptq", "ct-w4a16")
+
+
 class ModelSpec(StrictModel):
     """A decoder-only transformer, as its checkpoint stores it."""
 
@@ -296,9 +309,10 @@ class ModelSpec(StrictModel):
         "(HF quantization_config.weight_block_size: DeepSeek-V3, Qwen3 FP8 releases); engines run each such linear as "
         "activation quantization plus a block GEMM; null: not a block-quantized FP8 checkpoint"
     )
-    checkpoint_quantization: Literal["awq", "gptq"] | None = Field(
-        None, description="the checkpoint's linear weights are 4-bit AWQ or GPTQ (HF quantization_config quant_method "
-        "awq or gptq with bits 4), which engines that run the format load as they are; null: not such a checkpoint"
+    checkpoint_quantization: Literal["awq", "gptq", "ct-fp8", "ct-int8", "ct-w4a16"] | None = Field(
+        None, description="the checkpoint's linear weights are quantized as engines load them with no --quantization "
+        "(CHECKPOINT_KINDS): 4-bit AWQ or GPTQ (HF quantization_config quant_method awq or gptq, bits 4), or an "
+        "llm-compressor compressed-tensors scheme (FP8 weights, INT8 W8A8, 4-bit W4A16); null: not such a checkpoint"
     )
     checkpoint_group_size: int | None = Field(
         None, gt=0, le=1 << 20, description="such a checkpoint's quantization group along each weight's input "

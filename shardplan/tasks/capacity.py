@@ -334,6 +334,7 @@ def serving_capacity(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload
     # gptq store what int4 does); an engine without the list: fp8, int8, int4.
     engine_formats = [Quantization(f) for f in wl.weight_formats if f not in ("awq", "gptq")
                       and not (f == "int4" and wl.quantization.value in ("awq", "gptq"))]  # a shipped 4-bit format's bytes
+    # (a shipped format itself leads the rows below, once)
     formats = [Quantization.NONE, *(engine_formats or QUANTIZED_FORMATS)]
     if wl.quantization is not Quantization.NONE:
         # The format the checkpoint ships in, which the engine loads as it is (inputs.inference_workload:

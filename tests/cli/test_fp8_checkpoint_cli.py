@@ -69,7 +69,7 @@ def test_recommend_ranks_deepseek_v3_in_fp8_on_two_h200_nodes(cli):
 def test_a_checkpoint_in_another_shipped_format_is_named_in_a_note(cli, tmp_path):
     """Qwen2.5-7B's config with an 8-bit GPTQ quantization_config (Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8's:
     bits 8, group_size 128, sym, desc_act false): engines load it as GPTQ, shardplan plans the model's
-    dtype unless told (4-bit AWQ and GPTQ are planned as shipped: tests/cli/test_int4_checkpoint_cli.py),
+    dtype unless told (4-bit AWQ and GPTQ are planned as shipped: tests/cli/test_quantized_checkpoint_cli.py),
     and says so on stderr; --quantization int8 plans 8-bit weights."""
     import json
 

@@ -1,5 +1,6 @@
-"""A 4-bit AWQ or GPTQ checkpoint as it ships (quantization_config quant_method awq or gptq, bits 4:
-Qwen's -AWQ and -GPTQ-Int4 releases, AutoAWQ and GPTQModel exports): vLLM reads the method from the
+"""Quantized checkpoints as they ship (the compressed-tensors ones at the end of this file). A 4-bit
+AWQ or GPTQ checkpoint (quantization_config quant_method awq or gptq, bits 4: Qwen's -AWQ and
+-GPTQ-Int4 releases, AutoAWQ and GPTQModel exports): vLLM reads the method from the
 checkpoint and serves the 4-bit weights with no --quantization, on the GPU architectures its kernels
 run on (knowledge/engines/vllm.yaml checkpoint_formats, from vLLM's quantization hardware table: AWQ on
 Turing to Hopper, GPTQ on Volta to Hopper, neither on AMD GPUs). So a config.json of such a checkpoint
@@ -231,3 +232,67 @@ def test_a_plan_written_before_the_4bit_fields_still_names_its_model(cli, tmp_pa
     doc["model"]["spec_sha256"] = "0" * 64  # a spec that did change is still refused
     plan.write_text(_yaml.safe_dump(doc, sort_keys=False))
     assert cli("export", plan, "--to", "vllm").exit_code == 2
+
+
+# ----- llm-compressor compressed-tensors checkpoints (RedHatAI / neuralmagic releases) ---------------------
+
+CT_FP8_DYNAMIC = {  # RedHatAI/Qwen2.5-7B-Instruct-FP8-dynamic's quantization_config (quoted in the corpus log's source)
+    "config_groups": {"group_0": {
+        "input_activations": {"dynamic": True, "num_bits": 8, "strategy": "token", "symmetric": True, "type": "float"},
+        "output_activations": None, "targets": ["Linear"],
+        "weights": {"dynamic": False, "num_bits": 8, "observer": "minmax", "strategy": "channel", "symmetric": True,
+                    "type": "float"}}},
+    "format": "float-quantized", "ignore": ["lm_head"], "kv_cache_scheme": None, "quant_method": "compressed-tensors",
+    "quantization_status": "compressed"}
+CT_INT8 = {**CT_FP8_DYNAMIC, "format": "int-quantized", "config_groups": {"group_0": {
+    "input_activations": {"dynamic": True, "num_bits": 8, "strategy": "token", "symmetric": True, "type": "int"},
+    "targets": ["Linear"], "weights": {"num_bits": 8, "strategy": "channel", "symmetric": True, "type": "int"}}}}
+CT_W4A16 = {**CT_FP8_DYNAMIC, "format": "pack-quantized", "config_groups": {"group_0": {
+    "input_activations": None, "targets": ["Linear"],
+    "weights": {"group_size": 128, "num_bits": 4, "strategy": "group", "symmetric": True, "type": "int"}}}}
+
+
+def test_a_compressed_tensors_fp8_checkpoint_is_planned_in_fp8(cli, tmp_path):
+    """RedHatAI/Qwen2.5-7B-Instruct-FP8-dynamic on one L40S, vLLM 0.8.5.post1 (no flag; it printed
+    quantization=compressed-tensors): "Model loading took 8.1426 GiB", "GPU KV cache size: 553,216 tokens"
+    (shardplan/validation/corpus/engine_logs/vllm_v1_l40sx1_qwen25_7b_32k_fp8dyn.log, with its source)."""
+    config = _config(tmp_path, "qwen2.5-7b", CT_FP8_DYNAMIC)
+    d, _ = _estimate(cli, config, "l40s-48gb", 1, "--engine-version", "0.8.5", "--max-model-len", "32768")
+    assert d["workload"]["quantization"] == "fp8"
+    assert _weights_gib(d) == pytest.approx(8.1426, rel=0.01)
+    assert d["kv_cache"]["capacity_tokens"] == pytest.approx(553216, rel=0.05)
+    assert any("the linear weights stay FP8 (compressed-tensors) as the checkpoint ships them" in a for a in d["assumptions"])
+    # Ampere runs it as W8A16 (FP8 Marlin), MI300X as W8A8; Volta not: the model's dtype, and why.
+    planned = {gpu: _estimate(cli, config, gpu, 1)[0]["workload"]["quantization"]
+               for gpu in ("a100-sxm-80gb", "mi300x-192gb", "v100-sxm-32gb")}
+    assert planned == {"a100-sxm-80gb": "fp8", "mi300x-192gb": "fp8", "v100-sxm-32gb": "none"}
+
+
+@pytest.mark.parametrize("quant,planned,first", [(CT_INT8, "int8", "0.7.0"), (CT_W4A16, "int4", "0.8.0")],
+                         ids=["int8-w8a8", "w4a16"])
+def test_compressed_tensors_int_schemes_from_the_release_that_documents_them(cli, tmp_path, quant, planned, first):
+    config = _config(tmp_path, "llama-3.1-8b", quant)
+    d, _ = _estimate(cli, config, "a100-sxm-80gb", 1, "--engine-version", first)
+    assert d["workload"]["quantization"] == planned
+    asked, _ = _estimate(cli, config, "a100-sxm-80gb", 1, "--engine-version", first, "--quantization", planned)
+    assert asked["memory"] == d["memory"]
+    older, _ = _estimate(cli, config, "a100-sxm-80gb", 1, "--engine-version", "0.6.6")
+    assert older["workload"]["quantization"] == "none"
+    assert any("the checkpoint ships" in a and "(compressed-tensors)" in a for a in older["assumptions"])
+
+
+def test_a_w4a16_checkpoint_splits_into_whole_groups_only(cli, tmp_path):
+    config = _config(tmp_path, "qwen2.5-72b", CT_W4A16)
+    d, _ = _estimate(cli, config, "l40s-48gb", 2, "--max-model-len", "8192")
+    assert d["workload"]["quantization"] == "int4" and not d["fits"] and "128-wide quantization groups" in d["reason"]
+
+
+def test_a_scheme_this_does_not_read_keeps_the_note(cli, tmp_path):
+    """Two config groups with different schemes, or 8-bit integer weights alone (W8A16): the model's
+    dtype, with the note at load."""
+    mixed = {**CT_FP8_DYNAMIC, "config_groups": {**CT_FP8_DYNAMIC["config_groups"], **{"group_1": CT_INT8["config_groups"]["group_0"]}}}
+    w8a16 = {**CT_FP8_DYNAMIC, "config_groups": {"group_0": {"input_activations": None, "targets": ["Linear"],
+                                                             "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}}}
+    for quant in (mixed, w8a16, {**CT_FP8_DYNAMIC, "config_groups": []}):
+        d, err = _estimate(cli, _config(tmp_path, "qwen2.5-7b", quant), "l40s-48gb", 1)
+        assert d["workload"]["quantization"] == "none" and "note: the checkpoint's weights are quantized (compressed-tensors" in err
