@@ -219,11 +219,19 @@ def inference_workload(
         if engine is not None and "mxfp4" not in shipped:
             raise ShardplanError(f"{engine.label} does not run MXFP4 experts", field="--quantization",
                                  hint="use --engine vllm or sglang, or another --quantization")
+    # A format asked for that the engine's kernels do not run on this GPU at all (knowledge checkpoint_formats
+    # refused_architectures; --allow-quantization offers neither awq nor gptq): refused, not planned.
+    architecture = hw.gpu_architecture if hw is not None else None
+    refused = shipped.get(quant.value)
+    if refused is not None and architecture is not None and architecture in refused.refused_architectures:
+        raise ShardplanError(f"{engine.label} does not run {quant.value.upper()} on {architecture} GPUs "
+                             f"({refused.refused_architectures_source})", field="--quantization",
+                             hint="choose another format (fp8, int8, int4, or the other of awq and gptq where it runs), "
+                                  "or another engine")
     shipped_note = None
     fmt = shipped.get(checkpoint_format or "")
     if fmt is not None and fmt.needs_fp8_tensor_cores and (hw is None or DType.FP8 not in hw.peak_flops):
         fmt = None  # the model's own dtype on such GPUs (the format's needs_fp8_tensor_cores_source)
-    architecture = hw.gpu_architecture if hw is not None else None
     # A quantized checkpoint's kind (ModelSpec.checkpoint_quantization): run as shipped only where the
     # engine's kernels for it run (knowledge checkpoint_formats `architectures`).
     kind = CHECKPOINT_KINDS.get(checkpoint_format or "")

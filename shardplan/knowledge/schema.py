@@ -486,6 +486,11 @@ class CheckpointFormat(BaseModel):
         None, description="the GPU architectures (the hardware profile's gpu.architecture) its kernels run on; "
                           "elsewhere, or on a profile that states none, the model's own dtype. null: any")
     architectures_source: str = Field("", description="where that list comes from")
+    refused_architectures: list[str] = Field(
+        default_factory=list, description="GPU architectures the engine's kernels for this format do not run on at all "
+                                          "(a plan in it, asked for with --quantization or --allow-quantization, is "
+                                          "refused there); an architecture in neither list is not established")
+    refused_architectures_source: str = Field("", description="where that list comes from")
 
     @model_validator(mode="after")
     def _check(self) -> "CheckpointFormat":
@@ -496,6 +501,8 @@ class CheckpointFormat(BaseModel):
             raise ValueError("needs_fp8_tensor_cores needs needs_fp8_tensor_cores_source")
         if self.architectures is not None and not self.architectures_source:
             raise ValueError("architectures needs architectures_source")
+        if self.refused_architectures and not self.refused_architectures_source:
+            raise ValueError("refused_architectures needs refused_architectures_source")
         return self
 
     def runs_on(self, architecture: str | None) -> bool:

@@ -296,3 +296,20 @@ def test_a_scheme_this_does_not_read_keeps_the_note(cli, tmp_path):
     for quant in (mixed, w8a16, {**CT_FP8_DYNAMIC, "config_groups": []}):
         d, err = _estimate(cli, _config(tmp_path, "qwen2.5-7b", quant), "l40s-48gb", 1)
         assert d["workload"]["quantization"] == "none" and "note: the checkpoint's weights are quantized (compressed-tensors" in err
+
+
+@pytest.mark.parametrize("gpu,method,refused", [
+    ("v100-sxm-32gb", "awq", True), ("v100-sxm-32gb", "gptq", False),
+    ("mi300x-192gb", "awq", True), ("mi300x-192gb", "gptq", True),
+    ("b200-sxm-180gb", "awq", False),  # not in vLLM's table either way: not established, not refused
+    ("h100-sxm-80gb", "awq", False),
+])
+def test_a_format_the_engine_does_not_run_on_the_gpu_is_refused_when_asked_for(cli, gpu, method, refused):
+    """vLLM's quantization hardware table marks AWQ unsupported on Volta and AMD GPUs and GPTQ on AMD
+    GPUs: a plan in it would not start, so asking for it is bad input, one line naming the option."""
+    res = cli("estimate", "llama-3.1-8b", "-H", gpu, "--gpus", "1", "--quantization", method, "--json")
+    if refused:
+        assert res.exit_code == 2 and res.stdout == "" and len(res.stderr.strip().splitlines()) == 1
+        assert f"field '--quantization': vLLM 0.33.0 does not run {method.upper()} on" in res.stderr
+    else:
+        assert res.exit_code in (0, 3) and res.json()["workload"]["quantization"] == method
