@@ -362,7 +362,6 @@ def recommend(
     from shardplan.search import Goal, Objective, Space
     from shardplan.search.ahead import search_workers
     from shardplan.specs import cluster, loading
-    from shardplan.specs.model import CHECKPOINT_KINDS
     from shardplan.cli.targets import engine_and_stack, given, with_export
     from shardplan.tasks.recommend import recommend as run_recommend
     from shardplan.tasks.recommend import with_allowed_dtypes
@@ -429,10 +428,10 @@ def recommend(
         elif not (weight_dtype or quantization or allow_quantization):
             # Nothing fits at the model's own format: the engine's smaller formats are tried next (with
             # offload), one of each size (awq and gptq store what int4 does).
-            shipped_kind = loaded.spec.shipped_format in CHECKPOINT_KINDS and wl.quantization is not Quantization.NONE
-            formats = [Quantization(f) for f in wl.weight_formats if f not in ("awq", "gptq")
-                       # a shipped quantized checkpoint's own bytes (int4 for a 4-bit one) are the asked format's
-                       and not (shipped_kind and (f == wl.quantization.value or (f == "int4" and wl.quantization.value in ("awq", "gptq"))))]
+            # Not the bytes a quantized checkpoint (CHECKPOINT_KINDS) planned as it ships already holds (int4 for a 4-bit one).
+            as_shipped = loaded.spec.checkpoint_quantization is not None and loaded.spec.ships(wl.quantization.value)
+            formats = [Quantization(f) for f in wl.weight_formats
+                       if f not in ("awq", "gptq") and not (as_shipped and loaded.spec.ships(f))]
             space = replace(space, fallback_quantizations=tuple(formats))
     with contextlib.ExitStack() as staging:
         manifest_path = output

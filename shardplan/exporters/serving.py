@@ -7,19 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from shardplan.specs.model import CHECKPOINT_KINDS, GROUPED_CHECKPOINT_KINDS
 from shardplan.exporters.base import ExportContext, cannot, engine_gpus, gpus_per_node_used, num_engines
 
 DEFAULT_PORT = 8000
-
-
-def _ships(shipped: str, planned: str) -> bool:
-    """Whether a checkpoint shipped in `shipped` holds a plan's `planned` weights: the same format, the
-    format its kind is planned in (CHECKPOINT_KINDS: a compressed-tensors FP8 checkpoint, fp8), or int4
-    for a 4-bit grouped checkpoint (the bytes int4 plans are those formats')."""
-    kind = CHECKPOINT_KINDS.get(shipped)
-    return (shipped == planned or (kind is not None and kind[0] == planned)
-            or (planned == "int4" and shipped in GROUPED_CHECKPOINT_KINDS))
 
 
 def shipped_as_planned(ctx: ExportContext) -> bool:
@@ -27,8 +17,7 @@ def shipped_as_planned(ctx: ExportContext) -> bool:
     MXFP4 experts, 4-bit AWQ/GPTQ), so the engine reads it from its quantization_config and needs no
     --quantization."""
     spec = ctx.spec
-    return spec is not None and spec.shipped_format is not None and \
-        _ships(spec.shipped_format, ctx.manifest.layout.weight_quantization)
+    return spec is not None and spec.ships(ctx.manifest.layout.weight_quantization)
 
 
 def shipped_notes(ctx: ExportContext, engine: str) -> list[str]:
@@ -37,7 +26,7 @@ def shipped_notes(ctx: ExportContext, engine: str) -> list[str]:
     checkpoint (a 16-bit copy of a block-FP8 release, DeepSeek-V3's inference/fp8_cast_bf16.py)."""
     spec = ctx.spec
     planned = ctx.manifest.layout.weight_quantization
-    if spec is None or spec.shipped_format is None or _ships(spec.shipped_format, planned) or planned == "mxfp4_marlin":
+    if spec is None or spec.shipped_format is None or spec.ships(planned) or planned == "mxfp4_marlin":
         return []
     shown = "16-bit" if planned == "none" else planned
     return [f"the checkpoint ships {spec.shipped_format} weights (its quantization_config), which {engine} loads as "

@@ -704,11 +704,11 @@ def weights_exceed_memory(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWor
     `search` over the space finds nothing (an exact skip, tests/search/test_weights_bound.py); it
     judges nothing else (KV cache, activations, overheads)."""
     formats = set(space.quantizations) | set(space.fallback_quantizations)
-    lightest = min(stage_weights(spec, Layout(), 0, quantization=q, dense_dtype=wl.activation_dtype).bytes
-                   for q in formats)
-    held = gpus * hw.memory_capacity_bytes
+    lightest_bytes = min(stage_weights(spec, Layout(), 0, quantization=q, dense_dtype=wl.activation_dtype).bytes
+                         for q in formats)
+    held_bytes = gpus * hw.memory_capacity_bytes
     if space.allow_offload or space.offload is not None:
         nodes = -(-gpus // hw.gpus_per_node)
-        held += nodes * (hw.host_memory_bytes_per_node * ("cpu" in wl.offload_targets)
-                         + hw.nvme_capacity_bytes_per_node * ("nvme" in wl.offload_targets))
-    return lightest > held
+        held_bytes += nodes * (hw.host_memory_bytes_per_node * ("cpu" in wl.offload_targets)
+                               + hw.nvme_capacity_bytes_per_node * ("nvme" in wl.offload_targets))
+    return lightest_bytes > held_bytes

@@ -698,34 +698,29 @@ def _ct_scheme(quant: Mapping[str, Any]) -> tuple[str, Any] | None:
     return (kinds.pop(), weights) if len(kinds) == 1 else None
 
 
-def _checkpoint_kind(quant: Any) -> str | None:
-    """The kind of a quantized checkpoint that engines load as it ships (ModelSpec.checkpoint_quantization,
-    CHECKPOINT_KINDS): "awq" or "gptq" for 4-bit AWQ or GPTQ weights (AutoAWQ and GPTQModel/AutoGPTQ
-    write quant_method and bits; AutoAWQ's own "w_bit" in older exports), or a compressed-tensors
-    scheme (`_ct_scheme`); else None."""
+def _checkpoint_kind(quant: Any) -> tuple[str, int | None] | None:
+    """(kind, quantization group) of a quantized checkpoint that engines load as it ships
+    (ModelSpec.checkpoint_quantization and checkpoint_group_size, CHECKPOINT_KINDS), or None. Kinds:
+    "awq" or "gptq" for 4-bit AWQ or GPTQ weights (AutoAWQ and GPTQModel/AutoGPTQ write quant_method
+    and bits; AutoAWQ's own "w_bit" in older exports), or a compressed-tensors scheme (`_ct_scheme`).
+    The group runs along each weight's input (group_size; "q_group_size" in older AutoAWQ exports; a
+    compressed-tensors scheme's weights' group_size with strategy "group") when it is a positive
+    integer; None for -1 or a per-channel scheme (no constraint on a split)."""
     if not isinstance(quant, Mapping):
         return None
     method = quant.get("quant_method")
     if method == "compressed-tensors":
         scheme = _ct_scheme(quant)
-        return scheme[0] if scheme is not None else None
-    bits = quant.get("bits", quant.get("w_bit"))
-    if method in ("awq", "gptq") and _whole(bits) and bits == 4:
-        return method
-    return None
-
-
-def _checkpoint_group(quant: Mapping[str, Any]) -> int | None:
-    """Such a checkpoint's quantization group along each weight's input (group_size; "q_group_size" in
-    older AutoAWQ exports; a compressed-tensors scheme's weights' group_size with strategy "group") when
-    it is a positive integer; None for -1 or a per-channel scheme (no constraint on a split)."""
-    if quant.get("quant_method") == "compressed-tensors":
-        scheme = _ct_scheme(quant)
-        weights = scheme[1] if scheme is not None else None
-        group = weights.get("group_size") if isinstance(weights, Mapping) and weights.get("strategy") == "group" else None
+        if scheme is None:
+            return None
+        kind, weights = scheme
+        group = weights.get("group_size") if weights.get("strategy") == "group" else None
     else:
-        group = quant.get("group_size", quant.get("q_group_size"))
-    return group if _whole(group) and 0 < group <= 1 << 20 else None
+        bits = quant.get("bits", quant.get("w_bit"))
+        if method not in ("awq", "gptq") or not _whole(bits) or bits != 4:
+            return None
+        kind, group = method, quant.get("group_size", quant.get("q_group_size"))
+    return kind, (group if _whole(group) and 0 < group <= 1 << 20 else None)
 
 
 def _shipped_quantization_note(cfg: Config) -> str | None:
@@ -742,7 +737,7 @@ def _shipped_quantization_note(cfg: Config) -> str | None:
         return None
     shown = method if _QUANT_METHOD.fullmatch(method) else "a method shardplan does not print"
     bits = quant.get("bits")
-    size = f"{bits}-bit " if isinstance(bits, int) and not isinstance(bits, bool) and 1 <= bits <= 16 else ""
+    size = f"{bits}-bit " if _whole(bits) and 1 <= bits <= 16 else ""
     # 4-bit AWQ/GPTQ are planned as shipped (_checkpoint_kind): what is left is another width or method.
     named = (({8: "--quantization int8", 4: "--quantization int4"}.get(bits) if _whole(bits) else None) if method in ("awq", "gptq")
              else {"fp8": "--quantization fp8"}.get(method))
@@ -759,9 +754,9 @@ def translate(cfg: Config, name: str) -> Translation:
     block = _fp8_weight_block(cfg.get("quantization_config"))
     if block is not None and "fp8_weight_block_size" not in t.fields:
         head = {**head, "fp8_weight_block_size": block}  # the paths through transformers or a text_config
-    kind = _checkpoint_kind(cfg.get("quantization_config"))
-    if kind is not None:
-        group = _checkpoint_group(cfg["quantization_config"])
+    found = _checkpoint_kind(cfg.get("quantization_config"))
+    if found is not None:
+        kind, group = found
         head = {**head, "checkpoint_quantization": kind, **({"checkpoint_group_size": group} if group else {})}
     if head:
         t = Translation({**t.fields, **head}, t.warnings, t.notes)

@@ -386,12 +386,24 @@ class ModelSpec(StrictModel):
     def shipped_format(self) -> str | None:
         """The weight format the checkpoint ships in that an engine may run as it is (knowledge's
         `checkpoint_formats`): "mxfp4" (gpt-oss's routed experts), "fp8" (a block-quantized FP8
-        checkpoint's linear weights), "awq" or "gptq" (4-bit linear weights), or None (the model's dtype)."""
+        checkpoint's linear weights), a CHECKPOINT_KINDS kind (AWQ, GPTQ, compressed-tensors), or None
+        (the model's dtype)."""
         if self.expert_dtype == "mxfp4":
             return "mxfp4"
         if self.checkpoint_quantization is not None:
             return self.checkpoint_quantization
         return "fp8" if self.fp8_weight_block_size else None
+
+    def ships(self, planned: str) -> bool:
+        """Whether the checkpoint as shipped holds a plan's `planned` weight format: the shipped format
+        itself, the format its kind is planned in (a compressed-tensors FP8 checkpoint: fp8), or int4
+        for a 4-bit grouped one (int4 plans those formats' bytes)."""
+        shipped = self.shipped_format
+        if shipped is None:
+            return False
+        kind = CHECKPOINT_KINDS.get(shipped)
+        return (shipped == planned or (kind is not None and kind[0] == planned)
+                or (planned == "int4" and shipped in GROUPED_CHECKPOINT_KINDS))
 
     @property
     def embedding_width(self) -> int:

@@ -332,9 +332,11 @@ def serving_capacity(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload
     runs_on = RunsOn(spec)
     # The engine's own quantized formats (llama.cpp: GGUF mixtures), one of each size (awq and
     # gptq store what int4 does); an engine without the list: fp8, int8, int4.
+    # Not the bytes a quantized checkpoint (CHECKPOINT_KINDS) planned as it ships already holds (int4 for a
+    # 4-bit one): its own row leads.
+    as_shipped = spec.checkpoint_quantization is not None and spec.ships(wl.quantization.value)
     engine_formats = [Quantization(f) for f in wl.weight_formats if f not in ("awq", "gptq")
-                      and not (f == "int4" and wl.quantization.value in ("awq", "gptq"))]  # a shipped 4-bit format's bytes
-    # (a shipped format itself leads the rows below, once)
+                      and not (as_shipped and spec.ships(f))]
     formats = [Quantization.NONE, *(engine_formats or QUANTIZED_FORMATS)]
     if wl.quantization is not Quantization.NONE:
         # The format the checkpoint ships in, which the engine loads as it is (inputs.inference_workload:
