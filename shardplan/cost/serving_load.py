@@ -188,7 +188,7 @@ def arrival_times(traffic: Traffic) -> list[float]:
         # draws -log(1 - u) are the same at every rate, so they are drawn once per seed (a search
         # simulates each replica at several rates) and divided by this rate, the same division
         # expovariate does, so the gaps are bit for bit the same.
-        for e in _unit_exponentials(traffic.seed, n):
+        for e in unit_exponentials(traffic.seed, n):
             out.append(t)
             t += e / rate
         return out
@@ -201,7 +201,7 @@ def arrival_times(traffic: Traffic) -> list[float]:
 _UNIT_DRAWS: dict[int, tuple[random.Random, list[float]]] = {}  # seed -> (its generator, the draws so far)
 
 
-def _unit_exponentials(seed: int, n: int) -> list[float]:
+def unit_exponentials(seed: int, n: int) -> list[float]:
     """The first `n` of `random.Random(seed)`'s expovariate(1.0) draws (-log(1 - u) / 1.0, which is
     -log(1 - u) exactly). A cache of a pure function: the stream of a seed never changes."""
     rng, draws = _UNIT_DRAWS.get(seed) or _UNIT_DRAWS.setdefault(seed, (random.Random(seed), []))

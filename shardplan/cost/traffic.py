@@ -16,6 +16,7 @@ its queue).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -23,7 +24,7 @@ from dataclasses import dataclass, replace
 from shardplan.cost.layout import Layout
 from shardplan.cost.memory_serving import KvAccount
 from shardplan.cost.serving_load import (GiveUp, LoadResult, Scheduler, SlaBroken, Traffic, scheduler_for, simulate_replica,
-                                        steady_throughput)
+                                        steady_throughput, unit_exponentials)
 from shardplan.cost.step_model import StepModel
 from shardplan.cost.workload import InferenceWorkload, ServingLoad
 from shardplan.specs.hardware import HardwareProfile
@@ -229,25 +230,130 @@ def best_concurrency(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int
     return best
 
 
+OUT_OF_REACH = "out of reach"  # no rate the search may still pick gives its floor
+BEATEN = "beaten"  # a rate met the SLA, and no rate it may still pick gives more than what it must beat
+
+
+@dataclass(frozen=True)
+class Enough:
+    """When a rate search may stop before its end, in output tokens per second of one replica
+    (None: never). `floor_tokens_per_second`: no rate it may still pick gives that much (its caller
+    shows nothing below it). `beaten_tokens_per_second`: some rate already met the SLA, and no rate
+    it may still pick gives more than that (its caller needs to know only that it meets the SLA)."""
+
+    floor_tokens_per_second: float | None = None
+    beaten_tokens_per_second: float | None = None
+
+    def stops(self, ceiling_tokens_per_second: float, met: bool) -> str | None:
+        """Why a search stops at a check of this ceiling (`met`: a rate has met the SLA), or None."""
+        if self.floor_tokens_per_second is not None and ceiling_tokens_per_second < self.floor_tokens_per_second:
+            return OUT_OF_REACH
+        if met and self.beaten_tokens_per_second is not None and ceiling_tokens_per_second < self.beaten_tokens_per_second:
+            return BEATEN
+        return None
+
+    def first_stop(self, checks: tuple[tuple[float, OperatingPoint | None], ...]) -> tuple[int, str] | None:
+        """(the check, why) at which a search given this would have stopped, from the checks of one
+        that went at least as far (`RateSearch.checks`); None where it would have gone on."""
+        for k, (ceiling, point) in enumerate(checks):
+            why = self.stops(ceiling, point is not None)
+            if why is not None:
+                return k, why
+        return None
+
+
+@dataclass(frozen=True)
+class RateSearch:
+    """What `rate_search` found: its operating point (None where no rate met the SLA; where it
+    stopped, the best it had met then, or None), why it stopped before its end (`Enough`; None: it
+    did not), and what it checked before each of its runs: the ceiling, the most output tokens per
+    second a run at any rate it could still pick reports (`output_rate_ceiling`), and the best
+    point met so far. A search stops at the first check its `Enough` stops at, and its runs up to
+    there are those of a search without one, so a caller can tell from a search what one with more
+    to stop at would have done (`Enough.first_stop`)."""
+
+    point: OperatingPoint | None
+    stopped: str | None
+    checks: tuple[tuple[float, OperatingPoint | None], ...]
+
+
+# Relative slack on the arrival times' floating-point sums (a run's clock adds each gap to the last).
+_SUM_SLACK = 1e-9
+
+
+def output_rate_ceiling(wl: InferenceWorkload, load: ServingLoad, num_requests: int) -> float:
+    """Output tokens per second, per request per second of arrivals, that no run `best_rate` may
+    judge a point by reports more of (inf where it is not known: drawn lengths). A run of n requests
+    of o output tokens each at rate r that meets its SLA refuses none, so its duration runs at least
+    to the last arrival: (n - 1) / r evenly spaced, U(n - 1) / r Poisson (U(m): the sum of the
+    seed's first m unit exponentials, `arrival_times`), and it reports at most n o r / that. The runs
+    take n from `num_requests` to max(`num_requests`, STEADY_REQUESTS_MAX) requests, so the most
+    of n / (n - 1) or n / U(n - 1) over them bounds every run. Requests split over an expert group's
+    replicas (`simulate_replica`) draw the first replica's arrivals from this seed: the group's
+    duration is no shorter."""
+    if load.lengths is not None:
+        return math.inf
+    first = max(2, num_requests)
+    last = max(first, STEADY_REQUESTS_MAX)
+    most = first / (first - 1) if not load.poisson else _most_requests_per_unit_draw(load.seed, first, last)
+    return wl.output_len * most * (1 + _SUM_SLACK)
+
+
+@functools.lru_cache(maxsize=64)
+def _most_requests_per_unit_draw(seed: int, first: int, last: int) -> float:
+    """The most of n / U(n - 1) for n in [first, last] (`output_rate_ceiling`)."""
+    draws = unit_exponentials(seed, last - 1)
+    most, total = 0.0, math.fsum(draws[:first - 2])
+    for n in range(first, last + 1):
+        total += draws[n - 2]
+        if total > 0:
+            most = max(most, n / total)
+    return most if most > 0 else math.inf
+
+
 def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: Sla,
               num_requests: int = SEARCH_REQUESTS_MAX, first_token_sent: bool = False) -> OperatingPoint | None:
     """The highest request rate one replica sustains within the SLA (Poisson or even arrivals as
     the load says), by bisection below its saturation rate; None when none does."""
+    return rate_search(step, wl, kv, sla, num_requests, first_token_sent).point
+
+
+def rate_search(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: Sla,
+                num_requests: int = SEARCH_REQUESTS_MAX, first_token_sent: bool = False,
+                enough: Enough | None = None) -> RateSearch:
+    """`best_rate`, with what it checked on the way (`RateSearch`), stopped where `enough` says: a
+    search that shows only points above a floor need not resolve one below it, nor the exact rate
+    of a point that cannot be the best of those it is compared with."""
     load = wl.load or ServingLoad()
     sched = scheduler_for(wl, kv, step.pp)
-    # The rate it keeps up with every request waiting (its steady state, not the ramp and the drain
-    # of a finite run): above it the queue, and with it TTFT, grows without bound.
+    per_rate = output_rate_ceiling(wl, load, num_requests)
+    checks: list[tuple[float, OperatingPoint | None]] = []
+    best: OperatingPoint | None = None
+
+    def stop_at(upper_rate: float) -> str | None:
+        """Checked before each run: whether to stop, no rate up to `upper_rate` giving more output than
+        `upper_rate` x per_rate."""
+        checks.append((upper_rate * per_rate, best))
+        return None if enough is None else enough.stops(checks[-1][0], best is not None)
+
+    def found(point: OperatingPoint | None, stopped: str | None = None) -> RateSearch:
+        return RateSearch(point, stopped, tuple(checks))
+
     burst = _traffic(wl, load, num_requests, rate=math.inf, conc=None)
+    by_tokens = token_rate_bound(step, load, burst.requests)
+    why = stop_at(by_tokens)
+    if why is not None:
+        return found(None, why)
     cap = steady_throughput(step, sched, burst)
     if cap <= 0:
-        return None
+        return found(None)
     mean_in = wl.input_len if load.lengths is None else load.lengths.mean_input_tokens
     mean_out = wl.output_len if load.lengths is None else load.lengths.mean_output_tokens
     # A burst the engine runs in one go (every request admitted at once, finishing together) has no
     # steady stretch, and its "steady" rate can be many times what the replica sustains (DeepSeek-V3
     # on 16 H200s: 129 req/s from 600 requests, where the SLA held at 4 and broke at 8): the bisection
     # then resolves the rate to a fraction of it. No load runs faster than its tokens allow.
-    lo, hi, best = 0.0, min(cap, token_rate_bound(step, load, burst.requests)), None
+    lo, hi = 0.0, min(cap, by_tokens)
     # Enough requests for the run to reach its steady state at each rate: Little's law puts
     # rate x latency requests in flight there, so the arrivals must span several latencies (at
     # least the latency of a request alone), or a short run never fills and looks faster.
@@ -255,6 +361,9 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
     alone = ttft + max(0.0, mean_out - 1) * tpot
     slots = sequence_slots(wl, kv, _mean_tokens(wl, load))
     for _ in range(RATE_BISECTIONS):
+        why = stop_at(hi)
+        if why is not None:
+            return found(best, why)
         mid = (lo + hi) / 2
         n = max(num_requests, min(STEADY_REQUESTS_MAX, math.ceil(STEADY_LATENCIES * mid * alone)))
         try:
@@ -276,18 +385,24 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
             hi = mid
         else:
             lo, best = mid, OperatingPoint(None, mid, r, n)
-    return best
+    return found(best)
 
 
 def most_within_sla(step: StepModel, wl: InferenceWorkload, kv: KvAccount, sla: Sla,
                     first_token_sent: bool = False) -> tuple[OperatingPoint | None, int]:
-    """(`best_rate` of one replica, the requests it starts from): four times the requests of the
-    mean length its sequence slots hold, within SEARCH_REQUESTS_MIN..MAX, so that a p90 settles
-    however many run at once. What the goodput search, the pools of a disaggregated plan and the
+    """(`best_rate` of one replica, the requests it starts from, `search_requests`). What the
+    goodput search (`rate_search` itself there), the pools of a disaggregated plan and the
     comparison with them judge a replica by."""
-    slots = sequence_slots(wl, kv, _mean_tokens(wl, wl.load or ServingLoad()))
-    n = min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
+    n = search_requests(wl, kv)
     return best_rate(step, wl, kv, sla, n, first_token_sent=first_token_sent), n
+
+
+def search_requests(wl: InferenceWorkload, kv: KvAccount) -> int:
+    """The requests a replica's rate search starts from: four times the requests of the mean
+    length its sequence slots hold, within SEARCH_REQUESTS_MIN..MAX, so that a p90 settles however
+    many run at once."""
+    slots = sequence_slots(wl, kv, _mean_tokens(wl, wl.load or ServingLoad()))
+    return min(SEARCH_REQUESTS_MAX, max(SEARCH_REQUESTS_MIN, 4 * slots))
 
 
 def over_a_long_run(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, rate_per_replica: float) -> LoadResult:

@@ -79,10 +79,10 @@ def _worker_start(task: Callable[[int], Any]) -> None:
     sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the worker's for its life
 
 
-def _run(i: int) -> tuple[bool, Any]:
+def _run(i: int, args: tuple[Any, ...]) -> tuple[bool, Any]:
     try:
         assert _TASK is not None
-        return True, _TASK(i)
+        return True, _TASK(i, *args)
     except BaseException:  # noqa: BLE001 - the search costs the point itself and raises what it raises
         return False, None
 
@@ -98,16 +98,23 @@ SKIPPED = object()  # `in_order`'s answer for an index its `keep` left out
 QUEUED_PER_WORKER = 2  # indices given to each worker at a time: the next waits in its queue, so it never idles
 
 
-def in_order(indices: list[int], task: Callable[[int], Any], workers: int, keep: Callable[[int], bool] | None = None,
-             worth: Callable[[int], bool] | None = None) -> Iterator[tuple[int, Any]]:
+def in_order(indices: list[int], task: Callable[..., Any], workers: int, keep: Callable[[int], bool] | None = None,
+             worth: Callable[[int], bool] | None = None,
+             hint: Callable[[int], Any] | None = None) -> Iterator[tuple[int, Any]]:
     """(i, task(i)) for each index in the order given, or (i, SKIPPED) where `keep(i)` is false when
     its turn comes; the consumer may change what `keep` answers between items (a search's top plans
     after each point), as long as an index it leaves out stays left out. Up to `workers` forked
     processes compute the indices after the current one that `keep` still takes and `worth` says
     are worth a worker (not a memo hit), and this process computes a later one while a worker has
-    the current one; each index is computed once, and an answer is used only at its turn."""
+    the current one; each index is computed once, and an answer is used only at its turn. With
+    `hint`, task(i, hint(i)), hint(i) read in this process when i's computation starts (a worker's
+    own copy of the consumer's state is the one it was forked with)."""
     keep = keep or (lambda i: True)
     worth = worth or (lambda i: True)
+
+    def args_of(i: int) -> tuple[Any, ...]:
+        return () if hint is None else (hint(i),)
+
     ahead = None
     if workers > 0 and _can_fork() and sum(1 for i in indices if worth(i)) >= 2:
         try:
@@ -116,13 +123,13 @@ def in_order(indices: list[int], task: Callable[[int], Any], workers: int, keep:
             ahead = None
     if ahead is None:
         for i in indices:
-            yield (i, task(i)) if keep(i) else (i, SKIPPED)
+            yield (i, task(i, *args_of(i))) if keep(i) else (i, SKIPPED)
         return
     done: dict[int, Any] = {}  # answers this process computed ahead of their turn
 
     def ahead_of_turn(j: int) -> Any:
         try:
-            return task(j)
+            return task(j, *args_of(j))
         except Exception as e:  # noqa: BLE001 - raised at j's turn, if j is not left out by then
             return _Raised(e)
 
@@ -146,13 +153,13 @@ def in_order(indices: list[int], task: Callable[[int], Any], workers: int, keep:
             while i not in done:
                 later = upcoming(pos, ahead.free() + 1)  # for the idle workers, and one for this process
                 for j in later[:ahead.free()]:
-                    ahead.start(j)
+                    ahead.start(j, args_of(j))
                 later = [j for j in later if not ahead.started(j)]
                 if not ahead.started(i):
-                    done[i] = task(i)
+                    done[i] = task(i, *args_of(i))
                 elif ahead.ready(i) or not later:
                     ok, got = ahead.take(i)
-                    done[i] = got if ok else task(i)
+                    done[i] = got if ok else task(i, *args_of(i))
                 else:
                     done[later[0]] = ahead_of_turn(later[0])
             got = done.pop(i)
@@ -181,9 +188,10 @@ class Ahead:
         """How many more indices the workers may be given now (QUEUED_PER_WORKER each)."""
         return 0 if self.broken else max(0, QUEUED_PER_WORKER * self.workers - self._running())
 
-    def start(self, i: int) -> None:
+    def start(self, i: int, args: tuple[Any, ...] = ()) -> None:
+        """Give `i` to the workers: task(i, *args)."""
         if not self.broken:
-            self._started[i] = self._pool.apply_async(_run, (i,))
+            self._started[i] = self._pool.apply_async(_run, (i, args))
 
     def started(self, i: int) -> bool:
         return i in self._started

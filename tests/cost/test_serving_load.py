@@ -528,3 +528,64 @@ def test_the_steady_rate_stops_the_run_at_the_third_quartiles_finish():
         serving_load._Request.__setattr__ = original  # type: ignore[method-assign]
     assert value == whole
     assert len(finished) == 3 * 400 // 4 + 1
+
+
+@pytest.mark.parametrize("engine,poisson,prompt,output,ttft,tpot", [
+    ("vllm", True, 1024, 128, 0.5, 0.02),
+    ("vllm", False, 2048, 256, 1.0, 0.03),
+    ("sglang", True, 512, 512, 2.0, 0.05),
+])
+def test_a_rate_search_stops_where_enough_says_and_each_ceiling_bounds_its_runs(engine, poisson, prompt, output,
+                                                                                 ttft, tpot):
+    """traffic.rate_search: before each run it checks the most output tokens/s any rate it could still
+    pick would report (`output_rate_ceiling`): a run at a rate below that step's upper end, of any of
+    the request counts it may take, that refuses nothing reports no more. Given a floor it stops at
+    the first such ceiling below it; given what to beat, at the first below that once a rate has met
+    the SLA; and until then it ran what the search without them ran (`Enough.first_stop`)."""
+    from shardplan.cost.traffic import (BEATEN, OUT_OF_REACH, STEADY_REQUESTS_MAX, Enough, _traffic,
+                                        output_rate_ceiling, rate_search)
+
+    load = ServingLoad(poisson=poisson)
+    wl = replace(_wl(engine, input_len=prompt, output_len=output), load=load)
+    kv = serving_memory(SPEC, H100, ONE, wl).kv_account
+    model = _model(wl)
+    sla = Sla(max_ttft_seconds=ttft, max_tpot_seconds=tpot, percentile=90)
+    full = rate_search(model, wl, kv, sla, 200)
+    assert full.point is not None and full.stopped is None
+    ceilings = [c for c, _ in full.checks]
+    assert len(ceilings) >= 3 and ceilings == sorted(ceilings, reverse=True)
+    assert full.point.result.output_tokens_per_second <= ceilings[-1]
+    met = [p for _, p in full.checks]
+    assert met[0] is None and met[-1] is not None  # the first check is before any run
+    per_rate = output_rate_ceiling(wl, load, 200)
+    sched = scheduler_for(wl, kv)
+    for c in ceilings[1:]:
+        upper = c / per_rate  # the bisection's upper end when it checked c
+        for n in (200, 1000, STEADY_REQUESTS_MAX):
+            r = simulate(model, sched, _traffic(wl, load, n, rate=upper * 0.999, conc=None))
+            assert r.num_refused == 0 and r.output_tokens_per_second <= c
+    for k, c in enumerate(ceilings):
+        enough = Enough(floor_tokens_per_second=c * 1.000001)
+        stopped = rate_search(model, wl, kv, sla, 200, enough=enough)
+        first_below = next(j for j, d in enumerate(ceilings) if d < c * 1.000001)
+        assert stopped.stopped == OUT_OF_REACH and first_below <= k
+        assert stopped.checks == full.checks[:first_below + 1]
+        assert enough.first_stop(full.checks) == (first_below, OUT_OF_REACH)
+        beat = Enough(beaten_tokens_per_second=c * 1.000001)
+        stopped = rate_search(model, wl, kv, sla, 200, enough=beat)
+        first_met = next(j for j in range(len(ceilings)) if met[j] is not None and ceilings[j] < c * 1.000001)
+        assert stopped.stopped == BEATEN and stopped.point == met[first_met]
+        assert stopped.checks == full.checks[:first_met + 1]
+        assert beat.first_stop(full.checks) == (first_met, BEATEN)
+    below = Enough(floor_tokens_per_second=ceilings[-1] * 0.999999, beaten_tokens_per_second=ceilings[-1] * 0.999999)
+    assert rate_search(model, wl, kv, sla, 200, enough=below) == full and below.first_stop(full.checks) is None
+
+
+def test_drawn_lengths_have_no_output_rate_ceiling():
+    from shardplan.cost.traffic import output_rate_ceiling
+    from shardplan.specs.lengths import LengthDistribution
+
+    lengths = LengthDistribution.uniform(input_min_tokens=100, input_max_tokens=200, output_min_tokens=10,
+                                         output_max_tokens=300, source="test")
+    assert output_rate_ceiling(_wl(), ServingLoad(lengths=lengths), 200) == math.inf
+    assert output_rate_ceiling(_wl(), ServingLoad(), 200) < math.inf

@@ -29,9 +29,9 @@ def started(monkeypatch):
     count = [0]
     real = ahead.Ahead.start
 
-    def start(self, i):
+    def start(self, i, args=()):
         count[0] += 1
-        return real(self, i)
+        return real(self, i, args)
     monkeypatch.setattr(ahead.Ahead, "start", start)
     return count
 
