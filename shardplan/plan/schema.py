@@ -638,6 +638,13 @@ def _check_serving_workload(m: DeploymentManifest) -> None:
     except ShardplanError as e:
         raise Invalid("workload.engine_version" if e.field == "--engine-version" else "workload.engine", e.message,
                       "restore what shardplan wrote, or re-run shardplan recommend with --engine/--engine-version") from None
+    # A request of the fixed lengths must fit the context (drawn lengths are clipped to it as they are drawn):
+    # the engine refuses a longer one, as --input-len/--output-len are refused (cost/inputs.check_request_fits).
+    drawn = w.load is not None and w.load.lengths is not None
+    if w.max_model_len is not None and not drawn and w.input_len + w.output_len > w.max_model_len:
+        raise Invalid("workload.input_len", f"input_len {w.input_len} + output_len {w.output_len} exceed max_model_len "
+                      f"{w.max_model_len}: the engine refuses such a request",
+                      "give lengths that fit, or raise workload.max_model_len (and re-run shardplan recommend)")
 
 
 def _check_placement(m: DeploymentManifest) -> None:

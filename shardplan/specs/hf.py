@@ -300,6 +300,10 @@ def _qwen3_moe(cfg: Config, name: str) -> dict[str, Any]:
     d = _qwen3(cfg, name)
     d.update(
         model_type="qwen3_moe",
+        # Not Qwen3Config's 128: Qwen3MoeConfig has no head_dim default, and its attention takes
+        # getattr(config, "head_dim", hidden_size // num_attention_heads) (modeling_qwen3_moe.py in
+        # transformers 4.51.3 and 5.24.0; vLLM's qwen3_moe.py likewise): None is that quotient here.
+        head_dim=cfg.get("head_dim"),
         moe=MoESpec(
             num_experts=_routed_experts(cfg),
             num_experts_per_token=_req(cfg, "num_experts_per_tok"),

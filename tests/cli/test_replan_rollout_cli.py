@@ -20,7 +20,7 @@ from shardplan.specs.loading import load_hardware
 NUM_PARAMS = 5_247_232  # the debug model's parameters
 BF16 = 2
 H100 = load_hardware("h100-sxm-80gb")
-SERVE = InferenceWorkload(max_model_len=512)
+SERVE = InferenceWorkload(max_model_len=512, input_len=384, output_len=128)
 
 
 def _plan(tmp_path: Path, gpus: int, layout: Layout, workload=SERVE) -> Path:

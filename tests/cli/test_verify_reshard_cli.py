@@ -41,7 +41,7 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, case, field):
     new = _plan(tmp_path, "new", 2, dp=2, zero_stage=3)
     args = ["verify", str(new), "--from", str(old)]
     if case == "serving":
-        args[1] = str(_plan(tmp_path, "serve", 2, workload=InferenceWorkload(max_model_len=512), tp=2))
+        args[1] = str(_plan(tmp_path, "serve", 2, workload=InferenceWorkload(max_model_len=512, input_len=384, output_len=128), tp=2))
     elif case == "other model":
         args[1] = str(_plan(tmp_path, "llama", 2, model="llama-3.2-1b", dp=2, zero_stage=3))
     elif case == "other optimizer":

@@ -82,7 +82,7 @@ def training_8b_two_nodes():
 @lru_cache(maxsize=None)
 def serving_debug_pp2():
     """The bundled tiny llama split in two pipeline stages on two GPUs."""
-    return fitting(build_plan("debug", 2, Layout(pp=2), InferenceWorkload(max_model_len=512))[0])
+    return fitting(build_plan("debug", 2, Layout(pp=2), InferenceWorkload(max_model_len=512, input_len=384, output_len=128))[0])
 
 
 def files(manifest, target: str, **kw) -> dict[str, ExportFile]:

@@ -31,7 +31,7 @@ LINEAR_TENSORS = {  # Qwen3NextGatedDeltaNet's parameters, h = 256: 4 key heads 
 
 @pytest.fixture(scope="module")
 def tiny():
-    m, _ = build_plan(TINY_QWEN3_NEXT, 2, Layout(tp=2), InferenceWorkload(max_model_len=512))
+    m, _ = build_plan(TINY_QWEN3_NEXT, 2, Layout(tp=2), InferenceWorkload(max_model_len=512, input_len=384, output_len=128))
     return m, load_model(TINY_QWEN3_NEXT).spec
 
 

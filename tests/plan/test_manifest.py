@@ -282,6 +282,8 @@ def _edit(data: dict, dotted: str, value) -> dict:
         (training_70b, "predicted.time.step_seconds", "fast", "predicted.time.step_seconds", "valid number"),
         (serving_8b, "search.num_evaluated", True, "search.num_evaluated", "valid integer"),
         (serving_8b, "layout.recompute", "some", "layout.recompute", "'none', 'selective' or 'full'"),
+        (serving_8b, "workload.max_model_len", 1000, "workload.input_len",
+         "input_len 1024 + output_len 128 exceed max_model_len 1000"),
     ],
 )
 def test_impossible_edits_are_refused_naming_the_field(tmp_path, case, dotted, value, field, words):

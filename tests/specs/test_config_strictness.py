@@ -476,6 +476,24 @@ def test_qwen2_moe_qkv_bias_matches_transformers(qkv_bias):
 
 
 @pytest.mark.consumers
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+def test_a_qwen3_config_without_head_dim_has_the_heads_transformers_builds(model_type):
+    """Qwen3Config defaults head_dim to 128; Qwen3MoeConfig has no default, and its attention falls back
+    to hidden_size / num_attention_heads: the same config.json without head_dim, counted on the meta
+    device, has different widths in the two families."""
+    pytest.importorskip("transformers")
+    from shardplan.cost.params import count_params
+
+    cfg = dict(model_type=model_type, vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    if model_type == "qwen3_moe":
+        cfg.update(moe_intermediate_size=64, num_experts_per_tok=2, num_experts=4)
+    spec = ModelSpec(**translate(cfg, "x").fields)
+    assert spec.attention_head_dim == (128 if model_type == "qwen3" else 64)
+    assert count_params(spec).total == _meta_numel(cfg)
+
+
+@pytest.mark.consumers
 @pytest.mark.parametrize("key", ["num_local_experts", "num_experts"])
 def test_qwen3_moe_reads_the_experts_under_either_name_as_transformers_builds_them(key):
     """transformers 5 writes Qwen3-MoE's routed experts as num_local_experts, earlier ones as num_experts."""

@@ -60,7 +60,7 @@ def _sharded(folder: Path, num_files: int = 3) -> Path:
 
 
 def _plan(tmp_path: Path, gpus: int, layout: Layout, workload=None, gpus_per_node: int | None = None) -> Path:
-    m, _ = build_plan("debug", gpus, layout, workload or InferenceWorkload(max_model_len=512), gpus_per_node=gpus_per_node)
+    m, _ = build_plan("debug", gpus, layout, workload or InferenceWorkload(max_model_len=512, input_len=384, output_len=128), gpus_per_node=gpus_per_node)
     path = tmp_path / "plan.yaml"
     write_manifest(m, path)
     return path
@@ -223,7 +223,7 @@ def test_hostile_headers_are_refused_without_reading_on(tmp_path, cli):
 
 
 def test_models_without_llama_names_are_refused(tmp_path, cli):
-    m, _ = build_plan("gpt2", 1, Layout(), InferenceWorkload(max_model_len=1024))
+    m, _ = build_plan("gpt2", 1, Layout(), InferenceWorkload(max_model_len=1024, input_len=896, output_len=128))
     write_manifest(m, tmp_path / "gpt2.yaml")
     (tmp_path / "ckpt").mkdir()
     _expect_error(cli, tmp_path / "gpt2.yaml", tmp_path / "ckpt", "gpt2.yaml", "model_type 'gpt2'", "fix:")

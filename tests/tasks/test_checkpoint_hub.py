@@ -105,7 +105,7 @@ def hub_env(tmp_path, monkeypatch):
 
 
 def _plan(tmp_path: Path) -> Path:
-    m, _ = build_plan("debug", 8, Layout(tp=2, pp=2, dp=2), InferenceWorkload(max_model_len=512), gpus_per_node=4)
+    m, _ = build_plan("debug", 8, Layout(tp=2, pp=2, dp=2), InferenceWorkload(max_model_len=512, input_len=384, output_len=128), gpus_per_node=4)
     write_manifest(m, tmp_path / "plan.yaml")
     return tmp_path / "plan.yaml"
 

@@ -25,7 +25,7 @@ SPEC = load_model("debug").spec
 NUM_PARAMS = 5_247_232
 BF16 = 2
 ADAMW_STATE_BYTES = 12  # fp32 master weights, m and v per bf16 parameter (ZeRO paper's K)
-SERVE = InferenceWorkload(max_model_len=512)
+SERVE = InferenceWorkload(max_model_len=512, input_len=384, output_len=128)
 TRAIN = TrainingWorkload(seq_len=512, global_batch_size=64)
 
 

@@ -49,7 +49,7 @@ def _plan(tmp_path, gpus, workload, **layout):
 def test_replan_reports_progress_and_a_typed_result(tmp_path, capsys):
     from shardplan.tasks.replan import ReplanResult, replan
 
-    path = _plan(tmp_path, 4, InferenceWorkload(max_model_len=512), tp=2, dp=2)
+    path = _plan(tmp_path, 4, InferenceWorkload(max_model_len=512, input_len=384, output_len=128), tp=2, dp=2)
     old = mf.load_manifest(path)
     hw = cluster(load_hardware("h100-sxm-80gb"), gpus=2, nodes=None, gpus_per_node=8)
     calls: list[tuple[int, int]] = []
@@ -64,7 +64,7 @@ def test_replan_reports_progress_and_a_typed_result(tmp_path, capsys):
 
 
 def test_replan_and_export_say_what_they_wrote_on_stderr_only(cli, tmp_path):
-    path = _plan(tmp_path, 4, InferenceWorkload(max_model_len=512), tp=2, dp=2)
+    path = _plan(tmp_path, 4, InferenceWorkload(max_model_len=512, input_len=384, output_len=128), tp=2, dp=2)
     out = tmp_path / "new.yaml"
     res = cli("replan", path, "--gpus", "2", "-o", out, "--json")
     assert res.exit_code == EXIT_OK, res.stderr

@@ -80,7 +80,7 @@ def test_joint_proxy_is_split_by_both_layouts(tmp_path):
 def test_plans_that_cannot_pair_are_refused(tmp_path, what):
     old = write_plan(tmp_path, "old", 4, tp=2, dp=2)
     if what == "serving":
-        new = write_plan(tmp_path, "new", 2, workload=InferenceWorkload(max_model_len=512), tp=2)
+        new = write_plan(tmp_path, "new", 2, workload=InferenceWorkload(max_model_len=512, input_len=384, output_len=128), tp=2)
     elif what == "model":
         new = write_plan(tmp_path, "new", 2, model="llama-3.2-1b", dp=2, zero_stage=3)
     elif what == "seq_len":
