@@ -276,7 +276,7 @@ def loads_json(text: str | bytes, *, label: str, hint: str, what: str = "the fil
     too_deep = InputFileError(f"{what} is nested more than {max_depth} levels deep", source=label, field=field,
                               hint=hint)
     try:
-        data = json.loads(text, parse_constant=_refuse_json_constant, object_pairs_hook=_unique_json_keys)
+        data = json.loads(text, parse_constant=refuse_json_constant, object_pairs_hook=unique_json_keys)
     except RecursionError:
         raise too_deep from None
     except json.JSONDecodeError as e:
@@ -297,11 +297,12 @@ def loads_json(text: str | bytes, *, label: str, hint: str, what: str = "the fil
     return data
 
 
-def _refuse_json_constant(value: str) -> object:
+def refuse_json_constant(value: str) -> object:
+    """json.loads' parse_constant: NaN and Infinity are refused (Python's json reads them; JSON has no such numbers)."""
     raise ValueError(f"holds {value}, which is not a number JSON allows")
 
 
-def _unique_json_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+def unique_json_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     """An object with a key twice is refused (json keeps the last one silently)."""
     out = dict(pairs)
     if len(out) != len(pairs):

@@ -62,7 +62,7 @@ from pydantic import Field, ValidationError, model_validator
 from shardplan import fileio
 from shardplan.errors import InputFileError, ShardplanError, UnknownNameError
 from shardplan.specs._base import StrictModel
-from shardplan.specs.loading import NESTING_HINT, _unique_keys, read_structured, validation_error
+from shardplan.specs.loading import NESTING_HINT, read_structured, validation_error
 
 MAX_TOKENS = 10_000_000  # one request's input or output; far above any model's context
 MAX_REQUESTS_IN_FILE = 1_000_000
@@ -558,14 +558,14 @@ def _read_lengths_file(path: Path, label: str) -> Any:
             raise InputFileError(f"not UTF-8 text (byte {e.start})", source=label, hint="save the file as UTF-8") from None
         try:
             # NaN and Infinity parse (as floats) so that the schema can refuse them by field.
-            return json.loads(text, object_pairs_hook=_unique_keys)
+            return json.loads(text, object_pairs_hook=fileio.unique_json_keys)
         except RecursionError:
             raise InputFileError("JSON nested too deeply", source=label, hint=NESTING_HINT) from None
         except json.JSONDecodeError as e:
             raise InputFileError(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", source=label,
                                  hint="fix the JSON syntax") from None
         except ValueError as e:
-            raise InputFileError(str(e), source=label, hint="give each key once") from None
+            raise InputFileError(f"the JSON {e}", source=label, hint="give each key once") from None
     if suffix not in (".yaml", ".yml"):
         raise InputFileError(f"a lengths file is .yaml, .yml or .json, not '{suffix or 'no suffix'}'", source=label,
                              hint="rename it to say its format")

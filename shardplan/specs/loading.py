@@ -120,20 +120,6 @@ class _StrictCSafeLoader(_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLoad
 _MAY_HOLD_ANCHOR = re.compile(r"&[^\s,\[\]{}]")
 
 
-def _reject_constant(value: str) -> Any:
-    raise ValueError(f"{value} is not a valid number")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object with a key twice is refused (json keeps the last one silently)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
 def _check_shape(data: Any, label: str) -> None:
     """Refuse data nested deeper than MAX_NESTING_DEPTH or holding more than MAX_VALUES values
     once shared (aliased) parts are counted each time they appear. Iterative, and it stops at
@@ -185,16 +171,18 @@ NESTING_HINT = "a plan, spec, profile or lengths file nests a few levels; check 
 def _parse(text: str, path: Path, label: str) -> Any:
     if path.suffix.lower() == ".json":
         try:
-            return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+            return json.loads(text, parse_constant=fileio.refuse_json_constant, object_pairs_hook=fileio.unique_json_keys)
         except RecursionError:
             raise InputFileError("JSON nested too deeply", source=label, hint=NESTING_HINT) from None
-        except (json.JSONDecodeError, ValueError) as e:
-            too_long = None if isinstance(e, json.JSONDecodeError) else fileio.long_integer(e)
+        except json.JSONDecodeError as e:
+            raise InputFileError(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", source=label,
+                                 hint="fix the JSON syntax") from None
+        except ValueError as e:  # a key twice, NaN or Infinity, an integer too long to convert
+            too_long = fileio.long_integer(e)
             if too_long:
                 raise InputFileError(f"invalid JSON: {too_long}", source=label,
                                      hint="check that this is the file meant, and the number in it") from None
-            where = f"line {e.lineno} column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else str(e)
-            raise InputFileError(f"invalid JSON at {where}", source=label, hint="fix the JSON syntax") from None
+            raise InputFileError(f"the JSON {e}", source=label, hint="give each key once, and numbers as numbers") from None
     try:
         loader = _StrictSafeLoader if _MAY_HOLD_ANCHOR.search(text) else _StrictCSafeLoader
         return yaml.load(text, Loader=loader)  # noqa: S506 - SafeLoader subclasses
