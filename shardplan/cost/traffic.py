@@ -230,51 +230,29 @@ def best_concurrency(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int
     return best
 
 
-OUT_OF_REACH = "out of reach"  # no rate the search may still pick gives its floor
-BEATEN = "beaten"  # a rate met the SLA, and no rate it may still pick gives more than what it must beat
-
-
-@dataclass(frozen=True)
-class Enough:
-    """When a rate search may stop before its end, in output tokens per second of one replica
-    (None: never). `floor_tokens_per_second`: no rate it may still pick gives that much (its caller
-    shows nothing below it). `beaten_tokens_per_second`: some rate already met the SLA, and no rate
-    it may still pick gives more than that (its caller needs to know only that it meets the SLA)."""
-
-    floor_tokens_per_second: float | None = None
-    beaten_tokens_per_second: float | None = None
-
-    def stops(self, ceiling_tokens_per_second: float, met: bool) -> str | None:
-        """Why a search stops at a check of this ceiling (`met`: a rate has met the SLA), or None."""
-        if self.floor_tokens_per_second is not None and ceiling_tokens_per_second < self.floor_tokens_per_second:
-            return OUT_OF_REACH
-        if met and self.beaten_tokens_per_second is not None and ceiling_tokens_per_second < self.beaten_tokens_per_second:
-            return BEATEN
-        return None
-
-    def first_stop(self, checks: tuple[tuple[float, OperatingPoint | None], ...]) -> tuple[int, str] | None:
-        """(the check, why) at which a search given this would have stopped, from the checks of one
-        that went at least as far (`RateSearch.checks`); None where it would have gone on."""
-        for k, (ceiling, point) in enumerate(checks):
-            why = self.stops(ceiling, point is not None)
-            if why is not None:
-                return k, why
-        return None
-
-
 @dataclass(frozen=True)
 class RateSearch:
-    """What `rate_search` found: its operating point (None where no rate met the SLA; where it
-    stopped, the best it had met then, or None), why it stopped before its end (`Enough`; None: it
-    did not), and what it checked before each of its runs: the ceiling, the most output tokens per
-    second a run at any rate it could still pick reports (`output_rate_ceiling`), and the best
-    point met so far. A search stops at the first check its `Enough` stops at, and its runs up to
-    there are those of a search without one, so a caller can tell from a search what one with more
-    to stop at would have done (`Enough.first_stop`)."""
+    """What `rate_search` found: its operating point (None where no rate met the SLA, or where it
+    stopped), whether it stopped before its end (below its floor), and the ceiling it checked
+    before each of its runs: the most output tokens per second a run at any rate it could still
+    pick reports (`output_rate_ceiling`). A search given a floor stops at the first of these below
+    it, and its runs until then are those of a search without one, so a caller can tell from a
+    search what one with a higher floor would have done (`first_below`)."""
 
     point: OperatingPoint | None
-    stopped: str | None
-    checks: tuple[tuple[float, OperatingPoint | None], ...]
+    stopped: bool
+    ceilings_tokens_per_second: tuple[float, ...]
+
+
+def first_below(ceilings_tokens_per_second: tuple[float, ...], floor_tokens_per_second: float | None) -> int | None:
+    """The check at which a rate search given this floor stops (`RateSearch`), from the ceilings of
+    one that went at least as far; None where it goes on (no floor: never stops)."""
+    if floor_tokens_per_second is None:
+        return None
+    for k, ceiling in enumerate(ceilings_tokens_per_second):
+        if ceiling < floor_tokens_per_second:
+            return k
+    return None
 
 
 # Relative slack on the arrival times' floating-point sums (a run's clock adds each gap to the last).
@@ -320,30 +298,28 @@ def best_rate(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: 
 
 def rate_search(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla: Sla,
                 num_requests: int = SEARCH_REQUESTS_MAX, first_token_sent: bool = False,
-                enough: Enough | None = None) -> RateSearch:
-    """`best_rate`, with what it checked on the way (`RateSearch`), stopped where `enough` says: a
-    search that shows only points above a floor need not resolve one below it, nor the exact rate
-    of a point that cannot be the best of those it is compared with."""
+                floor_tokens_per_second: float | None = None) -> RateSearch:
+    """`best_rate`, with the ceilings it checked on the way (`RateSearch`). With
+    `floor_tokens_per_second`, it stops as soon as every rate its bisection may still pick (it picks
+    below its upper end) gives less output than that: a search that shows only points above a floor
+    need not resolve one below it."""
     load = wl.load or ServingLoad()
     sched = scheduler_for(wl, kv, step.pp)
     per_rate = output_rate_ceiling(wl, load, num_requests)
-    checks: list[tuple[float, OperatingPoint | None]] = []
-    best: OperatingPoint | None = None
+    ceilings: list[float] = []
 
-    def stop_at(upper_rate: float) -> str | None:
-        """Checked before each run: whether to stop, no rate up to `upper_rate` giving more output than
-        `upper_rate` x per_rate."""
-        checks.append((upper_rate * per_rate, best))
-        return None if enough is None else enough.stops(checks[-1][0], best is not None)
+    def below_floor(upper_rate: float) -> bool:
+        """Checked before each run: whether no rate up to `upper_rate` gives the floor's output."""
+        ceilings.append(upper_rate * per_rate)
+        return first_below((ceilings[-1],), floor_tokens_per_second) is not None
 
-    def found(point: OperatingPoint | None, stopped: str | None = None) -> RateSearch:
-        return RateSearch(point, stopped, tuple(checks))
+    def found(point: OperatingPoint | None, stopped: bool = False) -> RateSearch:
+        return RateSearch(point, stopped, tuple(ceilings))
 
     burst = _traffic(wl, load, num_requests, rate=math.inf, conc=None)
     by_tokens = token_rate_bound(step, load, burst.requests)
-    why = stop_at(by_tokens)
-    if why is not None:
-        return found(None, why)
+    if below_floor(by_tokens):
+        return found(None, stopped=True)
     cap = steady_throughput(step, sched, burst)
     if cap <= 0:
         return found(None)
@@ -353,7 +329,7 @@ def rate_search(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla
     # steady stretch, and its "steady" rate can be many times what the replica sustains (DeepSeek-V3
     # on 16 H200s: 129 req/s from 600 requests, where the SLA held at 4 and broke at 8): the bisection
     # then resolves the rate to a fraction of it. No load runs faster than its tokens allow.
-    lo, hi = 0.0, min(cap, by_tokens)
+    lo, hi, best = 0.0, min(cap, by_tokens), None
     # Enough requests for the run to reach its steady state at each rate: Little's law puts
     # rate x latency requests in flight there, so the arrivals must span several latencies (at
     # least the latency of a request alone), or a short run never fills and looks faster.
@@ -361,9 +337,8 @@ def rate_search(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla
     alone = ttft + max(0.0, mean_out - 1) * tpot
     slots = sequence_slots(wl, kv, _mean_tokens(wl, load))
     for _ in range(RATE_BISECTIONS):
-        why = stop_at(hi)
-        if why is not None:
-            return found(best, why)
+        if below_floor(hi):
+            return found(None, stopped=True)
         mid = (lo + hi) / 2
         n = max(num_requests, min(STEADY_REQUESTS_MAX, math.ceil(STEADY_LATENCIES * mid * alone)))
         try:

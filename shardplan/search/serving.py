@@ -20,7 +20,7 @@ from shardplan.cost.layout import Layout, Offload
 from shardplan.cost.memory_serving import KvAccount, ServingMemory, serving_memory
 from shardplan.cost.time_serving import ServingTime, pass_time, serving_time
 from shardplan.cost.step_model import StepModel
-from shardplan.cost.traffic import (BEATEN, OUT_OF_REACH, Enough, Sla, latency_floor, load_figures, rate_search,
+from shardplan.cost.traffic import (Sla, first_below, latency_floor, load_figures, rate_search,
                                     search_requests)
 from shardplan.cost.weights import stage_weights
 from shardplan.cost.workload import InferenceWorkload, Quantization, ServingLoad
@@ -332,11 +332,9 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
     whose shape no other variant of it can bring among them (so that each shown shape counts all
     its variants), is left out (counted as such). Exact for what the ranking shows: the bound is
     never below what the simulation finds, and the need only rises as plans are found
-    (tests/search/test_goodput_bound.py compares the reference path). A point's rate search stops
-    as soon as it cannot reach the plans shown either (`traffic.Enough`; left out as above), or has
-    met the SLA and cannot be the variant its shape is shown by (counted among the variants at the
-    rate met by then, `Evaluated.resolved` False). Not for the Pareto front, which holds the plans
-    costed in full. `workers` forked processes (search/ahead.py) simulate the next points while this
+    (tests/search/test_goodput_bound.py compares the reference path). A point simulated stops its
+    rate search as soon as it cannot reach them either (`traffic.RateSearch`; left out as above).
+    Not for the Pareto front, which holds the plans costed in full. `workers` forked processes (search/ahead.py) simulate the next points while this
     one simulates one; each verdict is applied at its turn, cut where a search started then would
     have stopped (`_cut`), so the plans, their order and the counts are those of one process."""
     if not pending:
@@ -382,9 +380,9 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
                 return None
         return need
 
-    def found_for(i: int, hint: Hint = (None, None)) -> Verdict:
+    def found_for(i: int, need: float | None = None) -> Verdict:
         layout, wlq, sm, _ = pending[i]
-        return _goodput_found(spec, hw, layout, wlq, sm, goal, memo, hint)
+        return _goodput_found(spec, hw, layout, wlq, sm, goal, memo, need)
 
     def worth(i: int) -> bool:
         """Not a memo hit (a verdict costed at another GPU count): those are not worth a worker."""
@@ -395,10 +393,10 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
         if store and keys[i] not in memo:  # a worker's verdict, kept as this process's own would be
             memo[keys[i]] = found  # type: ignore[index]
 
-    def apply(i: int, found: Verdict, resolved: bool = True) -> None:
+    def apply(i: int, found: Verdict) -> None:
         layout, wlq, sm, tight = pending[i]
         before = len(res.feasible)
-        _goodput(hw, layout, wlq, sm, goal, res, tight, found, resolved)
+        _goodput(hw, layout, wlq, sm, goal, res, tight, found)
         reach[i] = -res.feasible[-1].objective_value if len(res.feasible) > before else -math.inf
 
     if not open_loop:  # at the load's own rate or concurrency: every point, in order
@@ -435,64 +433,37 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
     def keep(i: int) -> bool:
         return not bound or _reaches(by_index[i], need_of(i))
 
-    best_of: dict[tuple[Any, ...], tuple[bool, float] | None] = {}  # (plans so far, shape) -> its first-ranked
-
-    def beat_of(i: int) -> float | None:
-        """The goodput per GPU point i must exceed to be the variant its shape is shown by (`honest_top`
-        shows each shape's first-ranked variant and counts the rest, whose figures show nowhere else):
-        inf where a variant found ranks ahead of it whatever its goodput (it is tight, that one is not);
-        None where it must be resolved (no variant found yet, or it ranks ahead of them whatever its
-        goodput; or each variant is shown, --expand; or a --min-throughput limit reads its figures)."""
-        if not shortcuts.ENABLED or not goal.group_by_shape or goal.min_throughput_tokens_per_second is not None:
-            return None  # (the reference path resolves every point)
-        layout, _, _, tight = pending[i]
-        shape = layout_shape(layout)
-        key = (len(res.feasible), shape)
-        if key not in best_of:
-            ranks = [(e.tight, e.objective_value) for e in res.feasible if layout_shape(e.layout) == shape]
-            first = min(ranks, default=None)
-            best_of[key] = None if first is None else (first[0], -first[1])
-        first = best_of[key]
-        if first is None or first[0] > tight:
-            return None
-        return math.inf if first[0] < tight else first[1]
-
-    def hint_now(i: int) -> Hint:
-        """What a point's rate search may stop at, read when its search starts (here or in a worker):
-        (`need_of`, `beat_of`). Both only rise as the search goes on, so where a search stopped for
-        them then, one started at its turn stops no later."""
-        return (need_of(i), beat_of(i)) if bound else (None, None)
+    def need_now(i: int) -> float | None:
+        """The need a point's rate search may stop at (`need_of`), read when its search starts, here or
+        in a worker: the need only rises as the search goes on, so where a search stopped for it then,
+        one started at its turn stops no later."""
+        return need_of(i) if bound else None
 
     ahead = workers if sum(1 for _, i in order if worth(i)) >= AHEAD_MIN_POINTS else 0
-    for i, found in in_order([i for _, i in order], found_for, ahead, keep, worth, hint_now):
+    for i, found in in_order([i for _, i in order], found_for, ahead, keep, worth, need_now):
         if found is SKIPPED:
             res.num_candidates += 1
             res.num_evaluated += 1
             res.rejected[BOUNDED_OUT] += 1
             continue
         remember(i, found)
-        # Where a rate search given this point's hint at its turn stops (`_cut`), whenever and with what
-        # hint its search was run: the plans and counts are those of one process costing each point at
+        # Where a rate search given this point's need at its turn stops (`_cut`), whenever and with what
+        # need its search was run: the plans and counts are those of one process costing each point at
         # its turn.
-        layout = pending[i][0]
-        cut = _cut(found, hint_now(i), layout)
+        layout, need = pending[i][0], need_now(i)
+        cut = _cut(found, need, layout)
+        if cut is None and found.reason == OUT_OF_REACH:  # cannot be while the need only rises: searched again
+            found = found_for(i, need)
+            cut = _cut(found, need, layout)
         if cut is None:
-            if found.reason in STOPPED:  # cannot be while the hints only rise: resolved in full
-                found = found_for(i)
             apply(i, found)
             continue
-        k, why = cut
-        if why == OUT_OF_REACH:
-            res.num_costed += 1
-            res.num_steps += 1
-            res.num_candidates += 1
-            res.num_evaluated += 1
-            res.rejected[BOUNDED_OUT] += 1
-            reach[i] = found.checks[k][0] * layout.dp / layout.world_size
-        else:  # meets the SLA, and cannot be its shape's first: counted, at the rate met by then
-            point = found.checks[k][1]
-            apply(i, Verdict(None, point.request_rate_per_second, point.result, point.num_requests, found.checks[:k + 1]),
-                  resolved=False)
+        res.num_costed += 1
+        res.num_steps += 1
+        res.num_candidates += 1
+        res.num_evaluated += 1
+        res.rejected[BOUNDED_OUT] += 1
+        reach[i] = cut
 
 
 def _top_floor(res: SearchResult, goal: Goal, count: int, shape: tuple[int, ...], tight: bool) -> float | None:
@@ -642,19 +613,18 @@ def _goodput_memo_key(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload
 
 
 def _goodput_found(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: _ReplicaMemory,
-                   goal: Goal, memo: Memo | None, hint: Hint = (None, None)) -> Verdict:
+                   goal: Goal, memo: Memo | None, need: float | None = None) -> Verdict:
     """What `_goodput` judges a replica by, a pure function of the replica, the load, the SLA and
-    `hint` (memoised; `Verdict`). `hint`: (the goodput per GPU below which the search will not show
-    it, the goodput per GPU it must exceed to be shown as its shape's variant; None: no such) where
-    its rate search stops once it cannot reach the first, or has met the SLA and cannot exceed the
-    second (`traffic.Enough`): its reason is then why, with the checks made until then."""
+    `need` (memoised; `Verdict`). `need`: the goodput per GPU below which the search will not show
+    it (None: any may be shown); where its rate search finds out before its end that it cannot
+    reach that, its reason is OUT_OF_REACH, with the ceilings checked until then."""
     load = wl.load or ServingLoad()
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)
     open_loop = load.open_loop
     key = _goodput_memo_key(hw, layout, wl, goal, sm.kv_account) if memo is not None else None
     found, store = _looked_up(memo, key)
-    if found is not None and found.reason in STOPPED and _cut(found, hint, layout) is None:
-        found = None  # stopped at another GPU count, for more than this one's hint asks
+    if found is not None and found.reason == OUT_OF_REACH and _cut(found, need, layout) is None:
+        found = None  # stopped at another GPU count, against a higher need than this one's
     if found is None:
         step = _step_model(spec, hw, layout, wl, memo)
         mean_in = wl.input_len if load.lengths is None else load.lengths.mean_input_tokens
@@ -664,15 +634,16 @@ def _goodput_found(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
             found = Verdict("none within the SLA", None, (floor_ttft, floor_tpot), None)
         elif open_loop:
             n = search_requests(wl, sm.kv_account)
-            rs = rate_search(step, wl, sm.kv_account, sla, n, enough=_enough(hint, layout))
-            if rs.stopped is not None:
-                found = Verdict(rs.stopped, None, None, n, rs.checks)
+            rs = rate_search(step, wl, sm.kv_account, sla, n, floor_tokens_per_second=_replica_floor(need, layout))
+            ceilings = rs.ceilings_tokens_per_second
+            if rs.stopped:
+                found = Verdict(OUT_OF_REACH, None, None, n, ceilings)
             elif rs.point is None:
                 # What the replica reaches one request at a time (a relaxed limit must allow it).
-                found = Verdict("none within the SLA", None, (floor_ttft, floor_tpot), n, rs.checks)
+                found = Verdict("none within the SLA", None, (floor_ttft, floor_tpot), n, ceilings)
             else:
                 found = Verdict(None, rs.point.request_rate_per_second, rs.point.result, rs.point.num_requests,
-                                rs.checks)
+                                ceilings)
         else:
             figures = load_figures(spec, hw, layout, wl, sm.kv_account, model=step)
             bad = sla.violated(figures.replica)
@@ -685,43 +656,37 @@ def _goodput_found(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
 class Verdict(NamedTuple):
     """`_goodput_found`'s verdict on a replica."""
 
-    reason: str | None  # why it fails (or why its rate search stopped, STOPPED), or None
+    reason: str | None  # why it fails (OUT_OF_REACH: its rate search stopped below the need), or None
     rate: float | None  # request rate per replica
     result: Any  # its LoadResult, or its latency floors (TTFT, TPOT) where none is within the SLA
     num_requests: int | None  # requests simulated
-    checks: tuple[tuple[float, Any], ...] = ()  # its rate search's (`traffic.RateSearch.checks`)
+    ceilings: tuple[float, ...] = ()  # its rate search's, output tokens/s of one replica (`traffic.RateSearch`)
 
 
-STOPPED = (OUT_OF_REACH, BEATEN)
-# (goodput per GPU below which a point is not shown, goodput per GPU it must exceed to be its shape's first
-# variant); None: no such. What a point's rate search may stop at (`_enough`).
-Hint = tuple[float | None, float | None]
+OUT_OF_REACH = "out of reach"
 
 
-def _enough(hint: Hint, layout: Layout) -> Enough:
-    """A hint in goodput per GPU as one replica's output tokens per second (the plan's per GPU is a
+def _replica_floor(need: float | None, layout: Layout) -> float | None:
+    """A need in goodput per GPU as one replica's output tokens per second (the plan's per GPU is a
     replica's times dp over the GPUs)."""
-    per_replica = layout.world_size / layout.dp
-    need, beat = hint
-    return Enough(None if need is None else need * per_replica, None if beat is None else beat * per_replica)
+    return None if need is None else need * layout.world_size / layout.dp
 
 
-def _cut(found: Verdict, hint: Hint, layout: Layout) -> tuple[int, str] | None:
-    """Where a rate search given `hint` stops (`Enough.first_stop`): the same for the search that
-    made `found` with a lower hint, or none, as far as it went. None: it runs to its end."""
-    if hint == (None, None) or not found.checks:
-        return None
-    return _enough(hint, layout).first_stop(found.checks)
+def _cut(found: Verdict, need: float | None, layout: Layout) -> float | None:
+    """Where a rate search given `need` stops (`traffic.first_below`), the same for the search that
+    made `found` with a lower need, or none, as far as it went: the most goodput per GPU the point
+    could still have reached there; None where it runs to its end."""
+    k = first_below(found.ceilings, _replica_floor(need, layout))
+    return None if k is None else found.ceilings[k] * layout.dp / layout.world_size
 
 
 def _goodput(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: _ReplicaMemory, goal: Goal,
-             res: SearchResult, tight: bool, found: Verdict, resolved: bool = True) -> None:
+             res: SearchResult, tight: bool, found: Verdict) -> None:
     """One replica under continuous batching (cost/traffic.py): at the load's rate or concurrency,
     split over the dp replicas, or, with neither, at the highest rate it sustains within the SLA.
     One point per replica; its workload carries the load it was judged at, so the plan's estimate
     (and its manifest) shows the same traffic. `found`: its verdict (`_goodput_found`, computed
-    here or by a worker, search/ahead.py). `resolved` False: a rate it sustains, not the highest
-    (a variant counted, not shown: `Evaluated.resolved`)."""
+    here or by a worker, search/ahead.py)."""
     res.num_candidates += 1
     res.num_evaluated += 1
     load = wl.load or ServingLoad()
@@ -769,7 +734,7 @@ def _goodput(hw: HardwareProfile, layout: Layout, wl: InferenceWorkload, sm: _Re
         value = figures["e2e_latency_seconds"]
     else:
         value = -figures["throughput_tokens_per_second_per_gpu"]
-    res.feasible.append(Evaluated(layout, replace(wl, load=judged), hw, value, qkey, figures, tight, resolved=resolved))
+    res.feasible.append(Evaluated(layout, replace(wl, load=judged), hw, value, qkey, figures, tight))
 
 
 def _quant_rank(wl: InferenceWorkload) -> tuple[int, int]:
@@ -780,9 +745,8 @@ def _quant_rank(wl: InferenceWorkload) -> tuple[int, int]:
 
 
 def pareto_front(points: list[Evaluated]) -> list[Evaluated]:
-    """Serving points no other point beats on both latency and throughput per GPU, by latency (of
-    those resolved: `Evaluated.resolved`)."""
-    ordered = sorted((e for e in points if e.resolved), key=lambda e: (e.figures["e2e_latency_seconds"], -e.figures["throughput_tokens_per_second_per_gpu"], e.key))
+    """Serving points no other point beats on both latency and throughput per GPU, by latency."""
+    ordered = sorted(points, key=lambda e: (e.figures["e2e_latency_seconds"], -e.figures["throughput_tokens_per_second_per_gpu"], e.key))
     front: list[Evaluated] = []
     best = -math.inf
     for e in ordered:

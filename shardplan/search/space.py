@@ -146,10 +146,6 @@ class Evaluated:
     tight: bool = False  # fits at the prediction, not at the band's edge (Goal.*_band_fraction): ranked last
     tie: bool = False  # within the objective's error band of the pick (Goal.tie_band_fraction): a tie with it
     variants: int = 1  # plans of this parallel shape the ranking folded into this one (its best)
-    # False: a goodput variant whose rate search stopped once it met the SLA and could not be its shape's
-    # first (search/serving.py, BEATEN): counted among the variants, its figures a rate it sustains, not
-    # the most; shown only with --expand's ranking, which never stops one so. Not on the Pareto front.
-    resolved: bool = True
 
     @property
     def num_gpus(self) -> int:

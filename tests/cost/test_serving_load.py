@@ -535,15 +535,14 @@ def test_the_steady_rate_stops_the_run_at_the_third_quartiles_finish():
     ("vllm", False, 2048, 256, 1.0, 0.03),
     ("sglang", True, 512, 512, 2.0, 0.05),
 ])
-def test_a_rate_search_stops_where_enough_says_and_each_ceiling_bounds_its_runs(engine, poisson, prompt, output,
-                                                                                 ttft, tpot):
+def test_a_rate_search_with_a_floor_stops_at_the_first_ceiling_below_it_and_each_ceiling_bounds_its_runs(
+        engine, poisson, prompt, output, ttft, tpot):
     """traffic.rate_search: before each run it checks the most output tokens/s any rate it could still
     pick would report (`output_rate_ceiling`): a run at a rate below that step's upper end, of any of
     the request counts it may take, that refuses nothing reports no more. Given a floor it stops at
-    the first such ceiling below it; given what to beat, at the first below that once a rate has met
-    the SLA; and until then it ran what the search without them ran (`Enough.first_stop`)."""
-    from shardplan.cost.traffic import (BEATEN, OUT_OF_REACH, STEADY_REQUESTS_MAX, Enough, _traffic,
-                                        output_rate_ceiling, rate_search)
+    the first such ceiling below it, having run what the search without a floor ran until then
+    (`first_below` reads where from the ceilings of a search that went further)."""
+    from shardplan.cost.traffic import STEADY_REQUESTS_MAX, _traffic, first_below, output_rate_ceiling, rate_search
 
     load = ServingLoad(poisson=poisson)
     wl = replace(_wl(engine, input_len=prompt, output_len=output), load=load)
@@ -551,12 +550,10 @@ def test_a_rate_search_stops_where_enough_says_and_each_ceiling_bounds_its_runs(
     model = _model(wl)
     sla = Sla(max_ttft_seconds=ttft, max_tpot_seconds=tpot, percentile=90)
     full = rate_search(model, wl, kv, sla, 200)
-    assert full.point is not None and full.stopped is None
-    ceilings = [c for c, _ in full.checks]
-    assert len(ceilings) >= 3 and ceilings == sorted(ceilings, reverse=True)
+    assert full.point is not None and not full.stopped
+    ceilings = full.ceilings_tokens_per_second
+    assert len(ceilings) >= 3 and list(ceilings) == sorted(ceilings, reverse=True)
     assert full.point.result.output_tokens_per_second <= ceilings[-1]
-    met = [p for _, p in full.checks]
-    assert met[0] is None and met[-1] is not None  # the first check is before any run
     per_rate = output_rate_ceiling(wl, load, 200)
     sched = scheduler_for(wl, kv)
     for c in ceilings[1:]:
@@ -565,20 +562,15 @@ def test_a_rate_search_stops_where_enough_says_and_each_ceiling_bounds_its_runs(
             r = simulate(model, sched, _traffic(wl, load, n, rate=upper * 0.999, conc=None))
             assert r.num_refused == 0 and r.output_tokens_per_second <= c
     for k, c in enumerate(ceilings):
-        enough = Enough(floor_tokens_per_second=c * 1.000001)
-        stopped = rate_search(model, wl, kv, sla, 200, enough=enough)
-        first_below = next(j for j, d in enumerate(ceilings) if d < c * 1.000001)
-        assert stopped.stopped == OUT_OF_REACH and first_below <= k
-        assert stopped.checks == full.checks[:first_below + 1]
-        assert enough.first_stop(full.checks) == (first_below, OUT_OF_REACH)
-        beat = Enough(beaten_tokens_per_second=c * 1.000001)
-        stopped = rate_search(model, wl, kv, sla, 200, enough=beat)
-        first_met = next(j for j in range(len(ceilings)) if met[j] is not None and ceilings[j] < c * 1.000001)
-        assert stopped.stopped == BEATEN and stopped.point == met[first_met]
-        assert stopped.checks == full.checks[:first_met + 1]
-        assert beat.first_stop(full.checks) == (first_met, BEATEN)
-    below = Enough(floor_tokens_per_second=ceilings[-1] * 0.999999, beaten_tokens_per_second=ceilings[-1] * 0.999999)
-    assert rate_search(model, wl, kv, sla, 200, enough=below) == full and below.first_stop(full.checks) is None
+        floor = c * 1.000001
+        stopped = rate_search(model, wl, kv, sla, 200, floor_tokens_per_second=floor)
+        first = next(j for j, d in enumerate(ceilings) if d < floor)
+        assert stopped.stopped and stopped.point is None and first <= k
+        assert stopped.ceilings_tokens_per_second == ceilings[:first + 1]
+        assert first_below(ceilings, floor) == first
+    floor = ceilings[-1] * 0.999999
+    assert rate_search(model, wl, kv, sla, 200, floor_tokens_per_second=floor) == full
+    assert first_below(ceilings, floor) is None and first_below(ceilings, None) is None
 
 
 def test_drawn_lengths_have_no_output_rate_ceiling():

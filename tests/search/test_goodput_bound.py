@@ -18,7 +18,6 @@ reused for the same replica beside others, whose KV cache NCCL's buffers make sm
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import NamedTuple
 
 import pytest
 
@@ -93,35 +92,22 @@ _SHAPES = {n: [(tp, pp, n // (tp * pp)) for tp in (1, 2, 4, 8) for pp in (1, 2, 
            for n in (2, 4, 8)}
 
 
-class _Point(NamedTuple):
-    """A rate met, as `traffic.OperatingPoint` (the fakes read its rate as the goodput per GPU)."""
-
-    request_rate_per_second: float
-    result: object = None
-    num_requests: int | None = None
-
-
 class _Fake:
     """A replica's workload as the fakes below read it: its bound per replica, its verdict (goodput
-    per GPU, or None: over the SLA) and what its rate search checks on the way, as
-    `traffic.RateSearch.checks`: falling ceilings per GPU, none below the verdict, each with the
-    best rate met by then (rising to the verdict)."""
+    per GPU, or None: over the SLA) and the ceilings its rate search checks on the way (per GPU,
+    falling, none below the verdict: where a search given a need stops, `serving._cut`)."""
 
-    def __init__(self, uid: int, bound: float, value: float | None,
-                 checks: tuple[tuple[float, float | None], ...] = ()) -> None:
-        self.uid, self.bound, self.value, self.load, self.checks = uid, bound, value, ServingLoad(), checks
+    def __init__(self, uid: int, bound: float, value: float | None, ceilings: tuple[float, ...] = ()) -> None:
+        self.uid, self.bound, self.value, self.load, self.ceilings = uid, bound, value, ServingLoad(), ceilings
 
-    def found(self, layout: Layout, hint) -> serving_search.Verdict:
-        """The fake `_goodput_found`: stops where `traffic.Enough` says, as `rate_search` does."""
-        gpus = layout.tp * layout.pp
-        checks = tuple((c * gpus, None if met is None else _Point(met)) for c, met in self.checks)
-        enough = serving_search._enough(hint, layout)
-        for k, (c, met) in enumerate(checks):
-            why = enough.stops(c, met is not None)
-            if why is not None:
-                return serving_search.Verdict(why, None, None, None, checks[:k + 1])
+    def found(self, layout: Layout, need: float | None) -> serving_search.Verdict:
+        """The fake `_goodput_found`: stops at the first ceiling below `need`, as `rate_search` does."""
+        per_replica = tuple(c * layout.tp * layout.pp for c in self.ceilings)
+        for k, c in enumerate(self.ceilings):
+            if need is not None and c < need:
+                return serving_search.Verdict(serving_search.OUT_OF_REACH, None, None, None, per_replica[:k + 1])
         return serving_search.Verdict(None if self.value is not None else "over the SLA", self.value, None, None,
-                                      checks)
+                                      per_replica)
 
 
 class _NoMemory:
@@ -141,12 +127,8 @@ def _random_passes(rng, fallback: bool):
             per_gpu_bound = rng.choice((1, 2, 3, 4, 6, 8, 10))
             value = None if rng.random() < 0.2 else rng.choice([v for v in (1, 2, 3, 4, 6, 8, 10) if v <= per_gpu_bound])
             above = [v for v in (0.5, 1, 2, 3, 4, 6, 8, 10) if v >= (value or 0) and v <= per_gpu_bound]
-            ceilings = sorted((rng.choice(above) for _ in range(rng.randint(0, 4))), reverse=True)
-            mets = [] if value is None else sorted(rng.choice([v for v in (0.5, 1, 2, 3, 4, 6, 8, 10) if v <= value])
-                                                   for _ in range(rng.randint(0, len(ceilings))))
-            met = [None] * (len(ceilings) - len(mets)) + mets  # none met at first, then rising to the verdict
-            out.append((Layout(tp=tp, pp=pp, dp=dp),
-                        _Fake(next(uid), per_gpu_bound * tp * pp, value, tuple(zip(ceilings, met))),
+            ceilings = tuple(sorted((rng.choice(above) for _ in range(rng.randint(0, 4))), reverse=True))
+            out.append((Layout(tp=tp, pp=pp, dp=dp), _Fake(next(uid), per_gpu_bound * tp * pp, value, ceilings),
                         _NO_MEMORY, rng.random() < tight_share))
         return out
     if fallback:
@@ -166,16 +148,21 @@ def test_leaving_out_by_bound_never_changes_what_is_shown_on_random_points(monke
     class Hw:
         gpus_per_node = 8
 
-    def simulated(hw, layout, wl, sm, goal, res, tight, found, resolved=True):
+    def simulated(hw, layout, wl, sm, goal, res, tight, found):
         res.num_candidates += 1
         if found.reason is not None:
             res.rejected[found.reason] += 1
         else:
             res.feasible.append(Evaluated(layout, wl, hw, -found.rate, (layout.world_size, layout.tp, layout.pp, wl.uid),
-                                          {}, tight, resolved=resolved))
+                                          {}, tight))
     monkeypatch.setattr(serving_search, "_goodput_bound", lambda spec, hw, layout, wl, sla, m: wl.bound)
-    monkeypatch.setattr(serving_search, "_goodput_found",
-                        lambda spec, hw, layout, wl, sm, goal, m, hint=(None, None): wl.found(layout, hint))
+    stops = [0]  # rate searches stopped below their need (the reference path gives none a need)
+
+    def found(spec, hw, layout, wl, sm, goal, m, need=None):
+        verdict = wl.found(layout, need)
+        stops[0] += verdict.reason == serving_search.OUT_OF_REACH
+        return verdict
+    monkeypatch.setattr(serving_search, "_goodput_found", found)
     monkeypatch.setattr(serving_search, "_goodput", simulated)
     monkeypatch.setattr(serving_search, "_goodput_memo_key", lambda *a: None)
 
@@ -187,7 +174,7 @@ def test_leaving_out_by_bound_never_changes_what_is_shown_on_random_points(monke
         return [(e.layout, e.workload.uid, e.objective_value, e.tight, e.variants, e.tie)
                 for e in honest_top(ranked, goal)], res
 
-    left_out = counted = 0
+    left_out = 0
     for seed in range(600):
         rng = random.Random(seed)
         passes = _random_passes(rng, fallback)
@@ -198,6 +185,5 @@ def test_leaving_out_by_bound_never_changes_what_is_shown_on_random_points(monke
             every, _ = shown(passes, goal)
         assert fast == every, (seed, goal)
         left_out += res.rejected.get(serving_search.BOUNDED_OUT, 0)
-        counted += sum(1 for e in res.feasible if not e.resolved)
     assert left_out > 100  # the bound did leave points out
-    assert counted > 100  # and variants were counted without their rate resolved
+    assert stops[0] > 100  # and rate searches stopped part-way left points out

@@ -43,7 +43,7 @@ def _workload(spec, hw, target: str, kind: str):
             engine=engine_rules(t.engine or DEFAULT_ENGINE), hw=hw, model_max_len=spec.max_position_embeddings,
             max_model_len=min(8192, spec.max_position_embeddings), max_num_seqs=None, max_num_batched_tokens=None,
             gpu_memory_utilization=None, block_size=None, kv_cache_dtype=None, weight_dtype=None, quantization=None,
-            enforce_eager=False, input_len=512, output_len=64, batch_size=None)
+            enforce_eager=False, input_len=min(512, spec.max_position_embeddings - 64), output_len=64, batch_size=None)
     # 32 sequences of 1024 tokens: few enough per replica that deep pipelines meet the micro-batch rule
     return training_workload(seq_len=1024, global_batch_size=32, optimizer="adamw", framework=None, flash_attention=None,
                              dropout=False, stack=stack_rules(t.stack or DEFAULT_STACK), spec=spec)
