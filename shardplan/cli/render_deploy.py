@@ -41,15 +41,28 @@ def checkpoint_report(r: CheckpointResult) -> None:
         f"[bold]{r.model}[/bold] checkpoint {r.checkpoint}: {r.num_tensors} tensors ({r.dtype}) in "
         f"{len(r.files)} file(s), {fmt_bytes(r.checkpoint_tensor_bytes)} of tensors; names, shapes and dtypes "
         "match the model", highlight=False)
-    t = Table(title=f"What each rank of {r.plan} reads", title_justify="left")
-    for c in ("rank", "node", "tensors", "files", "reads", "runs", "bytes"):
-        t.add_column(c, justify="right", no_wrap=True)
+    # Ranks with the same figures (the data-parallel replicas of one slice, as a rule) share a row, so the
+    # table grows with the plan's distinct slices, not its GPUs; each rank's own byte ranges are in --json.
+    rows: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
     for rk in r.ranks:
-        t.add_row(str(rk.rank), str(rk.node), str(rk.num_tensors), str(len(rk.files)),
-                  f"{sum(f.num_reads for f in rk.files):,}", f"{sum(f.num_runs for f in rk.files):,}",
-                  fmt_bytes(rk.bytes))
+        shown = (str(rk.num_tensors), str(len(rk.files)), f"{sum(f.num_reads for f in rk.files):,}",
+                 f"{sum(f.num_runs for f in rk.files):,}", fmt_bytes(rk.bytes))
+        ranks, nodes = rows.setdefault(shown, ([], []))
+        ranks.append(rk.rank)
+        if rk.node not in nodes:
+            nodes.append(rk.node)
+    t = Table(title=f"What each rank of {r.plan} reads" + (" (ranks with the same figures share a row)"
+                                                            if len(rows) < len(r.ranks) else ""), title_justify="left")
+    for c in ("ranks", "nodes", "tensors", "files", "reads", "runs", "bytes each"):
+        t.add_column(c, justify="right", no_wrap=True)
+    for shown, (ranks, nodes) in rows.items():
+        t.add_row(_rank_set(ranks), _rank_set(sorted(nodes)), *shown)
     console.print(t)
-    nodes = ", ".join(f"node {n.node} {fmt_bytes(n.bytes)}" for n in r.nodes)
+    by_bytes: dict[str, list[int]] = {}  # nodes that read as much share an entry too
+    for n in r.nodes:
+        by_bytes.setdefault(fmt_bytes(n.bytes), []).append(n.node)
+    nodes = ", ".join(f"node {_rank_set(ns)} {b}" if len(ns) == 1 else f"nodes {_rank_set(ns)} {b} each"
+                      for b, ns in by_bytes.items())
     console.print(f"per node: {nodes}; all ranks {fmt_bytes(r.total_read_bytes)} = {r.replication:.4f} x the "
                   "checkpoint (the plan's replication); byte ranges per file in --json", highlight=False)
 
@@ -147,6 +160,15 @@ def _gpu_ranges(gpus: list[str]) -> str:
         node, _, idx = g.partition(":")
         by_node.setdefault(node, []).append(int(idx))
     return ", ".join(f"{node}:{_ranges(sorted(xs)).replace(', ', ',')}" for node, xs in by_node.items())
+
+
+def _rank_set(xs: list[int]) -> str:
+    """A sorted set of ranks (or nodes) in a table cell: [3] -> '3'; [0, 1, 2, 5] -> '0-2, 5'; a stride
+    [0, 8, 16, 24] -> '0-24 every 8 (4)'; past a few runs, the count with its ends: '100 of 0-511'."""
+    if len(xs) >= 3 and xs[1] - xs[0] > 1 and all(b - a == xs[1] - xs[0] for a, b in zip(xs, xs[1:])):
+        return f"{xs[0]}-{xs[-1]} every {xs[1] - xs[0]} ({len(xs)})"
+    text = _ranges(xs)
+    return text if text.count(",") < 4 else f"{len(xs)} of {xs[0]}-{xs[-1]}"
 
 
 def _ranges(xs: list[int]) -> str:

@@ -119,6 +119,33 @@ def test_dp_replicas_each_read_a_full_copy_and_zero3_reads_it_once(tmp_path, cli
     assert max(rk["bytes"] for rk in r["ranks"]) - min(rk["bytes"] for rk in r["ranks"]) < 0.01 * CHECKPOINT_TENSOR_BYTES
 
 
+def test_the_table_gives_ranks_with_the_same_figures_one_row(tmp_path, cli):
+    """The table grows with the plan's distinct slices, not its GPUs: 16 data-parallel replicas on two
+    nodes are one row; two pipeline stages of tp 2 over 4 replicas, two rows at most per stage."""
+    ckpt = _one_file(tmp_path / "ckpt")
+    plan = _plan(tmp_path, 16, Layout(dp=16), gpus_per_node=8)
+    table = cli("checkpoint", plan, ckpt)
+    assert table.exit_code == 0, table.stderr
+    rows = [line for line in table.stdout.splitlines() if "MiB" in line and "│" in line]
+    assert len(rows) == 1 and "0-15" in rows[0] and "0-1" in rows[0], table.stdout
+    assert "per node: nodes 0-1 160.1" in table.stdout and "MiB each;" in table.stdout  # 8 copies of 20.02 MiB each
+    staged = _plan(tmp_path, 16, Layout(tp=2, pp=2, dp=4), gpus_per_node=8)
+    out = cli("checkpoint", staged, ckpt, "--json").json()
+    figures = {(rk["num_tensors"], rk["bytes"]) for rk in out["ranks"]}
+    rows = [line for line in cli("checkpoint", staged, ckpt).stdout.splitlines() if "MiB" in line and "│" in line]
+    assert 2 <= len(rows) <= 4 and len(figures) <= len(rows) < len(out["ranks"])
+    assert any("every" in line or "," in line.split("│")[1] for line in rows)  # a stage's ranks are strided
+    assert _rank_set_text([0, 8, 16, 24]) == "0-24 every 8 (4)" and _rank_set_text([3]) == "3"
+    assert _rank_set_text([0, 1, 2, 5]) == "0-2, 5"
+    assert _rank_set_text([0, 2, 3, 5, 7, 9, 12]) == "7 of 0-12"
+
+
+def _rank_set_text(xs: list[int]) -> str:
+    from shardplan.cli.render_deploy import _rank_set
+
+    return _rank_set(xs)
+
+
 def test_byte_ranges_read_exactly_the_ranks_slice(tmp_path):
     """Read each rank's ranges from the file and compare with slicing the tensor itself."""
     plan = _plan(tmp_path, 4, Layout(tp=4), gpus_per_node=4)
