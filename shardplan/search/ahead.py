@@ -10,7 +10,7 @@ for a point it leaves out. The results, their order and every count are those of
 one core (tests/search/test_ahead.py compares the two); only the wall time changes.
 
 Workers are forked (Linux), so they start with the search's state and receive only a point's
-index. How many is the caller's to say (`Space.workers`; 0, the default, runs everything in this
+index (and, where the search gives one, a hint read at that moment: `in_order`'s `hint`). How many is the caller's to say (`Space.workers`; 0, the default, runs everything in this
 process): the command line gives `search_workers()`, which `SHARDPLAN_SEARCH_WORKERS` sets (0:
 one core) and otherwise is one fewer than the cores this process may run on, at most
 MAX_WORKERS. Where fork is not available, or a worker fails or dies, the search costs the point
