@@ -69,7 +69,9 @@ def checkpoint_cmd(
     """Which bytes of a safetensors checkpoint each rank reads for this plan. Reads the index and
     the file headers only (never tensor data), checks every tensor's name, shape and dtype
     against the model, and reports per rank the files, byte ranges and total bytes, and the
-    total per node. A missing, extra or mis-shaped tensor, or an index entry outside the
+    total per node (the table gives ranks with the same figures, such as the data-parallel
+    replicas of one slice, one row: `shardplan checkpoint plan.yaml ckpt/`; every rank's byte
+    ranges with --json). A missing, extra or mis-shaped tensor, or an index entry outside the
     folder, exits 2 naming it."""
     from shardplan.cli import render_common, render_deploy
     from shardplan.tasks.checkpoint import plan_checkpoint
