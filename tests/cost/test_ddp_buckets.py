@@ -26,6 +26,7 @@ CONFIG = dict(model_type="llama", vocab_size=2048, hidden_size=256, intermediate
 
 def _rank(rank: int, world: int, port: int, out) -> None:  # type: ignore[no-untyped-def]
     import os
+    import time
 
     import torch.distributed as dist
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -43,6 +44,12 @@ def _rank(rank: int, world: int, port: int, out) -> None:  # type: ignore[no-unt
             model = LlamaForCausalLM(cfg).to(torch.bfloat16).train()
             params = sum(p.numel() * p.element_size() for p in model.parameters())
             ddp = torch.nn.parallel.DistributedDataParallel(model)
+            # DDP() broadcasts rank 0's parameters through one flat copy of them, which gloo's thread may
+            # let go a little after DDP() returns (a CI run read 2x the parameters here): wait for that
+            # copy to go, at most 5 s, before reading what DDP keeps.
+            deadline = time.monotonic() + 5.0
+            while tracker.live_total - params > 1.5 * params and time.monotonic() < deadline:
+                time.sleep(0.01)
             built = tracker.live_total - params
             ids = torch.randint(0, CONFIG["vocab_size"], (1, 32))
             ddp(input_ids=ids, labels=ids).loss.backward()
