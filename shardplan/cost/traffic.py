@@ -256,7 +256,7 @@ def first_below(ceilings_tokens_per_second: tuple[float, ...], floor_tokens_per_
 
 
 # Relative slack on the arrival times' floating-point sums (a run's clock adds each gap to the last).
-_SUM_SLACK = 1e-9
+_SUM_SLACK_FRACTION = 1e-9
 
 
 def output_rate_ceiling(wl: InferenceWorkload, load: ServingLoad, num_requests: int) -> float:
@@ -274,7 +274,7 @@ def output_rate_ceiling(wl: InferenceWorkload, load: ServingLoad, num_requests: 
     first = max(2, num_requests)
     last = max(first, STEADY_REQUESTS_MAX)
     most = first / (first - 1) if not load.poisson else _most_requests_per_unit_draw(load.seed, first, last)
-    return wl.output_len * most * (1 + _SUM_SLACK)
+    return wl.output_len * most * (1 + _SUM_SLACK_FRACTION)
 
 
 @functools.lru_cache(maxsize=64)
@@ -311,7 +311,7 @@ def rate_search(step: StepModel, wl: InferenceWorkload, kv: KvAccount | int, sla
     def below_floor(upper_rate: float) -> bool:
         """Checked before each run: whether no rate up to `upper_rate` gives the floor's output."""
         ceilings.append(upper_rate * per_rate)
-        return first_below((ceilings[-1],), floor_tokens_per_second) is not None
+        return floor_tokens_per_second is not None and ceilings[-1] < floor_tokens_per_second
 
     def found(point: OperatingPoint | None, stopped: bool = False) -> RateSearch:
         return RateSearch(point, stopped, tuple(ceilings))

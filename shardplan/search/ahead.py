@@ -9,13 +9,13 @@ in its own order and applies each exactly as if it had costed it itself, and dro
 for a point it leaves out. The results, their order and every count are those of the search on
 one core (tests/search/test_ahead.py compares the two); only the wall time changes.
 
-Workers are forked (Linux), so they start with the search's state and receive only a point's
-index (and, where the search gives one, a hint read at that moment: `in_order`'s `hint`). How many is the caller's to say (`Space.workers`; 0, the default, runs everything in this
-process): the command line gives `search_workers()`, which `SHARDPLAN_SEARCH_WORKERS` sets (0:
-one core) and otherwise is one fewer than the cores this process may run on, at most
-MAX_WORKERS. Where fork is not available, or a worker fails or dies, the search costs the point
-itself. The pool is this module's alone: the search hands it a pure function of an index and
-reads the answers back in its own order.
+Workers are forked (Linux), so they start with the search's state and receive only a point's index
+(and, where the search gives one, a hint read at that moment: `in_order`'s `hint`). How many is the
+caller's to say (`Space.workers`; 0, the default, runs everything in this process): the command line
+gives `search_workers()`, which `SHARDPLAN_SEARCH_WORKERS` sets (0: one core) and otherwise is one
+fewer than the cores this process may run on, at most MAX_WORKERS. Where fork is not available, or a
+worker fails or dies, the search costs the point itself. The pool is this module's alone: the search
+hands it a pure function of an index and reads the answers back in its own order.
 """
 
 from __future__ import annotations

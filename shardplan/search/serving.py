@@ -334,9 +334,10 @@ def _goodput_in_bound_order(spec: ModelSpec, hw: HardwareProfile, pending: list[
     never below what the simulation finds, and the need only rises as plans are found
     (tests/search/test_goodput_bound.py compares the reference path). A point simulated stops its
     rate search as soon as it cannot reach them either (`traffic.RateSearch`; left out as above).
-    Not for the Pareto front, which holds the plans costed in full. `workers` forked processes (search/ahead.py) simulate the next points while this
-    one simulates one; each verdict is applied at its turn, cut where a search started then would
-    have stopped (`_cut`), so the plans, their order and the counts are those of one process."""
+    Not for the Pareto front, which holds the plans costed in full. `workers` forked processes
+    (search/ahead.py) simulate the next points while this one simulates one; each verdict is applied
+    at its turn, cut where a search started then would have stopped (`_cut`), so the plans, their
+    order and the counts are those of one process."""
     if not pending:
         return
     sla = Sla(goal.max_ttft_seconds, goal.max_tpot_seconds, goal.slo_percentile)

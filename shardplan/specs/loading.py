@@ -171,7 +171,8 @@ NESTING_HINT = "a plan, spec, profile or lengths file nests a few levels; check 
 def _parse(text: str, path: Path, label: str) -> Any:
     if path.suffix.lower() == ".json":
         try:
-            return json.loads(text, parse_constant=fileio.refuse_json_constant, object_pairs_hook=fileio.unique_json_keys)
+            return json.loads(text, parse_constant=fileio.refuse_json_constant,
+                              object_pairs_hook=fileio.unique_json_keys)
         except RecursionError:
             raise InputFileError("JSON nested too deeply", source=label, hint=NESTING_HINT) from None
         except json.JSONDecodeError as e:
@@ -182,7 +183,8 @@ def _parse(text: str, path: Path, label: str) -> Any:
             if too_long:
                 raise InputFileError(f"invalid JSON: {too_long}", source=label,
                                      hint="check that this is the file meant, and the number in it") from None
-            raise InputFileError(f"the JSON {e}", source=label, hint="give each key once, and numbers as numbers") from None
+            raise InputFileError(f"the JSON {e}", source=label,
+                                 hint="give each key once, and numbers as numbers") from None
     try:
         loader = _StrictSafeLoader if _MAY_HOLD_ANCHOR.search(text) else _StrictCSafeLoader
         return yaml.load(text, Loader=loader)  # noqa: S506 - SafeLoader subclasses
