@@ -19,6 +19,7 @@ from shardplan.cost.params import (
     cross_attention_tensors,
     embedding_weights,
     head_weights,
+    kinds_by_layer,
     tied_lm_head_copy,
 )
 from shardplan.cost.workload import Quantization
@@ -87,15 +88,31 @@ def is_quantized_tensor(w: WeightKind, quantization: Quantization | None = None)
 def gguf_bytes_per_element(w: WeightKind, quantization: Quantization, spec: ModelSpec | None,
                            layers: tuple[int, ...] | None = None) -> float:
     """Bytes per element of `w` in a GGUF file of mixture `quantization` (gguf.py), averaged over
-    `layers` (None: every decoder layer; the type of attn_v and ffn_down follows the layer)."""
+    the layers of `layers` (None: every decoder layer) that hold `w` (the type of attn_v and ffn_down
+    follows the layer): a MoE model's dense MLP is averaged over its dense layers only, its experts'
+    over its MoE layers, so that stages' weights sum to the whole model's."""
     mixture = quantization
     if spec is None:  # no model at hand: the mixture's base type
         return gguf.bytes_per_element(gguf.BASE_TYPE[mixture])
     n = spec.num_layers
+    holding = _layers_holding(spec, w)
+    if layers is None:
+        layers = tuple(sorted(holding)) if holding else tuple(range(n))
+    elif holding:
+        layers = tuple(i for i in layers if i in holding) or layers
     return gguf.mean_bytes_per_element(
-        w, mixture, tuple(range(n)) if layers is None else layers, n,
+        w, mixture, layers, n,
         spec.moe.num_experts if spec.moe is not None else 1,
         spec.num_attention_heads // max(1, spec.kv_heads), spec.tie_word_embeddings, is_llama_70b(spec))
+
+
+@lru_cache(maxsize=1024)
+def _layers_holding(spec: ModelSpec, w: WeightKind) -> frozenset[int]:
+    """The decoder layers whose block holds tensor kind `w` (empty: not a block weight, such as the
+    embedding or a cross-attention layer's own tensors)."""
+    by_kind = kinds_by_layer(spec)
+    kinds = {k for k in set(by_kind) if w in block_weights(spec, *k)}
+    return frozenset(i for i, k in enumerate(by_kind) if k in kinds)
 
 
 def is_llama_70b(spec: ModelSpec) -> bool:

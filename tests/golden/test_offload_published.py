@@ -64,6 +64,47 @@ def test_size_rows_cover_the_mixtures() -> None:
     assert {r["model"] for r in rows} == set(SIZE_MODELS)
 
 
+# bartowski's model cards: decimal GB to two places, imatrix quants made with a stated llama.cpp release.
+CARD_MODELS = {"Mistral-7B-Instruct-v0.3": "mistral-7b", "DeepSeek-V3-0324": "deepseek-v3"}
+# Mistral 7B v0.3's tokenizer has 32,768 entries (mistralai/Mistral-7B-Instruct-v0.3 config.json);
+# the bundled spec is v0.1's 32,000.
+CARD_VOCAB = {"Mistral-7B-Instruct-v0.3": 32768}
+# The files hold a tokenizer and metadata beside the tensors (a few MB); the cards round to 0.01 GB.
+# At the time of writing DeepSeek-V3's four rows read -0.02% to -0.04%, Mistral's -0.05% to +0.11%
+# (its Q6_K and Q5_K_M files are 0.1% smaller than their tensors at v0.3's vocabulary: not explained).
+CARD_TOLERANCE, CARD_ROUNDING_GB = 0.002, 0.005
+
+
+def _card_rows() -> list[dict]:
+    """The cards' rows of the mixtures shardplan models, but IQ4_XS: with an importance matrix
+    llama.cpp keeps the first eighth's ffn_down in IQ4_XS, which it lifts to Q5_K without one (the
+    case gguf.py models)."""
+    rows = yaml.safe_load((DATA / "gguf_sizes.yaml").read_text())["files"]
+    gguf = {x.value for x in Quantization if x.is_gguf}
+    return [r for r in rows if r["model"] in CARD_MODELS and r.get("size_gb") and str(r["quant_type"]).lower() in gguf
+            and str(r["quant_type"]).lower() != Quantization.IQ4_XS.value]
+
+
+@pytest.mark.parametrize("row", _card_rows(), ids=lambda r: r["id"])
+def test_gguf_file_size_matches_bartowskis_cards(row: dict) -> None:
+    """DeepSeek-V3's first three layers are dense: its dense MLP's ffn_down takes those layers'
+    types and its experts' the other 58's. Averaged over all 61 layers, Q4_K_M read 405.77 GB
+    against the card's 404.43 (+0.33%); now 404.34 (-0.02%)."""
+    spec = load_model(CARD_MODELS[row["model"]]).spec
+    if row["model"] in CARD_VOCAB:
+        spec = spec.model_copy(update={"vocab_size": CARD_VOCAB[row["model"]]})
+    q = Quantization(str(row["quant_type"]).lower())
+    predicted_gb = stage_weights(spec, Layout(), 0, quantization=q, dense_dtype=DType.BF16).bytes / 1e9
+    measured = float(row["size_gb"])
+    assert predicted_gb == pytest.approx(measured, rel=CARD_TOLERANCE, abs=CARD_ROUNDING_GB), (row["source"], row["quote"])
+
+
+def test_card_rows_cover_both_models() -> None:
+    rows = _card_rows()
+    assert {r["model"] for r in rows} == set(CARD_MODELS)
+    assert len([r for r in rows if r["model"] == "DeepSeek-V3-0324"]) == 4
+
+
 MACHINE = "inventivehq-aurora-r7"
 PROFILE = DATA / "profiles" / "rtx-5060ti-i7-8700.yaml"
 MODEL = DATA / "models" / "qwen2.5-coder-14b.json"
