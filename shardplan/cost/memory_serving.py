@@ -632,26 +632,36 @@ def int4_group_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorkl
     quantized weight shape. This can be caused by too large tensor parallel size" otherwise
     (vllm/model_executor/layers/quantization/awq.py, gptq.py; Qwen2.5-VL-72B-Instruct-AWQ, whose 29,568
     wide MLP is 115.5 groups of 128 at tp 2: https://github.com/vllm-project/vllm/issues/13980). Qwen's
-    72B -AWQ and -GPTQ releases pad the width to 29,696 for this. The group is the checkpoint's own
-    (ModelSpec.checkpoint_group_size) when it ships the format, else the 128 the byte model assumes; a
-    per-channel checkpoint (group_size -1) has none. The routed experts' kernels are not covered here."""
-    if wl.quantization not in INT4_GROUPED or layout.tp == 1:
+    72B -AWQ and -GPTQ releases pad the width to 29,696 for this. The routed experts' down projection
+    takes the experts' width over the expert tensor-parallel degree, and their kernels need whole groups
+    too: vLLM's Marlin MoE path runs a width per rank that is a multiple of max(64, group) only
+    (marlin_utils.check_moe_marlin_supports_layer), and the MoE WNA16 kernel it falls back to raises
+    "size_k must divisible by BLOCK_SIZE_K" (its block is at least the group): Qwen3-30B-A3B-AWQ (768
+    wide) starts at tp 1 and 2 and fails at tp 4 and 8, Qwen3-235B-A22B-GPTQ-Int4 (1,536) at tp 8
+    (https://github.com/vllm-project/vllm/issues/17604, vLLM 0.8.5 and 0.9.1); expert parallelism
+    keeps whole experts. The group is the checkpoint's own (ModelSpec.checkpoint_group_size) when it
+    ships the format, else the 128 the byte model assumes; a per-channel checkpoint (group_size -1) has
+    none."""
+    if wl.quantization not in INT4_GROUPED or (layout.tp == 1 and layout.expert_tp == 1):
         return None
     shipped = spec.shipped_format in GROUPED_CHECKPOINT_KINDS
     group = spec.checkpoint_group_size if shipped else INT4_GROUP_SIZE
     if group is None:
         return None
-    widths = [("the attention output's input", spec.num_attention_heads * spec.attention_head_dim)]
+    widths = [("the attention output's input", spec.num_attention_heads * spec.attention_head_dim, layout.tp)]
     moe = spec.moe
     if moe is None or moe.first_dense_layers > 0 or bool(moe.dense_layer_indices) or moe.moe_layer_step > 1:
-        widths.append(("intermediate_size", spec.intermediate_size))
-    if moe is not None and moe.num_shared_experts:
-        widths.append(("the shared experts' width", moe.shared_intermediate_size * moe.num_shared_experts))
-    for name, width in widths:
-        if (width // layout.tp) % group:
-            return (f"the engine refuses to load the 4-bit checkpoint: {name} {width:,} / {layout.tp} = "
-                    f"{width // layout.tp:,} per rank is not whole {group}-wide quantization groups (use a smaller "
-                    "tensor-parallel degree, or a checkpoint padded for it)")
+        widths.append(("intermediate_size", spec.intermediate_size, layout.tp))
+    if moe is not None:
+        widths.append(("the routed experts' width", moe.expert_intermediate_size, layout.expert_tp))
+        if moe.num_shared_experts:
+            widths.append(("the shared experts' width", moe.shared_intermediate_size * moe.num_shared_experts, layout.tp))
+    for name, width, parts in widths:
+        if parts > 1 and (width // parts) % group:
+            fix = "expert parallelism, " if name == "the routed experts' width" else ""
+            return (f"the engine refuses to load the 4-bit checkpoint: {name} {width:,} / {parts} = "
+                    f"{width // parts:,} per rank is not whole {group}-wide quantization groups (use a smaller "
+                    f"tensor-parallel degree, {fix}or a checkpoint padded for it)")
     return None
 
 

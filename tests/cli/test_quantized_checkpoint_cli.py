@@ -186,6 +186,30 @@ def test_a_split_into_partial_quantization_groups_does_not_fit(cli, tmp_path):
     assert d["workload"]["quantization"] == "gptq" and "quantization groups" not in (d["reason"] or "")
 
 
+@pytest.mark.parametrize("model,quant,gpu,starts,refused", [
+    # vllm#17604: Qwen3-30B-A3B-AWQ (routed experts 768 wide) starts at tp 1 and 2, fails at tp 4 and 8
+    # ("size_k must divisible by BLOCK_SIZE_K"); Qwen3-235B-A22B-GPTQ-Int4 (1,536) fails at tp 8 (vLLM 0.9.1).
+    ("qwen3-30b-a3b", AWQ, "l40s-48gb", (1, 2), (4, 8)),
+    ("qwen3-235b-a22b", GPTQ, "h100-sxm-80gb", (4,), (8,)),
+])
+def test_routed_experts_split_into_partial_quantization_groups_do_not_fit(cli, tmp_path, model, quant, gpu, starts, refused):
+    """The routed experts' down projection is split over the expert tensor-parallel degree (tp without
+    expert parallelism); vLLM's 4-bit MoE kernels need each rank's share in whole groups. With expert
+    parallelism each rank holds whole experts, and the same GPUs load."""
+    config = _config(tmp_path, model, quant)
+    for tp in starts + refused:
+        d, _ = _estimate(cli, config, gpu, tp, "--max-model-len", "8192")
+        assert d["workload"]["quantization"] == quant["quant_method"]
+        if tp in refused:
+            width = 768 if model == "qwen3-30b-a3b" else 1536
+            assert not d["fits"] and f"the routed experts' width {width:,} / {tp} = {width // tp:,} per rank" in d["reason"], tp
+        else:
+            assert "quantization groups" not in (d["reason"] or ""), (tp, d["reason"])
+    for tp in refused:
+        d, _ = _estimate(cli, config, gpu, tp, "--max-model-len", "8192", "--ep", str(tp))
+        assert "quantization groups" not in (d["reason"] or ""), (tp, d["reason"])
+
+
 def test_an_awq_checkpoint_that_fits_only_by_offloading_stays_awq(cli, tmp_path):
     """Llama 3.1 70B AWQ on one 24 GB L4: nothing fits on the GPU, so the fallback offloads layers. The
     plans are the shipped format's, not int4 (the same bytes, which an export would then ask to find
