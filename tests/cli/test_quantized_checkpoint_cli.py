@@ -132,6 +132,29 @@ def test_sglang_loads_the_format_where_its_marlin_kernels_run(cli, tmp_path, eng
     assert d["workload"]["quantization"] == planned
 
 
+@pytest.mark.parametrize("quant", [AWQ, GPTQ], ids=["awq", "gptq"])
+@pytest.mark.parametrize("gpu,version,planned", [
+    ("a100-sxm-80gb", None, True),  # compute capability 8.0: exllama (2.0), Marlin (2.1.1 on)
+    ("l40s-48gb", "2.0.0", True),
+    ("v100-sxm-32gb", None, False),  # 7.0: other kernels, not established
+    ("a100-sxm-80gb", "1.4.5", False),  # before TGI read quantization_config (PR #1719, v2.0.0)
+])
+def test_tgi_loads_the_format_from_2_0_on_its_sm80_kernels(cli, tmp_path, quant, gpu, version, planned):
+    """TGI 2.0.0 and later auto-select gptq or awq from the checkpoint's quantization_config, with no
+    --quantize; the export still names it, which the launcher takes as the same choice."""
+    config = _config(tmp_path, "qwen2.5-7b", quant)
+    more = ("--engine", "tgi") + (("--engine-version", version) if version else ())
+    d, _ = _estimate(cli, config, gpu, 1, *more)
+    assert d["workload"]["quantization"] == (quant["quant_method"] if planned else "none")
+    if planned:
+        assert 5.0 < _weights_gib(d) < 5.5  # 4-bit weights, scales and zeros; 14.2 GiB at 16 bits
+        plan = tmp_path / "plan.yaml"
+        assert cli("recommend", config, "-H", gpu, "--gpus", "1", *more, "-o", plan).exit_code == 0
+        assert f"--quantize {quant['quant_method']}" in cli("export", plan, "--to", "tgi").stdout
+    else:
+        assert any("the checkpoint ships 4-bit" in a for a in d["assumptions"])
+
+
 def test_recommend_ranks_the_72b_awq_checkpoint_on_two_l40s(cli, tmp_path):
     """The 16-bit model (145 GB) holds on no fewer than four 48 GB GPUs; the AWQ checkpoint on two."""
     config = _config(tmp_path, "qwen2.5-72b", AWQ, intermediate_size=29696)
