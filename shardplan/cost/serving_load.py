@@ -42,7 +42,9 @@ steps at which they finish), so a step costs O(requests admitted or finished in 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
+import operator
 import random
 from collections import deque
 from dataclasses import dataclass, replace
@@ -182,20 +184,19 @@ def arrival_times(traffic: Traffic) -> list[float]:
     rate = traffic.request_rate_per_second
     if math.isinf(rate):
         return [0.0] * n
-    t, out = 0.0, []
+    if n == 0:
+        return []
+    # Each time is the one before plus a gap, summed in order from 0.0 (accumulate adds as `t += gap` does).
     if traffic.poisson:
         # Each gap is expovariate(rate) = -log(1 - u) / rate of the seeded stream's u: the unit
         # draws -log(1 - u) are the same at every rate, so they are drawn once per seed (a search
         # simulates each replica at several rates) and divided by this rate, the same division
-        # expovariate does, so the gaps are bit for bit the same.
-        for e in unit_exponentials(traffic.seed, n):
-            out.append(t)
-            t += e / rate
-        return out
-    for _ in range(n):
-        out.append(t)
-        t += 1.0 / rate
-    return out
+        # expovariate does, so the gaps are bit for bit the same. The last draw's gap would follow
+        # the last request.
+        gaps = map(operator.truediv, unit_exponentials(traffic.seed, n - 1), itertools.repeat(rate))
+    else:
+        gaps = itertools.repeat(1.0 / rate, n - 1)
+    return list(itertools.accumulate(gaps, initial=0.0))
 
 
 _UNIT_DRAWS: dict[int, tuple[random.Random, list[float]]] = {}  # seed -> (its generator, the draws so far)
@@ -300,6 +301,8 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
     n = len(traffic.requests)
     broken = 0
     per_step = model.tokens_per_decode_step
+    one_per_step = per_step == 1.0
+    heappush, heappop = heapq.heappush, heapq.heappop
     arrivals = arrival_times(traffic)
     cap = traffic.max_concurrency or n
     hit = traffic.prefix_cache_hit_fraction
@@ -370,6 +373,7 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
     a_kv, a_seq, a_prompt = model.kv_seconds_per_token, model.seconds_per_decoding_seq, model.prompt_seconds_per_unit
     quiet_terms: dict[int, tuple[float, float, float]] = {}  # decoding requests -> model.decode_terms
     mixed, static = sched.schedule == "mixed", sched.schedule == "static"
+    admit_after_preemption = sched.admit_after_preemption
     max_seqs, chunked, reserve = sched.max_num_seqs, sched.chunked_prefill, sched.admission is not None
     first_tokens = late = 0  # requests with a first token; requests sent more than the TTFT limit ago
 
@@ -444,13 +448,15 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
             if r.generated > 1:  # recomputed after a preemption, or its first token came from a prefill pool
                 gaps.append((t - r.last_token, 1))
             joined[r.i] = t
-        # Each decode step yields per_step tokens (1, or E with speculative decoding).
-        heapq.heappush(finish_heap, (decode_steps + math.ceil((r.output - r.generated) / per_step - 1e-9), r.epoch, r.i))
+        # Each decode step yields per_step tokens (1, or E with speculative decoding; at 1 the ceiling is the
+        # integer itself).
+        left = r.output - r.generated if one_per_step else math.ceil((r.output - r.generated) / per_step - 1e-9)
+        heappush(finish_heap, (decode_steps + left, r.epoch, r.i))
         if windowed and r.prompt + r.generated - 1 < window:
             r.inside = True
             inside += 1
             short = window - (r.prompt + r.generated - 1)
-            heapq.heappush(cross_heap, (decode_steps + math.ceil(short / per_step - 1e-9), r.epoch, r.i))
+            heappush(cross_heap, (decode_steps + math.ceil(short / per_step - 1e-9), r.epoch, r.i))
 
     def count_broken() -> None:
         nonlocal broken
@@ -545,7 +551,11 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
     # tokens so far) of them are still to break it. Counted only where every request is certain to
     # get its first token: none can be refused, as without an admission reserve, with whole tokens a
     # decode step, a cache that holds any request alone and a budget that holds its prompt (or chunks).
-    longest = max((p + max(1, o) for p, o in requests), default=0)
+    # p + max(1, o) at its largest, summed at C speed where every output is at least one token (then p + o).
+    if requests and min(map(operator.itemgetter(1), requests)) >= 1:
+        longest = max(map(sum, requests))
+    else:
+        longest = max((p + max(1, o) for p, o in requests), default=0)
     longest_charge = longest + (charge * min(longest, window) if windowed else 0.0)
     certain = not reserve and per_step == 1.0 and longest_charge <= capacity and (chunked or longest <= budget)
     early = ttft_limit is not None and give_up is not None and certain
@@ -586,7 +596,7 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
             if windowed:
                 while cross_heap and (cross_heap[0][1] != reqs[cross_heap[0][2]].epoch
                                       or not reqs[cross_heap[0][2]].inside):
-                    heapq.heappop(cross_heap)  # stale: finished or preempted before it reached the window
+                    heappop(cross_heap)  # stale: finished or preempted before it reached the window
                 if cross_heap:
                     stop = min(stop, cross_heap[0][0])
                 slide_grow = charge * inside * per_step
@@ -639,7 +649,7 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
             # As the engine allocates them: the decoding requests' slots first, then each chunk in turn.
             step_held = decoding + charge * inside
             left = budget - step_decoding
-            for r in list(prefilling) if prefilling else ():
+            for r in prefilling:  # read only: the chunks are applied after the step
                 if left <= 0:
                     break
                 c = min(r.target - r.computed, left) if chunked else r.target - r.computed
@@ -649,7 +659,7 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
                 chunks.append((r, c))
                 left -= c
                 step_held += c + grown
-            if waiting and (sched.admit_after_preemption or not preempted):
+            if waiting and (admit_after_preemption or not preempted):
                 admit_waiting(left, chunks, formed, formed_woke)
         elif static or sched.schedule == "prefill_first":
             static_busy = static and bool(running) and not prefilling
@@ -687,16 +697,24 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
                 refuse(waiting.popleft())
             send_ready()
             continue
+        # The decodes read every cached token but the prompts' (an exact integer sum, kept as it changes); read
+        # before the chunks below add to both.
+        kv_read = used - prefill_held if step_decoding else 0
         completing: list[_Request] = []  # the requests whose target this step's chunk completes: each samples a token
+        # Each chunk's area is read off what its request held before this step; the step's time reads
+        # nothing the chunks change, so they are added here.
         for r, c in chunks:
             p = r.computed
             prompt_units += c * (p + (c + 1) / 2)
             tokens += c
             if p + c >= r.target:
                 completing.append(r)
+            if windowed:
+                slide += charge * (min(p + c, window) - min(p, window))
+            r.computed = p + c
+            used += c
+            prefill_held += c
         tokens += step_decoding
-        # The decodes read every cached token but the prompts' (an exact integer sum, kept as it changes).
-        kv_read = used - prefill_held if step_decoding else 0
         sampled = step_decoding + len(completing)
         if lockstep:
             dt = yield ("step", tokens, sampled, step_decoding, kv_read, prompt_units, bool(chunks))
@@ -712,12 +730,6 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
         steps += 1
         if len(running) > peak:
             peak = len(running)
-        for r, c in chunks:
-            if windowed:
-                slide += charge * (min(r.computed + c, window) - min(r.computed, window))
-            r.computed += c
-            used += c
-            prefill_held += c
         if step_decoding:
             if gaps is not None:
                 last_decode_end = record_gaps(step_decoding, last_decode_end)
@@ -730,7 +742,7 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
             if windowed:
                 slide += charge * inside * per_step
                 while cross_heap and cross_heap[0][0] <= decode_steps:
-                    _, epoch, i = heapq.heappop(cross_heap)
+                    _, epoch, i = heappop(cross_heap)
                     r = reqs[i]
                     if epoch != r.epoch or not r.inside:
                         continue
@@ -740,7 +752,7 @@ def _run(model: StepModel, sched: Scheduler, traffic: Traffic, give_up: GiveUp |
                     held = r.prompt + r.generated_at_decode - 1 + per_step * (decode_steps - r.decode_from)
                     slide -= charge * (held - window)
             while finish_heap and finish_heap[0][0] <= decode_steps:
-                _, epoch, i = heapq.heappop(finish_heap)
+                _, epoch, i = heappop(finish_heap)
                 r = reqs[i]
                 if epoch != r.epoch:
                     continue

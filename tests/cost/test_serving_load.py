@@ -581,3 +581,21 @@ def test_drawn_lengths_have_no_output_rate_ceiling():
                                          output_max_tokens=300, source="test")
     assert output_rate_ceiling(_wl(), ServingLoad(lengths=lengths), 200) == math.inf
     assert output_rate_ceiling(_wl(), ServingLoad(), 200) < math.inf
+
+
+@pytest.mark.parametrize("poisson", [True, False])
+@pytest.mark.parametrize("n", [0, 1, 2, 600, 6001])
+def test_arrival_times_are_the_clients_running_sums_bit_for_bit(poisson, n):
+    """vLLM's benchmark client waits expovariate(rate) (or 1 / rate) between sends: each send time is
+    the one before plus that gap, from 0. The search reads the unit draws once per seed and divides
+    by each rate; the times must be the client's own floats, at any rate."""
+    import random
+
+    for rate in (0.37, 3.0, 41.5):
+        t, expected, rng = 0.0, [], random.Random(7)
+        for _ in range(n):
+            expected.append(t)
+            t += rng.expovariate(rate) if poisson else 1.0 / rate
+        traffic = Traffic(requests=((10, 10),) * n, request_rate_per_second=rate, poisson=poisson, seed=7)
+        assert serving_load.arrival_times(traffic) == expected
+    assert serving_load.arrival_times(Traffic(requests=((10, 10),) * n)) == [0.0] * n  # every request at once
