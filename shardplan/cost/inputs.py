@@ -301,6 +301,7 @@ def inference_workload(
                         assumptions=d.assumptions, vision_encoder_tokens=d.vision_encoder_tokens,
                         vision_kept_tokens=d.vision_kept_tokens)
         switches["weight_formats"] = tuple(engine.weight_formats)
+        switches["kv_heads_copied"] = engine.kv_heads_copied
         era = engine.era
         switches.update(chunked_prefill=d.chunked_prefill, schedule=era.schedule,
                         graphs_for_prompt_steps=era.graphs_for_prompt_steps,

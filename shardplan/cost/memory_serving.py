@@ -544,8 +544,8 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
                 nvme_bytes=off.nvme_bytes,
             )
         )
-        split_problem = (spec_decode.draft_split_problem(sp, layout.tp) or fp8_block_split_problem(spec, layout, wl)
-                         or int4_group_split_problem(spec, layout, wl))
+        split_problem = (kv_head_split_problem(spec, layout, wl) or spec_decode.draft_split_problem(sp, layout.tp)
+                         or fp8_block_split_problem(spec, layout, wl) or int4_group_split_problem(spec, layout, wl))
         if split_problem is not None:
             reasons.append(f"stage {stage}: {split_problem}")
         elif kv_bytes <= 0 and wl.accounting != "fixed_context":
@@ -622,6 +622,17 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
 
 
 INT4_GROUPED = (Quantization.AWQ, Quantization.GPTQ, Quantization.INT4)
+
+
+def kv_head_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> str | None:
+    """Why an engine that gives each tensor-parallel rank whole KV heads of its own (`wl.kv_heads_copied`
+    false: TGI, knowledge/engines/tgi.yaml) cannot start this split, or None: tp must divide the KV
+    heads. An MLA model caches one latent per token, not heads."""
+    if wl.kv_heads_copied or layout.tp == 1 or spec.mla is not None or spec.kv_heads % layout.tp == 0:
+        return None
+    return (f"{wl.engine} splits the KV heads over the tensor-parallel ranks without copying them: "
+            f"num_key_value_heads {spec.kv_heads} / tp {layout.tp} is not whole heads per rank (use a tp that "
+            f"divides {spec.kv_heads}, or an engine that copies KV heads)")
 
 
 def int4_group_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> str | None:

@@ -137,6 +137,8 @@ class InferenceWorkloadReport(Frozen):
     kv_tokens_reported: str = Field("blocks", description="what the logged KV cache size counts: blocks (blocks per KV "
                                                           "cache group x block size) or concurrency (max concurrency x "
                                                           "max_model_len)")
+    kv_heads_copied: bool = Field(True, description="the engine copies KV heads where tp exceeds them (false: tp must "
+                                                    "divide them, TGI)")
     sliding_window_in_flight_batches: int = Field(1, description="batches of the token budget a sliding-window KV "
                                                                  "group holds per request beyond its window (2: "
                                                                  "vLLM >= 0.26 with async scheduling)")

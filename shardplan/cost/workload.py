@@ -208,6 +208,9 @@ class InferenceWorkload:
     # two batches in flight, VllmConfig.max_in_flight_tokens).
     hybrid_kv_cache: bool = False
     kv_tokens_reported: str = "blocks"
+    # False: the engine gives each tensor-parallel rank whole KV heads of its own, so tp must divide
+    # them (TGI); True: it copies KV heads where tp exceeds them (knowledge/engines/*.yaml kv_heads_copied).
+    kv_heads_copied: bool = True
     sliding_window_in_flight_batches: int = 1
     load: ServingLoad | None = None  # traffic to judge the plan under (continuous batching); None: static batch only
 

@@ -554,11 +554,18 @@ class EngineFile(Frozen):
         default_factory=list, description="ggml block formats its KV cache takes (--kv-cache-dtype q8_0|q4_0); "
                                           "none: only the float formats")
     kv_block_formats_source: str = Field("", description="where the list, and any condition on it, comes from")
+    kv_heads_copied: bool = Field(
+        True, description="where tensor parallelism exceeds the model's KV heads, the engine copies each KV head to the "
+                          "ranks that need it (vLLM, SGLang); false: every rank needs whole KV heads of its own, so tp "
+                          "must divide the KV heads")
+    kv_heads_copied_source: str = Field("", description="where a false comes from")
 
     @model_validator(mode="after")
     def _cover(self) -> "EngineFile":
         if self.kv_block_formats and not self.kv_block_formats_source:
             raise ValueError("kv_block_formats needs kv_block_formats_source")
+        if not self.kv_heads_copied and not self.kv_heads_copied_source:
+            raise ValueError("kv_heads_copied false needs kv_heads_copied_source")
         for v in self.versions:
             n = sum(era.holds_for(parse_version(v)) for era in self.eras)
             if n != 1:
@@ -586,6 +593,7 @@ class EngineRules(Frozen):
     kv_block_formats: tuple[str, ...] = ()  # ggml block formats its KV cache takes (llama.cpp: q8_0, q4_0)
     overlap_switch: OverlapSwitch | None = None  # its flags for overlap scheduling, where this version has them
     kv_block_formats_source: str = ""  # the rule, with its source, printed as an assumption when one is used
+    kv_heads_copied: bool = True  # False: tp must divide the KV heads (EngineFile.kv_heads_copied)
 
     @property
     def label(self) -> str:

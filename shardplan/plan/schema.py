@@ -217,6 +217,8 @@ class InferenceWorkloadSection(_Section):
     kv_tokens_reported: Literal["blocks", "concurrency"] = Field(
         "blocks", description="what the logged KV cache size counts: blocks per KV cache group x block size, or max "
                               "concurrency x max_model_len")
+    kv_heads_copied: bool = Field(True, description="the engine copies KV heads where tp exceeds them (false: tp must "
+                                                    "divide them, TGI)")
     sliding_window_in_flight_batches: int = Field(1, ge=1, description="batches of the token budget a sliding-window KV "
                                                                        "group holds per request beyond its window (2: "
                                                                        "vLLM >= 0.26 with async scheduling)")
