@@ -302,6 +302,7 @@ def inference_workload(
                         vision_kept_tokens=d.vision_kept_tokens)
         switches["weight_formats"] = tuple(engine.weight_formats)
         switches["kv_heads_copied"] = engine.kv_heads_copied
+        switches["speculative_with_pp"] = engine.speculative_with_pp
         era = engine.era
         switches.update(chunked_prefill=d.chunked_prefill, schedule=era.schedule,
                         graphs_for_prompt_steps=era.graphs_for_prompt_steps,

@@ -544,7 +544,8 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
                 nvme_bytes=off.nvme_bytes,
             )
         )
-        split_problem = (kv_head_split_problem(spec, layout, wl) or spec_decode.draft_split_problem(sp, layout.tp)
+        split_problem = (kv_head_split_problem(spec, layout, wl) or speculative_pp_problem(layout, wl)
+                         or spec_decode.draft_split_problem(sp, layout.tp)
                          or fp8_block_split_problem(spec, layout, wl) or int4_group_split_problem(spec, layout, wl))
         if split_problem is not None:
             reasons.append(f"stage {stage}: {split_problem}")
@@ -622,6 +623,15 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
 
 
 INT4_GROUPED = (Quantization.AWQ, Quantization.GPTQ, Quantization.INT4)
+
+
+def speculative_pp_problem(layout: Layout, wl: InferenceWorkload) -> str | None:
+    """Why an engine that runs no speculative decoding under pipeline parallelism (`wl.speculative_with_pp`
+    false: SGLang, knowledge/engines/sglang.yaml) cannot start this plan, or None."""
+    if wl.speculative_with_pp or wl.speculative is None or layout.pp == 1:
+        return None
+    return (f"{wl.engine} does not run speculative decoding with pipeline parallelism (pp {layout.pp}): use pp 1, "
+            "or drop the speculative decoding")
 
 
 def kv_head_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorkload) -> str | None:

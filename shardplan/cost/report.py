@@ -139,6 +139,8 @@ class InferenceWorkloadReport(Frozen):
                                                           "max_model_len)")
     kv_heads_copied: bool = Field(True, description="the engine copies KV heads where tp exceeds them (false: tp must "
                                                     "divide them, TGI)")
+    speculative_with_pp: bool = Field(True, description="speculative decoding runs with pipeline parallelism (false: the "
+                                                        "engine refuses the two together, SGLang)")
     sliding_window_in_flight_batches: int = Field(1, description="batches of the token budget a sliding-window KV "
                                                                  "group holds per request beyond its window (2: "
                                                                  "vLLM >= 0.26 with async scheduling)")

@@ -211,6 +211,9 @@ class InferenceWorkload:
     # False: the engine gives each tensor-parallel rank whole KV heads of its own, so tp must divide
     # them (TGI); True: it copies KV heads where tp exceeds them (knowledge/engines/*.yaml kv_heads_copied).
     kv_heads_copied: bool = True
+    # False: the engine refuses speculative decoding with pipeline parallelism (SGLang;
+    # knowledge/engines/*.yaml speculative_with_pp).
+    speculative_with_pp: bool = True
     sliding_window_in_flight_batches: int = 1
     load: ServingLoad | None = None  # traffic to judge the plan under (continuous batching); None: static batch only
 

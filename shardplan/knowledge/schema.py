@@ -559,6 +559,10 @@ class EngineFile(Frozen):
                           "ranks that need it (vLLM, SGLang); false: every rank needs whole KV heads of its own, so tp "
                           "must divide the KV heads")
     kv_heads_copied_source: str = Field("", description="where a false comes from")
+    speculative_with_pp: bool = Field(
+        True, description="speculative decoding runs with pipeline parallelism; false: the engine refuses to start "
+                          "the two together (SGLang's server_args)")
+    speculative_with_pp_source: str = Field("", description="where a false comes from")
 
     @model_validator(mode="after")
     def _cover(self) -> "EngineFile":
@@ -566,6 +570,8 @@ class EngineFile(Frozen):
             raise ValueError("kv_block_formats needs kv_block_formats_source")
         if not self.kv_heads_copied and not self.kv_heads_copied_source:
             raise ValueError("kv_heads_copied false needs kv_heads_copied_source")
+        if not self.speculative_with_pp and not self.speculative_with_pp_source:
+            raise ValueError("speculative_with_pp false needs speculative_with_pp_source")
         for v in self.versions:
             n = sum(era.holds_for(parse_version(v)) for era in self.eras)
             if n != 1:
@@ -594,6 +600,7 @@ class EngineRules(Frozen):
     overlap_switch: OverlapSwitch | None = None  # its flags for overlap scheduling, where this version has them
     kv_block_formats_source: str = ""  # the rule, with its source, printed as an assumption when one is used
     kv_heads_copied: bool = True  # False: tp must divide the KV heads (EngineFile.kv_heads_copied)
+    speculative_with_pp: bool = True  # False: it refuses speculative decoding with pp > 1
 
     @property
     def label(self) -> str:
