@@ -546,7 +546,8 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
         )
         split_problem = (kv_head_split_problem(spec, layout, wl) or speculative_pp_problem(layout, wl)
                          or spec_decode.draft_split_problem(sp, layout.tp)
-                         or fp8_block_split_problem(spec, layout, wl) or int4_group_split_problem(spec, layout, wl))
+                         or fp8_block_split_problem(spec, layout, wl) or int4_group_split_problem(spec, layout, wl)
+                         or fp8_marlin_split_problem(spec, hw, layout, wl))
         if split_problem is not None:
             reasons.append(f"stage {stage}: {split_problem}")
         elif kv_bytes <= 0 and wl.accounting != "fixed_context":
@@ -683,6 +684,52 @@ def int4_group_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorkl
             return (f"the engine refuses to load the 4-bit checkpoint: {name} {width:,} / {parts} = "
                     f"{width // parts:,} per rank is not whole {group}-wide quantization groups (use a smaller "
                     f"tensor-parallel degree, {fix}or a checkpoint padded for it)")
+    return None
+
+
+# The Marlin GEMM's thread tiles (thread_k, thread_n): vLLM csrc/quantization/gptq_marlin/gptq_marlin.cu
+# small_batch_thread_configs {128, 128}, {64, 128}, {128, 64} and large_batch_thread_configs {64, 256},
+# {64, 128}, {128, 64}; `is_valid_config` takes one whose thread_k divides the rank's k and whose
+# thread_n divides its n.
+MARLIN_THREAD_TILES = ((128, 128), (64, 128), (128, 64), (64, 256))
+
+
+def fp8_marlin_split_problem(spec: ModelSpec, hw: HardwareProfile, layout: Layout,
+                             wl: InferenceWorkload) -> str | None:
+    """Why FP8 weights on a GPU without FP8 tensor cores cannot be split this way, or None. There the
+    engines multiply FP8 weights through the Marlin kernel, weight-only (vLLM's Fp8LinearMethod below
+    compute capability 8.9, "W8A16 (weight-only FP8) utilizing Marlin kernels" on Ampere; SGLang and
+    TGI likewise), whose repack needs each rank's output width n a multiple of its 64-wide tile and whose
+    GEMM a thread tile dividing (k, n) (MARLIN_THREAD_TILES): GLM-4.5V-FP8 at tp 4 on RTX A6000s, vLLM
+    0.10.2rc2, "size_n = 5472 is not divisible by tile_n_size = 64" (the dense MLP's gate and up,
+    2 x 10,944 / 4; https://github.com/zai-org/GLM-V/issues/178), and GLM-4.5-Air-FP8 at tp 8 on RTX
+    3090s (https://github.com/zai-org/GLM-4.5/issues/94); "the limitation of marlin fp8 kernel on
+    ampere gpus" (https://github.com/vllm-project/vllm/issues/25079). The dense linears as vLLM
+    merges them (q, k and v; gate and up) and the shared experts; the routed experts' Marlin MoE path
+    and MLA's projections are not checked here."""
+    if wl.quantization is not Quantization.FP8 or DType.FP8 in hw.peak_flops:
+        return None
+    h, tp = spec.hidden_size, layout.tp
+    mats: list[tuple[str, int, int]] = []  # (what, n, k) of one rank
+    if spec.mla is None:
+        q = spec.num_attention_heads * spec.attention_head_dim // tp
+        kv = max(1, spec.kv_heads // tp) * spec.attention_head_dim
+        mats += [("the q, k and v projection", q + 2 * kv, h), ("the attention output", h, q)]
+    up = 2 if spec.mlp_gated else 1
+    moe = spec.moe
+    widths = []
+    if moe is None or moe.first_dense_layers > 0 or bool(moe.dense_layer_indices) or moe.moe_layer_step > 1:
+        widths.append(("the MLP", spec.intermediate_size))
+    if moe is not None and moe.num_shared_experts:
+        widths.append(("the shared experts", moe.shared_intermediate_size * moe.num_shared_experts))
+    for name, width in widths:
+        mats += [(f"{name}'s gate and up" if up == 2 else f"{name}'s up", up * width // tp, h),
+                 (f"{name}'s down projection", h, width // tp)]
+    for what, n, k in mats:
+        if n % 64 or not any(k % tk == 0 and n % tn == 0 for tk, tn in MARLIN_THREAD_TILES):
+            return (f"FP8 weights run through the Marlin kernel on a GPU without FP8 tensor cores, and {what}'s "
+                    f"rank share ({n:,} outputs x {k:,} inputs at tp {tp}) fits none of its tiles (n a multiple of 64 "
+                    "and a 64/128-wide k and n tile pair: use another tensor-parallel degree or weight format)")
     return None
 
 

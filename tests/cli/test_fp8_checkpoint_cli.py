@@ -142,3 +142,37 @@ def test_a_block_fp8_config_translated_through_transformers_is_planned_in_fp8(cl
     path.write_text(json.dumps(cfg))
     d = _json(cli("estimate", str(path), "-H", "h100-sxm-80gb", "--gpus", "1", "--json"))
     assert d["workload"]["quantization"] == "fp8"
+
+
+def _fp8(cli, model: str, gpu: str, tp: int) -> dict:
+    return _json(cli("estimate", model, "-H", gpu, "--gpus", str(tp), "--tp", str(tp), "--quantization", "fp8",
+                     "--max-model-len", "4096", "--json"))
+
+
+def test_fp8_on_gpus_without_fp8_tensor_cores_needs_marlin_tiles(cli, tmp_path):
+    """Below compute capability 8.9 the engines multiply FP8 weights through Marlin, weight-only; its
+    repack needs each rank's output width in 64-wide tiles and its GEMM a (64 or 128)-wide k and n tile
+    pair. GLM-4.5V-FP8 at tp 4 on RTX A6000s: "size_n = 5472 is not divisible by tile_n_size = 64"
+    (its dense MLP's gate and up, 2 x 10,944 / 4; zai-org/GLM-V#178), and GLM-4.5-Air-FP8 at tp 8 on RTX
+    3090s, "size_n = 2736" (zai-org/GLM-4.5#94). A dense stand-in of that MLP on RTX 3090s; Qwen2.5-72B (29,568 wide) on A100s splits into whole tiles at tp 2 only, and on H100s,
+    whose FP8 tensor cores take another kernel, at tp 8 too."""
+    import json
+
+    import yaml
+
+    cfg = dict(yaml.safe_load((REPO / "model_specs" / "llama-3.1-8b.yaml").read_text())["hf_config"])
+    cfg.update(intermediate_size=10944, num_hidden_layers=4)
+    path = tmp_path / "glm-mlp.json"
+    path.write_text(json.dumps(cfg))
+    d = _fp8(cli, str(path), "rtx-3090-24gb", 4)
+    assert not d["fits"] and "the MLP's gate and up's rank share (5,472 outputs x 4,096 inputs at tp 4)" in d["reason"]
+    # At tp 2 the gate and up repack (10,944 wide), but the down projection's 5,472 inputs take no 64-wide k tile.
+    d = _fp8(cli, str(path), "rtx-3090-24gb", 2)
+    assert not d["fits"] and "the MLP's down projection's rank share (4,096 outputs x 5,472 inputs at tp 2)" in d["reason"]
+    assert _fp8(cli, str(path), "rtx-3090-24gb", 1)["fits"]
+    assert _fp8(cli, "qwen2.5-72b", "a100-sxm-80gb", 2)["fits"]
+    for tp in (4, 8):
+        d = _fp8(cli, "qwen2.5-72b", "a100-sxm-80gb", tp)
+        assert not d["fits"] and "Marlin kernel" in d["reason"], tp
+    assert _fp8(cli, "qwen2.5-72b", "h100-sxm-80gb", 8)["fits"]
+    assert _fp8(cli, "llama-3.1-70b", "a100-sxm-80gb", 8)["fits"]  # 28,672 / 8 = 3,584: whole 128-wide tiles
