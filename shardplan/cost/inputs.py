@@ -303,6 +303,7 @@ def inference_workload(
         switches["weight_formats"] = tuple(engine.weight_formats)
         switches["kv_heads_copied"] = engine.kv_heads_copied
         switches["speculative_with_pp"] = engine.speculative_with_pp
+        switches["fp8_marlin_architectures"] = engine.fp8_marlin_architectures
         era = engine.era
         switches.update(chunked_prefill=d.chunked_prefill, schedule=era.schedule,
                         graphs_for_prompt_steps=era.graphs_for_prompt_steps,

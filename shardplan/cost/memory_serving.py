@@ -704,10 +704,13 @@ def fp8_marlin_split_problem(spec: ModelSpec, hw: HardwareProfile, layout: Layou
     0.10.2rc2, "size_n = 5472 is not divisible by tile_n_size = 64" (the dense MLP's gate and up,
     2 x 10,944 / 4; https://github.com/zai-org/GLM-V/issues/178), and GLM-4.5-Air-FP8 at tp 8 on RTX
     3090s (https://github.com/zai-org/GLM-4.5/issues/94); "the limitation of marlin fp8 kernel on
-    ampere gpus" (https://github.com/vllm-project/vllm/issues/25079). The dense linears as vLLM
+    ampere gpus" (https://github.com/vllm-project/vllm/issues/25079). TGI takes Marlin on Ada too
+    (`wl.fp8_marlin_architectures`, knowledge/engines/tgi.yaml fp8_marlin). The dense linears as vLLM
     merges them (q, k and v; gate and up) and the shared experts; the routed experts' Marlin MoE path
     and MLA's projections are not checked here."""
-    if wl.quantization is not Quantization.FP8 or DType.FP8 in hw.peak_flops:
+    if wl.quantization is not Quantization.FP8:
+        return None
+    if DType.FP8 in hw.peak_flops and hw.gpu_architecture not in wl.fp8_marlin_architectures:
         return None
     h, tp = spec.hidden_size, layout.tp
     mats: list[tuple[str, int, int]] = []  # (what, n, k) of one rank
@@ -727,7 +730,7 @@ def fp8_marlin_split_problem(spec: ModelSpec, hw: HardwareProfile, layout: Layou
                  (f"{name}'s down projection", h, width // tp)]
     for what, n, k in mats:
         if n % 64 or not any(k % tk == 0 and n % tn == 0 for tk, tn in MARLIN_THREAD_TILES):
-            return (f"FP8 weights run through the Marlin kernel on a GPU without FP8 tensor cores, and {what}'s "
+            return (f"FP8 weights run through the Marlin kernel on this GPU, and {what}'s "
                     f"rank share ({n:,} outputs x {k:,} inputs at tp {tp}) fits none of its tiles (n a multiple of 64 "
                     "and a 64/128-wide k and n tile pair: use another tensor-parallel degree or weight format)")
     return None

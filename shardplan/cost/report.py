@@ -141,6 +141,8 @@ class InferenceWorkloadReport(Frozen):
                                                     "divide them, TGI)")
     speculative_with_pp: bool = Field(True, description="speculative decoding runs with pipeline parallelism (false: the "
                                                         "engine refuses the two together, SGLang)")
+    fp8_marlin_architectures: list[str] = Field(default_factory=list, description="GPU architectures with FP8 tensor cores "
+                                                "on which the engine still runs FP8 weights through Marlin (TGI on Ada)")
     sliding_window_in_flight_batches: int = Field(1, description="batches of the token budget a sliding-window KV "
                                                                  "group holds per request beyond its window (2: "
                                                                  "vLLM >= 0.26 with async scheduling)")

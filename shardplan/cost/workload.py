@@ -214,6 +214,9 @@ class InferenceWorkload:
     # False: the engine refuses speculative decoding with pipeline parallelism (SGLang;
     # knowledge/engines/*.yaml speculative_with_pp).
     speculative_with_pp: bool = True
+    # GPU architectures with FP8 tensor cores on which the engine still runs FP8 weights through Marlin
+    # (TGI on Ada; knowledge/engines/*.yaml fp8_marlin); on GPUs without them every engine does.
+    fp8_marlin_architectures: tuple[str, ...] = ()
     sliding_window_in_flight_batches: int = 1
     load: ServingLoad | None = None  # traffic to judge the plan under (continuous batching); None: static batch only
 

@@ -66,6 +66,8 @@ def engine_rules(engine: str = DEFAULT_ENGINE, version: str | None = None) -> En
                        checkpoint_formats=tuple(c for c in f.checkpoint_formats if parse_version(c.min_version) <= v),
                        kv_block_formats_source=f.kv_block_formats_source, kv_heads_copied=f.kv_heads_copied,
                        speculative_with_pp=f.speculative_with_pp,
+                       fp8_marlin_architectures=tuple(f.fp8_marlin.architectures) if f.fp8_marlin is not None
+                       and parse_version(f.fp8_marlin.min_version) <= v else (),
                        overlap_switch=f.overlap_switch if f.overlap_switch is not None
                        and parse_version(f.overlap_switch.min_version) <= v else None)
 

@@ -510,6 +510,21 @@ class CheckpointFormat(BaseModel):
         return self.architectures is None or architecture in self.architectures
 
 
+class Fp8Marlin(Frozen):
+    """GPU architectures on which the engine multiplies FP8 weights through Marlin (weight-only) even
+    though they have FP8 tensor cores, from a release on (TGI on Ada); everywhere the engines use
+    Marlin for FP8 on GPUs without FP8 tensor cores."""
+
+    architectures: list[str] = Field(min_length=1, description="the hardware profile's gpu.architecture names")
+    min_version: str = Field(description="first release that does")
+    source: str = Field(min_length=1, description="where it comes from")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Fp8Marlin":
+        parse_version(self.min_version)
+        return self
+
+
 class OverlapSwitch(BaseModel):
     """The command-line flag that turns the engine's overlap of scheduling with the GPU on or off
     (EngineEra.batches_in_flight), from the release that has it."""
@@ -563,6 +578,9 @@ class EngineFile(Frozen):
         True, description="speculative decoding runs with pipeline parallelism; false: the engine refuses to start "
                           "the two together (SGLang's server_args)")
     speculative_with_pp_source: str = Field("", description="where a false comes from")
+    fp8_marlin: Fp8Marlin | None = Field(
+        None, description="architectures with FP8 tensor cores on which it still runs FP8 weights through Marlin; "
+                          "none: only those without")
 
     @model_validator(mode="after")
     def _cover(self) -> "EngineFile":
@@ -601,6 +619,7 @@ class EngineRules(Frozen):
     kv_block_formats_source: str = ""  # the rule, with its source, printed as an assumption when one is used
     kv_heads_copied: bool = True  # False: tp must divide the KV heads (EngineFile.kv_heads_copied)
     speculative_with_pp: bool = True  # False: it refuses speculative decoding with pp > 1
+    fp8_marlin_architectures: tuple[str, ...] = ()  # with FP8 tensor cores, yet FP8 through Marlin (EngineFile.fp8_marlin)
 
     @property
     def label(self) -> str:

@@ -105,6 +105,11 @@ def plan_hardware(m: DeploymentManifest, plan: str | None = None, override: str 
     return hw
 
 
+# The workload fields that come from the engine's knowledge file as a whole (not an era), added after plans
+# were first written.
+ENGINE_RULE_FIELDS = ("kv_heads_copied", "speculative_with_pp", "fp8_marlin_architectures")
+
+
 def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload:
     """The workload the plan was costed for, as the cost model's own type."""
     w = m.workload.model_dump()
@@ -124,6 +129,17 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
     w = {k: tuple(v) if isinstance(v, list) else v for k, v in w.items()}
     if w.get("batches_in_flight") is None:  # written before it was recorded: costed with one batch at a time
         w["batches_in_flight"] = 1
+    # Engine rules a plan written before they were recorded does not carry: the engine version's own.
+    unrecorded = [k for k in ENGINE_RULE_FIELDS if k not in m.workload.model_fields_set]
+    if unrecorded:
+        from shardplan.knowledge.load import engine_rules
+
+        try:
+            rules = engine_rules(w["engine"], w.get("engine_version"))
+        except ShardplanError:  # an engine or version this shardplan has no rules for: the defaults
+            rules = None
+        if rules is not None:
+            w.update({k: getattr(rules, k) for k in unrecorded})
     return InferenceWorkload(**{**w, "speculative": plan_speculative(m), "kv_cache_dtype": DType(kv) if kv else None,
                                 "activation_dtype": DType(w["activation_dtype"]),
                                 "quantization": Quantization(w["quantization"]),

@@ -176,3 +176,23 @@ def test_fp8_on_gpus_without_fp8_tensor_cores_needs_marlin_tiles(cli, tmp_path):
         assert not d["fits"] and "Marlin kernel" in d["reason"], tp
     assert _fp8(cli, "qwen2.5-72b", "h100-sxm-80gb", 8)["fits"]
     assert _fp8(cli, "llama-3.1-70b", "a100-sxm-80gb", 8)["fits"]  # 28,672 / 8 = 3,584: whole 128-wide tiles
+
+
+def test_tgi_runs_fp8_through_marlin_on_ada_too(cli, tmp_path):
+    """TGI from 2.2.0 takes FP8-Marlin on every compute capability 8.x, 8.9 included ("W8A8 FP8 GEMM is
+    supported, but Marlin-FP8 is faster", layers/fp8.py get_fp8_linear): the GLM-width stand-in at tp 4
+    does not fit there on an L4; vLLM runs W8A8 on the L4 and it fits."""
+    import json
+
+    import yaml
+
+    cfg = dict(yaml.safe_load((REPO / "model_specs" / "llama-3.1-8b.yaml").read_text())["hf_config"])
+    cfg.update(intermediate_size=10944, num_hidden_layers=4)
+    path = tmp_path / "glm-mlp.json"
+    path.write_text(json.dumps(cfg))
+    args = ("estimate", str(path), "-H", "l4-24gb", "--gpus", "4", "--tp", "4", "--quantization", "fp8",
+            "--max-model-len", "4096", "--json")
+    tgi = _json(cli(*args, "--engine", "tgi"))
+    assert not tgi["fits"] and "5,472 outputs" in tgi["reason"] and tgi["workload"]["fp8_marlin_architectures"] == ["ada"]
+    assert _json(cli(*args, "--engine", "vllm"))["fits"]
+    assert _json(cli(*args, "--engine", "tgi", "--engine-version", "2.0.4"))["workload"]["fp8_marlin_architectures"] == []

@@ -52,3 +52,20 @@ def test_recommend_for_tgi_keeps_to_the_splits_it_starts(cli):
     assert res.exit_code == 0, res.stderr
     top = res.json()["top"]
     assert top and all(4 % e["plan"]["tp"] == 0 for e in top), [e["plan"]["tp"] for e in top]
+
+
+def test_a_plan_written_before_the_rule_was_recorded_takes_the_engines_own(cli, tmp_path):
+    """A manifest without the workload's kv_heads_copied (written before it was recorded) is re-planned
+    by the rules of its engine version: TGI's, so 8 GPUs still give tp 4, not tp 8."""
+    plan = tmp_path / "plan.yaml"
+    assert cli("recommend", "qwen3-235b-a22b", "-H", "h200-sxm-141gb", "--gpus", "4", "--engine", "tgi",
+               "--max-model-len", "8192", "-o", plan).exit_code == 0
+    d = yaml.safe_load(plan.read_text())
+    for key in ("kv_heads_copied", "speculative_with_pp", "fp8_marlin_architectures"):
+        d["workload"].pop(key)
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(d, sort_keys=False))
+    res = cli("replan", old, "--gpus", "8", "--json")
+    assert res.exit_code == 0, res.stderr
+    text = json.dumps(res.json())
+    assert '"tp": 8' not in text and '"tp": 4' in text
