@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -425,6 +426,14 @@ def recommend(
         space = replace(space, quantizations=(wl.quantization,), kv_cache_dtypes=(wl.kv_cache_dtype,))
         if allow_quantization and not (weight_dtype or quantization or kv_cache_dtype):
             space = with_allowed_dtypes(space, allow_quantization.split(","))
+            # Formats the engine does not run on this GPU at all (knowledge checkpoint_formats refused_architectures)
+            # are left out of the search, and said.
+            runs = set(wl.weight_formats) | {wl.quantization.value, "none"}
+            dropped = [q.value for q in space.quantizations if q.value not in runs]
+            if dropped:
+                print(f"warning: --allow-quantization: {', '.join(dropped)} left out: {wl.engine} does not run it on "
+                      f"{hw.gpu_architecture} GPUs (knowledge/engines/{wl.engine}.yaml)", file=sys.stderr)
+                space = replace(space, quantizations=tuple(q for q in space.quantizations if q.value in runs))
         elif not (weight_dtype or quantization or allow_quantization):
             # Nothing fits at the model's own format: the engine's smaller formats are tried next (with
             # offload), one of each size (awq and gptq store what int4 does).

@@ -224,10 +224,13 @@ def inference_workload(
     architecture = hw.gpu_architecture if hw is not None else None
     refused = shipped.get(quant.value)
     if refused is not None and architecture is not None and architecture in refused.refused_architectures:
+        others = [f for f in ("fp8", "int8", "int4")
+                  if f != quant.value and not (f in shipped and architecture in shipped[f].refused_architectures)]
+        if quant.value in ("awq", "gptq"):
+            others.append("the other of awq and gptq where it runs")
         raise ShardplanError(f"{engine.label} does not run {quant.value.upper()} on {architecture} GPUs "
                              f"({refused.refused_architectures_source})", field="--quantization",
-                             hint="choose another format (fp8, int8, int4, or the other of awq and gptq where it runs), "
-                                  "or another engine")
+                             hint=f"choose another format ({', '.join(others)}), or another engine")
     shipped_note = None
     fmt = shipped.get(checkpoint_format or "")
     if fmt is not None and fmt.needs_fp8_tensor_cores and (hw is None or DType.FP8 not in hw.peak_flops):
@@ -300,7 +303,10 @@ def inference_workload(
                         attention_workspace_bytes=d.attention_workspace_bytes,
                         assumptions=d.assumptions, vision_encoder_tokens=d.vision_encoder_tokens,
                         vision_kept_tokens=d.vision_kept_tokens)
-        switches["weight_formats"] = tuple(engine.weight_formats)
+        # The formats the search may fall back to, less those the engine does not run on this GPU at all.
+        switches["weight_formats"] = tuple(
+            f for f in engine.weight_formats
+            if not (architecture is not None and f in shipped and architecture in shipped[f].refused_architectures))
         switches["kv_heads_copied"] = engine.kv_heads_copied
         switches["speculative_with_pp"] = engine.speculative_with_pp
         switches["fp8_marlin_architectures"] = engine.fp8_marlin_architectures

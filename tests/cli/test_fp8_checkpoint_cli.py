@@ -196,3 +196,22 @@ def test_tgi_runs_fp8_through_marlin_on_ada_too(cli, tmp_path):
     assert not tgi["fits"] and "5,472 outputs" in tgi["reason"] and tgi["workload"]["fp8_marlin_architectures"] == ["ada"]
     assert _json(cli(*args, "--engine", "vllm"))["fits"]
     assert _json(cli(*args, "--engine", "tgi", "--engine-version", "2.0.4"))["workload"]["fp8_marlin_architectures"] == []
+
+
+def test_vllm_runs_no_fp8_on_volta(cli):
+    """vLLM's start-up gate: 'The quantization method fp8 is not supported for the current GPU. Minimum
+    capability: 75. Current capability: 70.' (Fp8Config.get_min_capability). Asked for, it is refused (exit
+    2, naming the formats that run); offered to the search, left out with a warning; and the formats tried
+    when nothing fits at 16 bits (the workload's weight_formats) do not include it."""
+    res = cli("estimate", "llama-3.1-8b", "-H", "v100-sxm-32gb", "--gpus", "1", "--quantization", "fp8", "--json")
+    assert res.exit_code == 2 and "does not run FP8 on volta GPUs" in res.stderr and "(int8, int4)" in res.stderr
+    res = cli("recommend", "llama-3.1-8b", "-H", "v100-sxm-32gb", "--gpus", "1", "--max-model-len", "4096",
+              "--allow-quantization", "fp8,int8", "--top", "10", "--json")
+    assert res.exit_code == 0 and "fp8 left out: vllm does not run it on volta GPUs" in res.stderr
+    assert {e["plan"]["quantization"] for e in res.json()["top"]} <= {"none", "int8"}
+    volta = _json(cli("estimate", "llama-3.1-8b", "-H", "v100-sxm-32gb", "--gpus", "1", "--json"))["workload"]
+    assert "fp8" not in volta["weight_formats"] and {"int8", "int4"} <= set(volta["weight_formats"])
+    # An Ampere GPU runs it (W8A16 Marlin).
+    ampere = _json(cli("estimate", "llama-3.1-8b", "-H", "a100-sxm-80gb", "--gpus", "1", "--quantization", "fp8",
+                       "--json"))["workload"]
+    assert ampere["quantization"] == "fp8" and "fp8" in ampere["weight_formats"]
