@@ -624,6 +624,22 @@ def serving_memory(spec: ModelSpec, hw: HardwareProfile, layout: Layout, wl: Inf
 
 
 INT4_GROUPED = (Quantization.AWQ, Quantization.GPTQ, Quantization.INT4)
+ROUTED = "the routed experts' width"
+
+
+def mlp_widths(spec: ModelSpec, layout: Layout) -> list[tuple[str, int, int]]:
+    """(what, width, the ranks it is split over) of each MLP tensor parallelism splits: the dense MLP's
+    intermediate_size over tp (where some layer is dense), the routed experts' over the expert
+    tensor-parallel degree, the shared experts' over tp. The engines' split checks read these."""
+    out: list[tuple[str, int, int]] = []
+    moe = spec.moe
+    if moe is None or moe.first_dense_layers > 0 or bool(moe.dense_layer_indices) or moe.moe_layer_step > 1:
+        out.append(("intermediate_size", spec.intermediate_size, layout.tp))
+    if moe is not None:
+        out.append((ROUTED, moe.expert_intermediate_size, layout.expert_tp))
+        if moe.num_shared_experts:
+            out.append(("the shared experts' width", moe.shared_intermediate_size * moe.num_shared_experts, layout.tp))
+    return out
 
 
 def speculative_pp_problem(layout: Layout, wl: InferenceWorkload) -> str | None:
@@ -671,16 +687,9 @@ def int4_group_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorkl
     if group is None:
         return None
     widths = [("the attention output's input", spec.num_attention_heads * spec.attention_head_dim, layout.tp)]
-    moe = spec.moe
-    if moe is None or moe.first_dense_layers > 0 or bool(moe.dense_layer_indices) or moe.moe_layer_step > 1:
-        widths.append(("intermediate_size", spec.intermediate_size, layout.tp))
-    if moe is not None:
-        widths.append(("the routed experts' width", moe.expert_intermediate_size, layout.expert_tp))
-        if moe.num_shared_experts:
-            widths.append(("the shared experts' width", moe.shared_intermediate_size * moe.num_shared_experts, layout.tp))
-    for name, width, parts in widths:
+    for name, width, parts in widths + mlp_widths(spec, layout):
         if parts > 1 and (width // parts) % group:
-            fix = "expert parallelism, " if name == "the routed experts' width" else ""
+            fix = "expert parallelism, " if name == ROUTED else ""
             return (f"the engine refuses to load the 4-bit checkpoint: {name} {width:,} / {parts} = "
                     f"{width // parts:,} per rank is not whole {group}-wide quantization groups (use a smaller "
                     f"tensor-parallel degree, {fix}or a checkpoint padded for it)")
@@ -719,13 +728,11 @@ def fp8_marlin_split_problem(spec: ModelSpec, hw: HardwareProfile, layout: Layou
         kv = max(1, spec.kv_heads // tp) * spec.attention_head_dim
         mats += [("the q, k and v projection", q + 2 * kv, h), ("the attention output", h, q)]
     up = 2 if spec.mlp_gated else 1
-    moe = spec.moe
-    widths = []
-    if moe is None or moe.first_dense_layers > 0 or bool(moe.dense_layer_indices) or moe.moe_layer_step > 1:
-        widths.append(("the MLP", spec.intermediate_size))
-    if moe is not None and moe.num_shared_experts:
-        widths.append(("the shared experts", moe.shared_intermediate_size * moe.num_shared_experts))
-    for name, width in widths:
+    names = {"intermediate_size": "the MLP", "the shared experts' width": "the shared experts"}
+    for what, width, _ in mlp_widths(spec, layout):
+        if what == ROUTED:
+            continue
+        name = names[what]
         mats += [(f"{name}'s gate and up" if up == 2 else f"{name}'s up", up * width // tp, h),
                  (f"{name}'s down projection", h, width // tp)]
     for what, n, k in mats:
@@ -751,16 +758,7 @@ def fp8_block_split_problem(spec: ModelSpec, layout: Layout, wl: InferenceWorklo
     if block is None or wl.quantization is not Quantization.FP8:
         return None
     block_width = math.lcm(*block)  # the width is the up projections' output (n) and the down projection's input (k)
-    widths: list[tuple[str, int, int]] = []
-    moe = spec.moe
-    dense = moe is None or moe.first_dense_layers > 0 or bool(moe.dense_layer_indices) or moe.moe_layer_step > 1
-    if dense:
-        widths.append(("intermediate_size", spec.intermediate_size, layout.tp))
-    if moe is not None:
-        widths.append(("the routed experts' width", moe.expert_intermediate_size, layout.expert_tp))
-        if moe.num_shared_experts:
-            widths.append(("the shared experts' width", moe.shared_intermediate_size * moe.num_shared_experts, layout.tp))
-    for name, width, parts in widths:
+    for name, width, parts in mlp_widths(spec, layout):
         if parts > 1 and (width // parts) % block_width:
             return (f"the engine refuses to load the block-quantized FP8 checkpoint: {name} {width:,} / {parts} = "
                     f"{width // parts:,} per rank is not a multiple of its {block_width}-wide weight blocks (use a smaller "
