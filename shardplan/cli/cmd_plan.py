@@ -426,14 +426,16 @@ def recommend(
         space = replace(space, quantizations=(wl.quantization,), kv_cache_dtypes=(wl.kv_cache_dtype,))
         if allow_quantization and not (weight_dtype or quantization or kv_cache_dtype):
             space = with_allowed_dtypes(space, allow_quantization.split(","))
-            # Formats the engine does not run on this GPU at all (knowledge checkpoint_formats refused_architectures)
-            # are left out of the search, and said.
-            runs = set(wl.weight_formats) | {wl.quantization.value, "none"}
-            dropped = [q.value for q in space.quantizations if q.value not in runs]
+            # Formats the engine does not run on this GPU at all (knowledge checkpoint_formats refused_architectures:
+            # its formats that the workload's, resolved for this GPU, leave out) are left out of the search, and said.
+            from shardplan.knowledge.load import engine_rules
+
+            refused = set(engine_rules(wl.engine, wl.engine_version).weight_formats) - set(wl.weight_formats)
+            dropped = [q.value for q in space.quantizations if q.value in refused]
             if dropped:
                 print(f"warning: --allow-quantization: {', '.join(dropped)} left out: {wl.engine} does not run it on "
                       f"{hw.gpu_architecture} GPUs (knowledge/engines/{wl.engine}.yaml)", file=sys.stderr)
-                space = replace(space, quantizations=tuple(q for q in space.quantizations if q.value in runs))
+                space = replace(space, quantizations=tuple(q for q in space.quantizations if q.value not in refused))
         elif not (weight_dtype or quantization or allow_quantization):
             # Nothing fits at the model's own format: the engine's smaller formats are tried next (with
             # offload), one of each size (awq and gptq store what int4 does).

@@ -222,10 +222,13 @@ def inference_workload(
     # A format asked for that the engine's kernels do not run on this GPU at all (knowledge checkpoint_formats
     # refused_architectures; --allow-quantization offers neither awq nor gptq): refused, not planned.
     architecture = hw.gpu_architecture if hw is not None else None
-    refused = shipped.get(quant.value)
-    if refused is not None and architecture is not None and architecture in refused.refused_architectures:
-        others = [f for f in ("fp8", "int8", "int4")
-                  if f != quant.value and not (f in shipped and architecture in shipped[f].refused_architectures)]
+
+    def refused_here(f: str) -> bool:
+        return architecture is not None and f in shipped and architecture in shipped[f].refused_architectures
+
+    if refused_here(quant.value):
+        refused = shipped[quant.value]
+        others = [f for f in ("fp8", "int8", "int4") if f != quant.value and not refused_here(f)]
         if quant.value in ("awq", "gptq"):
             others.append("the other of awq and gptq where it runs")
         raise ShardplanError(f"{engine.label} does not run {quant.value.upper()} on {architecture} GPUs "
@@ -304,9 +307,7 @@ def inference_workload(
                         assumptions=d.assumptions, vision_encoder_tokens=d.vision_encoder_tokens,
                         vision_kept_tokens=d.vision_kept_tokens)
         # The formats the search may fall back to, less those the engine does not run on this GPU at all.
-        switches["weight_formats"] = tuple(
-            f for f in engine.weight_formats
-            if not (architecture is not None and f in shipped and architecture in shipped[f].refused_architectures))
+        switches["weight_formats"] = tuple(f for f in engine.weight_formats if not refused_here(f))
         switches["kv_heads_copied"] = engine.kv_heads_copied
         switches["speculative_with_pp"] = engine.speculative_with_pp
         switches["fp8_marlin_architectures"] = engine.fp8_marlin_architectures

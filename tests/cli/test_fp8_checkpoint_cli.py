@@ -209,6 +209,10 @@ def test_vllm_runs_no_fp8_on_volta(cli):
               "--allow-quantization", "fp8,int8", "--top", "10", "--json")
     assert res.exit_code == 0 and "fp8 left out: vllm does not run it on volta GPUs" in res.stderr
     assert {e["plan"]["quantization"] for e in res.json()["top"]} <= {"none", "int8"}
+    # Only formats the engine itself lists and this GPU refuses are left out: llama.cpp lists none of fp8, int8, int4.
+    res = cli("recommend", "llama-3.1-8b", "-H", "rtx-4090-24gb", "--gpus", "1", "--engine", "llamacpp",
+              "--allow-quantization", "int8", "--max-model-len", "4096", "--json")
+    assert "left out" not in res.stderr, res.stderr
     volta = _json(cli("estimate", "llama-3.1-8b", "-H", "v100-sxm-32gb", "--gpus", "1", "--json"))["workload"]
     assert "fp8" not in volta["weight_formats"] and {"int8", "int4"} <= set(volta["weight_formats"])
     # An Ampere GPU runs it (W8A16 Marlin).
