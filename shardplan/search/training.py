@@ -318,6 +318,7 @@ def search_training(
     cap = float(hw.memory_capacity_bytes)
     tokens = wl.global_batch_size * wl.seq_len
     k = max(1, goal.top_k)
+    band = goal.tie_band_fraction or 0.0
     heap: list[tuple[float, tuple[Any, ...], int, Any]] = []
     candidates_before = res.num_candidates
     # The target's (or the stack's runtime) rules, checked at each stage (search/targets.py).
@@ -353,7 +354,7 @@ def search_training(
                 res.rejected[SHAPE_KEPT] += payload[3]
                 res.num_evaluated += payload[3]
                 continue
-        if len(best) >= k and bound > best[k - 1].objective_value:
+        if bound > _cut(best, k, band):
             left = [(kind, payload), *((kd, p) for _, _, kd, p in heap)]
             slower = sum(_count(p, kd) for kd, p in left if kd == _OFFLOADED)
             if slower:
@@ -380,7 +381,7 @@ def search_training(
         elif kind == _REFINED:
             shape, m, plain_fits, count = payload
             plain, offloaded = variants(shape)
-            fitted = _cost_variants(spec, hw, wl, goal, res, shape, plain, key, best, k, m) if plain_fits else {}
+            fitted = _cost_variants(spec, hw, wl, goal, res, shape, plain, key, best, k, m, band) if plain_fits else {}
             # An offloaded variant is never faster than the same ZeRO variant without offload:
             # where that one fits, its value bounds the offloaded one, which waits in the heap.
             later: dict[float, list[Variant]] = {}
@@ -392,12 +393,12 @@ def search_training(
                 else:
                     later.setdefault(value, []).append(v)
             if now:
-                _cost_variants(spec, hw, wl, goal, res, shape, now, key, best, k, m)
+                _cost_variants(spec, hw, wl, goal, res, shape, now, key, best, k, m, band)
             for value, waiting in later.items():
                 heapq.heappush(heap, (value, key, _OFFLOADED, (shape, m, waiting, len(waiting))))
         else:
             shape, m, waiting, count = payload
-            _cost_variants(spec, hw, wl, goal, res, shape, waiting, key, best, k, m)
+            _cost_variants(spec, hw, wl, goal, res, shape, waiting, key, best, k, m, band)
         if progress is not None:
             progress(res.num_evaluated - evaluated_before, total)
     res.feasible.extend(best)
@@ -410,11 +411,12 @@ def _shape(e: Evaluated) -> tuple[int, ...]:
 
 
 def _kept_value(best: list[Evaluated], layout: Layout) -> float | None:
-    """The objective of the variant of `layout`'s parallel shape among the top K kept, if any."""
+    """The objective of the variant of `layout`'s parallel shape among the top K kept, if any and
+    if it fits at the band's edge (a slower variant that does may still rank ahead of a tight one)."""
     shape = layout_shape(layout)
     for e in best:
         if _shape(e) == shape:
-            return e.objective_value
+            return None if e.tight else e.objective_value
     return None
 
 
@@ -463,7 +465,7 @@ def _memory_prune(spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, re
 
 def _cost_variants(
     spec: ModelSpec, hw: HardwareProfile, wl: TrainingWorkload, goal: Goal, res: SearchResult, shape: Layout,
-    variants: list[Variant], shape_key: tuple[Any, ...], best: list[Evaluated], k: int, m: int,
+    variants: list[Variant], shape_key: tuple[Any, ...], best: list[Evaluated], k: int, m: int, band: float = 0.0,
 ) -> dict[tuple[int, bool], float]:
     """Cost each state variant of `shape` in full; keep the best k in `best`. Returns the value
     of each variant that fits, by (ZeRO stage, hybrid sharding)."""
@@ -486,7 +488,7 @@ def _cost_variants(
         # fits (the K-th best only improves), so its memory is never costed.
         tt = training_time(spec, hw, layout, wl, m)
         value = objective_value(goal, hw, layout.world_size, tt.step_seconds, tokens)
-        if len(best) >= k and value > best[k - 1].objective_value:
+        if value > _cut(best, k, band):
             res.rejected[SLOWER_THAN_TOP.format(k=k)] += 1
             continue
         if goal.group_by_shape:
@@ -517,11 +519,36 @@ def _cost_variants(
         }
         fitted[(v[0], v[1])] = value
         best.append(Evaluated(layout, wl, hw, value, shape_key + (v[0], v[1], v[2].value, v[3].value), figures, tight))
-        best.sort(key=lambda e: (e.objective_value, e.key))
+        best.sort(key=lambda e: (e.tight, e.objective_value, e.key))  # as `search.honest_top` ranks them
         if goal.group_by_shape:
             # The best K distinct parallel shapes (issue 25): a variant (ZeRO, recompute, virtual
             # stages, micro-batch) of a shape already kept does not take a place of its own.
             seen: set[tuple[int, ...]] = set()
             best[:] = [e for e in best if not (_shape(e) in seen or seen.add(_shape(e)))]  # type: ignore[func-returns-value]
-        del best[k:]
+        edge = _band_edge(best, band)
+        del best[max(k, sum(1 for e in best if e.objective_value <= edge)):]
     return fitted
+
+
+def _band_edge(best: list[Evaluated], band: float) -> float:
+    """The largest objective that may tie with the first plan shown (`search.honest_top`: within
+    the model's error band of it, ordered by the secondary key, not by the objective; a hair over,
+    for its rounding); -inf without a band or before a plan that fits at the band's edge is kept.
+    The first shown is the best of those (`best` holds them first): a plan found later can only
+    lower it, so the edge only moves in."""
+    if band <= 0 or not best or best[0].tight:
+        return -math.inf
+    head = best[0].objective_value
+    ref = abs(head) or 1.0
+    return head + band * ref + 2e-12 * ref
+
+
+def _cut(best: list[Evaluated], k: int, band: float) -> float:
+    """The objective beyond which a plan cannot be shown, as `search.honest_top` ranks: plans that
+    fit at the band's edge before those that fit only at the prediction (tight), which no tight plan
+    displaces, so the K-th of those kept (until K are kept, any plan may still be shown); and the
+    edge of the first's tie band where that lies further (every tie is kept, so that the K shown are
+    the first K by the secondary key among all of them, not among the K best by the objective)."""
+    if len(best) < k or best[k - 1].tight:
+        return math.inf
+    return max(best[k - 1].objective_value, _band_edge(best, band))

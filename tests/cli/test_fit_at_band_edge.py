@@ -85,13 +85,20 @@ def test_recommend_ranks_a_tight_plan_last_and_strict_fit_excludes_it(cli):
 
 
 def test_recommend_puts_plans_that_fit_at_the_edge_first(cli):
-    d = _json(cli("recommend", *TRAIN, "--json"))
+    # One shape (tp 1, ZeRO-3 over 8 GPUs, no recomputation) in its micro-batch variants: 1 and 2
+    # fit at the band's edge, 4 only at the prediction (and is the fastest)
+    pins = ("--tp", "1", "--pp", "1", "--cp", "1", "--recompute", "none", "--offload", "none", "--expand")
+    d = _json(cli("recommend", *TRAIN, *pins, "--json"))
     verdicts = [t["fit_at_band_edge"]["verdict"] for t in d["top"]]
     assert "tight" in verdicts and "fits" in verdicts  # a real mix: the ranking is tested, not assumed
     assert verdicts == sorted(verdicts, key=lambda v: v == "tight")
     fastest_tight = min(t["time"]["step_seconds"] for t in d["top"] if t["fit_at_band_edge"]["verdict"] == "tight")
     assert d["top"][0]["time"]["step_seconds"] > fastest_tight  # ranked after despite being faster
     assert "tight" in d["why"]
+    # Unpinned, more shapes fit at the edge than are shown: none that fits only at the prediction
+    # takes the place of one that fits at the edge, however much faster
+    d = _json(cli("recommend", *TRAIN, "--json"))
+    assert [t["fit_at_band_edge"]["verdict"] for t in d["top"]] == ["fits"] * 5
     strict = _json(cli("recommend", *TRAIN, "--strict-fit", "--json"))
     assert strict["top"] and all(t["fit_at_band_edge"]["verdict"] == "fits" for t in strict["top"])
     assert strict["rejected"][TIGHT] >= 1

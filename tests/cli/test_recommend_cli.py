@@ -34,10 +34,13 @@ def _one_line_error(res, *needles):
 
 def _assert_ranked(top):
     """Best first by the objective, plans that fit only at the prediction (tight) after those that
-    fit at the error band's edge (each group in order)."""
+    fit at the error band's edge (each group in order); the plans tied with the first (within the
+    model's error band of it) lead, ordered by the secondary key instead."""
+    ties = [t["tie"] for t in top]
+    assert ties == sorted(ties, reverse=True)  # the ties first
     for tight in (False, True):
-        values = [t["objective_value"] for t in top
-                  if ((t.get("fit_at_band_edge") or {}).get("verdict") == "tight") is tight]
+        values = [t["objective_value"] for t in top if not t["tie"]
+                  and ((t.get("fit_at_band_edge") or {}).get("verdict") == "tight") is tight]
         assert values == sorted(values)
     verdicts = [(t.get("fit_at_band_edge") or {}).get("verdict") == "tight" for t in top]
     assert verdicts == sorted(verdicts)

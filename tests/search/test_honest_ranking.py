@@ -65,3 +65,21 @@ def test_training_recommend_shows_distinct_shapes_and_expand_shows_variants(cli)
     assert res.exit_code == 0, res.stderr
     shapes = [tuple(t["plan"][k] for k in ("tp", "pp", "dp", "cp", "ep")) for t in res.json()["top"]]
     assert len(set(shapes)) < len(shapes)
+
+
+def test_training_ties_are_ranked_among_all_of_them_not_the_k_best_by_the_objective(cli):
+    """More plans than --top tie with the first (DeepSeek-V3 on 2,048 H800s, default stack: the
+    band is +-8.3%): the plans shown, and the pick, do not depend on how many are asked for. The
+    search keeps every plan within the first's band, so the K shown are the first K of the ties by
+    the secondary key (before, --top 5 picked tp=4 pp=32 and --top 40 tp=2 pp=1)."""
+    args = ["recommend", "deepseek-v3", "-H", "h800-sxm-80gb", "--gpus", "2048", "--workload", "training",
+            "--seq-len", "4096", "--global-batch-size", "15360", "--json"]
+    shapes = {}
+    for k in (5, 15):
+        res = cli(*args, "--top", str(k))
+        assert res.exit_code == 0, res.stderr
+        top = res.json()["top"]
+        assert len(top) == k
+        shapes[k] = [tuple(e["plan"][d] for d in ("tp", "pp", "dp", "cp", "ep")) for e in top]
+    assert shapes[15][:5] == shapes[5]
+    assert sum(e["tie"] for e in top) > 5  # more ties than the smaller list shows
