@@ -39,6 +39,7 @@ from shardplan.cli.options import (
     MasterDtypeOpt,
     MomentDtypeOpt,
     OptimizerImplOpt,
+    RecomputeModulesOpt,
     ReduceBucketSizeOpt,
     QloraDoubleQuantOpt,
     FlashAttentionOpt,
@@ -119,6 +120,7 @@ def capacity(
     moment_dtype: MomentDtypeOpt = None,
     optimizer_impl: OptimizerImplOpt = None,
     reduce_bucket_size: ReduceBucketSizeOpt = None,
+    recompute_modules: RecomputeModulesOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """How much hardware does this model need? Serving: the fewest GPUs (and nodes) for each
@@ -169,7 +171,8 @@ def capacity(
                                          lora_alpha=lora_alpha, lora_targets=lora_targets, lora_dropout=lora_dropout,
                                          qlora_double_quant=qlora_double_quant, paged_optimizer=paged_optimizer,
                                          spec=loaded.spec, master_dtype=master_dtype, moment_dtype=moment_dtype,
-                                         optimizer_impl=optimizer_impl, reduce_bucket_size=reduce_bucket_size)
+                                         optimizer_impl=optimizer_impl, reduce_bucket_size=reduce_bucket_size,
+                                         recompute_modules=recompute_modules)
         with render_common.progress("finding the fewest GPUs per ZeRO stage and offload") as progress:
             result = CapacityResult(training_capacity(loaded.spec, hw, wl_t, max_gpus=limit, progress=progress,
                                                       target=target))

@@ -118,6 +118,14 @@ ReduceBucketSizeOpt = Annotated[Optional[str], typer.Option(
          "DeepSpeed's 5e8 (0.93 GiB in bf16); auto = hidden_size x hidden_size, as the Hugging Face Trainer fills "
          "it in. The DeepSpeed export writes the same value. Example: --stack deepspeed --zero-stage 2 "
          "--reduce-bucket-size 2e8.", show_default=False, rich_help_panel=TRAIN)]
+RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
+    "--recompute-modules", metavar="MODULES",
+    help="--stack megatron: what --recompute selective recomputes (Megatron-Core's --recompute-modules, "
+         "comma-separated): core_attn (the default), layernorm (MLA's input norm and the MoE pre-MLP norm), "
+         "mla_up_proj (MLA's Q/K/V up-projections), moe_act (the experts' activation), mlp (dense MLPs), moe "
+         "(whole MoE layers), shared_experts. Each keeps only its input and runs again in backward; the Megatron "
+         "export passes the same list. Example: --stack megatron --recompute selective "
+         "--recompute-modules core_attn,mla_up_proj,moe_act.", show_default=False, rich_help_panel=TRAIN)]
 OverlapGradReduceOpt = Annotated[bool, typer.Option(help="Data-parallel gradient reduction overlaps the backward (DDP/FSDP/DeepSpeed overlap_comm).", rich_help_panel=TRAIN)]
 
 

@@ -556,6 +556,80 @@ def _layer_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: W
     return layer_forward(spec, hw, layout, work, layer_index)
 
 
+# The linears each Megatron-Core recompute module runs again in backward (name prefixes of
+# `block_weights`): the MLA up-projections, a dense layer's MLP, an MoE layer's router, experts
+# and shared experts, the shared experts alone.
+RECOMPUTED_LINEARS: dict[str, tuple[str, ...]] = {
+    "mla_up_proj": ("self_attn.q_b_proj", "self_attn.kv_b_proj"),
+    "mlp": ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.fc1", "mlp.fc2"),
+    "moe": ("mlp.gate", "mlp.experts.", "mlp.shared_experts.", "mlp.shared_expert_gate"),
+    "shared_experts": ("mlp.shared_experts.",),
+}
+
+
+def recomputed_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work,
+                       layers: tuple[int, ...], modules: tuple[str, ...]) -> PassTime:
+    """The forward work selective recomputation of Megatron-Core `modules` (other than the
+    attention core, which the caller adds) runs again in backward over `layers`: the modules'
+    GEMMs at the forward's own speed (`_block_linear_time`), and the elementwise ops they rerun
+    (the separate norms under "layernorm", the experts' activation under "moe_act" or "moe",
+    the dense activation under "mlp"). Counted as executed FLOPs, not model FLOPs."""
+    total = PassTime()
+    for kind, _first, n in _kind_groups_of(spec, layers):
+        total = total + _recomputed_layer(spec, hw, _compute_shape(layout, kind[0]), work,
+                                          _kind_representatives(spec)[kind], modules).scaled(n)
+    return total
+
+
+@lru_cache(maxsize=4096)
+def _recomputed_layer(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, layer_index: int,
+                      modules: tuple[str, ...]) -> PassTime:
+    moe_layer, linear = layer_kind(spec, layer_index)
+    moe_here = moe_layer and spec.moe is not None
+    applies = {"mla_up_proj": spec.mla is not None, "mlp": not moe_here, "moe": moe_here,
+               "shared_experts": moe_here and "moe" not in modules}
+    prefixes = tuple(p for m in modules if applies.get(m, False) for p in RECOMPUTED_LINEARS[m])
+    mm_t = mm_f = 0.0
+    kernels = 0
+    for w in block_weights(spec, moe_layer, linear):
+        if len(w.shape) == 2 and w.name.startswith(prefixes):
+            t, f = _block_linear_time(spec, hw, layout, w, work)
+            mm_t += t
+            mm_f += f
+            kernels += 1
+    a = bytes_per_element(work.act_dtype)
+    ew = work.elementwise
+    width = a / 2
+    h = spec.hidden_size
+    outside = work.tokens / layout.tp if layout.sequence_parallel else work.tokens
+    nbytes = 0.0
+    if "layernorm" in modules:  # the separate norms only: MLA's input norm, an MoE layer's pre-MLP norm
+        norms = int(spec.mla is not None) + int(moe_here)
+        nbytes += norms * ew.norm_bytes_per_element * width * h * outside
+        kernels += norms * ew.norm_kernels
+    per_width = ew.act_bytes_per_element * width / a if spec.mlp_gated else 2
+    act_kernels = ew.act_kernels if spec.mlp_gated else 1
+    if moe_here and ("moe_act" in modules or "moe" in modules):
+        moe = spec.moe
+        assert moe is not None
+        routed = expert_group_tokens(work, layout) * moe.num_experts_per_token / layout.ep
+        nbytes += per_width * moe.expert_intermediate_size / layout.expert_tp * routed * a
+        kernels += act_kernels
+        if "moe" in modules:  # the rest of the layer's forward, as `elementwise_bytes` counts it
+            nbytes += 4 * routed * h * a + work.tokens * moe.num_experts * 4 * 2  # permute, unpermute; router
+            kernels += 3
+            if moe.num_shared_experts:
+                nbytes += per_width * moe.shared_intermediate_size * moe.num_shared_experts / layout.tp * work.tokens * a
+                kernels += act_kernels
+    if not moe_here and "mlp" in modules:
+        nbytes += per_width * spec.intermediate_size / layout.tp * work.tokens * a
+        kernels += act_kernels
+    ew_t = memory_seconds(hw, nbytes)
+    return PassTime(matmul_seconds=mm_t, memory_seconds=ew_t,
+                    kernel_seconds=kernel_overhead_seconds(hw, kernels, mm_t + ew_t, work.cuda_graphs),
+                    flops=mm_f, kernels=kernels)
+
+
 def head_forward(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work: Work, logit_tokens: float) -> PassTime:
     """Final norm and the vocabulary-parallel lm_head over `logit_tokens` rows (training: every
     token; serving: the last position of each sequence)."""

@@ -442,6 +442,7 @@ def training_workload(
     moment_dtype: str | None = None,
     optimizer_impl: str | None = None,
     reduce_bucket_size: str | None = None,
+    recompute_modules: str | None = None,
 ) -> TrainingWorkload:
     """The training workload from command-line values. With `stack`, what the stack fixes (its
     model-state bookkeeping, loss head, checkpointing, attention kernel, AMP, fusion) comes from
@@ -463,7 +464,10 @@ def training_workload(
             fsdp_unsharded_under_pp=stack.fsdp_unsharded_under_pp, pp_p2p_overlap=stack.pp_p2p_overlap,
             pp_holds_stage_outputs=stack.pp_holds_stage_outputs,
             collectives_multirail=stack.collectives_multirail, optimizer_foreach=stack.optimizer_foreach,
-            eager_attention_bytes_per_score=stack.eager_attention_bytes_per_score)
+            eager_attention_bytes_per_score=stack.eager_attention_bytes_per_score,
+            moe_expert_outputs_saved=stack.moe_expert_outputs_saved,
+            fp8_saves_quantized_inputs=stack.fp8_saves_quantized_inputs,
+            recompute_modules=tuple(stack.recompute_modules_default))
         if tp_comm_overlap and not stack.tp_comm_overlap_offered:
             raise ShardplanError(f"{stack.display_name} has no tensor-parallel communication overlap",
                                  field="--tp-comm-overlap", hint="drop it, or use --stack megatron")
@@ -518,6 +522,8 @@ def training_workload(
             raise ShardplanError(f"{optimizer_impl!r} is not foreach or fused", field="--optimizer-impl",
                                  hint="use foreach or fused")
         from_stack["optimizer_foreach"] = optimizer_impl == "foreach"
+    if recompute_modules is not None:
+        from_stack["recompute_modules"] = _recompute_modules(recompute_modules, stack, spec)
     return TrainingWorkload(
         seq_len=seq_len,
         global_batch_size=global_batch_size,
@@ -532,6 +538,33 @@ def training_workload(
 
 
 MAX_REDUCE_BUCKET_ELEMENTS = 10**11
+
+
+def _recompute_modules(value: str, stack: StackFile | None, spec: ModelSpec | None) -> tuple[str, ...]:
+    """--recompute-modules: the submodules selective recomputation recomputes, as the stack names
+    them (Megatron-Core's --recompute-modules), checked against the model as Megatron's
+    TransformerConfig checks them (mla_up_proj needs MLA; moe_act, moe and shared_experts an MoE)."""
+    if stack is None or not stack.recompute_modules:
+        raise ShardplanError("--recompute-modules names Megatron-Core's fine-grained recomputation",
+                             field="--recompute-modules", hint="drop it, or use --stack megatron")
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names or len(names) > len(stack.recompute_modules):
+        raise ShardplanError(f"--recompute-modules {value[:80]!r} names no module, or too many",
+                             field="--recompute-modules", hint=f"a comma-separated subset of {', '.join(stack.recompute_modules)}")
+    for n in names:
+        if n not in stack.recompute_modules:
+            raise ShardplanError(f"{n[:40]!r} is not one of {stack.display_name}'s recompute modules",
+                                 field="--recompute-modules", hint=f"use {', '.join(stack.recompute_modules)}")
+    if spec is not None:
+        needs = {"mla_up_proj": (spec.mla is not None, "multi-head latent attention"),
+                 "moe_act": (spec.moe is not None, "MoE layers"), "moe": (spec.moe is not None, "MoE layers"),
+                 "shared_experts": (spec.moe is not None and spec.moe.num_shared_experts > 0, "shared experts")}
+        for n in names:
+            present, what = needs.get(n, (True, ""))
+            if not present:
+                raise ShardplanError(f"--recompute-modules {n} needs {what}, which {spec.name} does not have",
+                                     field="--recompute-modules", hint=f"drop {n}")
+    return tuple(dict.fromkeys(names))
 
 
 def _reduce_bucket(value: str, stack: StackFile | None, spec: ModelSpec | None) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -30,6 +31,7 @@ from shardplan.units import DType, bytes_per_element
 
 FP32_BYTES = 4.0
 DROPOUT_MASK_BYTES = 1.0  # Korthikanti et al.: one byte per element
+FP8_BYTES = 1.0
 # DeepSpeed's estimators size host buffers at 1.5x the offloaded states
 # (`additional_buffer_factor` in deepspeed/runtime/zero/stage_1_and_2.py and stage3.py).
 DEEPSPEED_HOST_BUFFER_FACTOR = 1.5
@@ -201,6 +203,16 @@ def _activation_bytes_per_layer(
     if (layout.recompute is Recompute.SELECTIVE and wl.selective_policy == "op_level" and spec.mla is None
             and not (moe_layer and spec.moe is not None)):
         return op_level_selective_bytes(spec, layout, wl, micro_batch_size)
+    modules = recomputed_modules(wl, layout.recompute)
+    moe_here = moe_layer and spec.moe is not None
+    # Under fp8 GEMMs a Transformer Engine linear saves its input's fp8 copy (1 byte), not the
+    # 16-bit tensor; where another op saves the 16-bit tensor too, both are kept. Under current
+    # scaling Megatron makes the linears whose input another op keeps save that input instead
+    # (save_original_input): the attention output projection, the shared experts' fc1, and those
+    # after a recomputed (discarded) output (knowledge/stacks/megatron.yaml).
+    q8 = wl.matmul_dtype is DType.FP8 and wl.fp8_saves_quantized_inputs
+    lin = FP8_BYTES if q8 else a_bytes  # a linear's saved input that no other op keeps
+    delayed = q8 and megatron_fp8_recipe(modules) == "delayed"
     attention_dropout, hidden_dropout = dropout_kinds(spec, wl)
     mask = DROPOUT_MASK_BYTES * sbh * rep if hidden_dropout else 0.0
     # A linear's input is saved for its weight gradient; a frozen base (LoRA) keeps it only
@@ -212,22 +224,42 @@ def _activation_bytes_per_layer(
         # torch.float32)); an fp32 residual stream (QLoRA under prepare_model_for_kbit_training)
         # is its own copy, since .to() of a tensor already in that dtype returns the tensor itself.
         total += spec.num_norms_per_layer * FP32_BYTES * sbh * rep
-    # Attention: input of the QKV projection, Q, K, V, input of the output projection.
-    total += a_bytes * sbh * rep * kept["qkv"]
+    # Attention: input of the QKV projection (the norm's output), Q, K, V, input of the output
+    # projection. MLA's input norm is a module of its own (Megatron's layer spec fuses the other
+    # norms into the next linear): "layernorm" recomputation discards its output; under fp8 its
+    # two down-projections each keep an fp8 copy.
+    if "layernorm" in modules and spec.mla is not None:
+        qkv_in = 0.0
+    else:
+        qkv_in = (lin * (2 if spec.mla is not None else 1)) if q8 else a_bytes
+    total += qkv_in * sbh * rep * kept["qkv"]
+    core_attn = "core_attn" in modules
+    if not q8:
+        attn_out = a_bytes
+    elif delayed:  # the fp8 copy beside the attention kernel's own 16-bit output (not kept when recomputed)
+        attn_out = (a_bytes if wl.flash_attention and not core_attn else 0.0) + FP8_BYTES
+    else:
+        attn_out = a_bytes
     if spec.mla is not None:
         m = spec.mla
-        total += a_bytes * s * b * (heads * m.qk_head_dim / t + (m.kv_lora_rank + m.qk_rope_head_dim))
-        total += a_bytes * s * b * heads * (m.qk_nope_head_dim + m.v_head_dim) / t
-        total += a_bytes * s * b * heads * m.v_head_dim / t
+        if "mla_up_proj" in modules:
+            # Only the up-projections' inputs are kept (q_compressed, kv_compressed, k_pos_emb):
+            # Q, K and V are computed again in backward (MultiLatentAttention qkv_up_checkpoint).
+            # The compressed q and kv are sequence-parallel shards; the rotary key is whole.
+            total += a_bytes * s * b * (((m.q_lora_rank or 0) + m.kv_lora_rank) * rep + m.qk_rope_head_dim)
+        else:
+            total += a_bytes * s * b * (heads * m.qk_head_dim / t + (m.kv_lora_rank + m.qk_rope_head_dim))
+            total += a_bytes * s * b * heads * (m.qk_nope_head_dim + m.v_head_dim) / t
+        total += attn_out * s * b * heads * m.v_head_dim / t
     else:
         d = spec.attention_head_dim
         kv_share = min(t, spec.kv_heads)
         total += a_bytes * s * b * (heads * d / t + 2 * spec.kv_heads * d / kv_share)
-        total += a_bytes * s * b * heads * d / t
+        total += attn_out * s * b * heads * d / t
     total += mask  # attention output dropout
     # Attention core: softmax output (+ its dropout mask and output) without flash
     # attention; flash attention keeps only the fp32 log-sum-exp per head and row.
-    if layout.recompute is not Recompute.SELECTIVE:
+    if not core_attn:
         if wl.flash_attention:
             total += FP32_BYTES * heads * s * b / t
         else:
@@ -253,9 +285,29 @@ def _activation_bytes_per_layer(
     # gate and up and recomputes the activation. Counted against transformers' LlamaMLP on CPU:
     # tests/cost/test_layer_activations_torch.py.
     eager_glu = 1 if spec.mlp_gated and not wl.elementwise_fused else 0
-    total += a_bytes * sbh * rep * kept["mlp"] + mask  # MLP input, output dropout
-    if moe_layer and spec.moe is not None:
+    fc1_out = width_factor - 1 + eager_glu  # widths of the first projections' outputs the activation keeps
+    # The down projection's input (the activation's output): ReLU keeps it itself; a linear's copy
+    act_out = (a_bytes + (FP8_BYTES if q8 else 0.0)) if relu else lin
+    # The MLP's input (the pre-MLP norm's output). An MoE layer's pre-MLP norm is a module of its
+    # own in Megatron's layer spec ("layernorm" recomputation discards its output); the router
+    # keeps it in 16 bits and, under delayed fp8 scaling, the shared experts' fc1 an fp8 copy
+    # unless they are checkpointed. A dense layer's norm is fused into fc1 (its layer spec is
+    # built without experts: pre_mlp_layernorm is IdentityOp), which keeps the norm's output,
+    # and a checkpointed MLP ("mlp") keeps the residual itself, already counted.
+    shared_fc1_copy = (delayed and spec.moe is not None and spec.moe.num_shared_experts > 0
+                       and not {"moe", "shared_experts"} & modules)
+    if moe_here:
+        mlp_in = 0.0 if "layernorm" in modules else a_bytes + (FP8_BYTES if shared_fc1_copy else 0.0)
+    elif "mlp" in modules:
+        mlp_in = 0.0
+    else:
+        mlp_in = lin
+    total += mlp_in * sbh * rep * kept["mlp"] + mask  # MLP input, output dropout
+    if moe_here and "moe" in modules:
+        pass  # the MoE layer is checkpointed: it keeps its input only (above)
+    elif moe_here:
         moe = spec.moe
+        assert moe is not None
         k = moe.num_experts_per_token
         tokens = s * b * rep  # tokens of this rank entering the router
         # Rows this rank's experts run, spread evenly over the experts: each rank's k copies of
@@ -266,21 +318,44 @@ def _activation_bytes_per_layer(
         # Without sequence parallelism the tp ranks already hold the same tokens.
         rows = tokens * k * (layout.expert_tp if layout.sequence_parallel else 1)
         total += FP32_BYTES * tokens * moe.num_experts  # router logits
-        total += a_bytes * rows * h  # permuted (dispatched) tokens, the experts' input
-        total += a_bytes * rows * (width_factor + eager_glu) * moe.expert_intermediate_size / layout.expert_tp
+        total += lin * rows * h  # permuted (dispatched) tokens, the experts' input
+        # the first projections' outputs; the activation's output unless recomputed ("moe_act")
+        expert_act = 0.0 if "moe_act" in modules else act_out
+        total += rows * (a_bytes * fc1_out + expert_act) * moe.expert_intermediate_size / layout.expert_tp
         # expert outputs, kept by the multiplication with the router probabilities for the
-        # probabilities' gradient (Megatron-core moe_utils.unpermute; HF Mixtral's
+        # probabilities' gradient (Megatron-core moe_utils.unpermute before core 0.13; HF Mixtral's
         # `expert_layer(x) * routing_weights`); measured by `shardplan verify` on a Mixtral proxy
-        total += a_bytes * rows * h
-        if moe.num_shared_experts:
-            total += (a_bytes * s * b * (width_factor + eager_glu) * moe.shared_intermediate_size
+        if wl.moe_expert_outputs_saved:
+            total += a_bytes * rows * h
+        if moe.num_shared_experts and "shared_experts" not in modules:
+            total += (s * b * (a_bytes * fc1_out + act_out) * moe.shared_intermediate_size
                       * moe.num_shared_experts / t)
-    else:
-        widths = width_factor + eager_glu - (0 if kept["down"] or relu else 1)  # the last is the down projection's input
-        total += a_bytes * s * b * widths * spec.intermediate_size / t
+    elif "mlp" not in modules:
+        down_in = act_out if (kept["down"] or relu) else 0.0  # the last is the down projection's input
+        total += s * b * (a_bytes * fc1_out + down_in) * spec.intermediate_size / t
     if not wl.trains_base:
         total += lora_saved_bytes(spec, wl, moe_layer, s * b, linear_attention)
     return total
+
+
+def recomputed_modules(wl: TrainingWorkload, recompute: Recompute) -> frozenset[str]:
+    """What a layer recomputes in backward under selective recomputation, as Megatron-Core's
+    --recompute-modules names it: the workload's modules under Megatron's (attention_core)
+    policy, the attention core alone by default; none without selective recomputation."""
+    if recompute is not Recompute.SELECTIVE:
+        return frozenset()
+    if wl.selective_policy == "attention_core" and wl.recompute_modules:
+        return frozenset(wl.recompute_modules)
+    return frozenset(("core_attn",))
+
+
+def megatron_fp8_recipe(recomputed: Iterable[str]) -> str:
+    """The fp8 scaling recipe Megatron runs for a plan that recomputes `recomputed`
+    (`recomputed_modules`; `export --to megatron` passes it): delayed scaling, or per-tensor
+    current scaling where "moe_act" or "layernorm" is recomputed,
+    which Megatron-Core refuses under delayed scaling (transformer_config.py, core_v0.14.0: "Delayed
+    scaling does not support moe_act and layernorm recompute for fp8")."""
+    return "tensorwise" if {"moe_act", "layernorm"} & set(recomputed) else "delayed"
 
 
 def residual_bytes(wl: TrainingWorkload) -> float:

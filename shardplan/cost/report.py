@@ -214,6 +214,11 @@ class TrainingWorkloadReport(Frozen):
     master_dtype: str = Field(description="the optimizer's master weights (and DeepSpeed's gradient partition)")
     moment_dtype: str = Field(description="the optimizer's moments (Adam's m and v)")
     optimizer_foreach: bool = Field(description="torch's foreach AdamW: the step allocates a parameter-sized list")
+    moe_expert_outputs_saved: bool = Field(description="MoE layers keep their routed experts' outputs for the router "
+                                                       "probabilities' gradient")
+    fp8_saves_quantized_inputs: bool = Field(description="under fp8 GEMMs the linears save their inputs' fp8 copies")
+    recompute_modules: list[str] = Field(description="what selective recomputation recomputes (Megatron-Core "
+                                                     "--recompute-modules); empty: the stack's selective policy")
 
 
 WorkloadReport = Annotated[Union[InferenceWorkloadReport, TrainingWorkloadReport], Field(discriminator="kind")]

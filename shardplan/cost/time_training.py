@@ -53,6 +53,7 @@ from shardplan.cost.compute import (
     kernel_overhead_seconds,
     layers_forward,
     memory_seconds,
+    recomputed_forward,
 )
 from shardplan.cost.finetune import adapter_params, base_format_bytes, is_nf4_base_weight, targeted_modules
 from shardplan.cost.params import layer_kind, layer_weights
@@ -64,6 +65,7 @@ from shardplan.cost.memory_training import (
     frozen_base,
     logits_per_rank,
     optimizer_moment_bytes,
+    recomputed_modules,
     state_bytes,
     zero_shard_degrees,
 )
@@ -414,6 +416,8 @@ def _cached_stage_time(
         fwd = fwd + adapters + dequant
     fwd = fwd + loss_fwd
     n_layers = len(layers)
+    modules = recomputed_modules(wl, layout.recompute) if wl.selective_policy == "attention_core" else frozenset()
+    again_fwd = PassTime()
     if layout.recompute is Recompute.FULL:
         f = layer_fwd  # the layers' forward again, without counting it as model FLOPs
         bwd = bwd + PassTime(f.matmul_seconds, f.attention_seconds, f.memory_seconds, f.kernel_seconds, f.flops, 0.0,
@@ -425,7 +429,12 @@ def _cached_stage_time(
                              kernel_seconds=layer_fwd.kernel_seconds, flops=layer_fwd.dropped_matmul_flops,
                              kernels=layer_fwd.kernels)
     elif layout.recompute is Recompute.SELECTIVE:
-        bwd = bwd + PassTime(attention_seconds=attn_fwd.attention_seconds, flops=attn_fwd.attention_flops)
+        if "core_attn" in modules:
+            bwd = bwd + PassTime(attention_seconds=attn_fwd.attention_seconds, flops=attn_fwd.attention_flops)
+        others = tuple(sorted(modules - {"core_attn"}))
+        if others:
+            again_fwd = recomputed_forward(spec, hw, layout, work, layers, others)
+            bwd = bwd + again_fwd
 
     a = bytes_per_element(wl.activation_dtype)
     # TP all-reduces (or RS + AG with sequence parallelism, the same bytes) and expert
@@ -436,11 +445,25 @@ def _cached_stage_time(
                                          multirail=wl.collectives_multirail)
     _, ep_pass = layer_collectives_seconds(spec, hw, layers, tokens=tokens_out, act_bytes=a, tp=tp, ep=ep,
                                          multirail=wl.collectives_multirail)
-    tp_seconds, ep_seconds = passes * tp_pass, passes * ep_pass
+    # A recomputed MoE layer ("moe") dispatches and combines its tokens again.
+    tp_seconds, ep_seconds = passes * tp_pass, (3 if "moe" in modules else passes) * ep_pass
     if wl.tp_comm_overlap and tp_pass > 0:
         # Each pass's collectives run beside that pass's GEMMs (twice the forward's in backward).
         gemm = layer_fwd.matmul_seconds
         tp_seconds = sum(overlapped(g, tp_pass, hw) - g for g in (gemm, 2 * gemm, gemm)[:passes])
+    if {"mlp", "moe"} & modules and tp_pass > 0:
+        # A checkpointed dense MLP or MoE layer runs its tensor-parallel collective again (one of a
+        # layer's two, after attention and after the MLP, of the same bytes), beside the
+        # recomputed GEMMs where the stack overlaps them.
+        again = tuple(i for i in layers if ("moe" if spec.is_moe_layer(i) else "mlp") in modules)
+        if again:
+            tp_again, _ = layer_collectives_seconds(spec, hw, again, tokens=work.tokens, act_bytes=a, tp=tp, ep=ep,
+                                                    multirail=wl.collectives_multirail)
+            if wl.tp_comm_overlap:
+                g = again_fwd.matmul_seconds
+                tp_seconds += overlapped(g, tp_again / 2, hw) - g
+            else:
+                tp_seconds += tp_again / 2
     # Context parallelism: the ring passes every K/V chunk round once in forward, K/V and
     # their gradients in backward, behind the attention core.
     cp_seconds = 0.0

@@ -356,6 +356,14 @@ class TrainingWorkload:
     moment_dtype: DType = DType.FP32
     # torch's foreach AdamW: its step holds one more list the size of the stepped parameters
     optimizer_foreach: bool = False
+    # An MoE layer keeps its routed experts' outputs for the router probabilities' gradient (HF,
+    # Megatron-Core before 0.13); False: the probabilities multiply inside the experts' activation.
+    moe_expert_outputs_saved: bool = True
+    # Under fp8 GEMMs each linear saves its input's fp8 copy (Transformer Engine); False: the 16-bit input.
+    fp8_saves_quantized_inputs: bool = False
+    # What selective recomputation recomputes (Megatron-Core --recompute-modules, knowledge/stacks/
+    # megatron.yaml); (): the stack's selective policy alone (the attention core, or op-level).
+    recompute_modules: tuple[str, ...] = ()
 
     @property
     def trains_base(self) -> bool:

@@ -276,6 +276,11 @@ class Raw(str):
     """A shell expression (e.g. "$HEAD_IP:29500") written without quoting, for the shell to expand."""
 
 
+class Words(tuple):
+    """The values of a flag that takes several (argparse nargs='+'/'*'), written as separate words,
+    each checked against the flag's choices."""
+
+
 @dataclass(frozen=True)
 class FlagTable:
     tool: str
@@ -474,7 +479,7 @@ def checked_kv_value(ctx: ExportContext, target: str, table: FlagTable, value: s
     return value
 
 
-Arg = tuple[str, "str | int | float | None"]
+Arg = tuple[str, "str | int | float | Words | None"]
 
 
 def command(table: FlagTable | None, program: Sequence[str], args: Iterable[Arg], *, tail: Sequence[str] = (),
@@ -483,10 +488,17 @@ def command(table: FlagTable | None, program: Sequence[str], args: Iterable[Arg]
     head = " ".join(_quote(p) for p in program)
     lines = [head]
     for name, value in args:
+        prefix = table.prefix if table is not None else "--"
+        if isinstance(value, Words):
+            words = [_text(w) for w in value]
+            if table is not None:
+                for w in words:
+                    table.check(name, w)
+            lines.append(f"{prefix}{name} " + " ".join(_quote(w) for w in words))
+            continue
         v = None if value is None else (value if isinstance(value, Raw) else _text(value))
         if table is not None:
             table.check(name, v)
-        prefix = table.prefix if table is not None else "--"
         lines.append(f"{prefix}{name}" if v is None else f"{prefix}{name} {_quote(v)}")
     if tail:
         lines.append(" ".join(_quote(t) for t in tail))

@@ -28,6 +28,7 @@ from shardplan.exporters.base import (
     ExportContext,
     ExportFile,
     Raw,
+    Words,
     cannot,
     command,
     flag_table,
@@ -37,6 +38,7 @@ from shardplan.exporters.base import (
     script_words,
     training,
 )
+from shardplan.cost.memory_training import megatron_fp8_recipe
 from shardplan.exporters.targets import check
 from shardplan.knowledge import model_support
 from shardplan.exporters.torchrun import script_launcher_args, script_rdzv_lines
@@ -136,6 +138,8 @@ def parallel_args(ctx: ExportContext) -> list[Arg]:
         args.append(("overlap-grad-reduce", None))
     if L.recompute == "selective":
         args.append(("recompute-granularity", "selective"))
+        if wl.recompute_modules and wl.recompute_modules != ["core_attn"]:  # Megatron's default: core_attn
+            args.append(("recompute-modules", Words(wl.recompute_modules)))
     elif L.recompute == "full":
         args += [("recompute-granularity", "full"), ("recompute-method", "uniform"), ("recompute-num-layers", 1)]
     args += [("micro-batch-size", L.micro_batch_size), ("global-batch-size", wl.global_batch_size),
@@ -146,6 +150,9 @@ def parallel_args(ctx: ExportContext) -> list[Arg]:
         args.append(("fp16", None))
     if wl.matmul_dtype == "fp8":
         args.append(("fp8-format", "hybrid"))  # E4M3 forward, E5M2 gradients, delayed scaling (Transformer Engine)
+        recomputed = wl.recompute_modules if L.recompute == "selective" else []
+        if megatron_fp8_recipe(recomputed) != "delayed":  # recomputed moe_act / layernorm need current scaling
+            args.append(("fp8-recipe", megatron_fp8_recipe(recomputed)))
     if wl.moment_dtype == "bf16":  # Transformer Engine's FusedAdam (megatron/core/optimizer/optimizer_config.py)
         args += [("use-precision-aware-optimizer", None), ("exp-avg-dtype", "bf16"), ("exp-avg-sq-dtype", "bf16")]
     return args

@@ -17,6 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shardplan.specs.cases import RecomputeModule
+
 # X.Y[.Z[.W]] with an optional release suffix (0.6.4.post1, 0.9.0.1, 1.2.0rc8, 2.1.0-dev3, 0.5.3+cu124); nothing else
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)?(?:[.\-]?(?:post|rc|dev|a|b)\d*)?(?:\+[A-Za-z0-9.]+)?$")
 
@@ -763,6 +765,18 @@ class StackFile(Frozen):
     optimizer_dtypes: OptimizerDtypes = Field(
         default_factory=OptimizerDtypes, description="the dtypes its optimizer's master weights and moments can take; "
                                                      "absent: fp32 only")
+    moe_expert_outputs_saved: bool = Field(
+        True, description="an MoE layer keeps its routed experts' outputs (tokens x top-k x hidden) for the router "
+                          "probabilities' gradient (the probabilities multiply the outputs); false: they multiply inside "
+                          "the experts' activation, whose saved input serves their gradient")
+    fp8_saves_quantized_inputs: bool = Field(
+        False, description="under fp8 GEMMs a linear saves the fp8 copy of its input for the weight gradient (1 byte "
+                           "an element); false: the 16-bit input")
+    recompute_modules: list[RecomputeModule] = Field(
+        default_factory=list, description="the submodules --recompute-modules can name under selective "
+                                          "recomputation; empty: its selective policy is fixed")
+    recompute_modules_default: list[RecomputeModule] = Field(
+        default_factory=list, description="what selective recomputation recomputes when --recompute-modules is not given")
     sources: dict[str, str] = Field(description="field -> where it comes from (file at a tag, PR, doc)")
 
     @model_validator(mode="after")
@@ -792,11 +806,22 @@ class StackFile(Frozen):
             documented.add("grads_allocated_in_backward")
         if self.ddp_gradient_buckets:
             documented.add("ddp_gradient_buckets")
+        if not self.moe_expert_outputs_saved:
+            documented.add("moe_expert_outputs_saved")
+        if self.fp8_saves_quantized_inputs:
+            documented.add("fp8_saves_quantized_inputs")
+        if self.recompute_modules:
+            documented.add("recompute_modules")
         require_sources(documented, self.sources)
         if ("selective" in self.recompute) != (self.selective is not None):
             raise ValueError("selective must be set exactly when recompute offers selective")
         if not self.elementwise_fused and self.eager_elementwise is None:
             raise ValueError("eager_elementwise is required when elementwise_fused is false")
+        if bool(self.recompute_modules) != bool(self.recompute_modules_default) or not set(
+                self.recompute_modules_default) <= set(self.recompute_modules):
+            raise ValueError("recompute_modules_default must be a non-empty subset of recompute_modules, given with it")
+        if self.recompute_modules and self.selective != "attention_core":
+            raise ValueError("recompute_modules refine Megatron-style (attention_core) selective recomputation only")
         return self
 
 

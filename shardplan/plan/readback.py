@@ -123,7 +123,8 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
                                    "matmul_dtype": DType(w["matmul_dtype"]),
                                    "finetune": FineTune(w["finetune"]), "lora_targets": tuple(w["lora_targets"]),
                                    "base_format": BaseFormat(w["base_format"]),
-                                   "master_dtype": DType(w["master_dtype"]), "moment_dtype": DType(w["moment_dtype"])})
+                                   "master_dtype": DType(w["master_dtype"]), "moment_dtype": DType(w["moment_dtype"]),
+                                   "recompute_modules": tuple(w["recompute_modules"])})
     kv = w["kv_cache_dtype"]
     # Lists in the manifest are tuples in the cost model's frozen (hashable, cached) workload.
     w = {k: tuple(v) if isinstance(v, list) else v for k, v in w.items()}

@@ -18,7 +18,7 @@ from shardplan.cost.inputs import MAX_SEQUENCES, MAX_SPECULATIVE_TOKENS
 from shardplan.cost.layout import Offload, PipelineSchedule, Recompute
 from shardplan.cost.params import Split
 from shardplan.cost.workload import Framework, Optimizer, Quantization
-from shardplan.knowledge.schema import BandKind, BandQuantity
+from shardplan.knowledge.schema import BandKind, BandQuantity, RecomputeModule
 from shardplan.errors import ShardplanError
 from shardplan.knowledge.load import engine_rules
 from shardplan.specs.model import MAX_TOKENS
@@ -41,6 +41,7 @@ OptimizerName = _values(Optimizer)
 FrameworkName = _values(Framework)
 RecomputeName = _values(Recompute)
 ScheduleName = _values(PipelineSchedule)
+RecomputeModuleName = RecomputeModule
 Degree = Annotated[int, Field(ge=1)]
 Pair = Annotated[list[int], Field(min_length=2, max_length=2, description="[first, last], both inclusive")]
 
@@ -293,6 +294,14 @@ class TrainingWorkloadSection(_Section):
                                                                    "gradient partition)")
     moment_dtype: Literal["fp32", "bf16"] = Field("fp32", description="the optimizer's moments (Adam's m and v)")
     optimizer_foreach: bool = Field(False, description="torch's foreach AdamW: the step allocates a parameter-sized list")
+    # Megatron-Core's MoE, Transformer Engine's fp8 and fine-grained recomputation; the defaults are
+    # what plans written before them meant.
+    moe_expert_outputs_saved: bool = Field(True, description="MoE layers keep their routed experts' outputs for the "
+                                                             "router probabilities' gradient")
+    fp8_saves_quantized_inputs: bool = Field(False, description="under fp8 GEMMs the linears save their inputs' fp8 copies")
+    recompute_modules: list[RecomputeModuleName] = Field(
+        default_factory=list, max_length=16, description="what selective recomputation recomputes (Megatron-Core "
+                                                         "--recompute-modules); empty: the stack's selective policy")
 
 
 class LayoutSection(_Section):

@@ -25,6 +25,10 @@ from pydantic import Discriminator, Field, Tag, model_validator
 
 from shardplan.specs._base import StrictModel
 
+# Megatron-Core's --recompute-modules (megatron/core/transformer/transformer_config.py recompute_modules);
+# the training stacks' knowledge (knowledge/stacks/*.yaml) names its modules from this list.
+RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
+
 Positive = Annotated[int, Field(gt=0, le=1_000_000)]
 
 
@@ -113,6 +117,8 @@ class TrainingCase(_Case):
     seq_len: Positive
     global_batch: Positive | None = None
     recompute: Literal["none", "selective", "full"] = "none"
+    recompute_modules: list[RecomputeModule] | None = Field(
+        None, max_length=16, description="Megatron-Core --recompute-modules under selective; null: the stack's default")
     flash_attention: bool | None = None
     dropout: bool = False
     fp8: bool = Field(False, description="fp8 linear GEMMs")

@@ -167,6 +167,7 @@ def predict_training(case: TrainingCase, corpus: Path | None = None) -> CostRepo
                            compile_loss=case.compile_loss, master_dtype=case.master_dtype,
                            moment_dtype=case.moment_dtype, overlap_grad_reduce=case.overlap_comm,
                            reduce_bucket_size=None if case.reduce_bucket_size is None else str(case.reduce_bucket_size),
+                           recompute_modules=None if case.recompute_modules is None else ",".join(case.recompute_modules),
                            spec=spec)
     return estimate(spec, hw, layout, wl)
 

@@ -140,6 +140,7 @@ def training_row_case(stack: str, row: dict, path: Path | None = None) -> Traini
         sequence_parallel=c["sequence_parallel"] if isinstance(c.get("sequence_parallel"), bool) else None,
         zero_stage=c.get("zero_stage") or 0, micro_batch=c["micro_batch"], seq_len=c["seq_len"],
         global_batch=c.get("global_batch"), recompute=c.get("recompute") or "none",
+        recompute_modules=c.get("recompute_modules"),
         flash_attention=c.get("flash_attention"), dropout=bool(c.get("dropout")), fp8=c.get("dtype") == "fp8",
         compile=compiled(row.get("torch_compile")), compile_loss=c.get("compile_loss"),
         tp_comm_overlap=bool(c.get("tp_comm_overlap")), pp_embedding_as_layer=bool(c.get("pp_embedding_as_layer")),

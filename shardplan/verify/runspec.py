@@ -317,8 +317,13 @@ def plan_run(m: DeploymentManifest, spec: ModelSpec, *, scale: str, steps: int =
                      "the prediction is for stage 2")
     if layout.recompute is Recompute.SELECTIVE:
         layout = replace(layout, recompute=Recompute.NONE)
-        notes.append("selective recomputation runs as none: flash attention already recomputes the scores; "
-                     "the prediction is for none")
+        modules = [x for x in getattr(m.workload, "recompute_modules", []) if x != "core_attn"]
+        if modules:
+            notes.append(f"selective recomputation of {', '.join(modules)} runs as none: verify's model checkpoints "
+                         "no submodules; the prediction is for none")
+        else:
+            notes.append("selective recomputation runs as none: flash attention already recomputes the scores; "
+                         "the prediction is for none")
     if not training:
         wl = m.workload
         batch = min(m.predicted.time.batch_size, SERVING_MAX_BATCH)

@@ -46,7 +46,13 @@ def flags_of(words: list[str]) -> dict[str, str | None]:
             assert name in table.flags, f"Megatron-LM {table.version} has no {w}"
             spec = table.flags[name]
             assert not spec.get("deprecated"), f"{w} is deprecated in {table.version}"
-            if spec.get("takes_value", True):
+            if spec.get("nargs") in ("+", "*"):  # every word up to the next flag, space-joined
+                values = []
+                while i + 1 < len(words) and not words[i + 1].startswith("--") and not words[i + 1].startswith("$"):
+                    values.append(words[i + 1])
+                    i += 1
+                out[name] = " ".join(values)
+            elif spec.get("takes_value", True):
                 value = words[i + 1]
                 if "choices" in spec and not value.startswith("$"):
                     assert value in [str(c) for c in spec["choices"]], (w, value)
@@ -114,6 +120,35 @@ def test_megatron_full_recompute_and_uneven_split_flags():
     assert (f["decoder-first-pipeline-num-layers"], f["decoder-last-pipeline-num-layers"]) == ("38", "42")
     # validate_args: uneven stages take the virtual degree, not layers per virtual stage
     assert f["num-virtual-stages-per-pipeline-rank"] == "2" and "num-layers-per-virtual-pipeline-stage" not in f
+
+
+def test_megatron_recompute_modules_and_the_fp8_recipe_they_need(cli, tmp_path):
+    """A plan that recomputes the MoE activation under fp8 exports Megatron's own list (nargs: one word a
+    module) and the current-scaling recipe Megatron-Core requires for moe_act (core_v0.14.0
+    transformer_config.py: "Delayed scaling does not support moe_act and layernorm recompute for fp8")."""
+    plan = tmp_path / "plan.yaml"
+    base = ["recommend", "mixtral-8x7b", "--gpus", "16", "--workload", "training", "--stack", "megatron",
+            "--seq-len", "4096", "--global-batch-size", "256", "--recompute", "selective", "--tp", "2", "--ep", "8",
+            "--zero-stage", "1"]
+    res = cli(*base, "--recompute-modules", "core_attn,moe_act", "--matmul-dtype", "fp8", "-o", str(plan), "--json")
+    assert res.exit_code == 0, res.stderr
+    import yaml
+
+    assert yaml.safe_load(plan.read_text())["workload"]["recompute_modules"] == ["core_attn", "moe_act"]
+    out = tmp_path / "out"
+    assert cli("export", str(plan), "--to", "megatron", "-o", str(out)).exit_code == 0
+    text = (out / "pretrain.sh").read_text()
+    words = argv(text[text.index("torchrun \\"):])
+    f = flags_of(words[next(i for i, w in enumerate(words) if w.endswith("pretrain_gpt.py")) + 1:])
+    assert f["recompute-granularity"] == "selective" and f["recompute-modules"] == "core_attn moe_act"
+    assert (f["fp8-format"], f["fp8-recipe"]) == ("hybrid", "tensorwise")
+    # Megatron's default modules (core_attn alone) and delayed scaling are not written out
+    res = cli(*base, "--matmul-dtype", "fp8", "-o", str(plan), "--json")
+    assert res.exit_code == 0, res.stderr
+    assert cli("export", str(plan), "--to", "megatron", "-o", str(out)).exit_code == 0
+    text = (out / "pretrain.sh").read_text()
+    assert "--recompute-granularity selective" in text and "--recompute-modules" not in text
+    assert "--fp8-recipe" not in text
 
 
 def _megatron_words(m) -> list[str]:
