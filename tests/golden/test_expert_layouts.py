@@ -122,42 +122,48 @@ def test_llama3_layouts_are_consistent_with_their_gpu_counts():
         assert r["batch_per_dp"] * p["dp"] * r["seq_len"] == pytest.approx(16.8e6, rel=0.01)  # 16M tokens a batch
 
 
-MOE = yaml.safe_load((REPO / "tests" / "data" / "validation" / "moe_layouts.yaml").read_text())["rows"]
+PUBLISHED = yaml.safe_load((REPO / "tests" / "data" / "validation" / "published_layouts.yaml").read_text())["rows"]
 
 
-def _moe_setting(row: dict):
-    """DeepSeek-V3 on the row's cluster with the recipe's memory choices pinned: the stack, the
-    recomputed modules, fp8 GEMMs, bf16 moments, ZeRO-1 and no context parallelism."""
+def _recipe_workload(row: dict):
+    """The model and the training workload of a row whose recipe pins the stack, the recomputed
+    modules, fp8 GEMMs and bf16 moments (DeepSeek-V3's)."""
     from shardplan.cost.inputs import training_workload
     from shardplan.knowledge.load import stack_rules
     from shardplan.specs.loading import load_model
-    from shardplan.tasks._targets import search_rules
 
     r = row["recipe"]
-    spec = load_model("deepseek-v3").spec
+    spec = load_model(row["model"]).spec
     wl = training_workload(seq_len=row["seq_len"], global_batch_size=row["global_batch_size"], optimizer="adamw",
                            framework=None, flash_attention=None, dropout=False, stack=stack_rules(r["stack"]),
                            spec=spec, matmul_dtype=r["matmul_dtype"], moment_dtype=r["moment_dtype"],
                            recompute_modules=",".join(r["recompute_modules"]))
-    space = Space(rules=search_rules(None, spec, wl), zero_stage=r["zero_stage"], cp=r["cp"])
-    return spec, wl, space
+    return spec, wl
 
 
-def _moe_args(row: dict) -> list[str]:
+def _recipe_args(row: dict) -> list[str]:
+    """The row's setting and its recipe's pins as `recommend` takes them."""
     r = row["recipe"]
-    return ["deepseek-v3", "-H", row["hardware"], "--gpus", str(row["num_gpus"]), "--workload", "training",
+    args = [row["model"], "-H", row["hardware"], "--gpus", str(row["num_gpus"]), "--workload", "training",
             "--seq-len", str(row["seq_len"]), "--global-batch-size", str(row["global_batch_size"]),
-            "--stack", r["stack"], "--recompute-modules", ",".join(r["recompute_modules"]),
-            "--matmul-dtype", r["matmul_dtype"], "--moment-dtype", r["moment_dtype"],
-            "--zero-stage", str(r["zero_stage"]), "--cp", str(r["cp"])]
+            "--stack", r["stack"], "--zero-stage", str(r["zero_stage"]), "--cp", str(r["cp"])]
+    if "recompute_modules" in r:
+        args += ["--recompute-modules", ",".join(r["recompute_modules"])]
+    for key in ("recompute", "matmul_dtype", "moment_dtype"):
+        if key in r:
+            args += [f"--{key.replace('_', '-')}", r[key]]
+    for key in ("flash_attention", "sequence_parallel"):
+        if key in r:
+            args.append(f"--{'' if r[key] else 'no-'}{key.replace('_', '-')}")
+    return args
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("row", MOE, ids=lambda r: r["id"])
-def test_deepseek_v3_published_layouts_are_among_the_top_ten_distinct_shapes(cli, row):
+@pytest.mark.parametrize("row", PUBLISHED, ids=lambda r: r["id"])
+def test_published_recipe_layouts_are_among_the_top_ten_distinct_shapes(cli, row):
     """As `recommend` answers it: the top 10 distinct shapes, ties within the model's error band
     ordered by the documented secondary key (most of these plans are within 5% of each other)."""
-    res = cli("recommend", *_moe_args(row), "--top", str(TOP), "--json")
+    res = cli("recommend", *_recipe_args(row), "--top", str(TOP), "--json")
     assert res.exit_code == 0, res.stderr
     shapes = [tuple(e["plan"][d] for d in ("tp", "pp", "dp", "ep")) for e in res.json()["top"]]
     assert len(shapes) == TOP and len(set(shapes)) == TOP
@@ -172,8 +178,8 @@ def test_deepseek_v3_step_on_2048_h800_is_near_the_reported_gpu_hours():
     from shardplan.cost.layout import Layout, Recompute
     from shardplan.cost.time_training import training_time
 
-    row = next(r for r in MOE if r["id"] == "deepseek_v3_2048xh800")
-    spec, wl, _ = _moe_setting(row)
+    row = next(r for r in PUBLISHED if r["id"] == "deepseek_v3_2048xh800")
+    spec, wl = _recipe_workload(row)
     p = row["parallel"]
     hw = load_hardware(row["hardware"])
     from shardplan.specs.cluster import cluster

@@ -70,7 +70,7 @@ ENTRIES: dict[str, Callable[[dict], Iterator[Entry]]] = {
     "validation/activations.yaml": _sections,
     "validation/inference_throughput.yaml": _table,
     "validation/llama3_layouts.yaml": _table,
-    "validation/moe_layouts.yaml": _measurement_rows,
+    "validation/published_layouts.yaml": _measurement_rows,
     "validation/params.yaml": _params,
     "validation/serving_memory.yaml": _cases,
     "validation/training_throughput.yaml": _table,
