@@ -533,10 +533,11 @@ def _cost_variants(
 def _band_edge(best: list[Evaluated], band: float) -> float:
     """The largest objective that may tie with the first plan shown (`search.honest_top`: within
     the model's error band of it, ordered by the secondary key, not by the objective; a hair over,
-    for its rounding); -inf without a band or before a plan that fits at the band's edge is kept.
-    The first shown is the best of those (`best` holds them first): a plan found later can only
-    lower it, so the edge only moves in."""
-    if band <= 0 or not best or best[0].tight:
+    for its rounding, which also keeps exactly equal plans without a band); -inf before any plan is
+    kept. The first shown is `best[0]` (plans that fit at the band's edge first): once one of those
+    is kept, a plan found later can only lower it, so the edge only moves in (`_cut` prunes nothing
+    before K of them are kept)."""
+    if not best:
         return -math.inf
     head = best[0].objective_value
     ref = abs(head) or 1.0
