@@ -240,7 +240,7 @@ def _linear_time(spec: ModelSpec, hw: HardwareProfile, layout: Layout, w: Weight
             return 0.0, 0.0
         local_experts = w.copies / layout.ep
         group_tokens = expert_group_tokens(work, layout)
-        routed_tokens = group_tokens * moe.num_experts_per_token / layout.ep
+        routed_tokens = routed_rows(work, layout, moe.num_experts_per_token)
         touched = local_experts * (1.0 - (1.0 - moe.num_experts_per_token / moe.num_experts) ** group_tokens)
         touched = max(touched, 1e-9)
         per_copy = elems / local_experts
@@ -384,6 +384,22 @@ def _linear_attention_elementwise(spec: ModelSpec, layout: Layout, work: Work) -
     return per_token / layout.tp * work.tokens * a, 4
 
 
+def routed_rows(work: Work, layout: Layout, top_k: int) -> float:
+    """Rows this rank's experts run: the expert group's tokens, each sent to top-k experts,
+    spread evenly over the ep ranks."""
+    return expert_group_tokens(work, layout) * top_k / layout.ep
+
+
+def _activation_traffic(spec: ModelSpec, work: Work) -> tuple[float, int]:
+    """The MLP activation's forward traffic per intermediate element, in units of the activation
+    width (bytes / its bytes per element), and its kernels: a gated activation as the stack runs it
+    (`Work.elementwise`), GeLU one read and one write in one kernel."""
+    if spec.mlp_gated:
+        a = bytes_per_element(work.act_dtype)
+        return work.elementwise.act_bytes_per_element * (a / 2) / a, work.elementwise.act_kernels
+    return 2, 1
+
+
 def elementwise_bytes(spec: ModelSpec, layout: Layout, work: Work, moe_layer: bool,
                       linear_attention: bool = False) -> tuple[float, int]:
     """(bytes, kernels) of the memory-bound elementwise ops of one layer's forward on one rank."""
@@ -415,11 +431,10 @@ def elementwise_bytes(spec: ModelSpec, layout: Layout, work: Work, moe_layer: bo
             rot = spec.rotary_dim * (spec.num_attention_heads / t + max(1.0, spec.kv_heads / t))
         nbytes += ew.rope_bytes_per_element * width * rot * work.tokens
         kernels += ew.rope_kernels
-    per_width = ew.act_bytes_per_element * width / a if spec.mlp_gated else 2  # bytes / a per intermediate element
-    act_kernels = ew.act_kernels if spec.mlp_gated else 1
+    per_width, act_kernels = _activation_traffic(spec, work)
     if moe_layer and spec.moe is not None:
         moe = spec.moe
-        routed = expert_group_tokens(work, layout) * moe.num_experts_per_token / layout.ep
+        routed = routed_rows(work, layout, moe.num_experts_per_token)
         nbytes += per_width * moe.expert_intermediate_size / layout.expert_tp * routed * a
         nbytes += 4 * routed * h * a  # permute (dispatch) and unpermute (combine): read and write
         nbytes += work.tokens * moe.num_experts * 4 * 2  # fp32 router logits: softmax/top-k read and write
@@ -607,12 +622,11 @@ def _recomputed_layer(spec: ModelSpec, hw: HardwareProfile, layout: Layout, work
         norms = int(spec.mla is not None) + int(moe_here)
         nbytes += norms * ew.norm_bytes_per_element * width * h * outside
         kernels += norms * ew.norm_kernels
-    per_width = ew.act_bytes_per_element * width / a if spec.mlp_gated else 2
-    act_kernels = ew.act_kernels if spec.mlp_gated else 1
+    per_width, act_kernels = _activation_traffic(spec, work)
     if moe_here and ("moe_act" in modules or "moe" in modules):
         moe = spec.moe
         assert moe is not None
-        routed = expert_group_tokens(work, layout) * moe.num_experts_per_token / layout.ep
+        routed = routed_rows(work, layout, moe.num_experts_per_token)
         nbytes += per_width * moe.expert_intermediate_size / layout.expert_tp * routed * a
         kernels += act_kernels
         if "moe" in modules:  # the rest of the layer's forward, as `elementwise_bytes` counts it
