@@ -200,7 +200,9 @@ def export_slurm(ctx: ExportContext) -> list[ExportFile]:
         ctx, nnodes=Raw(f"{low}:$SLURM_NNODES"), rdzv_id=f"{rdzv_id(m)}-$SLURM_JOB_ID", head="$HEAD_ADDR")
     lines = ["#!/usr/bin/env bash", *(f"#SBATCH {s}" for s in sbatch), *(f"# {h}" for h in header),
              "set -euo pipefail", "",
-             *(['HEAD_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', ""] if n > 1 else []),
+             # sed reads every name: `head -n 1` would exit early, and under pipefail scontrol's SIGPIPE (141)
+             # would end the job
+             *(['HEAD_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)', ""] if n > 1 else []),
              f"MAX_REQUEUES={restarts}", "set +e", launch, "status=$?", "set -e",
              'if [ "$status" -ne 0 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt "$MAX_REQUEUES" ]; then',
              '    echo "torchrun exited $status; requeueing (requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of '

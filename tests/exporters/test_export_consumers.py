@@ -886,6 +886,26 @@ def test_slurm_wrapper_requeues_a_failed_job_until_its_requeues_are_spent(tmp_pa
     assert (capture.read_text() if capture.exists() else "") == ("requeued\n" if requeued else "")
 
 
+def test_slurm_wrapper_reads_the_head_node_of_a_long_node_list(tmp_path):
+    """A node list longer than a pipe's buffer: the script takes the first name without ending the
+    hostname listing early (`head -n 1` would, and under `set -o pipefail` scontrol's SIGPIPE, 141,
+    ended the job before torchrun ran, at random on short lists)."""
+    text = files(training_70b(), "slurm")["slurm.sbatch"].text
+    script, capture = tmp_path / "slurm.sbatch", tmp_path / "head"
+    script.write_text(text)
+    many = _FAILING.replace("printf 'gpu01\\ngpu02\\n'", "seq -f 'gpu%06g' 1 200000")
+    assert many != _FAILING
+    # torchrun records the rendezvous endpoint it was given, then fails as before
+    many = many.replace("torchrun() { return 1; }",
+                        'torchrun() { printf "%s\\n" "$@" | grep -A1 -e --rdzv-endpoint | tail -1 > "$CAPTURE"; return 1; }')
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CAPTURE": str(capture), "SLURM_NNODES": "2",
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[000001-200000]", "SLURM_RESTART_COUNT": "3"}
+    proc = subprocess.run(["bash", "-c", many + '\nsource "$1"', "bash", str(script)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert capture.read_text().startswith("gpu000001:")
+
+
 def test_elastic_two_node_torchrun_line_parses_in_torch_with_min_max_nodes(tmp_path):
     m = training_70b()
     text = files(m, "torchrun", options=ExportOptions(elastic_min_nodes=1, max_restarts=5))["torchrun.sh"].text
