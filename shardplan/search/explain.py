@@ -221,9 +221,9 @@ def why(top: list[RecommendEntry], goal: Goal, binding: BindingConstraint | None
     tied = [e for e in top if e.tie]
     if len(tied) > 1:
         text += (f"; {len(tied)} plans tie within ±{100 * (goal.tie_band_fraction or 0):.1f}% of the ranked figure, "
-                 "the model's measured error in comparing two layouts (marked =), ordered by fewer GPUs, tensor "
-                 "parallelism inside a node, fewer pipeline stages, a smaller tensor-parallel group, then the "
-                 "simpler schedule")
+                 "the model's measured error in comparing two layouts (marked =); the pick is the one of them with "
+                 "the fewest GPUs, tensor parallelism inside a node, the fewest pipeline stages, the smallest "
+                 "tensor-parallel group, then the simplest schedule, and the others follow by the ranked figure")
     if binding:
         text += f"; binding constraint: {binding.constraint} ({binding.detail})"
     if len(top) > 1:

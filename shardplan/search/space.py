@@ -68,7 +68,7 @@ class Goal:
     sla_defaulted: bool = False  # the limits are the default SLA (said so in the answer)
     # Honest ranking: show the best variant of each parallel shape (False: every variant, --expand),
     # and call plans within this fraction of the pick's objective ties (the measured error band of
-    # the ranked figure; None: only equal values tie), ordered by `secondary_key`.
+    # the ranked figure; None: only equal values tie); the pick among ties is the first by `secondary_key`.
     group_by_shape: bool = True
     tie_band_fraction: float | None = None
 

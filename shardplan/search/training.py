@@ -532,7 +532,7 @@ def _cost_variants(
 
 def _band_edge(best: list[Evaluated], band: float) -> float:
     """The largest objective that may tie with the first plan shown (`search.honest_top`: within
-    the model's error band of it, ordered by the secondary key, not by the objective; a hair over,
+    the model's error band of it, the pick among them decided by the secondary key; a hair over,
     for its rounding, which also keeps exactly equal plans without a band); -inf before any plan is
     kept. The first shown is `best[0]` (plans that fit at the band's edge first): once one of those
     is kept, a plan found later can only lower it, so the edge only moves in (`_cut` prunes nothing
@@ -548,8 +548,8 @@ def _cut(best: list[Evaluated], k: int, band: float) -> float:
     """The objective beyond which a plan cannot be shown, as `search.honest_top` ranks: plans that
     fit at the band's edge before those that fit only at the prediction (tight), which no tight plan
     displaces, so the K-th of those kept (until K are kept, any plan may still be shown); and the
-    edge of the first's tie band where that lies further (every tie is kept, so that the K shown are
-    the first K by the secondary key among all of them, not among the K best by the objective)."""
+    edge of the first's tie band where that lies further (every tie is kept, so that the pick is the
+    best by the secondary key among all of them, whatever K is)."""
     if len(best) < k or best[k - 1].tight:
         return math.inf
     return max(best[k - 1].objective_value, _band_edge(best, band))

@@ -60,6 +60,16 @@ def _measurement_rows(doc: dict) -> Iterator[Entry]:
         yield f"rows[{i}].source", (row or {}).get("source"), ("url",)
 
 
+def _cited_rows(doc: dict) -> Iterator[Entry]:
+    """Rows that name one of the file's `sources:` by key, each source with a citation and a URL."""
+    sources = doc.get("sources") or {None: None}
+    for key, source in sources.items():
+        yield f"sources.{key}", source, ("citation", "url")
+    for i, row in enumerate(doc.get("rows") or [None]):
+        cited = (row or {}).get("source")
+        yield f"rows[{i}] ({(row or {}).get('id', '?')})", {"source": cited} if cited in sources else {}, ("source",)
+
+
 def _one_source(doc: dict) -> Iterator[Entry]:
     """A table transcribed from one source (tests/data/gemm)."""
     yield "source", doc, ("source",)
@@ -70,6 +80,7 @@ ENTRIES: dict[str, Callable[[dict], Iterator[Entry]]] = {
     "validation/activations.yaml": _sections,
     "validation/inference_throughput.yaml": _table,
     "validation/llama3_layouts.yaml": _table,
+    "validation/nvidia_layouts.yaml": _cited_rows,
     "validation/published_layouts.yaml": _measurement_rows,
     "validation/params.yaml": _params,
     "validation/serving_memory.yaml": _cases,
