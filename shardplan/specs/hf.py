@@ -473,6 +473,36 @@ def _falcon(cfg: Config, name: str) -> dict[str, Any]:
     )
 
 
+def _nemotron(cfg: Config, name: str) -> dict[str, Any]:
+    """Nemotron-4 and Minitron (transformers' modeling_nemotron.py): an MLP of up_proj and down_proj
+    with no gate (NemotronMLP: down(act(up(x))), squared ReLU by default), LayerNorm1P norms (a
+    LayerNorm with weight and bias), rotary positions on partial_rotary_factor of each head (0.5
+    by default), untied embeddings; biases on the attention and MLP linears only where
+    attention_bias / mlp_bias say so."""
+    d = _common(cfg, name, "nemotron")
+    bias = _flag(cfg, "attention_bias")
+    d.update(
+        mlp_gated=False,
+        hidden_act=cfg.get("hidden_act", "relu2"),
+        mlp_bias=_flag(cfg, "mlp_bias"),
+        qkv_bias=bias,
+        o_bias=bias,
+        norm_type=NormType.LAYERNORM,
+        rotary_fraction=_nemotron_rotary_fraction(cfg),
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings"),
+    )
+    return d
+
+
+def _nemotron_rotary_fraction(cfg: Config) -> float:
+    """partial_rotary_factor at the top (the checkpoints' config.json) or in rope_parameters (as
+    transformers 5 writes it); 0.5, NemotronConfig's default, where neither says."""
+    nested = cfg.get("rope_parameters")
+    if isinstance(nested, Mapping) and "partial_rotary_factor" in nested and "partial_rotary_factor" not in cfg:
+        return _number(cfg, "rope_parameters.partial_rotary_factor", nested["partial_rotary_factor"])
+    return _number(cfg, *_first_key(cfg, ("partial_rotary_factor",), 0.5))
+
+
 def _phi3(cfg: Config, name: str) -> dict[str, Any]:
     d = _common(cfg, name, "phi3")
     d.update(
@@ -544,6 +574,7 @@ TRANSLATORS: dict[str, Callable[[Config, str], dict[str, Any]]] = {
     "gpt_neox": _gpt_neox,
     "falcon": _falcon,
     "phi3": _phi3,
+    "nemotron": _nemotron,
     "deepseek_v2": lambda c, n: _deepseek(c, n, "deepseek_v2"),
     "deepseek_v3": lambda c, n: _deepseek(c, n, "deepseek_v3"),
 }
@@ -566,6 +597,7 @@ ARCHITECTURES: dict[str, str] = {
     "FalconForCausalLM": "falcon",
     "RWForCausalLM": "falcon",
     "Phi3ForCausalLM": "phi3",
+    "NemotronForCausalLM": "nemotron",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
 }

@@ -137,6 +137,17 @@ SMALL = {
         model_type="opt", vocab_size=1000, hidden_size=128, ffn_dim=512, num_hidden_layers=2, num_attention_heads=4,
         max_position_embeddings=256, word_embed_proj_dim=64, do_layer_norm_before=False,
     ),
+    # Nemotron-4 / Minitron: a gate-free squared-ReLU MLP, LayerNorm1P with biases, half-rotary heads;
+    # once with the linears' biases on
+    "nemotron": dict(
+        model_type="nemotron", vocab_size=1000, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, partial_rotary_factor=0.5,
+    ),
+    "nemotron_biases": dict(
+        model_type="nemotron", vocab_size=1000, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=32, attention_bias=True, mlp_bias=True,
+        tie_word_embeddings=True,
+    ),
     "gpt_neox_no_bias": dict(
         model_type="gpt_neox", vocab_size=1000, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
         num_attention_heads=4, attention_bias=False, rotary_pct=0.25,
