@@ -52,13 +52,15 @@ def parallel_shape(e: Evaluated) -> tuple[int, ...]:
 def secondary_key(e: Evaluated) -> tuple[Any, ...]:
     """Which of the plans tied with the first is the pick (issue 25), and the order of plans of
     equal value: fewer GPUs; tensor parallelism inside a node before across nodes; less
-    communication (fewer pipeline stages, then a smaller tensor-parallel group); the simpler
+    communication (a smaller context-parallel group, whose ring passes K/V chunks every layer of
+    every micro-batch; fewer pipeline stages; a smaller tensor-parallel group); the simpler
     schedule (fewer virtual stages, lower ZeRO stage, less recomputation); then the search's own
-    deterministic key."""
+    deterministic key. (Context parallelism first: of 29 published expert layouts one more is
+    the pick, DeepSeek-V3's tp 2 pp 16 on 1,024 H100s, and none fewer; tests/golden/test_nvidia_layouts.py.)"""
     lay = e.layout
     spans = lay.tp > e.hw.gpus_per_node
     recompute = {"none": 0, "selective": 1, "full": 2}.get(lay.recompute.value, 3)
-    return (e.num_gpus, spans, lay.pp, lay.tp, lay.virtual_stages, lay.zero_stage, recompute, e.key)
+    return (e.num_gpus, spans, lay.cp, lay.pp, lay.tp, lay.virtual_stages, lay.zero_stage, recompute, e.key)
 
 
 def honest_top(ranked: list[Evaluated], goal: Goal) -> list[Evaluated]:
@@ -69,7 +71,7 @@ def honest_top(ranked: list[Evaluated], goal: Goal) -> list[Evaluated]:
     key), so that the K shown are the K best distinct shapes the model sees, not the simplest
     variants of the pick's own family (a list ordered wholly by the secondary key filled its places
     with shallow pipelines whenever more than K shapes tied: 18 of 29 published expert layouts
-    were among the top 10, against 20 this way; tests/golden/test_nvidia_layouts.py)."""
+    were among the top 10, against 21 this way; tests/golden/test_nvidia_layouts.py)."""
     if goal.group_by_shape:
         best: dict[tuple[int, ...], Evaluated] = {}
         counts: dict[tuple[int, ...], int] = {}

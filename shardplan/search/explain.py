@@ -222,8 +222,9 @@ def why(top: list[RecommendEntry], goal: Goal, binding: BindingConstraint | None
     if len(tied) > 1:
         text += (f"; {len(tied)} plans tie within ±{100 * (goal.tie_band_fraction or 0):.1f}% of the ranked figure, "
                  "the model's measured error in comparing two layouts (marked =); the pick is the one of them with "
-                 "the fewest GPUs, tensor parallelism inside a node, the fewest pipeline stages, the smallest "
-                 "tensor-parallel group, then the simplest schedule, and the others follow by the ranked figure")
+                 "the fewest GPUs, tensor parallelism inside a node, the smallest context-parallel group, the "
+                 "fewest pipeline stages, the smallest tensor-parallel group, then the simplest schedule, and the "
+                 "others follow by the ranked figure")
     if binding:
         text += f"; binding constraint: {binding.constraint} ({binding.detail})"
     if len(top) > 1:

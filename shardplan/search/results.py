@@ -61,7 +61,7 @@ class RecommendEntry(OmitNone):
                                                               "(goodput objective); as `estimate --json`'s load")
     tie: bool = Field(default=False, description="within the ranked figure's measured error band of the first plan: "
                                                  "a tie; the pick is the tie first by the secondary key (fewer GPUs, tp "
-                                                 "inside a node, fewer stages, smaller tp, simpler schedule), the others "
+                                                 "inside a node, smaller cp, fewer stages, smaller tp, simpler schedule), the others "
                                                  "follow by the ranked figure")
     variants: int = Field(default=1, description="plans of this parallel shape (formats, batch, ZeRO, recompute, "
                                                  "virtual stages) folded into this row, its best; --expand lists them")
