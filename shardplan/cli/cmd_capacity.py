@@ -39,6 +39,7 @@ from shardplan.cli.options import (
     MasterDtypeOpt,
     MomentDtypeOpt,
     OptimizerImplOpt,
+    GradReduceDtypeOpt,
     RecomputeModulesOpt,
     ReduceBucketSizeOpt,
     QloraDoubleQuantOpt,
@@ -121,6 +122,7 @@ def capacity(
     optimizer_impl: OptimizerImplOpt = None,
     reduce_bucket_size: ReduceBucketSizeOpt = None,
     recompute_modules: RecomputeModulesOpt = None,
+    grad_reduce_dtype: GradReduceDtypeOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """How much hardware does this model need? Serving: the fewest GPUs (and nodes) for each
@@ -172,7 +174,8 @@ def capacity(
                                          qlora_double_quant=qlora_double_quant, paged_optimizer=paged_optimizer,
                                          spec=loaded.spec, master_dtype=master_dtype, moment_dtype=moment_dtype,
                                          optimizer_impl=optimizer_impl, reduce_bucket_size=reduce_bucket_size,
-                                         recompute_modules=recompute_modules)
+                                         recompute_modules=recompute_modules,
+                                         grad_reduce_dtype=grad_reduce_dtype)
         with render_common.progress("finding the fewest GPUs per ZeRO stage and offload") as progress:
             result = CapacityResult(training_capacity(loaded.spec, hw, wl_t, max_gpus=limit, progress=progress,
                                                       target=target))

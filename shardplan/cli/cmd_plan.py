@@ -60,6 +60,7 @@ from shardplan.cli.options import (
     MasterDtypeOpt,
     MomentDtypeOpt,
     OptimizerImplOpt,
+    GradReduceDtypeOpt,
     RecomputeModulesOpt,
     ReduceBucketSizeOpt,
     QloraDoubleQuantOpt,
@@ -181,6 +182,7 @@ def estimate(
     optimizer_impl: OptimizerImplOpt = None,
     reduce_bucket_size: ReduceBucketSizeOpt = None,
     recompute_modules: RecomputeModulesOpt = None,
+    grad_reduce_dtype: GradReduceDtypeOpt = None,
     dropout: DropoutOpt = None,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw each pipeline stage's per-GPU memory as stacked bars against the device's capacity, to FILE.png or FILE.svg (needs the plot extra).", show_default=False)] = None,
@@ -340,6 +342,7 @@ def recommend(
     optimizer_impl: OptimizerImplOpt = None,
     reduce_bucket_size: ReduceBucketSizeOpt = None,
     recompute_modules: RecomputeModulesOpt = None,
+    grad_reduce_dtype: GradReduceDtypeOpt = None,
     dropout: DropoutOpt = None,
     overlap_grad_reduce: OverlapGradReduceOpt = True,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw the serving Pareto frontier (time per output token against tokens/s per GPU) or, training, step time against GPU count, the pick marked, to FILE.png or FILE.svg (needs the plot extra).", show_default=False, rich_help_panel=SEARCH)] = None,
@@ -601,6 +604,7 @@ def _workload(o: dict) -> InferenceWorkload | TrainingWorkload:
             qlora_double_quant=o["qlora_double_quant"], paged_optimizer=o["paged_optimizer"], spec=o["loaded"].spec,
             master_dtype=o["master_dtype"], moment_dtype=o["moment_dtype"], optimizer_impl=o["optimizer_impl"],
             reduce_bucket_size=o["reduce_bucket_size"], recompute_modules=o["recompute_modules"],
+            grad_reduce_dtype=o["grad_reduce_dtype"],
         )
     q = o["quantization"]
     input_len, output_len, shortened = options.request_lengths(

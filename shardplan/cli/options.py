@@ -105,6 +105,12 @@ MomentDtypeOpt = Annotated[Optional[str], typer.Option(
     help="Adam's moments: fp32 (default) or bf16 (DeepSpeed bf16_optimizer_states; Megatron "
          "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16).",
     show_default=False, callback=lambda v: choice("--moment-dtype", ["fp32", "bf16"], "dtype")(v), rich_help_panel=TRAIN)]
+GradReduceDtypeOpt = Annotated[Optional[str], typer.Option(
+    help="--stack megatron: the main gradients' dtype, which each parameter keeps and data parallelism reduces: "
+         "fp32 (Megatron's default under --bf16) or bf16 (--grad-reduce-in-bf16, as NVIDIA's performance recipes "
+         "run; half the gradient memory and traffic). Example: --stack megatron --grad-reduce-dtype bf16.",
+    show_default=False, callback=lambda v: choice("--grad-reduce-dtype", ["fp32", "bf16"], "dtype")(v),
+    rich_help_panel=TRAIN)]
 OptimizerImplOpt = Annotated[Optional[str], typer.Option(
     help="How AdamW runs its step: foreach (torch's multi-tensor path: one more list the size of the stepped "
          "parameters at the step) or fused (one kernel, no list). Default: the stack's (hf: foreach, the Trainer's "

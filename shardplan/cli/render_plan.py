@@ -55,6 +55,8 @@ def estimate_report(r: CostReport) -> None:
     wl = r.workload
     if wl.kind == "training" and (wl.master_dtype, wl.moment_dtype) != ("fp32", "fp32"):
         console.print(f"  optimizer keeps its master weights in {wl.master_dtype} and its moments in {wl.moment_dtype}")
+    if wl.kind == "training" and wl.grad_reduce_dtype != "fp32":
+        console.print(f"  main gradients kept and reduced in {wl.grad_reduce_dtype} (Megatron --grad-reduce-in-bf16)")
     if r.assumptions:  # the engine rules behind the serving figures; --json carries their sources too
         for line in r.assumptions:
             console.print(f"  assumes {_without_source(line)}", markup=False, highlight=False)

@@ -443,6 +443,7 @@ def training_workload(
     optimizer_impl: str | None = None,
     reduce_bucket_size: str | None = None,
     recompute_modules: str | None = None,
+    grad_reduce_dtype: str | None = None,
 ) -> TrainingWorkload:
     """The training workload from command-line values. With `stack`, what the stack fixes (its
     model-state bookkeeping, loss head, checkpointing, attention kernel, AMP, fusion) comes from
@@ -524,6 +525,8 @@ def training_workload(
         from_stack["optimizer_foreach"] = optimizer_impl == "foreach"
     if recompute_modules is not None:
         from_stack["recompute_modules"] = _recompute_modules(recompute_modules, stack, spec)
+    if grad_reduce_dtype is not None:
+        from_stack["grad_reduce_dtype"] = _grad_reduce_dtype(grad_reduce_dtype, stack, finetune)
     return TrainingWorkload(
         seq_len=seq_len,
         global_batch_size=global_batch_size,
@@ -538,6 +541,25 @@ def training_workload(
 
 
 MAX_REDUCE_BUCKET_ELEMENTS = 10**11
+
+
+def _grad_reduce_dtype(value: str, stack: StackFile | None, finetune: str) -> DType:
+    """--grad-reduce-dtype: the dtype of the main gradients where the stack keeps them in a buffer of
+    their own and offers a choice (Megatron-Core: fp32 under bf16 by default, bf16 with
+    --grad-reduce-in-bf16; knowledge/stacks/megatron.yaml)."""
+    if value not in ("fp32", "bf16"):
+        raise ShardplanError(f"--grad-reduce-dtype {value!r} is not fp32 or bf16", field="--grad-reduce-dtype",
+                             hint="use fp32 (Megatron's default under --bf16) or bf16 (--grad-reduce-in-bf16)")
+    offered = stack.optimizer_dtypes.grads if stack is not None else ["fp32"]
+    if value not in offered:
+        name = stack.display_name if stack is not None else "this stack"
+        raise ShardplanError(f"{name} offers no {value} main gradients (--grad-reduce-dtype sets Megatron-Core's "
+                             f"grad_reduce_in_fp32; {name}: {', '.join(offered)})",
+                             field="--grad-reduce-dtype", hint="drop it, or use --stack megatron")
+    if value != "fp32" and finetune != "full":
+        raise ShardplanError(f"--grad-reduce-dtype {value} applies to full training (the adapters' gradients stay fp32)",
+                             field="--grad-reduce-dtype", hint="drop it, or use --finetune full")
+    return DType(value)
 
 
 def _recompute_modules(value: str, stack: StackFile | None, spec: ModelSpec | None) -> tuple[str, ...]:

@@ -88,7 +88,8 @@ def state_bytes(wl: TrainingWorkload, zero_stage: int) -> StateBytes:
             # on by default) keeps the fp32 master as the 16 bits the bf16 weight lacks: an int16
             # remainder (megatron/core/optimizer/distrib_optimizer.py; optimizer_config.py).
             master_and_moments = moments + 2.0
-        return StateBytes(w, FP32_BYTES, master_and_moments, grads_partitioned_from_stage=2)
+        # Main gradients in fp32 unless the stack reduces them in bf16 (knowledge/stacks/megatron.yaml)
+        return StateBytes(w, bytes_per_element(wl.grad_reduce_dtype), master_and_moments, grads_partitioned_from_stage=2)
     if wl.param_dtype is not DType.FP32 and wl.master_dtype is wl.param_dtype and zero_stage not in (1, 2):
         # torch.optim steps the parameters it is given: 16-bit weights in the master's dtype are
         # their own master (pure bf16 training: a model loaded in bf16, no AMP)

@@ -213,6 +213,8 @@ class TrainingWorkloadReport(Frozen):
     paged_optimizer: bool = Field(description="optimizer states in CUDA unified memory, paged out to the host")
     master_dtype: str = Field(description="the optimizer's master weights (and DeepSpeed's gradient partition)")
     moment_dtype: str = Field(description="the optimizer's moments (Adam's m and v)")
+    grad_reduce_dtype: str = Field(description="Megatron-Core's main gradients, which data parallelism reduces (fp32: "
+                                               "grad_reduce_in_fp32)")
     optimizer_foreach: bool = Field(description="torch's foreach AdamW: the step allocates a parameter-sized list")
     moe_expert_outputs_saved: bool = Field(description="MoE layers keep their routed experts' outputs for the router "
                                                        "probabilities' gradient")

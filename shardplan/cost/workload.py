@@ -354,6 +354,9 @@ class TrainingWorkload:
     # bf16_optimizer_states (PR #7700), Megatron's precision-aware optimizer --exp-avg(-sq)-dtype.
     master_dtype: DType = DType.FP32
     moment_dtype: DType = DType.FP32
+    # Megatron-Core's main-gradient buffers (grad_reduce_in_fp32 under bf16, its default; bf16 with
+    # --grad-reduce-in-bf16): what each parameter's gradient takes and what data parallelism reduces
+    grad_reduce_dtype: DType = DType.FP32
     # torch's foreach AdamW: its step holds one more list the size of the stepped parameters
     optimizer_foreach: bool = False
     # An MoE layer keeps its routed experts' outputs for the router probabilities' gradient (HF,

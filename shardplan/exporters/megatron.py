@@ -153,6 +153,8 @@ def parallel_args(ctx: ExportContext) -> list[Arg]:
         recomputed = wl.recompute_modules if L.recompute == "selective" else []
         if megatron_fp8_recipe(recomputed) != "delayed":  # recomputed moe_act / layernorm need current scaling
             args.append(("fp8-recipe", megatron_fp8_recipe(recomputed)))
+    if wl.grad_reduce_dtype == "bf16":  # bf16 gradient buffers (arguments.py: accumulate_allreduce_grads_in_fp32 off)
+        args.append(("grad-reduce-in-bf16", None))
     if wl.moment_dtype == "bf16":  # Transformer Engine's FusedAdam (megatron/core/optimizer/optimizer_config.py)
         args += [("use-precision-aware-optimizer", None), ("exp-avg-dtype", "bf16"), ("exp-avg-sq-dtype", "bf16")]
     return args

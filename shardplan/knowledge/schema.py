@@ -674,11 +674,15 @@ class FineTuneRules(Frozen):
 
 
 class OptimizerDtypes(Frozen):
-    """The dtypes the stack's optimizer can keep its own copies in (--master-dtype, --moment-dtype)."""
+    """The dtypes the stack's optimizer can keep its own copies in (--master-dtype, --moment-dtype,
+    --grad-reduce-dtype)."""
 
     master: list[Literal["fp32", "bf16"]] = Field(["fp32"], min_length=1,
                                                   description="its master weights (with the gradients it accumulates into)")
     moments: list[Literal["fp32", "bf16"]] = Field(["fp32"], min_length=1, description="Adam's moments")
+    grads: list[Literal["fp32", "bf16"]] = Field(["fp32"], min_length=1, description="the main gradients it reads, "
+                                                 "where they are a buffer of their own (--grad-reduce-dtype; Megatron-"
+                                                 "Core's grad_reduce_in_fp32); fp32 alone: not an option of the stack")
     paired: bool = Field(False, description="the moments take the master's dtype (torch.optim makes its states like "
                                             "the parameter it steps): the two options go together")
 

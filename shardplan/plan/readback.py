@@ -124,6 +124,7 @@ def plan_workload(m: DeploymentManifest) -> InferenceWorkload | TrainingWorkload
                                    "finetune": FineTune(w["finetune"]), "lora_targets": tuple(w["lora_targets"]),
                                    "base_format": BaseFormat(w["base_format"]),
                                    "master_dtype": DType(w["master_dtype"]), "moment_dtype": DType(w["moment_dtype"]),
+                                   "grad_reduce_dtype": DType(w["grad_reduce_dtype"]),
                                    "recompute_modules": tuple(w["recompute_modules"])})
     kv = w["kv_cache_dtype"]
     # Lists in the manifest are tuples in the cost model's frozen (hashable, cached) workload.

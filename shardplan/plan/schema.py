@@ -293,6 +293,8 @@ class TrainingWorkloadSection(_Section):
     master_dtype: Literal["fp32", "bf16"] = Field("fp32", description="the optimizer's master weights (and DeepSpeed's "
                                                                    "gradient partition)")
     moment_dtype: Literal["fp32", "bf16"] = Field("fp32", description="the optimizer's moments (Adam's m and v)")
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Megatron-Core's main gradients, which data "
+                                                                       "parallelism reduces (fp32: grad_reduce_in_fp32)")
     optimizer_foreach: bool = Field(False, description="torch's foreach AdamW: the step allocates a parameter-sized list")
     # Megatron-Core's MoE, Transformer Engine's fp8 and fine-grained recomputation; the defaults are
     # what plans written before them meant.

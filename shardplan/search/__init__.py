@@ -50,8 +50,7 @@ def parallel_shape(e: Evaluated) -> tuple[int, ...]:
 
 
 def secondary_key(e: Evaluated) -> tuple[Any, ...]:
-    """Which of the plans tied with the first is the pick (issue 25), and the order of plans of
-    equal value: fewer GPUs; tensor parallelism inside a node before across nodes; less
+    """Which of the plans tied with the first is the pick (issue 25): fewer GPUs; tensor parallelism inside a node before across nodes; less
     communication (a smaller context-parallel group, whose ring passes K/V chunks every layer of
     every micro-batch; fewer pipeline stages; a smaller tensor-parallel group); the simpler
     schedule (fewer virtual stages, lower ZeRO stage, less recomputation); then the search's own
@@ -67,8 +66,8 @@ def honest_top(ranked: list[Evaluated], goal: Goal) -> list[Evaluated]:
     """The top K by the objective, each parallel shape once (its best variant, with how many it
     stands for) unless `goal.group_by_shape` is off. Plans whose objective is within the error
     band of the first (`goal.tie_band_fraction`) are ties (marked): the pick is the tie with the
-    best `secondary_key`, and the others follow by the objective (equal values by the secondary
-    key), so that the K shown are the K best distinct shapes the model sees, not the simplest
+    best `secondary_key`, and the others follow by the objective (equal values by the search's
+    deterministic key, the order the search keeps them in), so that the K shown are the K best distinct shapes the model sees, not the simplest
     variants of the pick's own family (a list ordered wholly by the secondary key filled its places
     with shallow pipelines whenever more than K shapes tied: 18 of 29 published expert layouts
     were among the top 10, against 21 this way; tests/golden/test_nvidia_layouts.py)."""
@@ -98,7 +97,9 @@ def honest_top(ranked: list[Evaluated], goal: Goal) -> list[Evaluated]:
     if len(tied) <= 1:
         return shown[: max(1, goal.top_k)]
     pick = min(tied, key=secondary_key)
-    others = sorted((e for e in shown if e is not pick), key=lambda e: (e.tight, e.objective_value, secondary_key(e)))
+    # The others in the search's own order ((tight, objective, key), as `ranked` comes): the plans a
+    # search keeps at the K-th place among equal values are the first by that key (training `_cut`).
+    others = [e for e in shown if e is not pick]
     return [replace(e, tie=True) if ties(e) else e for e in [pick, *others]][: max(1, goal.top_k)]
 
 

@@ -217,10 +217,21 @@ def why(top: list[RecommendEntry], goal: Goal, binding: BindingConstraint | None
     if not top:
         return "no layout fits; see the suggestions"
     w = top[0]
-    text = f"{describe(w.plan)} on {w.num_gpus} GPUs ranks first by {_objective_label(goal)} ({_headline(w)})"
     tied = [e for e in top if e.tie]
-    if len(tied) > 1:
-        text += (f"; {len(tied)} plans tie within ±{100 * (goal.tie_band_fraction or 0):.1f}% of the ranked figure, "
+    fastest = min(tied, key=lambda e: e.objective_value) if tied else w
+    if fastest is w or fastest.objective_value == w.objective_value:
+        text = f"{describe(w.plan)} on {w.num_gpus} GPUs ranks first by {_objective_label(goal)} ({_headline(w)})"
+    else:
+        text = (f"{describe(w.plan)} on {w.num_gpus} GPUs is the pick ({_headline(w)}); the best by "
+                f"{_objective_label(goal)} is {describe(fastest.plan)} ({_headline(fastest)}), within the model's "
+                "error of it")
+    band = goal.tie_band_fraction or 0.0
+    if len(tied) > 1 and band <= 0:
+        text += (f"; {len(tied)} of the plans shown have the same {_objective_label(goal)} (marked =); the pick is "
+                 "the one with the fewest GPUs, tensor parallelism inside a node, the smallest context-parallel "
+                 "group, the fewest pipeline stages, the smallest tensor-parallel group, then the simplest schedule")
+    elif len(tied) > 1:
+        text += (f"; {len(tied)} of the plans shown tie within ±{100 * band:.1f}% of the best ranked figure, "
                  "the model's measured error in comparing two layouts (marked =); the pick is the one of them with "
                  "the fewest GPUs, tensor parallelism inside a node, the smallest context-parallel group, the "
                  "fewest pipeline stages, the smallest tensor-parallel group, then the simplest schedule, and the "

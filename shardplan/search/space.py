@@ -67,7 +67,7 @@ class Goal:
     slo_percentile: int = DEFAULT_SLO_PERCENTILE  # the percentile --max-ttft-ms / --max-tpot-ms hold at (goodput)
     sla_defaulted: bool = False  # the limits are the default SLA (said so in the answer)
     # Honest ranking: show the best variant of each parallel shape (False: every variant, --expand),
-    # and call plans within this fraction of the pick's objective ties (the measured error band of
+    # and call plans within this fraction of the first plan's objective ties (the measured error band of
     # the ranked figure; None: only equal values tie); the pick among ties is the first by `secondary_key`.
     group_by_shape: bool = True
     tie_band_fraction: float | None = None
@@ -144,7 +144,7 @@ class Evaluated:
     key: tuple[Any, ...]  # deterministic tie-break
     figures: dict[str, float]  # the headline numbers the ranking used
     tight: bool = False  # fits at the prediction, not at the band's edge (Goal.*_band_fraction): ranked last
-    tie: bool = False  # within the objective's error band of the pick (Goal.tie_band_fraction): a tie with it
+    tie: bool = False  # within the objective's error band of the first plan (Goal.tie_band_fraction): a tie with it
     variants: int = 1  # plans of this parallel shape the ranking folded into this one (its best)
 
     @property

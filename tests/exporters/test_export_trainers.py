@@ -151,6 +151,26 @@ def test_megatron_recompute_modules_and_the_fp8_recipe_they_need(cli, tmp_path):
     assert "--fp8-recipe" not in text
 
 
+def test_megatron_bf16_gradients_export_grad_reduce_in_bf16_and_a_plan_reads_them_back(cli, tmp_path):
+    """--grad-reduce-dtype bf16 goes into the manifest and out as Megatron-LM's --grad-reduce-in-bf16
+    (arguments.py at core_v0.19.0 then leaves accumulate_allreduce_grads_in_fp32 off); fp32, its
+    default under --bf16, writes nothing."""
+    import yaml
+
+    plan, out = tmp_path / "plan.yaml", tmp_path / "out"
+    base = ["recommend", "llama-3.1-8b", "--gpus", "8", "--workload", "training", "--stack", "megatron",
+            "--seq-len", "8192", "--global-batch-size", "128", "--tp", "1", "--cp", "2", "--zero-stage", "1"]
+    for grads, expected in (("bf16", True), ("fp32", False)):
+        res = cli(*base, "--grad-reduce-dtype", grads, "-o", str(plan), "--json")
+        assert res.exit_code == 0, res.stderr
+        assert yaml.safe_load(plan.read_text())["workload"]["grad_reduce_dtype"] == grads
+        assert cli("export", str(plan), "--to", "megatron", "-o", str(out)).exit_code == 0
+        text = (out / "pretrain.sh").read_text()
+        words = argv(text[text.index("torchrun \\"):])
+        f = flags_of(words[next(i for i, w in enumerate(words) if w.endswith("pretrain_gpt.py")) + 1:])
+        assert ("grad-reduce-in-bf16" in f) is expected and f["bf16"] is None
+
+
 def _megatron_words(m) -> list[str]:
     from shardplan.specs.loading import load_model
 

@@ -68,6 +68,10 @@ def _cited_rows(doc: dict) -> Iterator[Entry]:
     for i, row in enumerate(doc.get("rows") or [None]):
         cited = (row or {}).get("source")
         yield f"rows[{i}] ({(row or {}).get('id', '?')})", {"source": cited} if cited in sources else {}, ("source",)
+        recipe = (row or {}).get("recipe")
+        if recipe is not None:  # the settings a row's recipe pins cite their own source
+            yield (f"rows[{i}].recipe", {"source": recipe.get("source")} if recipe.get("source") in sources else {},
+                   ("source",))
 
 
 def _one_source(doc: dict) -> Iterator[Entry]:
