@@ -69,8 +69,8 @@ def honest_top(ranked: list[Evaluated], goal: Goal) -> list[Evaluated]:
     best `secondary_key`, and the others follow by the objective (equal values by the search's
     deterministic key, the order the search keeps them in), so that the K shown are the K best distinct shapes the model sees, not the simplest
     variants of the pick's own family (a list ordered wholly by the secondary key filled its places
-    with shallow pipelines whenever more than K shapes tied: 18 of 29 published expert layouts
-    were among the top 10, against 21 this way; tests/golden/test_nvidia_layouts.py)."""
+    with shallow pipelines whenever more than K shapes tied: 20 of 29 published expert layouts
+    were among the top 10, against 23 this way; tests/golden/test_nvidia_layouts.py)."""
     if goal.group_by_shape:
         best: dict[tuple[int, ...], Evaluated] = {}
         counts: dict[tuple[int, ...], int] = {}
