@@ -108,7 +108,9 @@ MomentDtypeOpt = Annotated[Optional[str], typer.Option(
 GradReduceDtypeOpt = Annotated[Optional[str], typer.Option(
     help="--stack megatron: the main gradients' dtype, which each parameter keeps and data parallelism reduces: "
          "fp32 (Megatron's default under --bf16) or bf16 (--grad-reduce-in-bf16, as NVIDIA's performance recipes "
-         "run; half the gradient memory and traffic). Example: --stack megatron --grad-reduce-dtype bf16.",
+         "run: half the gradients' memory and data-parallel traffic, though Megatron's fp32 optimizer copies its "
+         "shard back to fp32 at the step, the whole model under ZeRO 0). Example: --stack megatron "
+         "--grad-reduce-dtype bf16.",
     show_default=False, callback=lambda v: choice("--grad-reduce-dtype", ["fp32", "bf16"], "dtype")(v),
     rich_help_panel=TRAIN)]
 OptimizerImplOpt = Annotated[Optional[str], typer.Option(

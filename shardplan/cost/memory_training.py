@@ -756,16 +756,25 @@ def optimizer_step_bytes(spec: ModelSpec, layout: Layout, wl: TrainingWorkload, 
     1.0x the stepped parameters' bytes, 0 for fused=True). The stepped parameters are the rank's
     optimizer partition (ZeRO 1-3) or all its parameters, in the master's dtype (an fp32 master,
     fp32 weights under AMP, or bf16 weights that are their own master); none when the optimizer
-    runs on the CPU."""
-    if (not wl.optimizer_foreach or layout.offload_optimizer is not Offload.NONE
-            or wl.optimizer not in (Optimizer.ADAMW, Optimizer.ADAM)):  # bitsandbytes' 8-bit AdamW is its own kernel
+    runs on the CPU. Megatron with bf16 main gradients (--grad-reduce-in-bf16) and its fp32
+    optimizer copies them into fp32 for the stepped parameters at the step (megatron/core/optimizer/
+    optimizer.py _copy_model_grads_to_main_grads: main_param.grad = model_param.main_grad.float();
+    distrib_optimizer.py: shard_main_param.grad = shard_model_grad.float(), core_v0.19.0), held until
+    the next step's zero_grad; the precision-aware optimizer (bf16 moments here) reads them as they
+    are (decoupled_grad)."""
+    if layout.offload_optimizer is not Offload.NONE:
+        return 0.0
+    foreach = wl.optimizer_foreach and wl.optimizer in (Optimizer.ADAMW, Optimizer.ADAM)  # 8-bit AdamW: its own kernel
+    grads_copy = (wl.framework is Framework.MEGATRON and wl.grad_reduce_dtype is not DType.FP32
+                  and wl.moment_dtype is DType.FP32 and wl.trains_base)
+    if not (foreach or grads_copy):
         return 0.0
     z = layout.zero_stage >= 1
     if not wl.trains_base:
         return FP32_BYTES * adapter_params(spec, layers, wl.lora_rank, wl.lora_targets) / (c.dense_n if z else 1)
     w = stage_weights(spec, layout, stage, quantization=Quantization.NONE, dense_dtype=wl.param_dtype)
     numel = w.dense_numel / (c.dense_n if z else 1) + w.expert_numel / (c.expert_n if z else 1)
-    return numel * bytes_per_element(wl.master_dtype)
+    return numel * ((bytes_per_element(wl.master_dtype) if foreach else 0.0) + (FP32_BYTES if grads_copy else 0.0))
 
 
 def _stage_memory(
@@ -802,7 +811,8 @@ def _stage_memory(
         # list is the larger.
         beyond = step - act - freed
         states = dataclasses.replace(states, temporary=states.temporary + beyond)
-        states_detail = {**states_detail, "temporary.optimizer_step_list": beyond}
+        what = "optimizer_step_list" if wl.optimizer_foreach else "optimizer_step_fp32_gradients"
+        states_detail = {**states_detail, f"temporary.{what}": beyond}
     breakdown = MemoryBreakdown(
         weights=states.weights,
         activations=act,

@@ -318,6 +318,8 @@ def embedding_weights(spec: ModelSpec) -> tuple[WeightKind, ...]:
     multimodal model's vision tower and projector (vLLM runs the encoder on the first stage)."""
     rows = spec.vocab_size + (spec.vision.text_embedding_extra_rows if spec.vision is not None else 0)
     w = [WeightKind("embed_tokens.weight", Component.EMBEDDING, (rows, spec.embedding_width), Split.VOCAB)]
+    if spec.embedding_norm:  # BloomModel.word_embeddings_layernorm
+        w += _norm("embedding_norm", spec.hidden_size, spec, Component.EMBEDDING)
     if spec.embedding_width != spec.hidden_size:  # OPTDecoder.project_in
         w += _linear("project_in", Component.EMBEDDING, spec.embedding_width, spec.hidden_size, Split.REPLICATED, False)
     if spec.position_embedding is PositionEmbedding.LEARNED:

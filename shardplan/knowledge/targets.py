@@ -40,6 +40,7 @@ FACTS: dict[str, tuple[str, str]] = {
     "master_dtype": ("fixed", "training: the optimizer's master weights (fp32, bf16); serving: none"),
     "moment_dtype": ("fixed", "training: the optimizer's moments (fp32, bf16); serving: none"),
     "optimizer_dtypes": ("fixed", "training: master/moments dtypes, e.g. fp32/fp32, bf16/bf16; serving: none"),
+    "grad_reduce_dtype": ("fixed", "training: the main gradients (fp32; bf16: Megatron's --grad-reduce-in-bf16); serving: none"),
     "seq_len": ("fixed", "training: tokens per sequence; serving: 0"),
     "tp": ("degrees", "tensor-parallel degree"),
     "pp": ("degrees", "pipeline stages"),

@@ -106,7 +106,7 @@ _FIELDS_ADDED_SINCE_FULL_DUMP = ("layer_types", "attention_chunk_size", "attenti
                                  "linear_attention", "vision", "measured_num_params", "expert_dtype",
                                  "fp8_weight_block_size", "head", "num_labels", "word_embed_proj_dim",
                                  "position_embedding_offset", "checkpoint_quantization",
-                                 "checkpoint_group_size")
+                                 "checkpoint_group_size", "embedding_norm")
 _MOE_FIELDS_ADDED_SINCE_FULL_DUMP = ("router_linear_bias",)
 
 

@@ -225,7 +225,8 @@ def plan_setting(m: DeploymentManifest, spec: ModelSpec | None = None) -> Settin
     if wl.kind == "training":
         return Setting(workload="training", seq_len=wl.seq_len, global_batch_size=wl.global_batch_size,
                        kv_format=wl.activation_dtype, finetune=wl.finetune, optimizer=wl.optimizer,
-                       param_dtype=wl.param_dtype, master_dtype=wl.master_dtype, moment_dtype=wl.moment_dtype, **base)
+                       param_dtype=wl.param_dtype, master_dtype=wl.master_dtype, moment_dtype=wl.moment_dtype,
+                       grad_reduce_dtype=wl.grad_reduce_dtype, **base)
     return Setting(workload="inference", weight_format=m.layout.weight_quantization or wl.quantization,
                    kv_format=m.layout.kv_cache_dtype or wl.kv_cache_dtype or wl.activation_dtype,
                    speculative=wl.speculative.method if wl.speculative is not None else "none",

@@ -48,6 +48,7 @@ class Setting:
     param_dtype: str = "bf16"  # training: weights and gradients; serving: the activation dtype
     master_dtype: str = "none"  # training: the optimizer's master weights; serving: none
     moment_dtype: str = "none"  # training: the optimizer's moments; serving: none
+    grad_reduce_dtype: str = "none"  # training: the main gradients (Megatron's grad_reduce_in_fp32); serving: none
 
 
 def used_gpus_per_node(num_gpus: int, gpus_per_node: int, num_nodes: int) -> int:
@@ -64,7 +65,8 @@ def setting(spec: ModelSpec, hw: HardwareProfile, wl: InferenceWorkload | Traini
         return Setting(workload="training", seq_len=wl.seq_len, global_batch_size=wl.global_batch_size,
                        kv_format=wl.activation_dtype.value, activation_dtype=wl.activation_dtype.value,
                        finetune=wl.finetune.value, optimizer=wl.optimizer.value, param_dtype=wl.param_dtype.value,
-                       master_dtype=wl.master_dtype.value, moment_dtype=wl.moment_dtype.value, **model)
+                       master_dtype=wl.master_dtype.value, moment_dtype=wl.moment_dtype.value,
+                       grad_reduce_dtype=wl.grad_reduce_dtype.value, **model)
     act = wl.activation_dtype.value
     return Setting(workload="inference", weight_format=wl.quantization.value,
                    kv_format=(wl.kv_cache_dtype or wl.activation_dtype).value, activation_dtype=act,
@@ -153,6 +155,7 @@ FACT_TABLE: dict[str, tuple[tuple[str, ...], Fact]] = {
     "master_dtype": ((), lambda L, s: s.master_dtype),
     "moment_dtype": ((), lambda L, s: s.moment_dtype),
     "optimizer_dtypes": ((), lambda L, s: f"{s.master_dtype}/{s.moment_dtype}"),
+    "grad_reduce_dtype": ((), lambda L, s: s.grad_reduce_dtype),
     "seq_len": ((), lambda L, s: s.seq_len),
     "tp": (("tp",), lambda L, s: L.tp),
     "pp": (("pp",), lambda L, s: L.pp),

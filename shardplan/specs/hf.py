@@ -473,6 +473,40 @@ def _falcon(cfg: Config, name: str) -> dict[str, Any]:
     )
 
 
+def _bloom(cfg: Config, name: str) -> dict[str, Any]:
+    """BLOOM (transformers' modeling_bloom.py): ALiBi instead of positions, a LayerNorm right after
+    the word embeddings (word_embeddings_layernorm), fused query_key_value and dense with biases, an
+    MLP of dense_h_to_4h / dense_4h_to_h (4 h, GeLU, biases; BloomMLP takes no other width, so
+    n_inner is read by nothing), LayerNorm with biases, the lm_head tied. No position limit of its
+    own: the training length (seq_length, 2048 for BLOOM) stands for one."""
+    hidden = cfg.get("hidden_size") or _req(cfg, "n_embed")
+    for key in ("n_embed", "n_inner", "masked_softmax_fusion", "slow_but_exact", "offset_alibi", "skip_bias_add",
+                "skip_bias_add_qkv", "attention_softmax_in_fp32", "bias_dropout_fusion", "unk_token_id"):
+        _acknowledge(cfg, key)  # aliases, training fusions and numerics of the Megatron-DeepSpeed port
+    layers_key, layers = _first_key(cfg, ("n_layer", "num_hidden_layers"), None)
+    heads_key, heads = _first_key(cfg, ("n_head", "num_attention_heads"), None)
+    return dict(
+        name=name,
+        model_type="bloom",
+        vocab_size=_req(cfg, "vocab_size"),
+        hidden_size=hidden,
+        num_layers=layers if layers is not None else _req(cfg, "n_layer"),
+        num_attention_heads=heads if heads is not None else _req(cfg, "n_head"),
+        intermediate_size=4 * hidden,
+        mlp_gated=False,
+        hidden_act="gelu",
+        mlp_bias=True,
+        qkv_bias=True,
+        o_bias=True,
+        norm_type=NormType.LAYERNORM,
+        embedding_norm=True,
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings", True),
+        position_embedding=PositionEmbedding.ALIBI,
+        max_position_embeddings=cfg.get("seq_length", 2048),
+        dtype=config_dtype(cfg, "bfloat16"),
+    )
+
+
 def _nemotron(cfg: Config, name: str) -> dict[str, Any]:
     """Nemotron-4 and Minitron (transformers' modeling_nemotron.py): an MLP of up_proj and down_proj
     with no gate (NemotronMLP: down(act(up(x))), squared ReLU by default), LayerNorm1P norms (a
@@ -575,6 +609,7 @@ TRANSLATORS: dict[str, Callable[[Config, str], dict[str, Any]]] = {
     "falcon": _falcon,
     "phi3": _phi3,
     "nemotron": _nemotron,
+    "bloom": _bloom,
     "deepseek_v2": lambda c, n: _deepseek(c, n, "deepseek_v2"),
     "deepseek_v3": lambda c, n: _deepseek(c, n, "deepseek_v3"),
 }
@@ -598,6 +633,7 @@ ARCHITECTURES: dict[str, str] = {
     "RWForCausalLM": "falcon",
     "Phi3ForCausalLM": "phi3",
     "NemotronForCausalLM": "nemotron",
+    "BloomForCausalLM": "bloom",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
 }

@@ -258,6 +258,8 @@ class ModelSpec(StrictModel):
     norm_type: NormType = NormType.RMSNORM
     num_norms_per_layer: int = Field(2, ge=0, le=16, description="norms inside each block (Gemma 2: 4; Falcon-7B: 1)")
     final_norm: bool = True
+    embedding_norm: bool = Field(False, description="a norm right after the token embeddings (BLOOM's "
+                                                    "word_embeddings_layernorm), on the first stage")
     parallel_residual: bool = Field(False, description="attention and MLP read the same input (GPT-NeoX, Falcon)")
     tie_word_embeddings: bool = False
     lm_head_bias: bool = False

@@ -187,7 +187,7 @@ def _setting(spec: ModelSpec, training: bool) -> Setting:
                  tied_embeddings=spec.tie_word_embeddings)
     if training:
         return Setting(workload="training", finetune="full", optimizer="adamw", master_dtype="fp32",
-                       moment_dtype="fp32", **model)
+                       moment_dtype="fp32", grad_reduce_dtype="fp32", **model)
     return Setting(workload="inference", **model)
 
 

@@ -47,7 +47,7 @@ def test_estimate_holds_every_parameter_gradient_in_two_bytes_and_reduces_half_t
 
 
 def test_bf16_gradients_make_nvidias_8b_recipe_fit_at_the_band_edge(cli):
-    """Llama 3 8B on 8 H100s, tp 1 cp 2 (NeMo's H100 BF16 recipe): 76.6 GiB reserved with fp32 main
+    """Llama 3 8B on 8 H100s, tp 1 cp 2 (NeMo's H100 BF16 recipe): 78.9 GiB reserved with fp32 main
     gradients, tight at Megatron's +20% memory band; 15 GiB less with bf16 ones, which fits there."""
     verdicts = {}
     for grads in ("fp32", "bf16"):
@@ -72,3 +72,40 @@ def test_bad_values_are_one_line_errors(cli):
         assert res.exit_code == 2
         assert "--grad-reduce-dtype" in res.stderr and "Traceback" not in res.stderr
         assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_megatrons_fp32_optimizer_copies_bf16_gradients_at_the_step():
+    """Megatron-Core's fp32 optimizer copies the main gradients it steps to fp32 (optimizer.py
+    _copy_model_grads_to_main_grads, core_v0.19.0): under ZeRO 0 with full recomputation the step is
+    the peak and bf16 gradients cost more than fp32 ones (2 + 4 bytes a parameter against 4); the
+    precision-aware optimizer (bf16 moments) reads them as they are."""
+    from shardplan.cost.layout import Layout, Recompute
+    from shardplan.cost.memory_training import training_memory
+    from shardplan.specs.cluster import cluster
+    from shardplan.specs.loading import load_hardware
+
+    spec = load_model("llama-3.1-8b").spec
+    hw = cluster(load_hardware("h100-sxm-80gb"), gpus=8, nodes=None, gpus_per_node=None)
+    layout = Layout(tp=8, zero_stage=0, recompute=Recompute.FULL, micro_batch_size=1)
+
+    def peak(grads: str, moments: str | None = None) -> tuple[float, dict]:
+        wl = training_workload(seq_len=2048, global_batch_size=64, optimizer="adamw", framework=None,
+                               flash_attention=None, dropout=False, stack=stack_rules("megatron"), spec=spec,
+                               grad_reduce_dtype=grads, moment_dtype=moments)
+        r = training_memory(spec, hw, layout, wl).ranks[0]
+        return r.reserved_bytes, r.detail
+
+    from shardplan.cost.memory_training import _common, optimizer_step_bytes
+
+    fp32, _ = peak("fp32")
+    bf16, detail = peak("bf16")
+    wl = training_workload(seq_len=2048, global_batch_size=64, optimizer="adamw", framework=None, flash_attention=None,
+                           dropout=False, stack=stack_rules("megatron"), spec=spec, grad_reduce_dtype="bf16")
+    step = optimizer_step_bytes(spec, layout, wl, _common(hw, layout, wl), 0, list(range(spec.num_layers)))
+    # every parameter of the rank's tp shard at ZeRO 0 (the vocabulary and the layers split 8 ways; the
+    # norms whole), 4 bytes each
+    assert step == pytest.approx(4 * count_params(spec).total / 8, rel=0.01)
+    copy = detail["temporary.optimizer_step_fp32_gradients"]  # what the step adds beyond the freed activations
+    assert 0 < copy <= step and bf16 > fp32
+    aware, detail_aware = peak("bf16", "bf16")
+    assert "temporary.optimizer_step_fp32_gradients" not in detail_aware and aware < bf16

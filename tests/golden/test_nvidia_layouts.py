@@ -39,7 +39,8 @@ NOT_YET: dict[str, str] = {
     "nemo2407_gpt3_20b": "tp=2 dp=32 keeps a 10B-parameter shard: 20 GB of bf16 weights and 40 GB of fp32 main "
                          "gradients before activations, so it fits only with full recomputation (+27%); NeMo 24.07 "
                          "ran Apex's distributed Adam, whose gradient buckets follow the weights' dtype",
-    "nemo2407_llama3_8b": _TIGHT.format(peak=76.6, gap="+15%"),
+    "nemo2407_llama3_8b": _TIGHT.format(peak=76.6, gap="+15%") + " (NeMo 24.07 ran Apex's distributed Adam, whose "
+                                                                  "gradient dtype the table does not state)",
     "bridge2511_h100_llama31_405b": _TIGHT.format(peak=73.1, gap="+44%"),
     "dgxc2505_llama31_405b_512": "with its recipe (bf16 gradients, TP overlap) tp=8 pp=8 cp=2 (vp 8) ties with the pick "
                                  "(15.83 s against tp=8 pp=16 cp=2's 15.75 s) but fits only at the prediction (70.1 "

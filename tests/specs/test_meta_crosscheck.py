@@ -148,6 +148,8 @@ SMALL = {
         num_attention_heads=4, num_key_value_heads=4, head_dim=32, attention_bias=True, mlp_bias=True,
         tie_word_embeddings=True,
     ),
+    # BLOOM: ALiBi, the embeddings' own LayerNorm, fused QKV and a GeLU MLP of 4h, all with biases, tied head
+    "bloom": dict(model_type="bloom", vocab_size=1000, hidden_size=128, n_layer=2, n_head=4),
     "gpt_neox_no_bias": dict(
         model_type="gpt_neox", vocab_size=1000, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
         num_attention_heads=4, attention_bias=False, rotary_pct=0.25,
@@ -316,3 +318,26 @@ def test_unknown_model_type_falls_back_to_transformers_on_meta(capsys):
     spec = ModelSpec(**t.fields)
     assert count_params(spec).total == _stored_numel(_build_by_architecture(cfg))
     assert spec.num_layers == 2 and spec.kv_heads == 2 and spec.vocab_size == 100
+
+
+# bigscience/bloom's config.json (huggingface.co/bigscience/bloom/blob/main/config.json), key for key
+BLOOM_176B = dict(
+    apply_residual_connection_post_layernorm=False, attention_dropout=0.0, attention_softmax_in_fp32=True,
+    bias_dropout_fusion=True, bos_token_id=1, eos_token_id=2, hidden_dropout=0.0, hidden_size=14336,
+    initializer_range=0.02, layer_norm_epsilon=1e-05, masked_softmax_fusion=True, model_type="bloom", n_head=112,
+    n_inner=None, n_layer=70, offset_alibi=100, pad_token_id=3, pretraining_tp=4, skip_bias_add=True,
+    skip_bias_add_qkv=False, slow_but_exact=False, transformers_version="4.21.0", unk_token_id=0, use_cache=True,
+    vocab_size=250880, architectures=["BloomForCausalLM"],
+)
+
+
+def test_bloom_176b_reads_every_key_and_counts_the_model_cards_parameters():
+    """BLOOM's model card: 176,247,271,424 parameters (huggingface.co/bigscience/bloom, "Model Details");
+    transformers' BloomForCausalLM on the meta device agrees, layer by layer."""
+    from shardplan.specs.hf import spec_from_hf_config, translate
+
+    assert translate(BLOOM_176B, "bloom").warnings == ()
+    spec = spec_from_hf_config(BLOOM_176B, "bloom")
+    assert count_params(spec).total == 176_247_271_424
+    small = dict(BLOOM_176B, hidden_size=128, n_head=4, n_layer=2, vocab_size=1000)
+    _check_against_meta(spec_from_hf_config(small, "bloom-small"), _build_by_architecture(small))
