@@ -50,12 +50,13 @@ def parallel_shape(e: Evaluated) -> tuple[int, ...]:
 
 
 def secondary_key(e: Evaluated) -> tuple[Any, ...]:
-    """Which of the plans tied with the first is the pick (issue 25): fewer GPUs; tensor parallelism inside a node before across nodes; less
-    communication (a smaller context-parallel group, whose ring passes K/V chunks every layer of
+    """Which of the plans tied with the first is the pick (issue 25): fewer GPUs; tensor
+    parallelism inside a node before across nodes; less communication (a smaller context-parallel group, whose ring passes K/V chunks every layer of
     every micro-batch; fewer pipeline stages; a smaller tensor-parallel group); the simpler
     schedule (fewer virtual stages, lower ZeRO stage, less recomputation); then the search's own
     deterministic key. (Context parallelism first: of 29 published expert layouts one more is
-    the pick, DeepSeek-V3's tp 2 pp 16 on 1,024 H100s, and none fewer; tests/golden/test_nvidia_layouts.py.)"""
+    the pick, DeepSeek-V3's tp 2 pp 16 on 1,024 H100s, and none fewer;
+    tests/golden/test_nvidia_layouts.py.) `explain.PICK_AMONG_TIES` says it in words."""
     lay = e.layout
     spans = lay.tp > e.hw.gpus_per_node
     recompute = {"none": 0, "selective": 1, "full": 2}.get(lay.recompute.value, 3)
@@ -67,8 +68,8 @@ def honest_top(ranked: list[Evaluated], goal: Goal) -> list[Evaluated]:
     stands for) unless `goal.group_by_shape` is off. Plans whose objective is within the error
     band of the first (`goal.tie_band_fraction`) are ties (marked): the pick is the tie with the
     best `secondary_key`, and the others follow by the objective (equal values by the search's
-    deterministic key, the order the search keeps them in), so that the K shown are the K best distinct shapes the model sees, not the simplest
-    variants of the pick's own family (a list ordered wholly by the secondary key filled its places
+    deterministic key, the order the search keeps them in), so that the K shown are the K best
+    distinct shapes the model sees, not the simplest variants of the pick's own family (a list ordered wholly by the secondary key filled its places
     with shallow pipelines whenever more than K shapes tied: 20 of 29 published expert layouts
     were among the top 10, against 23 this way; tests/golden/test_nvidia_layouts.py)."""
     if goal.group_by_shape:

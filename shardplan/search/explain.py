@@ -213,13 +213,19 @@ def gap(a: RecommendEntry, b: RecommendEntry) -> float:
     return (vb - va) / abs(va) if va else 0.0
 
 
+# `search.secondary_key` in words
+PICK_AMONG_TIES = ("the pick is the one with the fewest GPUs, tensor parallelism inside a node, the smallest "
+                   "context-parallel group, the fewest pipeline stages, the smallest tensor-parallel group, then the "
+                   "simplest schedule")
+
+
 def why(top: list[RecommendEntry], goal: Goal, binding: BindingConstraint | None) -> str:
     if not top:
         return "no layout fits; see the suggestions"
     w = top[0]
     tied = [e for e in top if e.tie]
     fastest = min(tied, key=lambda e: e.objective_value) if tied else w
-    if fastest is w or fastest.objective_value == w.objective_value:
+    if fastest.objective_value == w.objective_value:
         text = f"{describe(w.plan)} on {w.num_gpus} GPUs ranks first by {_objective_label(goal)} ({_headline(w)})"
     else:
         text = (f"{describe(w.plan)} on {w.num_gpus} GPUs is the pick ({_headline(w)}); the best by "
@@ -227,15 +233,11 @@ def why(top: list[RecommendEntry], goal: Goal, binding: BindingConstraint | None
                 "error of it")
     band = goal.tie_band_fraction or 0.0
     if len(tied) > 1 and band <= 0:
-        text += (f"; {len(tied)} of the plans shown have the same {_objective_label(goal)} (marked =); the pick is "
-                 "the one with the fewest GPUs, tensor parallelism inside a node, the smallest context-parallel "
-                 "group, the fewest pipeline stages, the smallest tensor-parallel group, then the simplest schedule")
+        text += f"; {len(tied)} of the plans shown have the same {_objective_label(goal)} (marked =); {PICK_AMONG_TIES}"
     elif len(tied) > 1:
         text += (f"; {len(tied)} of the plans shown tie within ±{100 * band:.1f}% of the best ranked figure, "
-                 "the model's measured error in comparing two layouts (marked =); the pick is the one of them with "
-                 "the fewest GPUs, tensor parallelism inside a node, the smallest context-parallel group, the "
-                 "fewest pipeline stages, the smallest tensor-parallel group, then the simplest schedule, and the "
-                 "others follow by the ranked figure")
+                 f"the model's measured error in comparing two layouts (marked =); {PICK_AMONG_TIES}, and the others "
+                 "follow by the ranked figure")
     if binding:
         text += f"; binding constraint: {binding.constraint} ({binding.detail})"
     if len(top) > 1:

@@ -483,15 +483,13 @@ def _bloom(cfg: Config, name: str) -> dict[str, Any]:
     for key in ("n_embed", "n_inner", "masked_softmax_fusion", "slow_but_exact", "offset_alibi", "skip_bias_add",
                 "skip_bias_add_qkv", "attention_softmax_in_fp32", "bias_dropout_fusion", "unk_token_id"):
         _acknowledge(cfg, key)  # aliases, training fusions and numerics of the Megatron-DeepSpeed port
-    layers_key, layers = _first_key(cfg, ("n_layer", "num_hidden_layers"), None)
-    heads_key, heads = _first_key(cfg, ("n_head", "num_attention_heads"), None)
     return dict(
         name=name,
         model_type="bloom",
         vocab_size=_req(cfg, "vocab_size"),
         hidden_size=hidden,
-        num_layers=layers if layers is not None else _req(cfg, "n_layer"),
-        num_attention_heads=heads if heads is not None else _req(cfg, "n_head"),
+        num_layers=cfg.get("num_hidden_layers") or _req(cfg, "n_layer"),
+        num_attention_heads=cfg.get("num_attention_heads") or _req(cfg, "n_head"),
         intermediate_size=4 * hidden,
         mlp_gated=False,
         hidden_act="gelu",
